@@ -1,0 +1,43 @@
+# drover — the usual entry points. Each target installs what it needs first.
+PYTHON ?= python3.11
+VENV   := .venv
+BIN    := $(VENV)/bin
+CONFIG ?= examples/cartpole_dqn.yaml
+
+.PHONY: install run test lint format bench up down clean
+
+# The stamp is refreshed whenever pyproject.toml changes, so `make test` on a fresh
+# clone installs once and later runs start at once.
+$(VENV)/.installed: pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	@touch $@
+
+install: $(VENV)/.installed
+
+run: install
+	$(BIN)/drover run $(CONFIG)
+
+test: install
+	$(BIN)/pytest -q
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+bench: install
+	$(BIN)/python bench/time_to_goal.py
+
+up:
+	docker compose up --build
+
+down:
+	docker compose down -v
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .ruff_cache

@@ -1,0 +1,382 @@
+"""Job configuration: DI-engine-style nested dicts in, frozen dataclasses out.
+
+A config arrives as a nested dict (YAML, JSON, or a `.py` file's `main_config` on the
+CLI). It is deep-merged over the algorithm's defaults once, here, at the boundary;
+unknown keys become warnings with a did-you-mean suggestion (errors when
+`strict: true`); the result is validated into `JobConfig`. After this point no
+service passes raw dicts around.
+
+Key names follow DI-engine wherever it has the same knob, so its users can bring
+their configs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import json
+import runpy
+import typing
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from annotated_types import Ge, Gt, Le, MinLen
+from easydict import EasyDict
+from pydantic import ConfigDict, TypeAdapter, ValidationError, with_config
+
+PosInt = Annotated[int, Gt(0)]
+PosFloat = Annotated[float, Gt(0)]
+Fraction = Annotated[float, Ge(0), Le(1)]
+
+# Configs are written by people in YAML, where `1e-3` is a string: validate in lax
+# mode so such values still become numbers, but refuse any key we do not know.
+CONFIG_SECTION = ConfigDict(extra="forbid")
+
+# Upper bounds that keep one job from taking a whole machine by accident.
+MAX_ENVS_PER_WORKER = 1024
+MAX_BUFFER_ITEMS = 50_000_000
+
+
+def section(cls: type) -> type:
+    return with_config(CONFIG_SECTION)(dataclass(frozen=True, kw_only=True)(cls))
+
+
+class ConfigError(ValueError):
+    """An invalid config; `field` is the dotted path of the offending key."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@section
+class EnvConfig:
+    env_id: str = "CartPole-v1"
+    #: Parallel environments in each collector's vector env.
+    collector_env_num: Annotated[int, Gt(0), Le(MAX_ENVS_PER_WORKER)] = 8
+    #: Parallel environments used by an evaluation task.
+    evaluator_env_num: Annotated[int, Gt(0), Le(MAX_ENVS_PER_WORKER)] = 5
+    #: Episodes per evaluation.
+    n_evaluator_episode: Annotated[int, Gt(0), Le(10_000)] = 10
+    #: Mean evaluation return at which the job has succeeded (None: never by return).
+    stop_value: float | None = None
+    #: Keyword arguments for `gymnasium.make`.
+    env_kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@section
+class ModelConfig:
+    #: Observation size; filled in from the environment when left out.
+    obs_shape: PosInt | None = None
+    #: Number of discrete actions; filled in from the environment when left out.
+    action_shape: PosInt | None = None
+    encoder_hidden_size_list: Annotated[list[PosInt], MinLen(1)] = field(
+        default_factory=lambda: [128, 128, 64]
+    )
+    dueling: bool = True
+
+
+@section
+class LearnConfig:
+    batch_size: Annotated[int, Gt(0), Le(8192)] = 64
+    learning_rate: PosFloat = 1e-3
+    #: Hard target-network copy every this many train iterations.
+    target_update_freq: PosInt = 100
+    #: Soft (Polyak) target update factor; when set it replaces the hard copy.
+    target_theta: Annotated[float, Gt(0), Le(1)] | None = None
+    #: Gradient-norm clip (None: no clipping).
+    max_grad_norm: PosFloat | None = 10.0
+    #: Batches asked for in one sample request (one HTTP round trip).
+    num_batches: Annotated[int, Gt(0), Le(256)] = 8
+    #: How long one sample request may wait for data before it is asked again.
+    sample_timeout_s: Annotated[float, Gt(0), Le(60)] = 5.0
+    #: A new policy version is written every this many train iterations.
+    publish_every_iters: PosInt = 10
+    #: A checkpoint (model, target, optimizer, counters) every this many iterations.
+    checkpoint_every_iters: PosInt = 1000
+
+
+@section
+class CollectConfig:
+    #: Transitions in one step-data segment (one file, one insert message).
+    n_sample: Annotated[int, Gt(0), Le(100_000)] = 64
+    #: How often a collector asks for the newest policy version.
+    policy_poll_s: Annotated[float, Gt(0), Le(60)] = 0.2
+    #: How long one insert may wait for the rate limiter before it is retried.
+    insert_timeout_s: Annotated[float, Gt(0), Le(60)] = 2.0
+
+
+@section
+class EvaluatorConfig:
+    #: Evaluate the newest policy every this many train iterations.
+    eval_freq: PosInt = 200
+
+
+@section
+class EvalConfig:
+    evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
+
+
+@section
+class EpsConfig:
+    type: Literal["exp", "linear"] = "exp"
+    start: Fraction = 0.95
+    end: Fraction = 0.05
+    #: Env steps (of the whole job) over which epsilon decays.
+    decay: PosInt = 10_000
+
+
+@section
+class ReplayBufferConfig:
+    type: Literal["uniform"] = "uniform"
+    replay_buffer_size: Annotated[int, Gt(0), Le(MAX_BUFFER_ITEMS)] = 100_000
+    #: Sampled items per inserted item that the rate limiter keeps (None: no limit).
+    samples_per_insert: PosFloat | None = None
+    #: Items the buffer must hold before the first sample.
+    min_size_to_sample: PosInt = 1000
+    #: Allowed drift from `samples_per_insert`, in sampled items (None: derived).
+    error_buffer: PosFloat | None = None
+
+
+@section
+class OtherConfig:
+    eps: EpsConfig = field(default_factory=EpsConfig)
+    replay_buffer: ReplayBufferConfig = field(default_factory=ReplayBufferConfig)
+
+
+@section
+class PolicyConfig:
+    type: Literal["dqn"] = "dqn"
+    #: Train and act on CUDA when available (DI-engine's key); `device` overrides it.
+    cuda: bool = False
+    device: Literal["cpu", "cuda"] | None = None
+    discount_factor: Annotated[float, Gt(0), Le(1)] = 0.99
+    nstep: Annotated[int, Gt(0), Le(100)] = 1
+    model: ModelConfig = field(default_factory=ModelConfig)
+    learn: LearnConfig = field(default_factory=LearnConfig)
+    collect: CollectConfig = field(default_factory=CollectConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    other: OtherConfig = field(default_factory=OtherConfig)
+
+    @property
+    def torch_device(self) -> str:
+        return self.device or ("cuda" if self.cuda else "cpu")
+
+
+@section
+class SystemConfig:
+    workflow: Literal["async"] = "async"
+    #: Collectors given to this job (None: every free collector).
+    collector_num: Annotated[int, Gt(0), Le(1024)] | None = None
+    learner_num: Literal[1] = 1
+    #: The job ends after this many env steps (None: no limit).
+    max_env_step: PosInt | None = None
+    #: The job ends after this many train iterations (None: no limit).
+    max_train_iter: PosInt | None = None
+    seed: int = 0
+    #: torch threads per process; 1 keeps many processes from fighting over cores.
+    torch_num_threads: Annotated[int, Gt(0), Le(256)] = 1
+
+
+@section
+class JobConfig:
+    exp_name: str = "drover"
+    #: Unknown keys are errors instead of warnings.
+    strict: bool = False
+    env: EnvConfig = field(default_factory=EnvConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    system: SystemConfig = field(default_factory=SystemConfig)
+
+
+# What differs from the dataclass defaults, per `policy.type`.
+ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
+    "dqn": {},
+}
+
+
+def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
+    """A new dict: `override` merged into `base`, recursing into nested dicts."""
+    merged = dict(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _section_type(annotation: Any) -> type | None:
+    """The config-section dataclass inside an annotation such as `X | None`."""
+    if dataclasses.is_dataclass(annotation):
+        return annotation
+    for arg in typing.get_args(annotation):
+        if dataclasses.is_dataclass(arg):
+            return arg
+    return None
+
+
+@cache
+def _hints(cls: type) -> dict[str, Any]:
+    return typing.get_type_hints(cls, include_extras=True)
+
+
+def _split_unknown(cls: type, data: dict[str, Any], prefix: str) -> tuple[dict, list[str]]:
+    """Drop keys `cls` does not know; return the rest and a warning for each."""
+    hints = _hints(cls)
+    known: dict[str, Any] = {}
+    warnings: list[str] = []
+    for key, value in data.items():
+        path = f"{prefix}{key}"
+        if key not in hints:
+            close = difflib.get_close_matches(str(key), list(hints), n=1)
+            hint = f" (did you mean '{close[0]}'?)" if close else ""
+            warnings.append(f"{path}: unknown key{hint}")
+            continue
+        sub = _section_type(hints[key])
+        if sub is not None and isinstance(value, dict):
+            value, sub_warnings = _split_unknown(sub, value, f"{path}.")
+            warnings.extend(sub_warnings)
+        known[key] = value
+    return known, warnings
+
+
+def resolve_job_config(raw: Any) -> tuple[JobConfig, list[str]]:
+    """Merge `raw` over its algorithm's defaults and validate it.
+
+    Returns:
+        The frozen config and the warnings about unknown keys.
+
+    Raises:
+        ConfigError: naming the first invalid field.
+    """
+    if not isinstance(raw, dict):
+        raise ConfigError("config", "must be a mapping of sections (env, policy, system)")
+    policy = raw.get("policy", {})
+    algo = policy.get("type", "dqn") if isinstance(policy, dict) else "dqn"
+    if algo not in ALGORITHM_DEFAULTS:
+        known = ", ".join(sorted(ALGORITHM_DEFAULTS))
+        raise ConfigError("policy.type", f"unknown algorithm '{algo}' (known: {known})")
+    merged = EasyDict(deep_merge(ALGORITHM_DEFAULTS[algo], raw))
+    known_keys, warnings = _split_unknown(JobConfig, _plain(merged), "")
+    if warnings and merged.get("strict") is True:
+        field_path, _, message = warnings[0].partition(": ")
+        raise ConfigError(field_path, message)
+    try:
+        config = TypeAdapter(JobConfig).validate_python(known_keys)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        raise ConfigError(".".join(str(p) for p in first["loc"]), first["msg"]) from None
+    check_consistency(config)
+    return config, warnings
+
+
+def _plain(value: Any) -> Any:
+    """EasyDict -> plain dicts and lists (EasyDict turns lists of dicts into its own)."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_plain(v) for v in value]
+    return value
+
+
+def min_error_buffer(config: JobConfig) -> float:
+    """The smallest rate-limiter error buffer that cannot deadlock.
+
+    A sample request takes `batch_size * num_batches` items and an insert adds
+    `n_sample`. When the sampler is blocked an insert must fit, and vice versa, which
+    holds when the band is at least as wide as one request plus one insert's credit.
+    """
+    learn = config.policy.learn
+    spi = config.policy.other.replay_buffer.samples_per_insert or 0.0
+    return (learn.batch_size * learn.num_batches + spi * config.policy.collect.n_sample) / 2
+
+
+def check_consistency(config: JobConfig) -> None:
+    """Checks that span several keys. Raises ConfigError naming the keys."""
+    buffer = config.policy.other.replay_buffer
+    learn = config.policy.learn
+    if buffer.min_size_to_sample > buffer.replay_buffer_size:
+        raise ConfigError(
+            "policy.other.replay_buffer.min_size_to_sample",
+            f"{buffer.min_size_to_sample} exceeds replay_buffer_size "
+            f"{buffer.replay_buffer_size}: the buffer could never be sampled",
+        )
+    if learn.batch_size > buffer.replay_buffer_size:
+        raise ConfigError(
+            "policy.learn.batch_size",
+            f"{learn.batch_size} exceeds replay_buffer_size {buffer.replay_buffer_size}",
+        )
+    if buffer.samples_per_insert is not None and buffer.error_buffer is not None:
+        needed = min_error_buffer(config)
+        if buffer.error_buffer < needed:
+            raise ConfigError(
+                "policy.other.replay_buffer.error_buffer",
+                f"{buffer.error_buffer} can deadlock with samples_per_insert="
+                f"{buffer.samples_per_insert}, batch_size*num_batches="
+                f"{learn.batch_size * learn.num_batches} and n_sample="
+                f"{config.policy.collect.n_sample}; it must be at least {needed}",
+            )
+    eps = config.policy.other.eps
+    if eps.end > eps.start:
+        raise ConfigError("policy.other.eps.end", f"{eps.end} is above start {eps.start}")
+
+
+def with_spaces(config: JobConfig, obs_shape: int, action_shape: int) -> JobConfig:
+    """The config with the model's input and output sizes filled in (or checked)."""
+    model = config.policy.model
+    for name, actual in (("obs_shape", obs_shape), ("action_shape", action_shape)):
+        given = getattr(model, name)
+        if given is not None and given != actual:
+            raise ConfigError(
+                f"policy.model.{name}",
+                f"{given} does not match the environment's {actual}",
+            )
+    model = dataclasses.replace(model, obs_shape=obs_shape, action_shape=action_shape)
+    policy = dataclasses.replace(config.policy, model=model)
+    return dataclasses.replace(config, policy=policy)
+
+
+def to_dict(config: JobConfig) -> dict[str, Any]:
+    return dataclasses.asdict(config)
+
+
+def from_resolved(data: dict[str, Any]) -> JobConfig:
+    """Read back a config written by `to_dict` (the job's `job.json`)."""
+    return TypeAdapter(JobConfig).validate_python(data)
+
+
+def read_job_config(store: Any, job_id: str) -> JobConfig:
+    """The job's resolved config, as the coordinator wrote it to `<job_id>/job.json`.
+
+    Args:
+        store: the `common.storage.SharedStore` of the shared root.
+    """
+    return from_resolved(store.read_json(f"{store.job_dir(job_id)}/job.json"))
+
+
+def load_config_file(path: str | Path) -> dict[str, Any]:
+    """Read a YAML, JSON or Python (`main_config`) config file into a plain dict.
+
+    Python configs run code, so only the local CLI reads them; the REST API takes data.
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError("config", f"no such file: {path}")
+    suffix = path.suffix.lower()
+    if suffix in (".yaml", ".yml"):
+        data = yaml.safe_load(path.read_text())
+    elif suffix == ".json":
+        data = json.loads(path.read_text())
+    elif suffix == ".py":
+        data = runpy.run_path(str(path)).get("main_config")
+        if data is None:
+            raise ConfigError("config", f"{path} defines no main_config")
+    else:
+        raise ConfigError("config", f"{path}: use .yaml, .yml, .json or .py")
+    if not isinstance(data, dict):
+        raise ConfigError("config", f"{path} does not hold a mapping")
+    return _plain(data)

@@ -1,0 +1,253 @@
+"""The HTTP base every service shares: JSON errors, bearer auth, typed bodies, a
+typed client with timeouts, and a real WSGI server.
+
+Errors are `{"error": "<code>", "message": "<what to fix>"}` with a 4xx/5xx status;
+never an HTML page, never a 500 for bad input.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import requests
+from flask import Flask, Response, current_app, jsonify, request
+from requests.adapters import HTTPAdapter
+from urllib3.util.retry import Retry
+from werkzeug.exceptions import HTTPException
+
+from common.errors import ApiError, bad_request
+from common.messages import MessageError, dump, parse
+from common.storage import PathError
+
+T = TypeVar("T")
+log = logging.getLogger(__name__)
+
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+MAX_BODY_BYTES = 8 * 1024 * 1024
+
+
+def error_response(err: ApiError) -> Response:
+    body: dict[str, Any] = {"error": err.code, "message": err.message}
+    if err.retry_after_s is not None:
+        body["retry_after_s"] = round(err.retry_after_s, 3)
+    resp = jsonify(body)
+    resp.status_code = err.status
+    if err.retry_after_s is not None:
+        # The header takes whole seconds; the body carries the precise wait.
+        resp.headers["Retry-After"] = str(max(1, round(err.retry_after_s)))
+    return resp
+
+
+def install_http_basics(app: Flask, token: str) -> None:
+    """JSON error handlers, a body-size limit and bearer-token auth for `app`."""
+    app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
+    token_bytes = token.encode()
+
+    @app.before_request
+    def _authenticate() -> Response | None:
+        if request.path in PUBLIC_PATHS:
+            return None
+        header = request.headers.get("Authorization", "")
+        scheme, _, given = header.partition(" ")
+        # Constant-time comparison: no timing hint about how much of a token matched.
+        if scheme != "Bearer" or not hmac.compare_digest(given.encode(), token_bytes):
+            return error_response(
+                ApiError(401, "unauthorized", "send 'Authorization: Bearer <DROVER_TOKEN>'")
+            )
+        return None
+
+    @app.errorhandler(ApiError)
+    def _api_error(err: ApiError) -> Response:
+        return error_response(err)
+
+    @app.errorhandler(MessageError)
+    def _message_error(err: MessageError) -> Response:
+        return error_response(bad_request(err.field, err.message))
+
+    @app.errorhandler(PathError)
+    def _path_error(err: PathError) -> Response:
+        return error_response(ApiError(400, "invalid_path", str(err)))
+
+    @app.errorhandler(HTTPException)
+    def _http_error(err: HTTPException) -> Response:
+        code = (err.name or "error").lower().replace(" ", "_")
+        return error_response(ApiError(err.code or 500, code, err.description or err.name))
+
+    @app.errorhandler(Exception)
+    def _unexpected(err: Exception) -> Response:
+        log.exception("unhandled error on %s %s", request.method, request.path)
+        return error_response(ApiError(500, "internal", f"{type(err).__name__}: {err}"))
+
+
+def body(cls: type[T]) -> T:
+    """The request's JSON body validated into `cls` (400 naming the field otherwise)."""
+    if not request.is_json:
+        raise ApiError(415, "unsupported_media_type", "send a JSON body (application/json)")
+    return parse(cls, request.get_data())
+
+
+def reply(message: Any, status: int = 200) -> tuple[Response, int]:
+    return jsonify(dump(message)), status
+
+
+def extension(name: str) -> Any:
+    """An object the app factory put in `app.extensions` (the service's core)."""
+    return current_app.extensions[name]
+
+
+# --- client ----------------------------------------------------------------------
+
+
+class ServiceUnavailable(Exception):
+    """The service could not be reached (connection refused, timeout)."""
+
+
+class ServiceClient:
+    """JSON over HTTP to one drover service, with a timeout on every call.
+
+    Connection failures are retried a few times with exponential backoff and jitter
+    (urllib3's Retry): a refused connection never reached the server, so this is safe
+    for every method. A request that did reach it is not repeated here: callers retry
+    only the calls that are idempotent.
+    """
+
+    def __init__(
+        self, base_url: str, token: str, *, timeout_s: float = 10.0, connect_retries: int = 3
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._headers = {"Authorization": f"Bearer {token}"}
+        self._retry = Retry(
+            total=connect_retries,
+            connect=connect_retries,
+            read=0,
+            status=0,
+            other=0,
+            backoff_factor=0.1,
+            backoff_jitter=0.1,
+            raise_on_status=False,
+        )
+        # requests.Session is not documented as thread-safe: one per thread.
+        self._local = threading.local()
+
+    @property
+    def _session(self) -> requests.Session:
+        session = getattr(self._local, "session", None)
+        if session is None:
+            session = requests.Session()
+            adapter = HTTPAdapter(max_retries=self._retry)
+            session.mount("http://", adapter)
+            session.mount("https://", adapter)
+            self._local.session = session
+        return session
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        payload: Any = None,
+        *,
+        timeout_s: float | None = None,
+        params: dict[str, Any] | None = None,
+    ) -> Any:
+        """One request; returns the decoded JSON answer (None for an empty body).
+
+        Raises:
+            ApiError: the service answered with an error status.
+            ServiceUnavailable: it could not be reached in time.
+        """
+        resp = self.raw(method, path, payload, timeout_s=timeout_s, params=params)
+        if not resp.content:
+            return None
+        return resp.json()
+
+    def raw(
+        self,
+        method: str,
+        path: str,
+        payload: Any = None,
+        *,
+        timeout_s: float | None = None,
+        params: dict[str, Any] | None = None,
+    ) -> requests.Response:
+        try:
+            resp = self._session.request(
+                method,
+                self.base_url + path,
+                json=dump(payload) if payload is not None else None,
+                headers=self._headers,
+                params=params,
+                timeout=timeout_s if timeout_s is not None else self.timeout_s,
+            )
+        except requests.RequestException as exc:
+            raise ServiceUnavailable(f"{method} {self.base_url}{path}: {exc}") from exc
+        if resp.status_code >= 400:
+            raise _error_from(resp)
+        return resp
+
+    def close(self) -> None:
+        session = getattr(self._local, "session", None)
+        if session is not None:
+            session.close()
+
+
+def _error_from(resp: requests.Response) -> ApiError:
+    try:
+        data = resp.json()
+        code, message = str(data["error"]), str(data["message"])
+        retry_after = data.get("retry_after_s")
+    except (ValueError, KeyError, TypeError):
+        code, message, retry_after = "http_error", resp.text[:200], None
+    if retry_after is None and "Retry-After" in resp.headers:
+        try:
+            retry_after = float(resp.headers["Retry-After"])
+        except ValueError:
+            retry_after = None
+    return ApiError(resp.status_code, code, message, retry_after_s=retry_after)
+
+
+# --- serving ---------------------------------------------------------------------
+
+
+def serve(
+    app: Flask, host: str, port: int, *, threads: int = 16, on_stop: Callable[[], None]
+) -> None:
+    """Serve `app` with waitress (a production WSGI server) until SIGTERM or SIGINT.
+
+    On either signal `on_stop` runs first (the service stops its work and says
+    goodbye to the coordinator), then the server closes and this returns.
+    """
+    from waitress.server import create_server
+
+    server = create_server(app, host=host, port=port, threads=threads, ident="drover")
+    stopping = threading.Event()
+
+    def _stop(signum: int, _frame: Any) -> None:
+        if stopping.is_set():
+            return
+        stopping.set()
+        log.info("signal %d: stopping", signum)
+
+        # Stopping can involve HTTP calls; do it off the signal handler.
+        def _shutdown() -> None:
+            try:
+                on_stop()
+            finally:
+                server.close()
+
+        threading.Thread(target=_shutdown, name="shutdown", daemon=True).start()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    log.info("serving %s on http://%s:%d", app.name, host, port)
+    try:
+        server.run()
+    except OSError:
+        # waitress raises when its sockets close under it during shutdown.
+        if not stopping.is_set():
+            raise

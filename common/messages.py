@@ -1,0 +1,317 @@
+"""Typed messages exchanged between drover services.
+
+Every HTTP body is one of these frozen dataclasses. `parse` turns a JSON value into
+one (validating types and bounds, so a bad field becomes a 400 naming it) and `dump`
+turns one back into plain JSON data. Bulk data never travels in a message: segments
+and policies are referenced by their path relative to the shared root.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+from dataclasses import dataclass, field
+from functools import cache
+from typing import Annotated, Any, Literal, TypeVar
+
+from annotated_types import Ge, Gt, Le, MaxLen, MinLen
+from pydantic import ConfigDict, TypeAdapter, ValidationError, with_config
+
+T = TypeVar("T")
+
+TaskKind = Literal["collect", "evaluate", "learn"]
+WorkerRole = Literal["collector", "learner"]
+JobPhase = Literal["pending", "running", "succeeded", "failed", "stopped"]
+TERMINAL_PHASES: frozenset[str] = frozenset({"succeeded", "failed", "stopped"})
+
+# Bounds shared by the routes: generous for real use, small enough that one request
+# cannot exhaust a server.
+MAX_BATCH_SIZE = 8192
+MAX_NUM_BATCHES = 256
+MAX_WAIT_S = 60.0
+MAX_SEGMENTS_PER_INSERT = 256
+MAX_KEYS_PER_UPDATE = MAX_BATCH_SIZE * 64
+
+NonNegInt = Annotated[int, Ge(0)]
+PosInt = Annotated[int, Gt(0)]
+WaitSeconds = Annotated[float, Ge(0), Le(MAX_WAIT_S)]
+RelPath = Annotated[str, MinLen(1), MaxLen(1024)]
+Ident = Annotated[str, MinLen(1), MaxLen(128)]
+
+
+class MessageError(ValueError):
+    """A message did not match its schema; `field` is a dotted path into it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}" if field else message)
+        self.field = field
+        self.message = message
+
+
+# strict: a JSON string is never silently turned into a number (int -> float is still
+# accepted, as JSON writers produce it freely); extra: an unknown field is an error.
+MESSAGE_CONFIG = ConfigDict(strict=True, extra="forbid")
+
+
+def message(cls: type[T]) -> type[T]:
+    """Declare a message: a frozen, keyword-only dataclass validated strictly."""
+    return with_config(MESSAGE_CONFIG)(dataclass(frozen=True, kw_only=True)(cls))
+
+
+def new_id(prefix: str) -> str:
+    """A fresh id such as ``job-3f2a9c01b7e4`` (safe as a folder name)."""
+    return f"{prefix}-{uuid.uuid4().hex[:12]}"
+
+
+@cache
+def _adapter(cls: type) -> TypeAdapter:
+    return TypeAdapter(cls)
+
+
+def parse(cls: type[T], data: Any) -> T:
+    """Validate a JSON document (bytes/str) or plain JSON data into the dataclass `cls`.
+
+    Raises:
+        MessageError: naming the first offending field, e.g. ``segments.0.rows``.
+    """
+    # Strict validation runs in JSON mode, where objects map onto dataclasses.
+    raw = data if isinstance(data, bytes | str) else json.dumps(data)
+    try:
+        return _adapter(cls).validate_json(raw)
+    except ValidationError as exc:
+        first = exc.errors(include_url=False)[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise MessageError(loc, first["msg"]) from None
+
+
+def dump(obj: Any) -> Any:
+    """Plain JSON data for a message (dataclasses become dicts)."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return dataclasses.asdict(obj)
+    if isinstance(obj, list):
+        return [dump(o) for o in obj]
+    return obj
+
+
+# --- workers ---------------------------------------------------------------------
+
+
+@message
+class WorkerRegistration:
+    role: WorkerRole
+    url: Annotated[str, MinLen(1), MaxLen(512)]
+    resources: dict[str, Any] = field(default_factory=dict)
+
+
+@message
+class Registered:
+    worker_id: str
+    heartbeat_interval_s: float
+    lease_timeout_s: float
+
+
+@message
+class TaskProgress:
+    task_id: Ident
+    state: Literal["running", "done", "failed"]
+    progress: dict[str, float] = field(default_factory=dict)
+
+
+@message
+class Heartbeat:
+    tasks: list[TaskProgress] = field(default_factory=list)
+
+
+@message
+class HeartbeatReply:
+    cancel: list[str]
+
+
+@message
+class WorkerInfo:
+    worker_id: str
+    role: str
+    url: str
+    state: Literal["idle", "busy"]
+    task_id: str | None
+    task_ids: list[str]
+    last_heartbeat_s: float
+
+
+# --- tasks -----------------------------------------------------------------------
+
+
+@message
+class CollectSpec:
+    seed: int
+    num_envs: PosInt
+
+
+@message
+class EvaluateSpec:
+    seed: int
+    num_envs: PosInt
+    episodes: PosInt
+    policy_version: NonNegInt
+    policy_path: RelPath
+
+
+@message
+class LearnSpec:
+    seed: int
+
+
+SPEC_TYPES: dict[str, type] = {
+    "collect": CollectSpec,
+    "evaluate": EvaluateSpec,
+    "learn": LearnSpec,
+}
+
+
+@message
+class TaskAssignment:
+    task_id: Ident
+    job_id: Ident
+    kind: TaskKind
+    spec: dict[str, Any]
+
+    def typed_spec(self) -> Any:
+        """The spec as the dataclass of this task's kind."""
+        try:
+            return parse(SPEC_TYPES[self.kind], self.spec)
+        except MessageError as exc:
+            raise MessageError(f"spec.{exc.field}", exc.message) from None
+
+
+@message
+class EvalResult:
+    policy_version: NonNegInt
+    returns: Annotated[list[float], MinLen(1)]
+    lengths: list[int]
+
+
+@message
+class TaskComplete:
+    result: dict[str, Any] = field(default_factory=dict)
+
+
+@message
+class TaskFail:
+    error: Annotated[str, MaxLen(4096)]
+
+
+# --- data plane ------------------------------------------------------------------
+
+
+@message
+class SegmentRef:
+    """A step-data file written by a collector, and what it holds."""
+
+    path: RelPath
+    rows: PosInt
+    env_steps: NonNegInt
+    policy_version: NonNegInt
+    episode_returns: list[float] = field(default_factory=list)
+    episode_lengths: list[int] = field(default_factory=list)
+
+
+@message
+class SegmentInsert:
+    segments: Annotated[list[SegmentRef], MinLen(1), MaxLen(MAX_SEGMENTS_PER_INSERT)]
+    # How long the insert may wait for the rate limiter before answering 429.
+    timeout_s: WaitSeconds = 0.0
+
+
+@message
+class InsertReply:
+    accepted: int
+    duplicates: int
+    env_steps: int
+
+
+@message
+class SampleRequest:
+    batch_size: Annotated[int, Gt(0), Le(MAX_BATCH_SIZE)]
+    num_batches: Annotated[int, Gt(0), Le(MAX_NUM_BATCHES)] = 1
+    timeout_s: WaitSeconds = 10.0
+
+
+@message
+class SampledSegment:
+    path: str
+    rows: list[int]
+
+
+@message
+class SampledBatch:
+    """One batch: `keys[i]` and `weights[i]` belong to the i-th row, counting the
+    rows of `segments` in order."""
+
+    keys: list[int]
+    segments: list[SampledSegment]
+    weights: list[float]
+
+
+@message
+class SampleReply:
+    batches: list[SampledBatch]
+
+
+@message
+class PriorityUpdate:
+    keys: Annotated[list[int], MaxLen(MAX_KEYS_PER_UPDATE)]
+    priorities: Annotated[list[Annotated[float, Ge(0)]], MaxLen(MAX_KEYS_PER_UPDATE)]
+
+
+@message
+class PolicyRef:
+    version: NonNegInt
+    path: RelPath
+    sha256: Annotated[str, MinLen(64), MaxLen(64)]
+    train_iter: NonNegInt = 0
+
+
+# --- jobs ------------------------------------------------------------------------
+
+
+@message
+class JobSubmit:
+    config: dict[str, Any]
+    name: Annotated[str, MaxLen(128)] | None = None
+
+
+@message
+class JobCreated:
+    job_id: str
+    phase: str
+    warnings: list[str]
+
+
+@message
+class EvalSummary:
+    return_mean: float
+    return_std: float
+    episodes: int
+    policy_version: int
+    train_iter: int
+    env_steps: int
+
+
+@message
+class JobStatus:
+    job_id: str
+    name: str
+    phase: str
+    algo: str
+    env_id: str
+    env_steps: int
+    train_iters: int
+    policy_version: int
+    last_eval: EvalSummary | None
+    best_eval_return: float | None
+    best_policy_version: int | None
+    stop_value: float | None
+    reason: str
+    started_at: float
+    finished_at: float | None

@@ -1,0 +1,89 @@
+"""Reading service settings from `DROVER_*` environment variables.
+
+Each service has its own frozen settings dataclass (`services/<name>/settings.py`);
+these helpers read and check the variables they share, so compose and Kubernetes can
+configure everything with env vars.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+
+class SettingsError(ValueError):
+    """A setting is missing or malformed; the message names the variable."""
+
+
+def env_str(env: Mapping[str, str], name: str, default: str | None = None) -> str:
+    value = env.get(name, default)
+    if value is None or value == "":
+        raise SettingsError(f"{name} must be set")
+    return value
+
+
+def env_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not an integer") from None
+
+
+def env_float(env: Mapping[str, str], name: str, default: float) -> float:
+    raw = env.get(name)
+    if raw is None or raw == "":
+        return default
+    try:
+        return float(raw)
+    except ValueError:
+        raise SettingsError(f"{name}={raw!r} is not a number") from None
+
+
+def read_token(env: Mapping[str, str] | None = None) -> str:
+    """The shared API token: `DROVER_TOKEN`, or the contents of `DROVER_TOKEN_FILE`
+    (for Kubernetes and compose secrets)."""
+    env = os.environ if env is None else env
+    token = env.get("DROVER_TOKEN", "")
+    path = env.get("DROVER_TOKEN_FILE", "")
+    if not token and path:
+        try:
+            token = Path(path).read_text().strip()
+        except OSError as exc:
+            raise SettingsError(f"DROVER_TOKEN_FILE={path}: {exc.strerror}") from None
+    if not token:
+        raise SettingsError("set DROVER_TOKEN or DROVER_TOKEN_FILE (the API token)")
+    return token
+
+
+@dataclass(frozen=True, kw_only=True)
+class SlaveSettings:
+    """Settings every slave (collector, learner) reads."""
+
+    host: str
+    port: int
+    #: The URL the coordinator reaches this slave at: the compose service name, the
+    #: pod IP on Kubernetes, 127.0.0.1 locally.
+    advertise_url: str
+    coordinator_url: str
+    shared_dir: Path
+    token: str
+
+    @classmethod
+    def from_env(cls, default_port: int, env: Mapping[str, str] | None = None) -> SlaveSettings:
+        env = os.environ if env is None else env
+        host = env_str(env, "DROVER_HOST", "127.0.0.1")
+        port = env_int(env, "DROVER_PORT", default_port)
+        local = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+        return cls(
+            host=host,
+            port=port,
+            advertise_url=env_str(env, "DROVER_ADVERTISE_URL", f"http://{local}:{port}"),
+            coordinator_url=env_str(env, "DROVER_COORDINATOR_URL", "http://127.0.0.1:8000"),
+            shared_dir=Path(env_str(env, "DROVER_SHARED_DIR", "runs")),
+            token=read_token(env),
+        )

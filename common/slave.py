@@ -1,0 +1,332 @@
+"""What collectors and learners share: registration, heartbeats, task threads, and the
+`/v1` routes through which the coordinator assigns and cancels tasks.
+
+A service supplies a `TaskRunner` (its core); `Slave` does the rest::
+
+    slave = Slave(role="collector", runner=CollectorRunner(store), coordinator=client,
+                  advertise_url="http://127.0.0.1:8100", shared_root=root)
+    slave.start()          # registers, then heartbeats in a background thread
+    ...                    # the coordinator POSTs /v1/tasks -> slave.assign(task)
+    slave.close()          # stops tasks, leaves the coordinator
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from flask import Blueprint, Flask, Response
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+
+from common.http import (
+    ApiError,
+    ServiceClient,
+    ServiceUnavailable,
+    body,
+    extension,
+    install_http_basics,
+    reply,
+)
+from common.messages import TaskAssignment, TaskProgress
+from common.settings import SlaveSettings
+from services.coordinator.client import CoordinatorClient
+
+log = logging.getLogger(__name__)
+EXTENSION = "drover.slave"
+
+
+@dataclass
+class TaskContext:
+    """What a running task may use: its stop signal, progress, and the coordinator."""
+
+    task: TaskAssignment
+    worker_id: str
+    coordinator: CoordinatorClient
+    metrics: CollectorRegistry
+    stop: threading.Event = field(default_factory=threading.Event)
+    progress: dict[str, float] = field(default_factory=dict)
+
+    def stopped(self) -> bool:
+        return self.stop.is_set()
+
+
+class TaskRunner(Protocol):
+    """A slave's work. One task of each kind may run at a time.
+
+    Usage::
+
+        runner.kinds                     # e.g. {"collect", "evaluate"}
+        result = runner.run(ctx)         # returns when done or when ctx.stop is set
+    """
+
+    kinds: frozenset[str]
+
+    def run(self, ctx: TaskContext) -> dict[str, Any]:
+        """Do the task; return its JSON-able result. Raise to fail it."""
+        ...
+
+
+class Slave:
+    """Registers with the coordinator, heartbeats, and runs assigned tasks in threads."""
+
+    def __init__(
+        self,
+        *,
+        role: str,
+        runner: TaskRunner,
+        coordinator: CoordinatorClient,
+        advertise_url: str,
+        shared_root: Path,
+        resources: dict[str, Any] | None = None,
+    ) -> None:
+        self.role = role
+        self.runner = runner
+        self.coordinator = coordinator
+        self.advertise_url = advertise_url
+        self.shared_root = shared_root
+        self.resources = resources or {}
+        self.metrics = CollectorRegistry()
+        self._tasks_total = Counter(
+            "drover_tasks_total",
+            "Tasks by kind and outcome",
+            ["kind", "outcome"],
+            registry=self.metrics,
+        )
+        self._lock = threading.Lock()
+        self._running: dict[str, tuple[TaskContext, threading.Thread]] = {}
+        self._closed = threading.Event()
+        self._worker_id: str | None = None
+        self._heartbeat_interval_s = 1.0
+        self._thread = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
+
+    # --- lifecycle ------------------------------------------------------------------
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self, *, timeout_s: float = 10.0) -> None:
+        """Stop every task, leave the coordinator (its tasks are reassigned at once)."""
+        self._closed.set()
+        with self._lock:
+            running = list(self._running.values())
+        for ctx, _ in running:
+            ctx.stop.set()
+        deadline = time.monotonic() + timeout_s
+        for _, thread in running:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        worker_id = self._worker_id
+        if worker_id is not None:
+            try:
+                self.coordinator.leave(worker_id)
+            except (ApiError, ServiceUnavailable) as exc:
+                log.info("could not leave the coordinator: %s", exc)
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+
+    @property
+    def worker_id(self) -> str | None:
+        return self._worker_id
+
+    def ready(self) -> tuple[bool, str]:
+        if not self.shared_root.is_dir():
+            return False, f"shared root {self.shared_root} is not mounted"
+        if self._worker_id is None:
+            return False, "not registered with the coordinator yet"
+        return True, "ok"
+
+    # --- tasks ----------------------------------------------------------------------
+
+    def assign(self, task: TaskAssignment) -> None:
+        """Start `task` in a thread. 409 if a task of its kind already runs."""
+        if task.kind not in self.runner.kinds:
+            raise ApiError(400, "invalid", f"kind: a {self.role} does not run '{task.kind}' tasks")
+        task.typed_spec()  # refuse a malformed spec now, not in the thread
+        with self._lock:
+            worker_id = self._worker_id
+            if self._closed.is_set() or worker_id is None:
+                raise ApiError(503, "not_ready", f"this {self.role} is not registered")
+            if task.task_id in self._running:
+                return  # the same assignment again (a retried POST): already running
+            busy = [t for t, (c, _) in self._running.items() if c.task.kind == task.kind]
+            if busy:
+                raise ApiError(409, "busy", f"already running {task.kind} task {busy[0]}")
+            ctx = TaskContext(
+                task=task, worker_id=worker_id, coordinator=self.coordinator, metrics=self.metrics
+            )
+            thread = threading.Thread(
+                target=self._run, args=(ctx,), name=f"task-{task.task_id}", daemon=True
+            )
+            self._running[task.task_id] = (ctx, thread)
+        thread.start()
+
+    def cancel(self, task_id: str) -> bool:
+        with self._lock:
+            entry = self._running.get(task_id)
+        if entry is None:
+            return False
+        entry[0].stop.set()
+        return True
+
+    def _run(self, ctx: TaskContext) -> None:
+        task = ctx.task
+        log.info("task %s (%s, job %s) started", task.task_id, task.kind, task.job_id)
+        try:
+            result = self.runner.run(ctx)
+            if ctx.stopped():
+                outcome = "cancelled"
+            else:
+                outcome = "completed"
+                self.coordinator.complete_task(task.task_id, result)
+        except Exception as exc:
+            outcome = "failed"
+            log.error("task %s failed:\n%s", task.task_id, traceback.format_exc())
+            try:
+                self.coordinator.fail_task(task.task_id, f"{type(exc).__name__}: {exc}")
+            except (ApiError, ServiceUnavailable) as report_exc:
+                log.warning("could not report the failure: %s", report_exc)
+        finally:
+            with self._lock:
+                self._running.pop(task.task_id, None)
+        self._tasks_total.labels(task.kind, outcome).inc()
+        log.info("task %s %s", task.task_id, outcome)
+
+    def status(self) -> dict[str, Any]:
+        with self._lock:
+            tasks = [
+                {"task_id": t, "job_id": c.task.job_id, "kind": c.task.kind, "progress": c.progress}
+                for t, (c, _) in self._running.items()
+            ]
+        return {"role": self.role, "worker_id": self._worker_id, "tasks": tasks}
+
+    # --- heartbeats -------------------------------------------------------------------
+
+    def _heartbeat_loop(self) -> None:
+        retry_s = 0.1
+        while not self._closed.is_set():
+            try:
+                if self._worker_id is None:
+                    self._register()
+                else:
+                    self._heartbeat()
+                retry_s = 0.1
+                wait_s = self._heartbeat_interval_s
+            except (ApiError, ServiceUnavailable) as exc:
+                # Keep trying with growing waits: the coordinator may be starting or
+                # restarting, and a worker should outlive that rather than crash.
+                log.warning("coordinator unreachable (%s); retrying in %.1fs", exc, retry_s)
+                wait_s, retry_s = retry_s, min(5.0, retry_s * 2)
+            self._closed.wait(wait_s)
+
+    def _register(self) -> None:
+        reg = self.coordinator.register(self.role, self.advertise_url, self.resources)
+        self._heartbeat_interval_s = reg.heartbeat_interval_s
+        self._worker_id = reg.worker_id
+        log.info("registered as %s", reg.worker_id)
+
+    def _heartbeat(self) -> None:
+        worker_id = self._worker_id
+        assert worker_id is not None
+        with self._lock:
+            states = [
+                TaskProgress(task_id=t, state="running", progress=dict(c.progress))
+                for t, (c, _) in self._running.items()
+            ]
+        try:
+            answer = self.coordinator.heartbeat(worker_id, states)
+        except ApiError as exc:
+            if exc.status != 404:
+                raise
+            # The coordinator forgot us (restart or expired lease): our tasks were
+            # handed to others, so drop them and register afresh.
+            log.warning("coordinator forgot worker %s; abandoning tasks", worker_id)
+            with self._lock:
+                self._worker_id = None
+                for ctx, _ in self._running.values():
+                    ctx.stop.set()
+            return
+        for task_id in answer.cancel:
+            if self.cancel(task_id):
+                log.info("coordinator cancelled task %s", task_id)
+
+
+# --- HTTP --------------------------------------------------------------------------
+
+tasks_bp = Blueprint("tasks", __name__, url_prefix="/v1/tasks")
+health_bp = Blueprint("health", __name__)
+
+
+def _slave() -> Slave:
+    return extension(EXTENSION)
+
+
+@tasks_bp.post("")
+def assign_task() -> Any:
+    task = body(TaskAssignment)
+    _slave().assign(task)
+    return reply({"task_id": task.task_id}, 202)
+
+
+@tasks_bp.delete("/<task_id>")
+def cancel_task(task_id: str) -> Any:
+    if not _slave().cancel(task_id):
+        raise ApiError(404, "not_found", f"task {task_id} is not running here")
+    return reply({"task_id": task_id}, 202)
+
+
+@health_bp.get("/v1/status")
+def status() -> Any:
+    return reply(_slave().status())
+
+
+@health_bp.get("/healthz")
+def healthz() -> Any:
+    return reply({"ok": True})
+
+
+@health_bp.get("/readyz")
+def readyz() -> Any:
+    ok, why = _slave().ready()
+    return reply({"ok": ok, "reason": why}, 200 if ok else 503)
+
+
+@health_bp.get("/metrics")
+def metrics() -> Response:
+    return Response(generate_latest(_slave().metrics), mimetype=CONTENT_TYPE_LATEST)
+
+
+def create_slave_app(name: str, slave: Slave, token: str) -> Flask:
+    """A collector's or learner's Flask app: the task and health blueprints."""
+    app = Flask(name)
+    install_http_basics(app, token)
+    app.extensions[EXTENSION] = slave
+    app.register_blueprint(tasks_bp)
+    app.register_blueprint(health_bp)
+    return app
+
+
+class SlaveClient(ServiceClient):
+    """Typed client for a slave's `/v1` routes (used by the coordinator and tests)."""
+
+    def assign(self, task: TaskAssignment) -> None:
+        self.call("POST", "/v1/tasks", task, timeout_s=5.0)
+
+    def cancel(self, task_id: str) -> None:
+        self.call("DELETE", f"/v1/tasks/{task_id}", timeout_s=5.0)
+
+    def status(self) -> dict[str, Any]:
+        return self.call("GET", "/v1/status")
+
+
+def build_slave(role: str, runner: TaskRunner, settings: SlaveSettings) -> Slave:
+    """A slave for `role`, configured from its settings."""
+    return Slave(
+        role=role,
+        runner=runner,
+        coordinator=CoordinatorClient(settings.coordinator_url, settings.token),
+        advertise_url=settings.advertise_url,
+        shared_root=Path(settings.shared_dir).resolve(),
+    )

@@ -1,0 +1,27 @@
+"""The `__main__` of every slave: settings from env, the app, a WSGI server, SIGTERM."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+
+from flask import Flask
+
+from common.http import serve
+from common.logs import setup_logging
+from common.settings import SettingsError, SlaveSettings
+from common.slave import EXTENSION, Slave
+
+
+def run_slave(role: str, default_port: int, create_app: Callable[[SlaveSettings], Flask]) -> int:
+    setup_logging(role)
+    try:
+        settings = SlaveSettings.from_env(default_port)
+    except SettingsError as exc:
+        print(f"drover {role}: {exc}", file=sys.stderr)
+        return 2
+    app = create_app(settings)
+    slave: Slave = app.extensions[EXTENSION]
+    slave.start()
+    serve(app, settings.host, settings.port, threads=8, on_stop=slave.close)
+    return 0

@@ -1,0 +1,196 @@
+"""The `drover` command.
+
+    drover run CONFIG            train locally: coordinator, collectors, learner
+    drover coordinator           serve one coordinator (what compose/Kubernetes run)
+    drover collector | learner   serve one slave
+"""
+
+from __future__ import annotations
+
+import argparse
+import runpy
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.live import Live
+from rich.table import Table
+
+from common.config import ConfigError, load_config_file, resolve_job_config
+from common.errors import ApiError
+from common.http import ServiceUnavailable
+from common.messages import TERMINAL_PHASES, JobStatus
+from drover.local import LocalCluster
+
+console = Console(stderr=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="drover", description=__doc__.split("\n\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    run = sub.add_parser("run", help="train a job locally, end to end")
+    run.add_argument("config", help="job config: .yaml, .yml, .json or .py (main_config)")
+    run.add_argument("--collectors", type=int, default=2, help="collector processes (2)")
+    run.add_argument("--runs-dir", default="runs", help="where run folders go (runs/)")
+    run.add_argument(
+        "--timeout-s", type=float, default=3600.0, help="stop the job after this long (3600)"
+    )
+    for role in ("coordinator", "collector", "learner"):
+        sub.add_parser(role, help=f"serve one {role} (settings from DROVER_* variables)")
+    args = parser.parse_args(argv)
+    if args.command == "run":
+        return run_local(args)
+    sys.argv = [f"drover {args.command}"]
+    runpy.run_module(f"services.{args.command}", run_name="__main__")
+    return 0
+
+
+def error(message: str) -> int:
+    console.print(f"[bold red]drover: error:[/] {message}", highlight=False)
+    return 2
+
+
+def run_local(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    if args.collectors < 1:
+        return error("--collectors must be at least 1")
+    try:
+        raw = load_config_file(args.config)
+        config, warnings = resolve_job_config(raw)
+    except ConfigError as exc:
+        return error(f"{args.config}: {exc}")
+    for warning in warnings:
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    run_dir = Path(args.runs_dir) / f"{config.exp_name}-{stamp}"
+    cluster = LocalCluster(run_dir, num_collectors=args.collectors)
+    console.print(f"drover: run folder [bold]{cluster.run_dir}[/]", highlight=False)
+    status: JobStatus | None = None
+    try:
+        cluster.start()
+        try:
+            created = cluster.client.submit_job(raw, name=config.exp_name)
+        except ApiError as exc:
+            return error(f"the coordinator refused the job: {exc.message}")
+        console.print(f"drover: job [bold]{created.job_id}[/] submitted", highlight=False)
+        status = watch(cluster, created.job_id, started, args.timeout_s)
+    except KeyboardInterrupt:
+        console.print("drover: interrupted; stopping the job and every service")
+        status = stop_job(cluster, status)
+    except (RuntimeError, TimeoutError) as exc:
+        console.print(f"[bold red]drover:[/] {exc}")
+    finally:
+        cluster.stop()
+    return summarize(cluster, status, time.monotonic() - started)
+
+
+def watch(cluster: LocalCluster, job_id: str, started: float, timeout_s: float) -> JobStatus:
+    """Show progress until the job ends; returns its final status."""
+    last: tuple[float, JobStatus] | None = None
+    rate = 0.0
+    with Live(console=console, refresh_per_second=4, transient=False) as live:
+        while True:
+            status = cluster.client.job(job_id)
+            now = time.monotonic()
+            if last is not None and now > last[0]:
+                rate = (status.env_steps - last[1].env_steps) / (now - last[0])
+            last = (now, status)
+            live.update(progress_table(status, now - started, rate, workers(cluster)))
+            if status.phase in TERMINAL_PHASES:
+                return status
+            dead = cluster.dead_services()
+            if dead:
+                raise RuntimeError(
+                    f"{dead[0].name} exited unexpectedly; its log ends:\n{dead[0].log_tail()}"
+                )
+            if now - started > timeout_s:
+                cluster.client.stop_job(job_id)
+            time.sleep(0.5)
+
+
+def workers(cluster: LocalCluster) -> dict[str, Any]:
+    """Per-collector env steps/s, read from the slaves' own status routes."""
+    from common.slave import SlaveClient
+
+    rates = {}
+    for service in cluster.collectors:
+        client = SlaveClient(service.url, cluster.token, timeout_s=1.0, connect_retries=0)
+        try:
+            for task in client.status()["tasks"]:
+                if task["kind"] == "collect":
+                    rates[service.name] = task["progress"].get("env_steps_per_s", 0.0)
+        except (ApiError, ServiceUnavailable, KeyError):
+            pass
+        finally:
+            client.close()
+    return rates
+
+
+def progress_table(
+    status: JobStatus, elapsed_s: float, env_rate: float, collector_rates: dict[str, Any]
+) -> Table:
+    table = Table(title=f"{status.name} · {status.algo} on {status.env_id}", min_width=60)
+    table.add_column("phase")
+    table.add_column("env steps", justify="right")
+    table.add_column("steps/s", justify="right")
+    table.add_column("train iters", justify="right")
+    table.add_column("policy", justify="right")
+    table.add_column("last eval", justify="right")
+    table.add_column("elapsed", justify="right")
+    last_eval = (
+        f"{status.last_eval.return_mean:.1f} (v{status.last_eval.policy_version})"
+        if status.last_eval
+        else "-"
+    )
+    table.add_row(
+        status.phase,
+        f"{status.env_steps:,}",
+        f"{env_rate:,.0f}",
+        f"{status.train_iters:,}",
+        f"v{status.policy_version}",
+        last_eval,
+        f"{elapsed_s:.1f}s",
+    )
+    if collector_rates:
+        per = ", ".join(f"{k}: {v:,.0f}/s" for k, v in sorted(collector_rates.items()))
+        table.caption = f"collectors {per}"
+    return table
+
+
+def stop_job(cluster: LocalCluster, status: JobStatus | None) -> JobStatus | None:
+    try:
+        jobs = cluster.client.list_jobs()
+        for job in jobs:
+            if job.phase not in TERMINAL_PHASES:
+                cluster.client.stop_job(job.job_id)
+        return cluster.client.job(jobs[0].job_id) if jobs else status
+    except (ApiError, ServiceUnavailable):
+        return status
+
+
+def summarize(cluster: LocalCluster, status: JobStatus | None, wall_s: float) -> int:
+    if status is None:
+        console.print(f"drover: no job result; logs are in {cluster.log_dir}")
+        return 1
+    color = "green" if status.phase == "succeeded" else "red"
+    console.print(
+        f"drover: job {status.job_id} [bold {color}]{status.phase}[/]: {status.reason}",
+        highlight=False,
+    )
+    best = f"{status.best_eval_return:.1f}" if status.best_eval_return is not None else "-"
+    console.print(
+        f"        {status.env_steps:,} env steps, {status.train_iters:,} train iterations, "
+        f"best eval return {best} (policy v{status.best_policy_version}), {wall_s:.1f}s",
+        highlight=False,
+    )
+    job_dir = cluster.run_dir / status.job_id
+    console.print(f"        results: {job_dir} (policies/, checkpoints/, summary.json)")
+    console.print(f"        logs:    {cluster.log_dir}")
+    return 0 if status.phase == "succeeded" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

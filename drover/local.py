@@ -1,0 +1,178 @@
+"""A local cluster: coordinator, collectors and a learner as processes on 127.0.0.1.
+
+`drover run` uses it; so do the integration tests. Each service is the same
+`python -m services.<name>` that compose and Kubernetes start, configured by the
+same `DROVER_*` variables.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from common.http import ServiceUnavailable
+from services.coordinator.client import CoordinatorClient
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Service:
+    name: str
+    module: str
+    port: int
+    log_path: Path
+    env: dict[str, str]
+    process: subprocess.Popen | None = None
+    _log: IO[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(
+            [sys.executable, "-m", self.module],
+            env=self.env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            # Its own session: Ctrl-C reaches only the launcher, which then stops the
+            # services in order instead of all at once.
+            start_new_session=True,
+        )
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def signal(self, signum: int) -> None:
+        if self.alive():
+            assert self.process is not None
+            self.process.send_signal(signum)
+
+    def wait(self, timeout_s: float) -> bool:
+        if self.process is None:
+            return True
+        try:
+            self.process.wait(timeout=timeout_s)
+            return True
+        except subprocess.TimeoutExpired:
+            return False
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        self.signal(signal.SIGTERM)
+        if not self.wait(timeout_s):
+            self.signal(signal.SIGKILL)
+            self.wait(5.0)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+@dataclass
+class LocalCluster:
+    """Start with `start()`, use `client`, end with `stop()` (or use `with`)."""
+
+    run_dir: Path
+    num_collectors: int = 2
+    num_learners: int = 1
+    token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    extra_env: dict[str, str] = field(default_factory=dict)
+    services: list[Service] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.run_dir = self.run_dir.resolve()
+        self.shared_dir = self.run_dir
+        self.log_dir = self.run_dir / "logs"
+        coordinator_port = free_port()
+        self.coordinator_url = f"http://127.0.0.1:{coordinator_port}"
+        self.coordinator = self._service("coordinator", "services.coordinator", coordinator_port)
+        self.collectors = [
+            self._service(f"collector-{i}", "services.collector", free_port())
+            for i in range(self.num_collectors)
+        ]
+        self.learners = [
+            self._service(f"learner-{i}", "services.learner", free_port())
+            for i in range(self.num_learners)
+        ]
+        self.client = CoordinatorClient(self.coordinator_url, self.token, timeout_s=10.0)
+
+    def _service(self, name: str, module: str, port: int) -> Service:
+        env = {
+            **os.environ,
+            "DROVER_HOST": "127.0.0.1",
+            "DROVER_PORT": str(port),
+            "DROVER_ADVERTISE_URL": f"http://127.0.0.1:{port}",
+            "DROVER_COORDINATOR_URL": getattr(self, "coordinator_url", ""),
+            "DROVER_SHARED_DIR": str(self.shared_dir),
+            "DROVER_TOKEN": self.token,
+            "PYTHONUNBUFFERED": "1",
+            **self.extra_env,
+        }
+        service = Service(name, module, port, self.log_dir / f"{name}.log", env)
+        self.services.append(service)
+        return service
+
+    def start(self, *, ready_timeout_s: float = 60.0) -> None:
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        # Start everything at once: slaves retry registration until the coordinator
+        # answers, and their torch import overlaps the coordinator's start.
+        for service in self.services:
+            service.start()
+        self.wait_ready(ready_timeout_s)
+
+    def wait_ready(self, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if not self.coordinator.alive():
+                raise RuntimeError(
+                    f"the coordinator exited at start:\n{self.coordinator.log_tail()}"
+                )
+            try:
+                self.client.call("GET", "/healthz", timeout_s=1.0)
+                return
+            except ServiceUnavailable:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"the coordinator did not answer within {timeout_s}s:\n"
+                        f"{self.coordinator.log_tail()}"
+                    ) from None
+                time.sleep(0.05)
+
+    def dead_services(self) -> list[Service]:
+        return [s for s in self.services if s.process is not None and not s.alive()]
+
+    def stop(self) -> None:
+        """Slaves first (they leave the coordinator), then the coordinator."""
+        slaves = [s for s in self.services if s is not self.coordinator]
+        for service in slaves:
+            service.signal(signal.SIGTERM)
+        for service in slaves:
+            service.stop()
+        self.coordinator.stop()
+        self.client.close()
+
+    def __enter__(self) -> LocalCluster:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,58 @@
+"""The buffer's HTTP routes, mounted on the coordinator.
+
+The routes reach the job's buffer through a `BufferHost` that the hosting app puts in
+`app.extensions[HOST]`: the coordinator, which also counts env steps and episodes.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from flask import Blueprint, Flask, Response
+
+from common.errors import ApiError
+from common.http import error_response
+from common.messages import InsertReply, PriorityUpdate, SampleReply, SampleRequest, SegmentInsert
+from services.buffer.core import BufferClosed, RateLimited, SampleTimeout
+
+HOST = "drover.buffer_host"
+
+
+class BufferHost(Protocol):
+    def insert_segments(self, job_id: str, insert: SegmentInsert) -> InsertReply: ...
+
+    def sample(self, job_id: str, request: SampleRequest) -> SampleReply: ...
+
+    def update_priorities(self, job_id: str, update: PriorityUpdate) -> int: ...
+
+
+def blueprints() -> list[Blueprint]:
+    from services.buffer.api import priorities, samples, segments
+
+    return [segments.bp, samples.bp, priorities.bp]
+
+
+def install(app: Flask, host: BufferHost) -> None:
+    """Mount the buffer routes on `app`, served by `host`."""
+    app.extensions[HOST] = host
+    for bp in blueprints():
+        app.register_blueprint(bp)
+
+    @app.errorhandler(RateLimited)
+    def _rate_limited(err: RateLimited) -> Response:
+        return error_response(
+            ApiError(
+                429,
+                "rate_limited",
+                "the learner is behind; retry the same insert later",
+                retry_after_s=err.retry_after_s,
+            )
+        )
+
+    @app.errorhandler(SampleTimeout)
+    def _sample_timeout(err: SampleTimeout) -> Response:
+        return error_response(ApiError(503, "sample_timeout", str(err), retry_after_s=0.0))
+
+    @app.errorhandler(BufferClosed)
+    def _closed(err: BufferClosed) -> Response:
+        return error_response(ApiError(409, "job_finished", str(err)))

@@ -1,0 +1,22 @@
+"""POST /api/v1/jobs/<job_id>/priorities: a learner sends new priorities by key."""
+
+from typing import Any
+
+from flask import Blueprint
+
+from common.errors import bad_request
+from common.http import body, extension, reply
+from common.messages import PriorityUpdate
+from services.buffer.api import HOST
+
+bp = Blueprint("priorities", __name__, url_prefix="/api/v1/jobs/<job_id>/priorities")
+
+
+@bp.post("")
+def update(job_id: str) -> Any:
+    update = body(PriorityUpdate)
+    if len(update.keys) != len(update.priorities):
+        raise bad_request(
+            "priorities", f"{len(update.priorities)} values for {len(update.keys)} keys"
+        )
+    return reply({"updated": extension(HOST).update_priorities(job_id, update)})

@@ -1,0 +1,16 @@
+"""POST /api/v1/jobs/<job_id>/samples: a learner long-polls for batches."""
+
+from typing import Any
+
+from flask import Blueprint
+
+from common.http import body, extension, reply
+from common.messages import SampleRequest
+from services.buffer.api import HOST
+
+bp = Blueprint("samples", __name__, url_prefix="/api/v1/jobs/<job_id>/samples")
+
+
+@bp.post("")
+def sample(job_id: str) -> Any:
+    return reply(extension(HOST).sample(job_id, body(SampleRequest)))

@@ -1,0 +1,16 @@
+"""POST /api/v1/jobs/<job_id>/segments: a collector indexes the segments it wrote."""
+
+from typing import Any
+
+from flask import Blueprint
+
+from common.http import body, extension, reply
+from common.messages import SegmentInsert
+from services.buffer.api import HOST
+
+bp = Blueprint("segments", __name__, url_prefix="/api/v1/jobs/<job_id>/segments")
+
+
+@bp.post("")
+def insert(job_id: str) -> Any:
+    return reply(extension(HOST).insert_segments(job_id, body(SegmentInsert)))

@@ -1,0 +1,121 @@
+"""DQN's collector-side pieces: epsilon-greedy action selection and n-step transitions.
+
+Each collected row is one n-step transition::
+
+    obs, action, reward = sum_k gamma^k r_{t+k}, next_obs = o_{t+m},
+    done = episode terminated within the m steps, discount = gamma^m   (m <= nstep)
+
+so the learner's target is ``reward + discount * (1 - done) * Q_target(next_obs, a*)``.
+A time-limit truncation is not `done`: the learner bootstraps from the last state.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from common.config import EpsConfig, ModelConfig
+from common.models import QNetwork, load_numpy_state
+
+
+@dataclass(frozen=True)
+class EpsilonSchedule:
+    config: EpsConfig
+
+    def __call__(self, env_steps: int) -> float:
+        c = self.config
+        if c.type == "linear":
+            return max(c.end, c.start - (c.start - c.end) * env_steps / c.decay)
+        return c.end + (c.start - c.end) * math.exp(-env_steps / c.decay)
+
+
+class QPolicy:
+    """A Q-network acting epsilon-greedily; random until the first version arrives."""
+
+    def __init__(self, model: ModelConfig, device: str) -> None:
+        assert model.action_shape is not None
+        self.num_actions = model.action_shape
+        self.device = torch.device(device)
+        self.network = QNetwork(model).to(self.device).eval()
+        self.version = 0
+        self.loaded = False
+
+    def load(self, version: int, tensors: dict[str, np.ndarray]) -> None:
+        load_numpy_state(self.network, tensors)
+        self.version, self.loaded = version, True
+
+    def act(self, obs: np.ndarray, eps: float, rng: np.random.Generator) -> np.ndarray:
+        n = len(obs)
+        explore = rng.random(n) < eps if self.loaded else np.ones(n, dtype=bool)
+        actions = rng.integers(0, self.num_actions, size=n)
+        if not explore.all():
+            with torch.inference_mode():
+                q = self.network(torch.as_tensor(obs, dtype=torch.float32, device=self.device))
+            greedy = q.argmax(dim=1).cpu().numpy()
+            actions = np.where(explore, actions, greedy)
+        return actions
+
+
+class NStepBuilder:
+    """Turns a vector env's steps into n-step transitions, one queue per env."""
+
+    COLUMNS = ("obs", "action", "reward", "next_obs", "done", "discount")
+
+    def __init__(self, num_envs: int, nstep: int, gamma: float) -> None:
+        self.nstep = nstep
+        self.gamma = gamma
+        self._pending: list[collections.deque] = [collections.deque() for _ in range(num_envs)]
+        self._rows: dict[str, list] = {c: [] for c in self.COLUMNS}
+
+    def __len__(self) -> int:
+        return len(self._rows["obs"])
+
+    def add(
+        self,
+        obs: np.ndarray,
+        actions: np.ndarray,
+        rewards: np.ndarray,
+        next_obs: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+    ) -> None:
+        """One vector step; `next_obs` holds the true next observation, also at an
+        episode's end (not the first observation of the next episode)."""
+        for i, pending in enumerate(self._pending):
+            pending.append((obs[i], int(actions[i]), float(rewards[i])))
+            if terminated[i] or truncated[i]:
+                while pending:
+                    self._emit(pending, next_obs[i], bool(terminated[i]))
+                    pending.popleft()
+            elif len(pending) == self.nstep:
+                self._emit(pending, next_obs[i], False)
+                pending.popleft()
+
+    def _emit(self, pending: collections.deque, next_obs: np.ndarray, done: bool) -> None:
+        ret = 0.0
+        for k, (_, _, reward) in enumerate(pending):
+            ret += self.gamma**k * reward
+        first_obs, action, _ = pending[0]
+        rows = self._rows
+        rows["obs"].append(first_obs)
+        rows["action"].append(action)
+        rows["reward"].append(ret)
+        rows["next_obs"].append(next_obs)
+        rows["done"].append(done)
+        rows["discount"].append(self.gamma ** len(pending))
+
+    def take(self) -> dict[str, np.ndarray]:
+        """All finished transitions as column arrays; the builder keeps the rest."""
+        rows, self._rows = self._rows, {c: [] for c in self.COLUMNS}
+        return {
+            "obs": np.asarray(rows["obs"], dtype=np.float32),
+            "action": np.asarray(rows["action"], dtype=np.int64),
+            "reward": np.asarray(rows["reward"], dtype=np.float32),
+            "next_obs": np.asarray(rows["next_obs"], dtype=np.float32),
+            "done": np.asarray(rows["done"], dtype=np.float32),
+            "discount": np.asarray(rows["discount"], dtype=np.float32),
+        }

@@ -1,0 +1,22 @@
+"""The collector's Flask app factory.
+
+A collector serves the routes every slave shares (`common.slave`: `/v1/tasks`,
+`/v1/status`, `/healthz`, `/readyz`, `/metrics`); its own logic is `core.py`.
+"""
+
+from __future__ import annotations
+
+from flask import Flask
+
+from common.settings import SlaveSettings
+from common.slave import Slave, build_slave, create_slave_app
+from common.storage import SharedStore
+from services.collector import settings as collector_settings
+from services.collector.core import CollectorRunner
+
+
+def create_app(settings: SlaveSettings | None = None, *, core: Slave | None = None) -> Flask:
+    settings = settings or collector_settings.from_env()
+    if core is None:
+        core = build_slave("collector", CollectorRunner(SharedStore(settings.shared_dir)), settings)
+    return create_slave_app("drover.collector", core, settings.token)

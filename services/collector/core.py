@@ -1,0 +1,279 @@
+"""The collector's work: `collect` and `evaluate` tasks. No Flask.
+
+A collect task steps a vector env with the newest policy (reloaded only when the
+coordinator's version changes), turns steps into n-step transitions, and every
+`n_sample` transitions hands a segment to the uploader thread, which writes it to the
+shared store and inserts its reference. Stepping continues while a segment uploads;
+when the rate limiter says wait, the uploader waits and the queue fills, which
+slows stepping down: the faster side waits, and no data is dropped.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from common.config import JobConfig, read_job_config
+from common.envs import make_vector_env
+from common.errors import ApiError
+from common.http import ServiceUnavailable
+from common.messages import CollectSpec, EvalResult, EvaluateSpec, SegmentRef, dump
+from common.slave import TaskContext
+from common.storage import CorruptFileError, SharedStore
+from services.collector.actors import EpsilonSchedule, NStepBuilder, QPolicy
+from services.coordinator.client import CoordinatorClient
+
+log = logging.getLogger(__name__)
+
+
+class PolicyFollower:
+    """Keeps a QPolicy at the coordinator's newest version, polling every `poll_s`."""
+
+    def __init__(
+        self,
+        policy: QPolicy,
+        store: SharedStore,
+        coordinator: CoordinatorClient,
+        job_id: str,
+        poll_s: float,
+    ) -> None:
+        self.policy = policy
+        self.store = store
+        self.coordinator = coordinator
+        self.job_id = job_id
+        self.poll_s = poll_s
+        self._next_poll_s = 0.0
+
+    def refresh(self) -> None:
+        now = time.monotonic()
+        if now < self._next_poll_s:
+            return
+        self._next_poll_s = now + self.poll_s
+        try:
+            ref = self.coordinator.latest_policy(self.job_id)
+        except (ApiError, ServiceUnavailable) as exc:
+            log.warning("could not ask for the newest policy: %s", exc)
+            return
+        if ref is None or (self.policy.loaded and ref.version <= self.policy.version):
+            return
+        try:
+            self.store.resolve(ref.path, under=f"{self.job_id}/policies")
+            policy_file = self.store.read_policy(ref.path, sha256=ref.sha256)
+            self.policy.load(ref.version, policy_file.tensors)
+        except (OSError, CorruptFileError, ValueError, RuntimeError) as exc:
+            # Keep acting with the version we have; the next poll tries again.
+            log.warning("policy version %d refused: %s", ref.version, exc)
+
+
+@dataclass
+class _Pending:
+    columns: dict[str, np.ndarray]
+    ref: SegmentRef
+
+
+class SegmentUploader:
+    """Writes segments and inserts their references, in its own thread.
+
+    A segment is inserted until the coordinator accepts it (or the task stops):
+    `429` waits `Retry-After`, an unreachable coordinator is retried with growing
+    waits. Inserts are idempotent by path, so a retry never counts twice. A segment
+    written but never accepted is deleted, so no file is left orphaned.
+    """
+
+    def __init__(
+        self, ctx: TaskContext, store: SharedStore, insert_timeout_s: float, max_pending: int = 2
+    ) -> None:
+        self.ctx = ctx
+        self.store = store
+        self.insert_timeout_s = insert_timeout_s
+        self.job_env_steps = 0
+        self.segments_sent = 0
+        self._queue: queue.Queue[_Pending | None] = queue.Queue(maxsize=max_pending)
+        self._thread = threading.Thread(target=self._loop, name="uploader", daemon=True)
+        self._thread.start()
+
+    def put(self, pending: _Pending) -> None:
+        """Queue a segment; blocks while the queue is full (the learner is behind)."""
+        while not self.ctx.stopped():
+            try:
+                self._queue.put(pending, timeout=0.2)
+                return
+            except queue.Full:
+                continue
+
+    def close(self, timeout_s: float = 10.0) -> None:
+        with contextlib.suppress(queue.Full):
+            self._queue.put(None, timeout=timeout_s)
+        self._thread.join(timeout_s)
+
+    def _loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            if self.ctx.stopped():
+                continue  # drain without writing: the task is over
+            self.store.write_segment(item.ref.path, item.columns)
+            if not self._insert(item.ref):
+                self.store.delete(item.ref.path)
+
+    def _insert(self, ref: SegmentRef) -> bool:
+        ctx = self.ctx
+        retry_s = 0.1
+        while not ctx.stopped():
+            try:
+                reply = ctx.coordinator.insert_segments(
+                    ctx.task.job_id, [ref], timeout_s=self.insert_timeout_s
+                )
+                self.job_env_steps = reply.env_steps
+                self.segments_sent += 1
+                return True
+            except ApiError as exc:
+                if exc.status == 429:
+                    ctx.stop.wait(exc.retry_after_s or 0.05)
+                    continue
+                if exc.status in (404, 409):
+                    log.info("job %s no longer takes data: %s", ctx.task.job_id, exc.message)
+                    ctx.stop.set()
+                    return False
+                raise
+            except ServiceUnavailable as exc:
+                log.warning("insert failed (%s); retrying in %.1fs", exc, retry_s)
+                ctx.stop.wait(retry_s)
+                retry_s = min(5.0, retry_s * 2)
+        return False
+
+
+class CollectorRunner:
+    """Runs `collect` and `evaluate` tasks (the TaskRunner of a collector)."""
+
+    kinds = frozenset({"collect", "evaluate"})
+
+    def __init__(self, store: SharedStore) -> None:
+        self.store = store
+
+    def run(self, ctx: TaskContext) -> dict[str, Any]:
+        config = read_job_config(self.store, ctx.task.job_id)
+        torch.set_num_threads(config.system.torch_num_threads)
+        spec = ctx.task.typed_spec()
+        if isinstance(spec, CollectSpec):
+            return self.collect(ctx, config, spec)
+        return self.evaluate(ctx, config, spec)
+
+    def collect(self, ctx: TaskContext, config: JobConfig, spec: CollectSpec) -> dict[str, Any]:
+        job_id = ctx.task.job_id
+        policy_cfg = config.policy
+        env = make_vector_env(config.env, spec.num_envs)
+        rng = np.random.default_rng(spec.seed)
+        policy = QPolicy(policy_cfg.model, policy_cfg.torch_device)
+        follower = PolicyFollower(
+            policy, self.store, ctx.coordinator, job_id, policy_cfg.collect.policy_poll_s
+        )
+        epsilon = EpsilonSchedule(policy_cfg.other.eps)
+        builder = NStepBuilder(spec.num_envs, policy_cfg.nstep, policy_cfg.discount_factor)
+        uploader = SegmentUploader(ctx, self.store, policy_cfg.collect.insert_timeout_s)
+        # Segment names carry this worker's id and the task's id, so two tasks (or a
+        # task reassigned after a restart) never write the same file.
+        worker_dir = f"{ctx.worker_id}.{ctx.task.task_id}"
+        obs, _ = env.reset(seed=spec.seed)
+        episode_return = np.zeros(spec.num_envs)
+        episode_length = np.zeros(spec.num_envs, dtype=np.int64)
+        returns: list[float] = []
+        lengths: list[int] = []
+        env_steps = segment_steps = seq = 0
+        started = time.monotonic()
+        try:
+            while not ctx.stopped():
+                follower.refresh()
+                # Exploration follows the whole job's env steps, so adding collectors
+                # does not slow its decay down.
+                eps = epsilon(max(uploader.job_env_steps, env_steps))
+                actions = policy.act(obs, eps, rng)
+                next_obs, rewards, terminated, truncated, info = env.step(actions)
+                ended = terminated | truncated
+                true_next = next_obs
+                if ended.any():
+                    true_next = next_obs.copy()
+                    true_next[ended] = np.stack(info["final_obs"][ended])
+                builder.add(obs, actions, rewards, true_next, terminated, truncated)
+                obs = next_obs
+                env_steps += spec.num_envs
+                segment_steps += spec.num_envs
+                episode_return += rewards
+                episode_length += 1
+                for i in np.flatnonzero(ended):
+                    returns.append(float(episode_return[i]))
+                    lengths.append(int(episode_length[i]))
+                    episode_return[i], episode_length[i] = 0.0, 0
+                if len(builder) >= policy_cfg.collect.n_sample:
+                    columns = builder.take()
+                    path = self.store.segment_path(job_id, worker_dir, seq)
+                    ref = SegmentRef(
+                        path=path,
+                        rows=len(columns["obs"]),
+                        env_steps=segment_steps,
+                        policy_version=policy.version,
+                        episode_returns=returns,
+                        episode_lengths=lengths,
+                    )
+                    uploader.put(_Pending(columns=columns, ref=ref))
+                    seq += 1
+                    segment_steps, returns, lengths = 0, [], []
+                    elapsed = time.monotonic() - started
+                    ctx.progress.update(
+                        env_steps=env_steps,
+                        env_steps_per_s=round(env_steps / max(elapsed, 1e-9), 1),
+                        policy_version=policy.version,
+                        epsilon=round(eps, 4),
+                    )
+        finally:
+            uploader.close()
+            env.close()
+        return {"env_steps": env_steps, "segments": uploader.segments_sent}
+
+    def evaluate(self, ctx: TaskContext, config: JobConfig, spec: EvaluateSpec) -> dict[str, Any]:
+        """Run `spec.episodes` greedy episodes of one policy version.
+
+        Each env runs a fixed quota of episodes decided up front (differing by at most
+        one), so envs with short episodes cannot crowd out long ones and bias the mean.
+        """
+        self.store.resolve(spec.policy_path, under=f"{ctx.task.job_id}/policies")
+        policy = QPolicy(config.policy.model, config.policy.torch_device)
+        policy.load(spec.policy_version, self.store.read_policy(spec.policy_path).tensors)
+        num_envs = min(spec.num_envs, spec.episodes)
+        quota = np.full(num_envs, spec.episodes // num_envs)
+        quota[: spec.episodes % num_envs] += 1
+        env = make_vector_env(config.env, num_envs)
+        rng = np.random.default_rng(spec.seed)
+        obs, _ = env.reset(seed=spec.seed)
+        episode_return = np.zeros(num_envs)
+        episode_length = np.zeros(num_envs, dtype=np.int64)
+        done_count = np.zeros(num_envs, dtype=np.int64)
+        returns: list[float] = []
+        lengths: list[int] = []
+        try:
+            while (done_count < quota).any() and not ctx.stopped():
+                actions = policy.act(obs, 0.0, rng)
+                obs, rewards, terminated, truncated, _ = env.step(actions)
+                episode_return += rewards
+                episode_length += 1
+                for i in np.flatnonzero(terminated | truncated):
+                    if done_count[i] < quota[i]:
+                        returns.append(float(episode_return[i]))
+                        lengths.append(int(episode_length[i]))
+                        done_count[i] += 1
+                    episode_return[i], episode_length[i] = 0.0, 0
+                ctx.progress["episodes"] = len(returns)
+        finally:
+            env.close()
+        return dump(
+            EvalResult(policy_version=spec.policy_version, returns=returns, lengths=lengths)
+        )

@@ -1,0 +1,52 @@
+"""Jobs: submit, list, read, stop; metrics and policy files for users."""
+
+from typing import Any
+
+from flask import Blueprint, request, send_file
+
+from common.errors import bad_request
+from common.http import body, reply
+from common.messages import JobSubmit
+from services.coordinator.api import core
+
+bp = Blueprint("jobs", __name__, url_prefix="/api/v1/jobs")
+
+
+@bp.post("")
+def submit() -> Any:
+    return reply(core().submit_job(body(JobSubmit)), 201)
+
+
+@bp.get("")
+def list_jobs() -> Any:
+    return reply({"jobs": core().list_jobs()})
+
+
+@bp.get("/<job_id>")
+def get(job_id: str) -> Any:
+    return reply(core().job_status(job_id))
+
+
+@bp.delete("/<job_id>")
+def stop(job_id: str) -> Any:
+    return reply(core().stop_job(job_id), 202)
+
+
+@bp.get("/<job_id>/metrics")
+def metrics(job_id: str) -> Any:
+    return reply(core().job_metrics(job_id))
+
+
+@bp.get("/<job_id>/policy")
+def policy_file(job_id: str) -> Any:
+    raw = request.args.get("version")
+    if raw is not None and not raw.isdigit():
+        raise bad_request("version", f"'{raw}' is not a non-negative integer")
+    coordinator = core()
+    path = coordinator.policy_path(job_id, int(raw) if raw is not None else None)
+    return send_file(
+        coordinator.store.resolve(path),
+        mimetype="application/octet-stream",
+        as_attachment=True,
+        download_name=f"{job_id}-{path.rsplit('/', 1)[-1]}",
+    )

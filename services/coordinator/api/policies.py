@@ -1,0 +1,26 @@
+"""Policy versions: a learner announces one; collectors read the newest."""
+
+from typing import Any
+
+from flask import Blueprint
+
+from common.http import body, reply
+from common.messages import PolicyRef
+from services.coordinator.api import core
+
+bp = Blueprint("policies", __name__, url_prefix="/api/v1/jobs/<job_id>/policies")
+
+
+@bp.post("")
+def announce(job_id: str) -> Any:
+    ref = body(PolicyRef)
+    core().announce_policy(job_id, ref)
+    return reply(ref, 201)
+
+
+@bp.get("/latest")
+def latest(job_id: str) -> Any:
+    ref = core().latest_policy(job_id)
+    if ref is None:
+        return "", 204  # none published yet: collectors act randomly until then
+    return reply(ref)

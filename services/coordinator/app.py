@@ -1,0 +1,38 @@
+"""The coordinator's Flask app factory."""
+
+from __future__ import annotations
+
+from flask import Flask
+
+import services.buffer.api as buffer_api
+from common.http import install_http_basics
+from common.storage import SharedStore
+from services.coordinator.api import CORE, blueprints
+from services.coordinator.core import Coordinator, CoordinatorLimits
+from services.coordinator.settings import CoordinatorSettings
+
+
+def create_app(
+    settings: CoordinatorSettings | None = None, *, core: Coordinator | None = None
+) -> Flask:
+    """The coordinator app: jobs, workers, tasks, policies, and the buffer's routes.
+
+    Args:
+        settings: defaults to `CoordinatorSettings.from_env()`.
+        core: an existing core (tests); built from `settings` otherwise.
+    """
+    settings = settings or CoordinatorSettings.from_env()
+    if core is None:
+        limits = CoordinatorLimits(
+            heartbeat_interval_s=settings.heartbeat_interval_s,
+            lease_timeout_s=settings.lease_timeout_s,
+            max_buffer_items=settings.max_buffer_items,
+        )
+        core = Coordinator(SharedStore(settings.shared_dir), limits)
+    app = Flask("drover.coordinator")
+    install_http_basics(app, settings.token)
+    app.extensions[CORE] = core
+    for bp in blueprints():
+        app.register_blueprint(bp)
+    buffer_api.install(app, core)
+    return app

@@ -1,0 +1,113 @@
+"""Typed client for the coordinator's `/api/v1` routes.
+
+Mirrors `services/coordinator/api/*` and `services/buffer/api/*`: a route change and
+its client change land in one diff. Every call has a timeout (ServiceClient).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from common.http import ServiceClient
+from common.messages import (
+    Heartbeat,
+    HeartbeatReply,
+    InsertReply,
+    JobCreated,
+    JobStatus,
+    JobSubmit,
+    PolicyRef,
+    PriorityUpdate,
+    Registered,
+    SampleReply,
+    SampleRequest,
+    SegmentInsert,
+    SegmentRef,
+    TaskComplete,
+    TaskFail,
+    TaskProgress,
+    WorkerInfo,
+    WorkerRegistration,
+    parse,
+)
+
+API = "/api/v1"
+
+
+class CoordinatorClient(ServiceClient):
+    # --- users --------------------------------------------------------------------
+
+    def submit_job(self, config: dict[str, Any], name: str | None = None) -> JobCreated:
+        data = self.call("POST", f"{API}/jobs", JobSubmit(config=config, name=name))
+        return parse(JobCreated, data)
+
+    def list_jobs(self) -> list[JobStatus]:
+        return [parse(JobStatus, j) for j in self.call("GET", f"{API}/jobs")["jobs"]]
+
+    def job(self, job_id: str) -> JobStatus:
+        return parse(JobStatus, self.call("GET", f"{API}/jobs/{job_id}"))
+
+    def stop_job(self, job_id: str) -> None:
+        self.call("DELETE", f"{API}/jobs/{job_id}")
+
+    def metrics(self, job_id: str) -> dict[str, Any]:
+        return self.call("GET", f"{API}/jobs/{job_id}/metrics")
+
+    def workers(self) -> list[WorkerInfo]:
+        return [parse(WorkerInfo, w) for w in self.call("GET", f"{API}/workers")["workers"]]
+
+    def policy_bytes(self, job_id: str, version: int | None = None) -> bytes:
+        params = {"version": version} if version is not None else None
+        return self.raw("GET", f"{API}/jobs/{job_id}/policy", params=params).content
+
+    # --- workers ------------------------------------------------------------------
+
+    def register(self, role: str, url: str, resources: dict[str, Any]) -> Registered:
+        reg = WorkerRegistration(role=role, url=url, resources=resources)  # type: ignore[arg-type]
+        return parse(Registered, self.call("POST", f"{API}/workers", reg))
+
+    def heartbeat(self, worker_id: str, tasks: list[TaskProgress]) -> HeartbeatReply:
+        data = self.call("POST", f"{API}/workers/{worker_id}/heartbeat", Heartbeat(tasks=tasks))
+        return parse(HeartbeatReply, data)
+
+    def leave(self, worker_id: str) -> None:
+        self.call("DELETE", f"{API}/workers/{worker_id}", timeout_s=2.0)
+
+    def complete_task(self, task_id: str, result: dict[str, Any]) -> None:
+        self.call("POST", f"{API}/tasks/{task_id}/complete", TaskComplete(result=result))
+
+    def fail_task(self, task_id: str, error: str) -> None:
+        self.call("POST", f"{API}/tasks/{task_id}/fail", TaskFail(error=error[:4096]))
+
+    # --- data plane ---------------------------------------------------------------
+
+    def insert_segments(
+        self, job_id: str, segments: list[SegmentRef], *, timeout_s: float = 0.0
+    ) -> InsertReply:
+        data = self.call(
+            "POST",
+            f"{API}/jobs/{job_id}/segments",
+            SegmentInsert(segments=segments, timeout_s=timeout_s),
+            timeout_s=self.timeout_s + timeout_s,
+        )
+        return parse(InsertReply, data)
+
+    def sample(
+        self, job_id: str, *, batch_size: int, num_batches: int, timeout_s: float
+    ) -> SampleReply:
+        req = SampleRequest(batch_size=batch_size, num_batches=num_batches, timeout_s=timeout_s)
+        data = self.call(
+            "POST", f"{API}/jobs/{job_id}/samples", req, timeout_s=self.timeout_s + timeout_s
+        )
+        return parse(SampleReply, data)
+
+    def update_priorities(self, job_id: str, keys: list[int], priorities: list[float]) -> None:
+        upd = PriorityUpdate(keys=keys, priorities=priorities)
+        self.call("POST", f"{API}/jobs/{job_id}/priorities", upd)
+
+    def announce_policy(self, job_id: str, ref: PolicyRef) -> None:
+        self.call("POST", f"{API}/jobs/{job_id}/policies", ref)
+
+    def latest_policy(self, job_id: str) -> PolicyRef | None:
+        data = self.call("GET", f"{API}/jobs/{job_id}/policies/latest")
+        return parse(PolicyRef, data) if data else None

@@ -1,0 +1,683 @@
+"""The coordinator's logic: jobs, workers and their leases, tasks, the replay buffers,
+the policy pointer, evaluation and stop conditions. No Flask, no sockets.
+
+All state lives in memory behind one lock. The scheduler thread (scheduler.py) asks
+`plan()` what to assign and reports back with `dispatched()` / `dispatch_failed()`;
+the blocking buffer calls (long-poll samples, rate-limited inserts) run outside the
+lock so one waiting learner never holds up the rest.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from common.config import (
+    ConfigError,
+    JobConfig,
+    min_error_buffer,
+    resolve_job_config,
+    to_dict,
+    with_spaces,
+)
+from common.envs import discrete_spaces
+from common.errors import ApiError, bad_request, conflict, not_found
+from common.messages import (
+    TERMINAL_PHASES,
+    CollectSpec,
+    EvalResult,
+    EvalSummary,
+    EvaluateSpec,
+    Heartbeat,
+    InsertReply,
+    JobCreated,
+    JobStatus,
+    JobSubmit,
+    LearnSpec,
+    MessageError,
+    PolicyRef,
+    PriorityUpdate,
+    Registered,
+    SampleReply,
+    SampleRequest,
+    SegmentInsert,
+    TaskAssignment,
+    WorkerInfo,
+    WorkerRegistration,
+    dump,
+    new_id,
+    parse,
+)
+from common.storage import PathError, SharedStore
+from services.buffer.core import ReplayBuffer
+
+log = logging.getLogger(__name__)
+
+ACTIVE = frozenset({"assigning", "running"})
+
+
+@dataclass(frozen=True, kw_only=True)
+class CoordinatorLimits:
+    """What one job may ask of this coordinator."""
+
+    heartbeat_interval_s: float = 1.0
+    lease_timeout_s: float = 10.0
+    max_buffer_items: int = 10_000_000
+    max_envs_per_task: int = 256
+    #: A job fails after this many failed tasks (a crash loop, not a blip).
+    max_task_failures: int = 5
+    #: Policy versions kept on disk besides the best one and those being evaluated.
+    keep_policies: int = 10
+    metrics_period_s: float = 1.0
+    metrics_points: int = 3600
+
+
+@dataclass
+class Task:
+    task_id: str
+    job_id: str
+    kind: str
+    spec: dict[str, Any]
+    worker_id: str
+    state: str = "assigning"  # assigning -> running -> done | failed | cancelled | lost
+
+    def assignment(self) -> TaskAssignment:
+        return TaskAssignment(
+            task_id=self.task_id,
+            job_id=self.job_id,
+            kind=self.kind,
+            spec=self.spec,  # type: ignore[arg-type]
+        )
+
+
+@dataclass
+class Worker:
+    worker_id: str
+    role: str
+    url: str
+    resources: dict[str, Any]
+    last_heartbeat_s: float
+    task_ids: set[str] = field(default_factory=set)
+
+
+@dataclass
+class Job:
+    job_id: str
+    name: str
+    config: JobConfig
+    buffer: ReplayBuffer
+    started_at: float
+    phase: str = "running"
+    reason: str = ""
+    finished_at: float | None = None
+    env_steps: int = 0
+    train_iters: int = 0
+    policy: PolicyRef | None = None
+    policy_versions: list[int] = field(default_factory=list)
+    evals: list[EvalSummary] = field(default_factory=list)
+    best_eval: EvalSummary | None = None
+    #: Train iteration of the newest policy sent for evaluation.
+    eval_requested_iter: int = 0
+    tasks_created: int = 0
+    task_failures: int = 0
+    episode_returns: collections.deque = field(
+        default_factory=lambda: collections.deque(maxlen=100)
+    )
+    metrics: collections.deque = field(default_factory=collections.deque)
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """One call the scheduler must make to a slave."""
+
+    url: str
+    task: TaskAssignment | None = None  # assign this task
+    cancel_task_id: str | None = None  # or cancel this one
+
+
+class Coordinator:
+    """Jobs, workers, tasks. Thread-safe; every public method takes the lock."""
+
+    def __init__(
+        self,
+        store: SharedStore,
+        limits: CoordinatorLimits | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.store = store
+        self.limits = limits or CoordinatorLimits()
+        self._clock = clock
+        self._wall = wall_clock
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._dirty = False
+        self.jobs: dict[str, Job] = {}
+        self.workers: dict[str, Worker] = {}
+        self.tasks: dict[str, Task] = {}
+        self._cancels: list[Dispatch] = []
+        self._last_metrics_s = float("-inf")
+
+    # --- jobs ----------------------------------------------------------------------
+
+    def submit_job(self, submit: JobSubmit) -> JobCreated:
+        try:
+            config, warnings = resolve_job_config(submit.config)
+            config = with_spaces(config, *discrete_spaces(config.env))
+        except ConfigError as exc:
+            raise bad_request(f"config.{exc.field}", exc.message) from None
+        self._check_limits(config)
+        job_id = new_id("job")
+        self.store.write_json(f"{job_id}/job.json", to_dict(config))
+        replay = config.policy.other.replay_buffer
+        error_buffer = replay.error_buffer or 2 * min_error_buffer(config)
+        buffer = ReplayBuffer(
+            job_id, replay, self.store, error_buffer=error_buffer, seed=config.system.seed
+        )
+        job = Job(
+            job_id=job_id,
+            name=submit.name or config.exp_name,
+            config=config,
+            buffer=buffer,
+            started_at=self._wall(),
+        )
+        for warning in warnings:
+            log.warning("job %s config: %s", job_id, warning)
+        with self._lock:
+            self.jobs[job_id] = job
+            self._notify()
+        log.info("job %s (%s) submitted: %s", job_id, job.name, config.env.env_id)
+        return JobCreated(job_id=job_id, phase=job.phase, warnings=warnings)
+
+    def _check_limits(self, config: JobConfig) -> None:
+        size = config.policy.other.replay_buffer.replay_buffer_size
+        if size > self.limits.max_buffer_items:
+            raise bad_request(
+                "config.policy.other.replay_buffer.replay_buffer_size",
+                f"{size} exceeds this coordinator's limit of {self.limits.max_buffer_items}",
+            )
+        for key in ("collector_env_num", "evaluator_env_num"):
+            value = getattr(config.env, key)
+            if value > self.limits.max_envs_per_task:
+                raise bad_request(
+                    f"config.env.{key}",
+                    f"{value} exceeds this coordinator's limit of {self.limits.max_envs_per_task}",
+                )
+
+    def _job(self, job_id: str) -> Job:
+        job = self.jobs.get(job_id)
+        if job is None:
+            raise not_found(f"job {job_id}")
+        return job
+
+    def _running_job(self, job_id: str) -> Job:
+        job = self._job(job_id)
+        if job.phase in TERMINAL_PHASES:
+            raise conflict("job_finished", f"job {job_id} is {job.phase}: {job.reason}")
+        return job
+
+    def stop_job(self, job_id: str) -> JobStatus:
+        with self._lock:
+            job = self._job(job_id)
+            if job.phase not in TERMINAL_PHASES:
+                self._finish(job, "stopped", "stopped by request")
+            return self._status(job)
+
+    def _finish(self, job: Job, phase: str, reason: str) -> None:
+        """End a job: wake its buffer's waiters and cancel every task of it."""
+        job.phase, job.reason, job.finished_at = phase, reason, self._wall()
+        job.buffer.close()
+        for task in self.tasks.values():
+            if task.job_id == job.job_id and task.state in ACTIVE:
+                worker = self.workers.get(task.worker_id)
+                self._end_task(task, "cancelled")
+                if worker is not None:
+                    self._cancels.append(Dispatch(url=worker.url, cancel_task_id=task.task_id))
+        self.store.write_json(f"{job.job_id}/summary.json", dump(self._status(job)))
+        log.info("job %s %s: %s", job.job_id, phase, reason)
+        self._notify()
+
+    def job_status(self, job_id: str) -> JobStatus:
+        with self._lock:
+            return self._status(self._job(job_id))
+
+    def list_jobs(self) -> list[JobStatus]:
+        with self._lock:
+            return [self._status(j) for j in self.jobs.values()]
+
+    def _status(self, job: Job) -> JobStatus:
+        return JobStatus(
+            job_id=job.job_id,
+            name=job.name,
+            phase=job.phase,
+            algo=job.config.policy.type,
+            env_id=job.config.env.env_id,
+            env_steps=job.env_steps,
+            train_iters=job.train_iters,
+            policy_version=job.policy.version if job.policy else 0,
+            last_eval=job.evals[-1] if job.evals else None,
+            best_eval_return=job.best_eval.return_mean if job.best_eval else None,
+            best_policy_version=job.best_eval.policy_version if job.best_eval else None,
+            stop_value=job.config.env.stop_value,
+            reason=job.reason,
+            started_at=job.started_at,
+            finished_at=job.finished_at,
+        )
+
+    def job_metrics(self, job_id: str) -> dict[str, Any]:
+        with self._lock:
+            job = self._job(job_id)
+            return {
+                "job_id": job_id,
+                "points": list(job.metrics),
+                "evals": [dump(e) for e in job.evals],
+                "buffer": dump(job.buffer.stats()),
+            }
+
+    # --- workers -------------------------------------------------------------------
+
+    def register_worker(self, reg: WorkerRegistration) -> Registered:
+        worker = Worker(
+            worker_id=new_id(reg.role),
+            role=reg.role,
+            url=reg.url,
+            resources=reg.resources,
+            last_heartbeat_s=self._clock(),
+        )
+        with self._lock:
+            self.workers[worker.worker_id] = worker
+            self._notify()
+        log.info("worker %s registered at %s", worker.worker_id, worker.url)
+        return Registered(
+            worker_id=worker.worker_id,
+            heartbeat_interval_s=self.limits.heartbeat_interval_s,
+            lease_timeout_s=self.limits.lease_timeout_s,
+        )
+
+    def heartbeat(self, worker_id: str, beat: Heartbeat) -> list[str]:
+        """Renew the worker's lease; returns the ids of tasks it must stop."""
+        with self._lock:
+            worker = self.workers.get(worker_id)
+            if worker is None:
+                raise ApiError(404, "unknown_worker", f"worker {worker_id} is not registered")
+            worker.last_heartbeat_s = self._clock()
+            cancel = []
+            for report in beat.tasks:
+                task = self.tasks.get(report.task_id)
+                if task is None or task.worker_id != worker_id or task.state not in ACTIVE:
+                    cancel.append(report.task_id)
+                    continue
+                task.state = "running"
+                train_iter = report.progress.get("train_iter")
+                if train_iter is not None:
+                    job = self.jobs[task.job_id]
+                    job.train_iters = max(job.train_iters, int(train_iter))
+            return cancel
+
+    def leave(self, worker_id: str) -> None:
+        with self._lock:
+            if worker_id not in self.workers:
+                raise not_found(f"worker {worker_id}")
+            self._drop_worker(worker_id, "left")
+
+    def _drop_worker(self, worker_id: str, why: str) -> None:
+        worker = self.workers.pop(worker_id)
+        for task_id in list(worker.task_ids):
+            self._end_task(self.tasks[task_id], "lost")
+        log.info("worker %s %s; its tasks go back to the queue", worker_id, why)
+        self._notify()
+
+    def list_workers(self) -> list[WorkerInfo]:
+        now = self._clock()
+        with self._lock:
+            return [
+                WorkerInfo(
+                    worker_id=w.worker_id,
+                    role=w.role,
+                    url=w.url,
+                    state="busy" if w.task_ids else "idle",
+                    task_id=min(w.task_ids) if w.task_ids else None,
+                    task_ids=sorted(w.task_ids),
+                    last_heartbeat_s=round(now - w.last_heartbeat_s, 3),
+                )
+                for w in self.workers.values()
+            ]
+
+    # --- tasks ---------------------------------------------------------------------
+
+    def _task(self, task_id: str) -> Task:
+        task = self.tasks.get(task_id)
+        if task is None:
+            raise not_found(f"task {task_id}")
+        if task.state not in ACTIVE:
+            # A late message for a task that was reassigned or ended: refuse it, so
+            # nothing is counted twice.
+            raise conflict("task_not_active", f"task {task_id} is {task.state}")
+        return task
+
+    def _end_task(self, task: Task, state: str) -> None:
+        task.state = state
+        worker = self.workers.get(task.worker_id)
+        if worker is not None:
+            worker.task_ids.discard(task.task_id)
+        self._notify()
+
+    def complete_task(self, task_id: str, result: dict[str, Any]) -> None:
+        with self._lock:
+            task = self._task(task_id)
+            job = self.jobs[task.job_id]
+            if task.kind == "evaluate":
+                try:
+                    outcome = parse(EvalResult, result)
+                except MessageError as exc:
+                    raise bad_request(f"result.{exc.field}", exc.message) from None
+                self._record_eval(job, outcome)
+            self._end_task(task, "done")
+
+    def fail_task(self, task_id: str, error: str) -> None:
+        with self._lock:
+            task = self._task(task_id)
+            job = self.jobs[task.job_id]
+            self._end_task(task, "failed")
+            job.task_failures += 1
+            log.warning("task %s (%s) of job %s failed: %s", task_id, task.kind, job.job_id, error)
+            if task.kind == "evaluate":
+                job.eval_requested_iter = job.evals[-1].train_iter if job.evals else 0
+            if job.task_failures >= self.limits.max_task_failures and job.phase == "running":
+                self._finish(
+                    job, "failed", f"{job.task_failures} tasks failed; last: {error[:500]}"
+                )
+
+    def _record_eval(self, job: Job, outcome: EvalResult) -> None:
+        returns = outcome.returns
+        train_iter = job.train_iters
+        if job.policy is not None and job.policy.version == outcome.policy_version:
+            train_iter = job.policy.train_iter
+        summary = EvalSummary(
+            return_mean=statistics.fmean(returns),
+            return_std=statistics.pstdev(returns),
+            episodes=len(returns),
+            policy_version=outcome.policy_version,
+            train_iter=train_iter,
+            env_steps=job.env_steps,
+        )
+        job.evals.append(summary)
+        log.info(
+            "job %s eval of version %d: %.1f ± %.1f over %d episodes",
+            job.job_id,
+            summary.policy_version,
+            summary.return_mean,
+            summary.return_std,
+            summary.episodes,
+        )
+        if job.best_eval is None or summary.return_mean > job.best_eval.return_mean:
+            job.best_eval = summary
+            self.store.write_json(
+                f"{job.job_id}/policies/best.json",
+                {
+                    "version": summary.policy_version,
+                    "path": self.store.policy_path(job.job_id, summary.policy_version),
+                    "return_mean": summary.return_mean,
+                },
+            )
+        stop_value = job.config.env.stop_value
+        if job.phase == "running" and stop_value is not None and summary.return_mean >= stop_value:
+            self._finish(
+                job,
+                "succeeded",
+                f"eval return {summary.return_mean:.1f} >= stop_value {stop_value} "
+                f"(policy version {summary.policy_version})",
+            )
+
+    # --- data plane ----------------------------------------------------------------
+
+    def insert_segments(self, job_id: str, insert: SegmentInsert) -> InsertReply:
+        with self._lock:
+            job = self._running_job(job_id)
+        segments_dir = f"{job_id}/segments"
+        for i, ref in enumerate(insert.segments):
+            try:
+                if not self.store.resolve(ref.path, under=segments_dir).is_file():
+                    raise bad_request(f"segments.{i}.path", f"no file at '{ref.path}'")
+            except PathError as exc:
+                raise bad_request(f"segments.{i}.path", str(exc)) from None
+        try:
+            result = job.buffer.insert(insert.segments, timeout_s=insert.timeout_s)
+        except ValueError as exc:
+            raise bad_request("segments", str(exc)) from None
+        with self._lock:
+            for ref in result.accepted_refs:
+                job.env_steps += ref.env_steps
+                job.episode_returns.extend(ref.episode_returns)
+            max_env_step = job.config.system.max_env_step
+            if job.phase == "running" and max_env_step and job.env_steps >= max_env_step:
+                self._finish_at_limit(job, f"max_env_step {max_env_step} reached")
+            return InsertReply(
+                accepted=result.accepted, duplicates=result.duplicates, env_steps=job.env_steps
+            )
+
+    def _finish_at_limit(self, job: Job, what: str) -> None:
+        # A budget ran out: that is success only for a job with no return goal.
+        if job.config.env.stop_value is None:
+            self._finish(job, "succeeded", what)
+        else:
+            self._finish(job, "failed", f"{what} before stop_value {job.config.env.stop_value}")
+
+    def sample(self, job_id: str, request: SampleRequest) -> SampleReply:
+        with self._lock:
+            job = self._running_job(job_id)
+        batches = job.buffer.sample(
+            request.batch_size, request.num_batches, timeout_s=request.timeout_s
+        )
+        return SampleReply(batches=batches)
+
+    def update_priorities(self, job_id: str, update: PriorityUpdate) -> int:
+        with self._lock:
+            job = self._job(job_id)
+        try:
+            return job.buffer.update_priorities(update.keys, update.priorities)
+        except ValueError as exc:
+            raise bad_request("priorities", str(exc)) from None
+
+    # --- policies ------------------------------------------------------------------
+
+    def announce_policy(self, job_id: str, ref: PolicyRef) -> None:
+        with self._lock:
+            job = self._running_job(job_id)
+            expected = self.store.policy_path(job_id, ref.version)
+            if ref.path != expected:
+                raise bad_request("path", f"version {ref.version} must live at '{expected}'")
+            if not self.store.resolve(ref.path).is_file():
+                raise bad_request("path", f"no file at '{ref.path}'")
+            if job.policy is not None and ref.version <= job.policy.version:
+                raise conflict(
+                    "stale_version",
+                    f"version {ref.version} is not newer than {job.policy.version}",
+                )
+            job.policy = ref
+            job.policy_versions.append(ref.version)
+            job.train_iters = max(job.train_iters, ref.train_iter)
+            self.store.write_json(f"{job_id}/policies/latest.json", dump(ref))
+            self._prune_policies(job)
+            max_train_iter = job.config.system.max_train_iter
+            if max_train_iter and job.train_iters >= max_train_iter:
+                self._finish_at_limit(job, f"max_train_iter {max_train_iter} reached")
+            self._notify()
+
+    def _prune_policies(self, job: Job) -> None:
+        """Keep the newest versions, the best one and those being evaluated."""
+        keep = set(job.policy_versions[-self.limits.keep_policies :])
+        if job.best_eval is not None:
+            keep.add(job.best_eval.policy_version)
+        for task in self.tasks.values():
+            if task.job_id == job.job_id and task.kind == "evaluate" and task.state in ACTIVE:
+                keep.add(int(task.spec["policy_version"]))
+        old = [v for v in job.policy_versions if v not in keep]
+        for version in old:
+            self.store.delete(self.store.policy_path(job.job_id, version))
+        job.policy_versions = [v for v in job.policy_versions if v in keep]
+
+    def latest_policy(self, job_id: str) -> PolicyRef | None:
+        with self._lock:
+            return self._job(job_id).policy
+
+    def policy_path(self, job_id: str, version: int | None) -> str:
+        """The file of a policy version (the latest by default)."""
+        with self._lock:
+            job = self._job(job_id)
+            if version is None:
+                if job.policy is None:
+                    raise not_found(f"a policy of job {job_id}")
+                version = job.policy.version
+            path = self.store.policy_path(job_id, version)
+            if not self.store.resolve(path).is_file():
+                raise not_found(f"policy version {version} of job {job_id}")
+            return path
+
+    # --- scheduling ----------------------------------------------------------------
+
+    def _notify(self) -> None:
+        self._dirty = True
+        self._changed.notify_all()
+
+    def wait_for_change(self, timeout_s: float) -> None:
+        """Block until something the scheduler cares about changed, or `timeout_s`."""
+        with self._changed:
+            if not self._dirty:
+                self._changed.wait(timeout_s)
+            self._dirty = False
+
+    def plan(self) -> list[Dispatch]:
+        """Decide assignments and cancellations; the caller makes the HTTP calls."""
+        with self._lock:
+            self._expire_leases()
+            plan, self._cancels = self._cancels, []
+            for job in sorted(self.jobs.values(), key=lambda j: j.started_at):
+                if job.phase == "running":
+                    plan.extend(self._plan_job(job))
+            self._sample_metrics()
+            return plan
+
+    def _plan_job(self, job: Job) -> list[Dispatch]:
+        active = [t for t in self.tasks.values() if t.job_id == job.job_id and t.state in ACTIVE]
+        kinds = collections.Counter(t.kind for t in active)
+        plan: list[Dispatch] = []
+
+        def free(role: str, kind: str) -> list[Worker]:
+            return [
+                w
+                for w in self.workers.values()
+                if w.role == role and not any(self.tasks[t].kind == kind for t in w.task_ids)
+            ]
+
+        if kinds["learn"] < job.config.system.learner_num:
+            learners = [w for w in free("learner", "learn") if not w.task_ids]
+            if learners:
+                plan.append(
+                    self._assign(job, learners[0], "learn", LearnSpec(seed=self._seed(job)))
+                )
+        wanted = job.config.system.collector_num or len(self.workers)
+        collectors = free("collector", "collect")
+        for worker in collectors[: max(0, wanted - kinds["collect"])]:
+            spec = CollectSpec(seed=self._seed(job), num_envs=job.config.env.collector_env_num)
+            plan.append(self._assign(job, worker, "collect", spec))
+        if kinds["evaluate"] == 0 and self._eval_due(job):
+            evaluators = free("collector", "evaluate")
+            if evaluators:
+                assert job.policy is not None
+                # The least busy collector evaluates, so collection slows the least.
+                worker = min(evaluators, key=lambda w: len(w.task_ids))
+                spec = EvaluateSpec(
+                    seed=self._seed(job),
+                    num_envs=job.config.env.evaluator_env_num,
+                    episodes=job.config.env.n_evaluator_episode,
+                    policy_version=job.policy.version,
+                    policy_path=job.policy.path,
+                )
+                job.eval_requested_iter = job.policy.train_iter
+                plan.append(self._assign(job, worker, "evaluate", spec))
+        return plan
+
+    def _eval_due(self, job: Job) -> bool:
+        if job.policy is None or job.policy.version == 0:
+            return False
+        eval_freq = job.config.policy.eval.evaluator.eval_freq
+        return job.policy.train_iter - job.eval_requested_iter >= eval_freq
+
+    def _seed(self, job: Job) -> int:
+        job.tasks_created += 1
+        return job.config.system.seed * 100_003 + job.tasks_created
+
+    def _assign(self, job: Job, worker: Worker, kind: str, spec: Any) -> Dispatch:
+        task = Task(
+            task_id=new_id(kind),
+            job_id=job.job_id,
+            kind=kind,
+            spec=dump(spec),
+            worker_id=worker.worker_id,
+        )
+        self.tasks[task.task_id] = task
+        worker.task_ids.add(task.task_id)
+        return Dispatch(url=worker.url, task=task.assignment())
+
+    def dispatched(self, task_id: str) -> None:
+        with self._lock:
+            task = self.tasks.get(task_id)
+            if task is not None and task.state == "assigning":
+                task.state = "running"
+
+    def dispatch_failed(self, task_id: str, error: str) -> None:
+        """The slave refused or could not be reached: the task is planned again."""
+        with self._lock:
+            task = self.tasks.get(task_id)
+            if task is None or task.state not in ACTIVE:
+                return
+            log.warning("could not assign %s to %s: %s", task_id, task.worker_id, error)
+            self._end_task(task, "lost")
+            if task.kind == "evaluate":
+                job = self.jobs[task.job_id]
+                job.eval_requested_iter = job.evals[-1].train_iter if job.evals else 0
+
+    def _expire_leases(self) -> None:
+        deadline = self._clock() - self.limits.lease_timeout_s
+        for worker_id in [
+            w.worker_id for w in self.workers.values() if w.last_heartbeat_s < deadline
+        ]:
+            self._drop_worker(worker_id, f"missed heartbeats for {self.limits.lease_timeout_s}s")
+
+    def _sample_metrics(self) -> None:
+        now = self._clock()
+        if now - self._last_metrics_s < self.limits.metrics_period_s:
+            return
+        self._last_metrics_s = now
+        for job in self.jobs.values():
+            if job.phase != "running":
+                continue
+            job.buffer.collect_garbage()
+            stats = job.buffer.stats()
+            recent = list(job.episode_returns)
+            job.metrics.append(
+                {
+                    "t": round(self._wall(), 3),
+                    "env_steps": job.env_steps,
+                    "train_iters": job.train_iters,
+                    "buffer_size": stats.size,
+                    "policy_version": job.policy.version if job.policy else 0,
+                    "collect_return_mean": statistics.fmean(recent) if recent else None,
+                }
+            )
+            while len(job.metrics) > self.limits.metrics_points:
+                job.metrics.popleft()
+
+    def close(self) -> None:
+        with self._lock:
+            for job in self.jobs.values():
+                job.buffer.close()
+            self._notify()

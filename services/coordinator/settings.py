@@ -1,0 +1,38 @@
+"""Coordinator settings, from `DROVER_*` environment variables."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from common.settings import env_float, env_int, env_str, read_token
+
+
+@dataclass(frozen=True, kw_only=True)
+class CoordinatorSettings:
+    host: str = "127.0.0.1"
+    port: int = 8000
+    shared_dir: Path = Path("runs")
+    token: str
+    heartbeat_interval_s: float = 1.0
+    lease_timeout_s: float = 10.0
+    scheduler_period_s: float = 0.5
+    max_buffer_items: int = 10_000_000
+    threads: int = 32
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> CoordinatorSettings:
+        env = os.environ if env is None else env
+        return cls(
+            host=env_str(env, "DROVER_HOST", "127.0.0.1"),
+            port=env_int(env, "DROVER_PORT", 8000),
+            shared_dir=Path(env_str(env, "DROVER_SHARED_DIR", "runs")),
+            token=read_token(env),
+            heartbeat_interval_s=env_float(env, "DROVER_HEARTBEAT_INTERVAL_S", 1.0),
+            lease_timeout_s=env_float(env, "DROVER_LEASE_TIMEOUT_S", 10.0),
+            scheduler_period_s=env_float(env, "DROVER_SCHEDULER_PERIOD_S", 0.5),
+            max_buffer_items=env_int(env, "DROVER_MAX_BUFFER_ITEMS", 10_000_000),
+            threads=env_int(env, "DROVER_THREADS", 32),
+        )

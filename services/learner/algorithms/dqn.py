@@ -1,0 +1,115 @@
+"""DQN: double DQN with a target network, dueling head option, n-step targets, Huber
+loss, importance weights. Pure torch: no I/O, no HTTP.
+
+Usage::
+
+    dqn = DQN(policy_config, device="cpu")
+    info = dqn.update(batch)          # one gradient step; info.td_abs -> new priorities
+    dqn.state_dict() / dqn.load_state_dict(sd)   # checkpoints
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.nn import functional as F
+
+from common.config import PolicyConfig
+from common.models import QNetwork
+
+
+@dataclass(frozen=True)
+class TransitionBatch:
+    """n-step transitions as tensors (see services/collector/actors.py)."""
+
+    obs: torch.Tensor  # [B, obs]
+    action: torch.Tensor  # [B] int64
+    reward: torch.Tensor  # [B] n-step discounted return
+    next_obs: torch.Tensor  # [B, obs]
+    done: torch.Tensor  # [B] 1.0 when the episode terminated within the n steps
+    discount: torch.Tensor  # [B] gamma ** steps actually taken
+    weight: torch.Tensor  # [B] importance weights (1.0 for uniform replay)
+
+    @classmethod
+    def from_numpy(
+        cls, columns: dict[str, np.ndarray], weight: np.ndarray, device: torch.device
+    ) -> TransitionBatch:
+        def t(a: np.ndarray) -> torch.Tensor:
+            return torch.as_tensor(a, device=device)
+
+        return cls(
+            obs=t(columns["obs"]),
+            action=t(columns["action"]),
+            reward=t(columns["reward"]),
+            next_obs=t(columns["next_obs"]),
+            done=t(columns["done"]),
+            discount=t(columns["discount"]),
+            weight=t(weight.astype(np.float32)),
+        )
+
+
+@dataclass(frozen=True)
+class UpdateInfo:
+    loss: float
+    q_mean: float
+    td_abs: np.ndarray  # per-row |TD error|, for prioritized replay
+
+
+class DQN:
+    def __init__(self, config: PolicyConfig, device: str | torch.device = "cpu") -> None:
+        self.config = config
+        self.device = torch.device(device)
+        self.online = QNetwork(config.model).to(self.device)
+        self.target = copy.deepcopy(self.online).requires_grad_(False)
+        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=config.learn.learning_rate)
+        self.train_iter = 0
+
+    def update(self, batch: TransitionBatch) -> UpdateInfo:
+        learn = self.config.learn
+        q = self.online(batch.obs).gather(1, batch.action.unsqueeze(1)).squeeze(1)
+        with torch.no_grad():
+            # Double DQN: the online net picks the next action, the target net values it.
+            next_action = self.online(batch.next_obs).argmax(dim=1, keepdim=True)
+            next_q = self.target(batch.next_obs).gather(1, next_action).squeeze(1)
+            target = batch.reward + batch.discount * (1.0 - batch.done) * next_q
+        td = target - q
+        loss = (batch.weight * F.smooth_l1_loss(q, target, reduction="none")).mean()
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if learn.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.online.parameters(), learn.max_grad_norm)
+        self.optimizer.step()
+        self.train_iter += 1
+        self._update_target()
+        return UpdateInfo(
+            loss=float(loss.detach()),
+            q_mean=float(q.detach().mean()),
+            td_abs=td.detach().abs().cpu().numpy(),
+        )
+
+    def _update_target(self) -> None:
+        learn = self.config.learn
+        if learn.target_theta is not None:
+            with torch.no_grad():
+                for t, o in zip(self.target.parameters(), self.online.parameters(), strict=True):
+                    t.lerp_(o, learn.target_theta)
+        elif self.train_iter % learn.target_update_freq == 0:
+            self.target.load_state_dict(self.online.state_dict())
+
+    def state_dict(self) -> dict:
+        """Everything to resume: networks, optimizer, counter (weights_only-loadable)."""
+        return {
+            "online": self.online.state_dict(),
+            "target": self.target.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "train_iter": self.train_iter,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.online.load_state_dict(state["online"])
+        self.target.load_state_dict(state["target"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.train_iter = int(state["train_iter"])

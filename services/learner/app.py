@@ -1,0 +1,22 @@
+"""The learner's Flask app factory.
+
+A learner serves the routes every slave shares (`common.slave`: `/v1/tasks`,
+`/v1/status`, `/healthz`, `/readyz`, `/metrics`); its own logic is `core.py`.
+"""
+
+from __future__ import annotations
+
+from flask import Flask
+
+from common.settings import SlaveSettings
+from common.slave import Slave, build_slave, create_slave_app
+from common.storage import SharedStore
+from services.learner import settings as learner_settings
+from services.learner.core import LearnerRunner
+
+
+def create_app(settings: SlaveSettings | None = None, *, core: Slave | None = None) -> Flask:
+    settings = settings or learner_settings.from_env()
+    if core is None:
+        core = build_slave("learner", LearnerRunner(SharedStore(settings.shared_dir)), settings)
+    return create_slave_app("drover.learner", core, settings.token)

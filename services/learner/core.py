@@ -1,0 +1,223 @@
+"""The learner's work: a `learn` task. No Flask.
+
+The learner asks the coordinator for `num_batches` batches at once, prefetching the
+next request while it trains on the current one; reads the sampled rows from the
+segment files (caching them: segments are immutable); trains; every
+`publish_every_iters` writes a new policy version and announces it; every
+`checkpoint_every_iters` writes a checkpoint, from which a restarted learner resumes.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+
+from common.config import JobConfig, read_job_config
+from common.errors import ApiError
+from common.http import ServiceUnavailable
+from common.messages import PolicyRef, SampledBatch, SampleReply
+from common.models import state_to_numpy
+from common.slave import TaskContext
+from common.storage import CorruptFileError, SharedStore
+from services.learner.algorithms.dqn import DQN, TransitionBatch
+
+log = logging.getLogger(__name__)
+
+KEEP_CHECKPOINTS = 2
+
+
+class JobOver(Exception):
+    """The job ended (or was forgotten): the task stops."""
+
+
+class SegmentCache:
+    """Recently read segments, by path. Segments never change, so no invalidation."""
+
+    def __init__(self, store: SharedStore, job_id: str, max_segments: int = 4096) -> None:
+        self.store = store
+        self.job_id = job_id
+        self.max_segments = max_segments
+        self.unreadable = 0
+        self._cache: collections.OrderedDict[str, dict[str, np.ndarray]] = collections.OrderedDict()
+
+    def get(self, path: str) -> dict[str, np.ndarray] | None:
+        columns = self._cache.get(path)
+        if columns is not None:
+            self._cache.move_to_end(path)
+            return columns
+        try:
+            self.store.resolve(path, under=f"{self.job_id}/segments")
+            columns = self.store.read_segment(path)
+        except (OSError, CorruptFileError, ValueError) as exc:
+            # A lost or damaged segment costs its rows, not the job.
+            self.unreadable += 1
+            log.warning("skipping unreadable segment %s: %s", path, exc)
+            return None
+        self._cache[path] = columns
+        if len(self._cache) > self.max_segments:
+            self._cache.popitem(last=False)
+        return columns
+
+    def gather(self, batch: SampledBatch) -> tuple[dict[str, np.ndarray], np.ndarray, list[int]]:
+        """The batch's rows as columns, with their weights and keys (rows of unreadable
+        segments left out)."""
+        parts: list[dict[str, np.ndarray]] = []
+        keep: list[bool] = []
+        for segment in batch.segments:
+            columns = self.get(segment.path)
+            keep.extend([columns is not None] * len(segment.rows))
+            if columns is not None:
+                rows = np.asarray(segment.rows)
+                parts.append({k: v[rows] for k, v in columns.items()})
+        if not parts:
+            return {}, np.zeros(0, dtype=np.float32), []
+        mask = np.asarray(keep)
+        joined = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        weights = np.asarray(batch.weights, dtype=np.float32)[mask]
+        keys = [k for k, kept in zip(batch.keys, keep, strict=True) if kept]
+        return joined, weights, keys
+
+
+class LearnerRunner:
+    """Runs `learn` tasks (the TaskRunner of a learner)."""
+
+    kinds = frozenset({"learn"})
+
+    def __init__(self, store: SharedStore) -> None:
+        self.store = store
+
+    def run(self, ctx: TaskContext) -> dict[str, Any]:
+        job_id = ctx.task.job_id
+        config = read_job_config(self.store, job_id)
+        torch.set_num_threads(config.system.torch_num_threads)
+        spec = ctx.task.typed_spec()
+        torch.manual_seed(spec.seed)
+        device = torch.device(config.policy.torch_device)
+        dqn = DQN(config.policy, device)
+        version = self._resume(job_id, dqn, ctx)
+        session = _LearnSession(ctx, config, self.store, dqn, version)
+        return session.run()
+
+    def _resume(self, job_id: str, dqn: DQN, ctx: TaskContext) -> int:
+        """Load the newest readable checkpoint; return the policy version to continue
+        from (never below the coordinator's, so versions stay monotonic)."""
+        version = 0
+        folder = f"{job_id}/checkpoints"
+        for name in reversed(self.store.list_dir(folder)):
+            try:
+                data = self.store.read_bytes(f"{folder}/{name}")
+                state = torch.load(io.BytesIO(data), map_location=dqn.device, weights_only=True)
+                dqn.load_state_dict(state["model"])
+                version = int(state["policy_version"])
+                log.info("resumed from %s at train_iter %d", name, dqn.train_iter)
+                break
+            except Exception as exc:  # a damaged checkpoint: try the one before it
+                log.warning("checkpoint %s unusable: %s", name, exc)
+        try:
+            latest = ctx.coordinator.latest_policy(job_id)
+        except (ApiError, ServiceUnavailable) as exc:
+            raise JobOver(f"cannot read the newest policy version: {exc}") from exc
+        return max(version, latest.version if latest else 0)
+
+
+class _LearnSession:
+    def __init__(
+        self, ctx: TaskContext, config: JobConfig, store: SharedStore, dqn: DQN, version: int
+    ) -> None:
+        self.ctx = ctx
+        self.config = config
+        self.store = store
+        self.dqn = dqn
+        self.version = version
+        self.job_id = ctx.task.job_id
+        self.cache = SegmentCache(store, self.job_id)
+        self.sample_timeouts = 0
+
+    def run(self) -> dict[str, Any]:
+        learn = self.config.policy.learn
+        ctx, dqn = self.ctx, self.dqn
+        started, start_iter = time.monotonic(), dqn.train_iter
+        prefetch = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch")
+        future: Future[SampleReply | None] = prefetch.submit(self.fetch)
+        try:
+            self.publish()  # collectors act with the resumed (or fresh) network at once
+            while not ctx.stopped():
+                reply = future.result()
+                if ctx.stopped():
+                    break
+                future = prefetch.submit(self.fetch)
+                for batch in reply.batches if reply else []:
+                    columns, weights, _keys = self.cache.gather(batch)
+                    if not len(weights):
+                        continue
+                    info = dqn.update(TransitionBatch.from_numpy(columns, weights, dqn.device))
+                    if dqn.train_iter % learn.publish_every_iters == 0:
+                        self.publish()
+                    if dqn.train_iter % learn.checkpoint_every_iters == 0:
+                        self.checkpoint()
+                    elapsed = time.monotonic() - started
+                    ctx.progress.update(
+                        train_iter=dqn.train_iter,
+                        train_iters_per_s=round((dqn.train_iter - start_iter) / elapsed, 1),
+                        loss=round(info.loss, 5),
+                        q_mean=round(info.q_mean, 4),
+                    )
+        except JobOver as exc:
+            log.info("learning stops: %s", exc)
+            ctx.stop.set()
+        finally:
+            prefetch.shutdown(wait=False, cancel_futures=True)
+        self.checkpoint()
+        return {"train_iter": dqn.train_iter, "policy_version": self.version}
+
+    def fetch(self) -> SampleReply | None:
+        learn = self.config.policy.learn
+        try:
+            return self.ctx.coordinator.sample(
+                self.job_id,
+                batch_size=learn.batch_size,
+                num_batches=learn.num_batches,
+                timeout_s=learn.sample_timeout_s,
+            )
+        except ApiError as exc:
+            if exc.status == 503:  # sample_timeout: not enough data yet
+                self.sample_timeouts += 1
+                return None
+            if exc.status in (404, 409):
+                raise JobOver(exc.message) from exc
+            raise
+        except ServiceUnavailable as exc:
+            log.warning("sampling failed (%s); retrying", exc)
+            self.ctx.stop.wait(1.0)
+            return None
+
+    def publish(self) -> None:
+        """Write the next policy version and announce it to the coordinator."""
+        self.version += 1
+        path, sha = self.store.write_policy(
+            self.job_id, self.version, self.dqn.train_iter, "dqn", state_to_numpy(self.dqn.online)
+        )
+        ref = PolicyRef(version=self.version, path=path, sha256=sha, train_iter=self.dqn.train_iter)
+        try:
+            self.ctx.coordinator.announce_policy(self.job_id, ref)
+        except ApiError as exc:
+            if exc.code == "job_finished" or exc.status == 404:
+                raise JobOver(exc.message) from exc
+            raise
+        self.ctx.progress["policy_version"] = self.version
+
+    def checkpoint(self) -> None:
+        buffer = io.BytesIO()
+        torch.save({"model": self.dqn.state_dict(), "policy_version": self.version}, buffer)
+        folder = f"{self.job_id}/checkpoints"
+        path = self.store.checkpoint_path(self.job_id, self.dqn.train_iter)
+        self.store.write_bytes(path, buffer.getvalue())
+        for old in self.store.list_dir(folder)[:-KEEP_CHECKPOINTS]:
+            self.store.delete(f"{folder}/{old}")
