@@ -220,34 +220,32 @@ def serve(
     """Serve `app` with waitress (a production WSGI server) until SIGTERM or SIGINT.
 
     On either signal `on_stop` runs first (the service stops its work and says
-    goodbye to the coordinator), then the server closes and this returns.
+    goodbye to the coordinator), then the serving loop ends and this returns.
     """
     from waitress.server import create_server
 
     server = create_server(app, host=host, port=port, threads=threads, ident="drover")
-    stopping = threading.Event()
 
     def _stop(signum: int, _frame: Any) -> None:
-        if stopping.is_set():
-            return
-        stopping.set()
+        # Runs in the main thread, inside waitress's loop: leaving by an exception is
+        # the one way to end that loop while clients hold keep-alive connections.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
         log.info("signal %d: stopping", signum)
-
-        # Stopping can involve HTTP calls; do it off the signal handler.
-        def _shutdown() -> None:
-            try:
-                on_stop()
-            finally:
-                server.close()
-
-        threading.Thread(target=_shutdown, name="shutdown", daemon=True).start()
+        on_stop()
+        raise _Stopped
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     log.info("serving %s on http://%s:%d", app.name, host, port)
     try:
         server.run()
-    except OSError:
-        # waitress raises when its sockets close under it during shutdown.
-        if not stopping.is_set():
-            raise
+    except _Stopped:
+        pass
+    finally:
+        server.close()
+    log.info("stopped")
+
+
+class _Stopped(Exception):
+    """Raised by the signal handler to leave the serving loop."""

@@ -1,0 +1,58 @@
+"""Test doubles: a fake coordinator client for slaves, a controllable task runner."""
+
+from __future__ import annotations
+
+
+import time
+from typing import Any
+
+from common.messages import HeartbeatReply, Registered
+
+
+class FakeCoordinator:
+    """Records what a slave tells the coordinator."""
+
+    def __init__(self) -> None:
+        self.completed: list[tuple[str, dict]] = []
+        self.failed: list[tuple[str, str]] = []
+        self.left: list[str] = []
+        self.cancel_next: list[str] = []
+
+    def register(self, role: str, url: str, resources: dict[str, Any]) -> Registered:
+        return Registered(worker_id=f"{role}-fake", heartbeat_interval_s=0.05, lease_timeout_s=1)
+
+    def heartbeat(self, worker_id: str, tasks: list) -> HeartbeatReply:
+        cancel, self.cancel_next = self.cancel_next, []
+        return HeartbeatReply(cancel=cancel)
+
+    def complete_task(self, task_id: str, result: dict) -> None:
+        self.completed.append((task_id, result))
+
+    def fail_task(self, task_id: str, error: str) -> None:
+        self.failed.append((task_id, error))
+
+    def leave(self, worker_id: str) -> None:
+        self.left.append(worker_id)
+
+
+class BlockingRunner:
+    """Runs until stopped, or returns at once when the spec's seed is negative;
+    fails when the seed is 13."""
+
+    kinds = frozenset({"collect", "evaluate"})
+
+    def run(self, ctx) -> dict[str, Any]:
+        seed = ctx.task.spec.get("seed", 0)
+        if seed == 13:
+            raise RuntimeError("unlucky")
+        if seed >= 0:
+            ctx.stop.wait(30)
+        return {"seed": seed}
+
+
+def wait_until(predicate, timeout_s: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.01)

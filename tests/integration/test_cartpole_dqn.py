@@ -1,0 +1,122 @@
+"""Real processes on 127.0.0.1 with a temporary shared dir: DQN learns CartPole."""
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from common.config import load_config_file
+from common.slave import SlaveClient
+from drover.local import LocalCluster
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "cartpole_dqn.yaml"
+DEADLINE_S = 180
+
+
+def wait_for_phase(cluster, job_id, deadline_s):
+    deadline = time.monotonic() + deadline_s
+    while True:
+        status = cluster.client.job(job_id)
+        if status.phase not in ("pending", "running"):
+            return status
+        dead = cluster.dead_services()
+        assert not dead, f"{dead[0].name} died:\n{dead[0].log_tail()}"
+        assert time.monotonic() < deadline, (
+            f"job still {status.phase} after {deadline_s}s: {status}"
+        )
+        time.sleep(0.25)
+
+
+def test_dqn_cartpole_reaches_195_through_the_services(tmp_path):
+    config = load_config_file(EXAMPLE)
+    with LocalCluster(tmp_path / "run", num_collectors=2) as cluster:
+        created = cluster.client.submit_job(config, name="it")
+        status = wait_for_phase(cluster, created.job_id, DEADLINE_S)
+        assert status.phase == "succeeded", status
+        assert status.last_eval is not None and status.last_eval.return_mean >= 195
+        assert status.last_eval.episodes == 10
+        assert status.best_eval_return >= 195
+        # both collectors and the learner took part
+        workers = cluster.client.workers()
+        assert sorted(w.role for w in workers) == ["collector", "collector", "learner"]
+        metrics = cluster.client.metrics(created.job_id)
+        assert metrics["buffer"]["inserts"] > 0 and metrics["evals"]
+        # the best policy is kept and served
+        best = cluster.client.policy_bytes(created.job_id, status.best_policy_version)
+        assert len(best) > 1000
+        for collector in cluster.collectors:
+            client = SlaveClient(collector.url, cluster.token)
+            assert client.status()["role"] == "collector"
+        job_dir = cluster.run_dir / created.job_id
+        assert (job_dir / "summary.json").is_file()
+        assert list((job_dir / "checkpoints").glob("learner-*.pt"))
+        segments = list((job_dir / "segments").rglob("*.safetensors"))
+        assert segments and not list((job_dir / "segments").rglob("*.tmp"))
+    # SIGTERM stops every process cleanly and promptly
+    for service in cluster.services:
+        assert service.process.returncode == 0, (service.name, service.log_tail())
+
+
+def test_drover_run_cli_end_to_end(tmp_path):
+    started = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-m", "drover.cli", "run", str(EXAMPLE), "--runs-dir", str(tmp_path)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=DEADLINE_S,
+        env={**os.environ, "COLUMNS": "120"},
+    )
+    wall_s = time.monotonic() - started
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "succeeded" in proc.stderr
+    run_dirs = list(tmp_path.glob("cartpole_dqn-*"))
+    assert len(run_dirs) == 1
+    assert sorted(p.name for p in (run_dirs[0] / "logs").iterdir()) == [
+        "collector-0.log",
+        "collector-1.log",
+        "coordinator.log",
+        "learner-0.log",
+    ]
+    assert wall_s < DEADLINE_S
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("policy:\n  learn:\n    batch_size: -3\n", "policy.learn.batch_size"),
+        ("env: [1, 2]\n", "env"),
+        ("strict: true\nenv:\n  stop_vaule: 3\n", "did you mean 'stop_value'"),
+    ],
+)
+def test_drover_run_refuses_bad_configs_before_starting_anything(tmp_path, content, message):
+    path = tmp_path / "bad.yaml"
+    path.write_text(content)
+    proc = subprocess.run(
+        [sys.executable, "-m", "drover.cli", "run", str(path), "--runs-dir", str(tmp_path / "r")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "drover: error:" in proc.stderr and message in proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_drover_run_reports_a_job_the_coordinator_refuses(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("env:\n  env_id: NoSuchEnv-v0\n")
+    proc = subprocess.run(
+        [sys.executable, "-m", "drover.cli", "run", str(path), "--runs-dir", str(tmp_path / "r")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode != 0
+    assert "config.env.env_id" in proc.stderr

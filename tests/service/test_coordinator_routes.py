@@ -1,0 +1,339 @@
+import numpy as np
+import pytest
+
+from common.storage import SharedStore
+from services.coordinator.app import create_app
+from services.coordinator.core import Coordinator, CoordinatorLimits
+from services.coordinator.settings import CoordinatorSettings
+
+TOKEN = "test-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+CONFIG = {
+    "env": {"env_id": "CartPole-v1", "stop_value": 150, "n_evaluator_episode": 2},
+    "policy": {
+        "other": {"replay_buffer": {"min_size_to_sample": 20, "replay_buffer_size": 100}},
+        "eval": {"evaluator": {"eval_freq": 10}},
+    },
+}
+
+
+@pytest.fixture
+def core(tmp_path):
+    return Coordinator(SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000))
+
+
+@pytest.fixture
+def client(tmp_path, core):
+    app = create_app(CoordinatorSettings(shared_dir=tmp_path, token=TOKEN), core=core)
+    return app.test_client()
+
+
+def post(client, path, body=None, **kw):
+    return client.post(path, json=body, headers=AUTH, **kw)
+
+
+def get(client, path, **kw):
+    return client.get(path, headers=AUTH, **kw)
+
+
+def submit(client, config=CONFIG):
+    resp = post(client, "/api/v1/jobs", {"config": config, "name": "t"})
+    assert resp.status_code == 201, resp.json
+    return resp.json["job_id"]
+
+
+def write_segment(core, job_id, seq, rows=10, worker="w1"):
+    path = core.store.segment_path(job_id, worker, seq)
+    core.store.write_segment(
+        path,
+        {
+            "obs": np.zeros((rows, 4), np.float32),
+            "action": np.zeros(rows, np.int64),
+            "reward": np.ones(rows, np.float32),
+            "next_obs": np.zeros((rows, 4), np.float32),
+            "done": np.zeros(rows, np.float32),
+            "discount": np.ones(rows, np.float32),
+        },
+    )
+    return {"path": path, "rows": rows, "env_steps": rows, "policy_version": 0}
+
+
+# --- auth and error format ------------------------------------------------------
+
+
+def test_health_is_public_everything_else_needs_the_token(client):
+    assert client.get("/healthz").status_code == 200
+    assert client.get("/readyz").status_code == 200
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}):
+        resp = client.get("/api/v1/jobs", headers=headers)
+        assert resp.status_code == 401
+        assert resp.json["error"] == "unauthorized"
+
+
+def test_errors_are_json_never_html(client):
+    resp = get(client, "/api/v1/nothing-here")
+    assert resp.status_code == 404 and resp.is_json
+    resp = client.put("/api/v1/jobs", headers=AUTH)
+    assert resp.status_code == 405 and resp.json["error"] == "method_not_allowed"
+    resp = client.post("/api/v1/jobs", data="{bad", headers=AUTH, content_type="application/json")
+    assert resp.status_code == 400 and resp.is_json
+    resp = client.post("/api/v1/jobs", data="x", headers=AUTH, content_type="text/plain")
+    assert resp.status_code == 415
+    resp = client.post(
+        "/api/v1/jobs", data=b"0" * (9 * 1024 * 1024), headers=AUTH, content_type="application/json"
+    )
+    assert resp.status_code == 413 and resp.is_json
+
+
+# --- jobs ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"config": {"policy": {"learn": {"batch_size": -1}}}}, "config.policy.learn.batch_size"),
+        ({"config": {"env": {"env_id": "NoSuchEnv-v9"}}}, "config.env.env_id"),
+        ({"config": {"env": {"env_id": "Pendulum-v1"}}}, "config.env.env_id"),
+        ({"config": "x"}, "config"),
+        ({}, "config"),
+        ({"config": {}, "extra": 1}, "extra"),
+        (
+            {"config": {"policy": {"other": {"replay_buffer": {"replay_buffer_size": 5000}}}}},
+            "config.policy.other.replay_buffer.replay_buffer_size",
+        ),
+    ],
+)
+def test_bad_job_configs_get_400_naming_the_field(client, body, field):
+    resp = post(client, "/api/v1/jobs", body)
+    assert resp.status_code == 400, resp.json
+    assert resp.json["message"].startswith(field), resp.json
+
+
+def test_job_lifecycle(client, core):
+    resp = post(client, "/api/v1/jobs", {"config": {**CONFIG, "typo_key": 1}})
+    assert resp.status_code == 201
+    assert resp.json["warnings"] == ["typo_key: unknown key"]
+    job_id = resp.json["job_id"]
+    assert core.store.read_json(f"{job_id}/job.json")["policy"]["model"]["obs_shape"] == 4
+    assert [j["job_id"] for j in get(client, "/api/v1/jobs").json["jobs"]] == [job_id]
+    status = get(client, f"/api/v1/jobs/{job_id}").json
+    assert status["phase"] == "running" and status["env_id"] == "CartPole-v1"
+    assert get(client, "/api/v1/jobs/job-nope").status_code == 404
+    resp = client.delete(f"/api/v1/jobs/{job_id}", headers=AUTH)
+    assert resp.status_code == 202 and resp.json["phase"] == "stopped"
+    metrics = get(client, f"/api/v1/jobs/{job_id}/metrics").json
+    assert metrics["buffer"]["capacity"] == 100
+    assert core.store.read_json(f"{job_id}/summary.json")["phase"] == "stopped"
+    assert client.delete("/api/v1/jobs/job-nope", headers=AUTH).status_code == 404
+
+
+# --- workers and scheduling -----------------------------------------------------------
+
+
+def test_workers_register_heartbeat_and_leave(client, core):
+    bad = post(client, "/api/v1/workers", {"role": "boss", "url": "http://x"})
+    assert bad.status_code == 400 and bad.json["message"].startswith("role")
+    reg = post(client, "/api/v1/workers", {"role": "collector", "url": "http://127.0.0.1:1"})
+    assert reg.status_code == 201
+    worker_id = reg.json["worker_id"]
+    assert reg.json["lease_timeout_s"] > reg.json["heartbeat_interval_s"] > 0
+    beat = post(client, f"/api/v1/workers/{worker_id}/heartbeat", {"tasks": []})
+    assert beat.status_code == 200 and beat.json == {"cancel": []}
+    unknown = post(
+        client,
+        f"/api/v1/workers/{worker_id}/heartbeat",
+        {"tasks": [{"task_id": "collect-zzz", "state": "running"}]},
+    )
+    assert unknown.json == {"cancel": ["collect-zzz"]}  # not ours: stop it
+    workers = get(client, "/api/v1/workers").json["workers"]
+    assert workers[0]["worker_id"] == worker_id and workers[0]["state"] == "idle"
+    assert client.delete(f"/api/v1/workers/{worker_id}", headers=AUTH).status_code == 202
+    gone = post(client, f"/api/v1/workers/{worker_id}/heartbeat", {"tasks": []})
+    assert gone.status_code == 404  # forgotten: register again
+    assert client.delete(f"/api/v1/workers/{worker_id}", headers=AUTH).status_code == 404
+
+
+def test_scheduler_plans_collect_and_learn_tasks(client, core):
+    job_id = submit(client)
+    c = post(client, "/api/v1/workers", {"role": "collector", "url": "http://c"}).json
+    l = post(client, "/api/v1/workers", {"role": "learner", "url": "http://l"}).json
+    plan = core.plan()
+    kinds = sorted((d.url, d.task.kind) for d in plan)
+    assert kinds == [("http://c", "collect"), ("http://l", "learn")]
+    assert all(d.task.job_id == job_id for d in plan)
+    assert core.plan() == []  # nothing more to do
+    for d in plan:
+        core.dispatched(d.task.task_id)
+    collect = next(d.task for d in plan if d.task.kind == "collect")
+    beat = post(
+        client,
+        f"/api/v1/workers/{c['worker_id']}/heartbeat",
+        {"tasks": [{"task_id": collect.task_id, "state": "running", "progress": {"env_steps": 5}}]},
+    )
+    assert beat.json == {"cancel": []}
+    # a worker that leaves hands its task back: the next plan gives it to another
+    client.delete(f"/api/v1/workers/{c['worker_id']}", headers=AUTH)
+    post(client, "/api/v1/workers", {"role": "collector", "url": "http://c2"})
+    assert [(d.url, d.task.kind) for d in core.plan()] == [("http://c2", "collect")]
+    assert l["worker_id"].startswith("learner-")
+
+
+# --- data plane ---------------------------------------------------------------------
+
+
+def test_segments_insert_dedupe_and_refusals(client, core):
+    job_id = submit(client)
+    seg = write_segment(core, job_id, 0)
+    url = f"/api/v1/jobs/{job_id}/segments"
+    first = post(client, url, {"segments": [seg]})
+    assert first.status_code == 200 and first.json == {
+        "accepted": 1,
+        "duplicates": 0,
+        "env_steps": 10,
+    }
+    again = post(client, url, {"segments": [seg]})
+    assert again.json == {"accepted": 0, "duplicates": 1, "env_steps": 10}
+    cases = [
+        ({**seg, "path": f"{job_id}/segments/w1/00000009.safetensors"}, "no file"),
+        ({**seg, "path": f"{job_id}/segments/../job.json"}, "relative, normalized"),
+        ({**seg, "path": "/etc/passwd"}, "relative"),
+        ({**seg, "path": f"{job_id}/job.json"}, "outside"),
+        ({**seg, "rows": 0}, "segments.0.rows"),
+    ]
+    for bad, words in cases:
+        resp = post(client, url, {"segments": [bad]})
+        assert resp.status_code == 400 and words in resp.json["message"], (bad, resp.json)
+    assert post(client, url, {"segments": []}).status_code == 400
+    assert post(client, "/api/v1/jobs/job-nope/segments", {"segments": [seg]}).status_code == 404
+    client.delete(f"/api/v1/jobs/{job_id}", headers=AUTH)
+    late = post(client, url, {"segments": [write_segment(core, job_id, 1)]})
+    assert late.status_code == 409 and late.json["error"] == "job_finished"
+
+
+def test_samples_long_poll_timeout_then_batches(client, core):
+    job_id = submit(client)
+    url = f"/api/v1/jobs/{job_id}/samples"
+    early = post(client, url, {"batch_size": 4, "num_batches": 2, "timeout_s": 0})
+    assert early.status_code == 503 and early.json["error"] == "sample_timeout"
+    for seq in range(3):
+        post(
+            client,
+            f"/api/v1/jobs/{job_id}/segments",
+            {"segments": [write_segment(core, job_id, seq)]},
+        )
+    resp = post(client, url, {"batch_size": 4, "num_batches": 2, "timeout_s": 1})
+    assert resp.status_code == 200
+    batches = resp.json["batches"]
+    assert len(batches) == 2 and all(len(b["keys"]) == 4 == len(b["weights"]) for b in batches)
+    for bad in (
+        {"batch_size": 0},
+        {"batch_size": 10**6},
+        {"batch_size": 4, "timeout_s": 3600},
+        {"batch_size": "4"},
+        {"batch_size": 4, "num_batches": -1},
+    ):
+        resp = post(client, url, bad)
+        assert resp.status_code == 400, bad
+    pr = post(client, f"/api/v1/jobs/{job_id}/priorities", {"keys": [0, 1], "priorities": [1.0]})
+    assert pr.status_code == 400
+    pr = post(
+        client, f"/api/v1/jobs/{job_id}/priorities", {"keys": [0, 1], "priorities": [1.0, 2.0]}
+    )
+    assert pr.status_code == 200 and pr.json == {"updated": 2}
+    neg = post(client, f"/api/v1/jobs/{job_id}/priorities", {"keys": [0], "priorities": [-1.0]})
+    assert neg.status_code == 400
+
+
+# --- policies, evaluation, stop -------------------------------------------------------
+
+
+def test_policy_versions_are_monotonic_and_served(client, core):
+    job_id = submit(client)
+    url = f"/api/v1/jobs/{job_id}/policies"
+    assert get(client, f"{url}/latest").status_code == 204
+    assert get(client, f"/api/v1/jobs/{job_id}/policy").status_code == 404
+    path, sha = core.store.write_policy(job_id, 1, 10, "dqn", {"w": np.ones(2, np.float32)})
+    missing = post(
+        client, url, {"version": 2, "path": core.store.policy_path(job_id, 2), "sha256": sha}
+    )
+    assert missing.status_code == 400
+    wrong = post(client, url, {"version": 1, "path": f"{job_id}/job.json", "sha256": sha})
+    assert wrong.status_code == 400
+    ok = post(client, url, {"version": 1, "path": path, "sha256": sha, "train_iter": 10})
+    assert ok.status_code == 201
+    assert get(client, f"{url}/latest").json["version"] == 1
+    stale = post(client, url, {"version": 1, "path": path, "sha256": sha})
+    assert stale.status_code == 409 and stale.json["error"] == "stale_version"
+    blob = get(client, f"/api/v1/jobs/{job_id}/policy")
+    assert blob.status_code == 200 and blob.mimetype == "application/octet-stream"
+    assert blob.data == core.store.read_bytes(path)
+    assert get(client, f"/api/v1/jobs/{job_id}/policy?version=7").status_code == 404
+    assert get(client, f"/api/v1/jobs/{job_id}/policy?version=x").status_code == 400
+
+
+def test_evaluation_result_reaching_stop_value_succeeds_the_job(client, core):
+    job_id = submit(client)
+    c = post(client, "/api/v1/workers", {"role": "collector", "url": "http://c"}).json
+    core.plan()
+    path, sha = core.store.write_policy(job_id, 1, 10, "dqn", {"w": np.ones(2, np.float32)})
+    post(
+        client,
+        f"/api/v1/jobs/{job_id}/policies",
+        {"version": 1, "path": path, "sha256": sha, "train_iter": 10},
+    )
+    evaluate = [d.task for d in core.plan() if d.task and d.task.kind == "evaluate"]
+    assert len(evaluate) == 1 and evaluate[0].spec["policy_version"] == 1
+    task_id = evaluate[0].task_id
+    bad = post(client, f"/api/v1/tasks/{task_id}/complete", {"result": {"policy_version": 1}})
+    assert bad.status_code == 400 and "result.returns" in bad.json["message"]
+    done = post(
+        client,
+        f"/api/v1/tasks/{task_id}/complete",
+        {"result": {"policy_version": 1, "returns": [140.0, 180.0], "lengths": [140, 180]}},
+    )
+    assert done.status_code == 200
+    status = get(client, f"/api/v1/jobs/{job_id}").json
+    assert status["phase"] == "succeeded"
+    assert status["last_eval"]["return_mean"] == 160.0 and status["best_policy_version"] == 1
+    assert core.store.read_json(f"{job_id}/policies/best.json")["version"] == 1
+    # a late message for the finished task is refused, not counted again
+    late = post(client, f"/api/v1/tasks/{task_id}/complete", {"result": {}})
+    assert late.status_code == 409
+    assert post(client, "/api/v1/tasks/nope/fail", {"error": "x"}).status_code == 404
+    # the job's collect task is cancelled through the heartbeat answer
+    collect = next(t for t in core.tasks.values() if t.kind == "collect")
+    beat = post(
+        client,
+        f"/api/v1/workers/{c['worker_id']}/heartbeat",
+        {"tasks": [{"task_id": collect.task_id, "state": "running"}]},
+    )
+    assert beat.json["cancel"] == [collect.task_id]
+
+
+def test_repeated_task_failures_fail_the_job(client, core):
+    job_id = submit(client)
+    for i in range(core.limits.max_task_failures):
+        post(client, "/api/v1/workers", {"role": "learner", "url": f"http://l{i}"})
+        learn = next(d.task for d in core.plan() if d.task and d.task.kind == "learn")
+        assert (
+            post(client, f"/api/v1/tasks/{learn.task_id}/fail", {"error": "boom"}).status_code
+            == 200
+        )
+    status = get(client, f"/api/v1/jobs/{job_id}").json
+    assert status["phase"] == "failed" and "boom" in status["reason"]
+
+
+def test_max_env_step_ends_the_job(client, core):
+    job_id = submit(client, {**CONFIG, "system": {"max_env_step": 15}})
+    url = f"/api/v1/jobs/{job_id}/segments"
+    post(client, url, {"segments": [write_segment(core, job_id, 0)]})
+    assert get(client, f"/api/v1/jobs/{job_id}").json["phase"] == "running"
+    post(client, url, {"segments": [write_segment(core, job_id, 1)]})
+    status = get(client, f"/api/v1/jobs/{job_id}").json
+    assert status["phase"] == "failed" and "max_env_step 15" in status["reason"]
+
+
+def test_prometheus_metrics(client):
+    submit(client)
+    resp = get(client, "/metrics")
+    assert resp.status_code == 200 and b"drover_job_env_steps" in resp.data

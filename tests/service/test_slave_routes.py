@@ -1,0 +1,114 @@
+import pytest
+
+from common.slave import Slave, create_slave_app
+from tests.fakes import BlockingRunner, FakeCoordinator, wait_until
+
+TOKEN = "slave-token"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def task(task_id="collect-1", kind="collect", seed=0, **spec):
+    return {
+        "task_id": task_id,
+        "job_id": "job-1",
+        "kind": kind,
+        "spec": {"seed": seed, "num_envs": 2, **spec},
+    }
+
+
+@pytest.fixture
+def setup(tmp_path):
+    coordinator = FakeCoordinator()
+    slave = Slave(
+        role="collector",
+        runner=BlockingRunner(),
+        coordinator=coordinator,
+        advertise_url="http://127.0.0.1:1",
+        shared_root=tmp_path,
+    )
+    app = create_slave_app("test", slave, TOKEN)
+    slave.start()
+    wait_until(lambda: slave.worker_id is not None, what="registration")
+    yield app.test_client(), slave, coordinator
+    slave.close(timeout_s=5)
+
+
+def test_health_ready_auth(setup):
+    client, _, _ = setup
+    assert client.get("/healthz").json == {"ok": True}
+    assert client.get("/readyz").status_code == 200
+    assert client.get("/v1/status").status_code == 401
+    assert (
+        client.post("/v1/tasks", json=task(), headers={"Authorization": "Bearer no"}).status_code
+        == 401
+    )
+    assert client.get("/v1/status", headers=AUTH).json["worker_id"] == "collector-fake"
+    assert b"drover_tasks_total" in client.get("/metrics", headers=AUTH).data
+
+
+def test_assign_busy_cancel(setup):
+    client, slave, coordinator = setup
+    assert client.post("/v1/tasks", json=task(), headers=AUTH).status_code == 202
+    # the same assignment again (a retried POST) is accepted once
+    assert client.post("/v1/tasks", json=task(), headers=AUTH).status_code == 202
+    busy = client.post("/v1/tasks", json=task("collect-2"), headers=AUTH)
+    assert busy.status_code == 409 and busy.json["error"] == "busy"
+    # another kind may run beside it
+    assert (
+        client.post(
+            "/v1/tasks",
+            json=task(
+                "evaluate-1",
+                "evaluate",
+                seed=-1,
+                episodes=1,
+                policy_version=0,
+                policy_path="job-1/policies/x",
+            ),
+            headers=AUTH,
+        ).status_code
+        == 202
+    )
+    wait_until(lambda: coordinator.completed, what="evaluate completion")
+    assert coordinator.completed[0] == ("evaluate-1", {"seed": -1})
+    tasks = client.get("/v1/status", headers=AUTH).json["tasks"]
+    assert [t["task_id"] for t in tasks] == ["collect-1"]
+    assert client.delete("/v1/tasks/collect-1", headers=AUTH).status_code == 202
+    wait_until(lambda: not slave.status()["tasks"], what="cancel")
+    assert client.delete("/v1/tasks/collect-1", headers=AUTH).status_code == 404
+    assert ("collect-1", {"seed": 0}) not in coordinator.completed  # cancelled, not completed
+
+
+def test_bad_assignments(setup):
+    client, _, _ = setup
+    learn = client.post("/v1/tasks", json=task(kind="learn"), headers=AUTH)
+    assert learn.status_code == 400 and "learn" in learn.json["message"]
+    bad_spec = client.post("/v1/tasks", json=task(num_envs=0), headers=AUTH)
+    assert bad_spec.status_code == 400 and bad_spec.json["message"].startswith("spec.num_envs")
+    no_kind = client.post("/v1/tasks", json={"task_id": "x", "job_id": "j"}, headers=AUTH)
+    assert no_kind.status_code == 400
+
+
+def test_failed_task_is_reported_and_cancel_from_heartbeat(setup):
+    client, slave, coordinator = setup
+    client.post("/v1/tasks", json=task("collect-9", seed=13), headers=AUTH)
+    wait_until(lambda: coordinator.failed, what="failure report")
+    assert coordinator.failed[0][0] == "collect-9" and "unlucky" in coordinator.failed[0][1]
+    client.post("/v1/tasks", json=task("collect-10"), headers=AUTH)
+    coordinator.cancel_next = ["collect-10"]
+    wait_until(lambda: not slave.status()["tasks"], what="heartbeat cancel")
+
+
+def test_close_leaves_the_coordinator(tmp_path):
+    coordinator = FakeCoordinator()
+    slave = Slave(
+        role="collector",
+        runner=BlockingRunner(),
+        coordinator=coordinator,
+        advertise_url="http://x",
+        shared_root=tmp_path,
+    )
+    slave.start()
+    wait_until(lambda: slave.worker_id is not None, what="registration")
+    slave.close(timeout_s=5)
+    assert coordinator.left == ["collector-fake"]

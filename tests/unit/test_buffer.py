@@ -1,0 +1,168 @@
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from common.config import ReplayBufferConfig
+from common.messages import SegmentRef
+from services.buffer.core import BufferClosed, RateLimited, RateLimiter, ReplayBuffer, SampleTimeout
+
+
+class FakeFiles:
+    def __init__(self):
+        self.deleted = []
+
+    def delete(self, rel):
+        self.deleted.append(rel)
+        return True
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def ref(seq, rows=10, worker="w"):
+    return SegmentRef(
+        path=f"job-1/segments/{worker}/{seq:08d}.safetensors",
+        rows=rows,
+        env_steps=rows,
+        policy_version=0,
+    )
+
+
+def make(capacity=100, min_size=1, spi=None, error_buffer=0.0, **kw):
+    config = ReplayBufferConfig(
+        replay_buffer_size=capacity, min_size_to_sample=min_size, samples_per_insert=spi
+    )
+    files = FakeFiles()
+    buf = ReplayBuffer("job-1", config, files, error_buffer=error_buffer, **kw)
+    return buf, files
+
+
+def test_insert_is_idempotent_by_path():
+    buf, _ = make()
+    first = buf.insert([ref(0), ref(1)])
+    assert (first.accepted, first.duplicates) == (2, 0)
+    again = buf.insert([ref(1), ref(1), ref(2)])
+    assert (again.accepted, again.duplicates) == (1, 2)
+    assert buf.size == 30 and buf.stats().inserts == 30
+
+
+def test_paths_of_other_jobs_or_layouts_are_refused():
+    buf, _ = make()
+    for path in ["job-2/segments/w/00000001.safetensors", "job-1/policies/1.safetensors"]:
+        with pytest.raises(ValueError, match="is not"):
+            buf.insert([SegmentRef(path=path, rows=1, env_steps=1, policy_version=0)])
+
+
+def test_fifo_eviction_releases_fully_evicted_segments_after_grace():
+    clock = FakeClock()
+    buf, files = make(capacity=25, clock=clock, release_grace_s=5.0)
+    buf.insert([ref(0), ref(1)])
+    buf.sample(5, 1, timeout_s=0)  # segments sampled at t=0
+    clock.now = 1.0
+    buf.insert([ref(2)])  # evicts the first 5 rows of segment 0 only
+    assert files.deleted == []
+    buf.insert([ref(3)])  # segment 0 fully evicted, but sampled 1s ago
+    assert files.deleted == []
+    assert buf.stats().evictions == 15
+    clock.now = 10.0
+    buf.collect_garbage()
+    assert files.deleted == ["job-1/segments/w/00000000.safetensors"]
+    # a re-sent segment whose rows were already evicted still counts once
+    assert buf.insert([ref(0)]).duplicates == 1
+
+
+def test_sampled_rows_and_keys_point_at_live_items():
+    buf, _ = make(capacity=30)
+    for seq in range(5):  # 50 rows into 30 slots: keys 20..49 live
+        buf.insert([ref(seq)])
+    batches = buf.sample(16, 4, timeout_s=0)
+    for batch in batches:
+        assert len(batch.keys) == 16 == sum(len(s.rows) for s in batch.segments)
+        rows = [(s.path, r) for s in batch.segments for r in s.rows]
+        for key, (path, row) in zip(batch.keys, rows, strict=True):
+            assert 20 <= key < 50
+            seq = int(path.rsplit("/", 1)[1].split(".")[0])
+            assert key == seq * 10 + row
+
+
+def test_sample_waits_for_data_then_times_out():
+    buf, _ = make(min_size=20)
+    buf.insert([ref(0)])
+    t0 = time.monotonic()
+    with pytest.raises(SampleTimeout):
+        buf.sample(4, 1, timeout_s=0.2)
+    assert time.monotonic() - t0 >= 0.19
+
+
+def test_sample_long_poll_is_released_by_an_insert():
+    buf, _ = make(min_size=20)
+    buf.insert([ref(0)])
+    got = []
+    t = threading.Thread(target=lambda: got.append(buf.sample(4, 1, timeout_s=5)))
+    t.start()
+    time.sleep(0.05)
+    buf.insert([ref(1)])
+    t.join(5)
+    assert len(got) == 1 and len(got[0][0].keys) == 4
+
+
+def test_rate_limiter_blocks_inserts_until_samples_catch_up():
+    # 1 sample per insert, band of 15 items: after min_size, inserts may run 15 ahead.
+    buf, _ = make(capacity=1000, min_size=10, spi=1.0, error_buffer=15.0)
+    buf.insert([ref(0)])  # 10 rows: up to min_size is always allowed
+    buf.insert([ref(1)])  # diff = 1*(20-10) - 0 = 10 <= 15
+    with pytest.raises(RateLimited):
+        buf.insert([ref(2)], timeout_s=0.05)  # would be 20 > 15
+    released = []
+    t = threading.Thread(target=lambda: released.append(buf.insert([ref(2)], timeout_s=5)))
+    t.start()
+    time.sleep(0.05)
+    assert released == []
+    buf.sample(10, 1, timeout_s=0)  # diff falls to 0: the waiting insert proceeds
+    t.join(5)
+    assert released and released[0].accepted == 1
+
+
+def test_rate_limiter_blocks_samples_until_inserts_catch_up():
+    limiter = RateLimiter(samples_per_insert=2.0, min_size_to_sample=10, error_buffer=8.0)
+    limiter.inserted = 10
+    assert limiter.can_sample(8) and not limiter.can_sample(9)
+    limiter.sampled = 8
+    assert not limiter.can_sample(1)
+    limiter.inserted += 1  # one insert is worth two samples
+    assert limiter.can_sample(2) and not limiter.can_sample(3)
+
+
+def test_close_wakes_waiters_and_refuses_more():
+    buf, _ = make(min_size=50)
+    errors = []
+
+    def waiter():
+        try:
+            buf.sample(4, 1, timeout_s=10)
+        except BufferClosed as exc:
+            errors.append(exc)
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.05)
+    buf.close()
+    t.join(5)
+    assert len(errors) == 1
+    with pytest.raises(BufferClosed):
+        buf.insert([ref(0)])
+
+
+def test_segment_larger_than_capacity_keeps_newest_rows():
+    buf, _ = make(capacity=8)
+    buf.insert([ref(0, rows=20)])
+    rows = sorted(r for b in buf.sample(8, 4, timeout_s=0) for s in b.segments for r in s.rows)
+    assert set(rows) <= set(range(12, 20))
+    assert np.unique(rows).size > 1

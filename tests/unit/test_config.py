@@ -1,0 +1,96 @@
+import dataclasses
+import json
+
+import pytest
+
+from common.config import (
+    ConfigError,
+    from_resolved,
+    load_config_file,
+    resolve_job_config,
+    to_dict,
+    with_spaces,
+)
+
+
+def test_defaults_merge_and_freeze():
+    config, warnings = resolve_job_config({"env": {"env_id": "CartPole-v1", "stop_value": 195}})
+    assert warnings == []
+    assert config.env.stop_value == 195
+    assert config.policy.learn.batch_size == 64  # from the defaults
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        config.env.env_id = "x"  # type: ignore[misc]
+
+
+def test_unknown_keys_warn_with_suggestion_or_fail_when_strict():
+    raw = {"policy": {"learn": {"lerning_rate": 0.1}}}
+    _, warnings = resolve_job_config(raw)
+    assert warnings == ["policy.learn.lerning_rate: unknown key (did you mean 'learning_rate'?)"]
+    with pytest.raises(ConfigError) as err:
+        resolve_job_config({**raw, "strict": True})
+    assert err.value.field == "policy.learn.lerning_rate"
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        ({"policy": {"learn": {"batch_size": 0}}}, "policy.learn.batch_size"),
+        ({"policy": {"learn": {"batch_size": "many"}}}, "policy.learn.batch_size"),
+        ({"policy": {"discount_factor": 1.5}}, "policy.discount_factor"),
+        ({"policy": {"type": "nope"}}, "policy.type"),
+        ({"env": {"collector_env_num": -1}}, "env.collector_env_num"),
+        ({"env": "CartPole"}, "env"),
+        ({"system": {"workflow": "sometimes"}}, "system.workflow"),
+        (
+            {"policy": {"other": {"replay_buffer": {"min_size_to_sample": 10**6}}}},
+            "policy.other.replay_buffer.min_size_to_sample",
+        ),
+        (
+            {"policy": {"other": {"replay_buffer": {"samples_per_insert": 8, "error_buffer": 1}}}},
+            "policy.other.replay_buffer.error_buffer",
+        ),
+        ({"policy": {"other": {"eps": {"start": 0.1, "end": 0.5}}}}, "policy.other.eps.end"),
+    ],
+)
+def test_invalid_values_name_the_field(raw, field):
+    with pytest.raises(ConfigError) as err:
+        resolve_job_config(raw)
+    assert err.value.field == field
+
+
+def test_yaml_scientific_notation_becomes_a_number(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("policy:\n  learn:\n    learning_rate: 1e-3\n")
+    config, _ = resolve_job_config(load_config_file(path))
+    assert config.policy.learn.learning_rate == pytest.approx(1e-3)
+
+
+def test_python_and_json_configs(tmp_path):
+    py = tmp_path / "c.py"
+    py.write_text("main_config = dict(env=dict(stop_value=100))\n")
+    assert load_config_file(py)["env"]["stop_value"] == 100
+    js = tmp_path / "c.json"
+    js.write_text(json.dumps({"env": {"stop_value": 5}}))
+    assert load_config_file(js)["env"]["stop_value"] == 5
+    with pytest.raises(ConfigError, match="no such file"):
+        load_config_file(tmp_path / "missing.yaml")
+    bad = tmp_path / "c.txt"
+    bad.write_text("x")
+    with pytest.raises(ConfigError, match="use .yaml"):
+        load_config_file(bad)
+
+
+def test_spaces_fill_in_and_mismatch_is_refused():
+    config, _ = resolve_job_config({})
+    filled = with_spaces(config, 4, 2)
+    assert (filled.policy.model.obs_shape, filled.policy.model.action_shape) == (4, 2)
+    given, _ = resolve_job_config({"policy": {"model": {"obs_shape": 3}}})
+    with pytest.raises(ConfigError) as err:
+        with_spaces(given, 4, 2)
+    assert err.value.field == "policy.model.obs_shape"
+
+
+def test_resolved_config_round_trips_through_json():
+    config, _ = resolve_job_config({"env": {"stop_value": 1.0}})
+    config = with_spaces(config, 4, 2)
+    assert from_resolved(json.loads(json.dumps(to_dict(config)))) == config
