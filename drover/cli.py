@@ -1,8 +1,8 @@
 """The `drover` command.
 
-    drover run CONFIG            train locally: coordinator, collectors, learner
-    drover coordinator           serve one coordinator (what compose/Kubernetes run)
-    drover collector | learner   serve one slave
+drover run CONFIG            train locally: coordinator, collectors, learner
+drover coordinator           serve one coordinator (what compose/Kubernetes run)
+drover collector | learner   serve one slave
 """
 
 from __future__ import annotations

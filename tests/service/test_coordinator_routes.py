@@ -156,7 +156,7 @@ def test_workers_register_heartbeat_and_leave(client, core):
 def test_scheduler_plans_collect_and_learn_tasks(client, core):
     job_id = submit(client)
     c = post(client, "/api/v1/workers", {"role": "collector", "url": "http://c"}).json
-    l = post(client, "/api/v1/workers", {"role": "learner", "url": "http://l"}).json
+    learner = post(client, "/api/v1/workers", {"role": "learner", "url": "http://l"}).json
     plan = core.plan()
     kinds = sorted((d.url, d.task.kind) for d in plan)
     assert kinds == [("http://c", "collect"), ("http://l", "learn")]
@@ -175,7 +175,7 @@ def test_scheduler_plans_collect_and_learn_tasks(client, core):
     client.delete(f"/api/v1/workers/{c['worker_id']}", headers=AUTH)
     post(client, "/api/v1/workers", {"role": "collector", "url": "http://c2"})
     assert [(d.url, d.task.kind) for d in core.plan()] == [("http://c2", "collect")]
-    assert l["worker_id"].startswith("learner-")
+    assert learner["worker_id"].startswith("learner-")
 
 
 # --- data plane ---------------------------------------------------------------------
