@@ -137,6 +137,8 @@ class WorkerInfo:
     task_id: str | None
     task_ids: list[str]
     last_heartbeat_s: float
+    #: The last progress each running task reported, by task id.
+    progress: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 # --- tasks -----------------------------------------------------------------------

@@ -8,6 +8,7 @@ configure everything with env vars.
 from __future__ import annotations
 
 import os
+import socket
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +61,15 @@ def read_token(env: Mapping[str, str] | None = None) -> str:
     return token
 
 
+def default_advertise_url(host: str, port: int) -> str:
+    """Where others reach a service bound to `host`: a wildcard bind (containers,
+    pods) advertises this machine's own address, which compose networks and
+    Kubernetes pod networks route to."""
+    if host in ("0.0.0.0", "::"):
+        host = socket.gethostbyname(socket.gethostname())
+    return f"http://{host}:{port}"
+
+
 @dataclass(frozen=True, kw_only=True)
 class SlaveSettings:
     """Settings every slave (collector, learner) reads."""
@@ -78,11 +88,10 @@ class SlaveSettings:
         env = os.environ if env is None else env
         host = env_str(env, "DROVER_HOST", "127.0.0.1")
         port = env_int(env, "DROVER_PORT", default_port)
-        local = "127.0.0.1" if host in ("0.0.0.0", "::") else host
         return cls(
             host=host,
             port=port,
-            advertise_url=env_str(env, "DROVER_ADVERTISE_URL", f"http://{local}:{port}"),
+            advertise_url=env.get("DROVER_ADVERTISE_URL") or default_advertise_url(host, port),
             coordinator_url=env_str(env, "DROVER_COORDINATOR_URL", "http://127.0.0.1:8000"),
             shared_dir=Path(env_str(env, "DROVER_SHARED_DIR", "runs")),
             token=read_token(env),

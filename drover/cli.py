@@ -8,12 +8,12 @@ drover collector | learner   serve one slave
 from __future__ import annotations
 
 import argparse
+import os
 import runpy
 import sys
 import time
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 from rich.live import Live
@@ -23,7 +23,9 @@ from common.config import ConfigError, load_config_file, resolve_job_config
 from common.errors import ApiError
 from common.http import ServiceUnavailable
 from common.messages import TERMINAL_PHASES, JobStatus
+from common.settings import SettingsError, read_token
 from drover.local import LocalCluster
+from services.coordinator.client import CoordinatorClient
 
 console = Console(stderr=True)
 
@@ -38,11 +40,27 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument(
         "--timeout-s", type=float, default=3600.0, help="stop the job after this long (3600)"
     )
+    submit = sub.add_parser("submit", help="submit a job to a running coordinator")
+    submit.add_argument("config", help="job config: .yaml, .yml, .json or .py (main_config)")
+    submit.add_argument(
+        "--coordinator",
+        default=os.environ.get("DROVER_COORDINATOR_URL", "http://127.0.0.1:8000"),
+        help="coordinator URL (DROVER_COORDINATOR_URL; http://127.0.0.1:8000)",
+    )
+    submit.add_argument("--wait", action="store_true", help="wait for the job to end")
+    submit.add_argument(
+        "--connect-timeout-s",
+        type=float,
+        default=120.0,
+        help="how long to wait for the coordinator to answer (120)",
+    )
     for role in ("coordinator", "collector", "learner"):
         sub.add_parser(role, help=f"serve one {role} (settings from DROVER_* variables)")
     args = parser.parse_args(argv)
     if args.command == "run":
         return run_local(args)
+    if args.command == "submit":
+        return submit_job(args)
     sys.argv = [f"drover {args.command}"]
     runpy.run_module(f"services.{args.command}", run_name="__main__")
     return 0
@@ -87,6 +105,39 @@ def run_local(args: argparse.Namespace) -> int:
     return summarize(cluster, status, time.monotonic() - started)
 
 
+def submit_job(args: argparse.Namespace) -> int:
+    """Submit to a running coordinator (what compose's `submit` service does)."""
+    try:
+        raw = load_config_file(args.config)
+        config, warnings = resolve_job_config(raw)
+        token = read_token()
+    except (ConfigError, SettingsError) as exc:
+        return error(str(exc))
+    for warning in warnings:
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    client = CoordinatorClient(args.coordinator, token)
+    deadline = time.monotonic() + args.connect_timeout_s
+    while True:
+        try:
+            created = client.submit_job(raw, name=config.exp_name)
+            break
+        except ApiError as exc:
+            return error(f"the coordinator refused the job: {exc.message}")
+        except ServiceUnavailable as exc:
+            if time.monotonic() > deadline:
+                return error(f"no coordinator at {args.coordinator}: {exc}")
+            time.sleep(1.0)
+    print(created.job_id, flush=True)
+    if not args.wait:
+        return 0
+    while True:
+        status = client.job(created.job_id)
+        if status.phase in TERMINAL_PHASES:
+            console.print(f"job {status.job_id} {status.phase}: {status.reason}", highlight=False)
+            return 0 if status.phase == "succeeded" else 1
+        time.sleep(2.0)
+
+
 def watch(cluster: LocalCluster, job_id: str, started: float, timeout_s: float) -> JobStatus:
     """Show progress until the job ends; returns its final status."""
     last: tuple[float, JobStatus] | None = None
@@ -98,7 +149,9 @@ def watch(cluster: LocalCluster, job_id: str, started: float, timeout_s: float) 
             if last is not None and now > last[0]:
                 rate = (status.env_steps - last[1].env_steps) / (now - last[0])
             last = (now, status)
-            live.update(progress_table(status, now - started, rate, workers(cluster)))
+            live.update(
+                progress_table(status, now - started, rate, collector_rates(cluster.client))
+            )
             if status.phase in TERMINAL_PHASES:
                 return status
             dead = cluster.dead_services()
@@ -111,26 +164,18 @@ def watch(cluster: LocalCluster, job_id: str, started: float, timeout_s: float) 
             time.sleep(0.5)
 
 
-def workers(cluster: LocalCluster) -> dict[str, Any]:
-    """Per-collector env steps/s, read from the slaves' own status routes."""
-    from common.slave import SlaveClient
-
+def collector_rates(client: CoordinatorClient) -> dict[str, float]:
+    """Env steps/s of each collector's collect task, from the workers' heartbeats."""
     rates = {}
-    for service in cluster.collectors:
-        client = SlaveClient(service.url, cluster.token, timeout_s=1.0, connect_retries=0)
-        try:
-            for task in client.status()["tasks"]:
-                if task["kind"] == "collect":
-                    rates[service.name] = task["progress"].get("env_steps_per_s", 0.0)
-        except (ApiError, ServiceUnavailable, KeyError):
-            pass
-        finally:
-            client.close()
+    for worker in client.workers():
+        for task_id, progress in worker.progress.items():
+            if task_id.startswith("collect-") and "env_steps_per_s" in progress:
+                rates[worker.worker_id] = progress["env_steps_per_s"]
     return rates
 
 
 def progress_table(
-    status: JobStatus, elapsed_s: float, env_rate: float, collector_rates: dict[str, Any]
+    status: JobStatus, elapsed_s: float, env_rate: float, rates: dict[str, float]
 ) -> Table:
     table = Table(title=f"{status.name} · {status.algo} on {status.env_id}", min_width=60)
     table.add_column("phase")
@@ -154,8 +199,8 @@ def progress_table(
         last_eval,
         f"{elapsed_s:.1f}s",
     )
-    if collector_rates:
-        per = ", ".join(f"{k}: {v:,.0f}/s" for k, v in sorted(collector_rates.items()))
+    if rates:
+        per = ", ".join(f"{k}: {v:,.0f}/s" for k, v in sorted(rates.items()))
         table.caption = f"collectors {per}"
     return table
 

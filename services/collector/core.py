@@ -96,18 +96,24 @@ class SegmentUploader:
         self.insert_timeout_s = insert_timeout_s
         self.job_env_steps = 0
         self.segments_sent = 0
+        #: Time the stepping loop spent waiting for room (the rate limiter's doing).
+        self.waited_s = 0.0
         self._queue: queue.Queue[_Pending | None] = queue.Queue(maxsize=max_pending)
         self._thread = threading.Thread(target=self._loop, name="uploader", daemon=True)
         self._thread.start()
 
     def put(self, pending: _Pending) -> None:
         """Queue a segment; blocks while the queue is full (the learner is behind)."""
-        while not self.ctx.stopped():
-            try:
-                self._queue.put(pending, timeout=0.2)
-                return
-            except queue.Full:
-                continue
+        started = time.monotonic()
+        try:
+            while not self.ctx.stopped():
+                try:
+                    self._queue.put(pending, timeout=0.2)
+                    return
+                except queue.Full:
+                    continue
+        finally:
+            self.waited_s += time.monotonic() - started
 
     def close(self, timeout_s: float = 10.0) -> None:
         with contextlib.suppress(queue.Full):
@@ -228,9 +234,12 @@ class CollectorRunner:
                     seq += 1
                     segment_steps, returns, lengths = 0, [], []
                     elapsed = time.monotonic() - started
+                    stepping_s = max(elapsed - uploader.waited_s, 1e-9)
                     ctx.progress.update(
                         env_steps=env_steps,
                         env_steps_per_s=round(env_steps / max(elapsed, 1e-9), 1),
+                        # what this collector does when the rate limiter lets it run
+                        unthrottled_env_steps_per_s=round(env_steps / stepping_s, 1),
                         policy_version=policy.version,
                         epsilon=round(eps, 4),
                     )

@@ -104,6 +104,7 @@ class Worker:
     resources: dict[str, Any]
     last_heartbeat_s: float
     task_ids: set[str] = field(default_factory=set)
+    progress: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 @dataclass
@@ -315,6 +316,7 @@ class Coordinator:
                     cancel.append(report.task_id)
                     continue
                 task.state = "running"
+                worker.progress[task.task_id] = dict(report.progress)
                 train_iter = report.progress.get("train_iter")
                 if train_iter is not None:
                     job = self.jobs[task.job_id]
@@ -346,6 +348,7 @@ class Coordinator:
                     task_id=min(w.task_ids) if w.task_ids else None,
                     task_ids=sorted(w.task_ids),
                     last_heartbeat_s=round(now - w.last_heartbeat_s, 3),
+                    progress={t: p for t, p in w.progress.items() if t in w.task_ids},
                 )
                 for w in self.workers.values()
             ]
@@ -367,6 +370,7 @@ class Coordinator:
         worker = self.workers.get(task.worker_id)
         if worker is not None:
             worker.task_ids.discard(task.task_id)
+            worker.progress.pop(task.task_id, None)
         self._notify()
 
     def complete_task(self, task_id: str, result: dict[str, Any]) -> None:

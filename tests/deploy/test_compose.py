@@ -1,0 +1,75 @@
+"""The compose deployment, checked offline (no Docker engine needed)."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+import yaml
+
+from drover.cli import main as cli_main
+
+ROOT = Path(__file__).resolve().parents[2]
+COMPOSE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "deploy" / "docker" / "Dockerfile"
+
+
+@pytest.fixture(scope="module")
+def compose():
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+def test_one_image_a_service_per_role_and_a_shared_volume(compose):
+    services = compose["services"]
+    assert set(services) == {"coordinator", "collector", "learner", "submit"}
+    assert {s["image"] for s in services.values()} == {"drover:latest"}
+    assert "shared" in compose["volumes"]
+    for name, service in services.items():
+        env = service["environment"]
+        assert "shared:/shared" in service["volumes"], name
+        assert env["DROVER_SHARED_DIR"] == "/shared", name
+        assert env["DROVER_TOKEN"], name
+        if name != "coordinator":
+            assert env["DROVER_COORDINATOR_URL"] == "http://coordinator:8000", name
+            assert service["depends_on"]["coordinator"]["condition"] == "service_healthy"
+    assert services["collector"]["deploy"]["replicas"] == 2
+    assert "8000:8000" in services["coordinator"]["ports"]
+
+
+def test_commands_are_real_cli_commands_and_the_job_file_ships(compose):
+    for name, service in compose["services"].items():
+        command = service["command"]
+        with pytest.raises(SystemExit) as done:
+            cli_main([*command[:1], "--help"])
+        assert done.value.code == 0, name
+    config = compose["services"]["submit"]["command"][1]
+    assert (ROOT / config).is_file()
+    dockerfile = DOCKERFILE.read_text()
+    assert "COPY examples ./examples" in dockerfile
+    assert 'ENTRYPOINT ["drover"]' in dockerfile
+    for line in dockerfile.splitlines():
+        if line.startswith("COPY "):
+            for source in line.split()[1:-1]:
+                assert (ROOT / source).exists(), source
+
+
+def compose_cli():
+    if shutil.which("docker-compose"):
+        return ["docker-compose"]
+    if shutil.which("docker"):
+        probe = subprocess.run(["docker", "compose", "version"], capture_output=True)
+        if probe.returncode == 0:
+            return ["docker", "compose"]
+    return None
+
+
+@pytest.mark.skipif(compose_cli() is None, reason="no docker compose CLI on this machine")
+def test_docker_compose_config_accepts_the_file():
+    proc = subprocess.run(
+        [*compose_cli(), "-f", str(COMPOSE), "config", "-q"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
