@@ -27,7 +27,8 @@ from common.settings import SettingsError, read_token
 from drover.local import LocalCluster
 from services.coordinator.client import CoordinatorClient
 
-console = Console(stderr=True)
+# soft_wrap: an error or summary line stays one line (greppable), whatever the width.
+console = Console(stderr=True, soft_wrap=True)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -31,6 +31,17 @@ def wait_for_phase(cluster, job_id, deadline_s):
         time.sleep(0.25)
 
 
+def drover(*args, timeout_s=DEADLINE_S):
+    return subprocess.run(
+        [sys.executable, "-m", "drover.cli", *map(str, args)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env={**os.environ, "COLUMNS": "120"},
+    )
+
+
 def test_dqn_cartpole_reaches_195_through_the_services(tmp_path):
     config = load_config_file(EXAMPLE)
     with LocalCluster(tmp_path / "run", num_collectors=2) as cluster:
@@ -63,14 +74,7 @@ def test_dqn_cartpole_reaches_195_through_the_services(tmp_path):
 
 def test_drover_run_cli_end_to_end(tmp_path):
     started = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "drover.cli", "run", str(EXAMPLE), "--runs-dir", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=DEADLINE_S,
-        env={**os.environ, "COLUMNS": "120"},
-    )
+    proc = drover("run", EXAMPLE, "--runs-dir", tmp_path)
     wall_s = time.monotonic() - started
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "succeeded" in proc.stderr
@@ -96,13 +100,7 @@ def test_drover_run_cli_end_to_end(tmp_path):
 def test_drover_run_refuses_bad_configs_before_starting_anything(tmp_path, content, message):
     path = tmp_path / "bad.yaml"
     path.write_text(content)
-    proc = subprocess.run(
-        [sys.executable, "-m", "drover.cli", "run", str(path), "--runs-dir", str(tmp_path / "r")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    proc = drover("run", path, "--runs-dir", tmp_path / "r", timeout_s=60)
     assert proc.returncode == 2
     assert "drover: error:" in proc.stderr and message in proc.stderr
     assert not (tmp_path / "r").exists()
@@ -111,12 +109,6 @@ def test_drover_run_refuses_bad_configs_before_starting_anything(tmp_path, conte
 def test_drover_run_reports_a_job_the_coordinator_refuses(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("env:\n  env_id: NoSuchEnv-v0\n")
-    proc = subprocess.run(
-        [sys.executable, "-m", "drover.cli", "run", str(path), "--runs-dir", str(tmp_path / "r")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    proc = drover("run", path, "--runs-dir", tmp_path / "r", timeout_s=120)
     assert proc.returncode != 0
     assert "config.env.env_id" in proc.stderr

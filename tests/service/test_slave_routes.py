@@ -16,8 +16,7 @@ def task(task_id="collect-1", kind="collect", seed=0, **spec):
     }
 
 
-@pytest.fixture
-def setup(tmp_path):
+def started_slave(tmp_path):
     coordinator = FakeCoordinator()
     slave = Slave(
         role="collector",
@@ -26,9 +25,15 @@ def setup(tmp_path):
         advertise_url="http://127.0.0.1:1",
         shared_root=tmp_path,
     )
-    app = create_slave_app("test", slave, TOKEN)
     slave.start()
     wait_until(lambda: slave.worker_id is not None, what="registration")
+    return slave, coordinator
+
+
+@pytest.fixture
+def setup(tmp_path):
+    slave, coordinator = started_slave(tmp_path)
+    app = create_slave_app("test", slave, TOKEN)
     yield app.test_client(), slave, coordinator
     slave.close(timeout_s=5)
 
@@ -100,15 +105,6 @@ def test_failed_task_is_reported_and_cancel_from_heartbeat(setup):
 
 
 def test_close_leaves_the_coordinator(tmp_path):
-    coordinator = FakeCoordinator()
-    slave = Slave(
-        role="collector",
-        runner=BlockingRunner(),
-        coordinator=coordinator,
-        advertise_url="http://x",
-        shared_root=tmp_path,
-    )
-    slave.start()
-    wait_until(lambda: slave.worker_id is not None, what="registration")
+    slave, coordinator = started_slave(tmp_path)
     slave.close(timeout_s=5)
     assert coordinator.left == ["collector-fake"]
