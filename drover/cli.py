@@ -97,7 +97,7 @@ def run_local(args: argparse.Namespace) -> int:
         console.print(f"drover: job [bold]{created.job_id}[/] submitted", highlight=False)
         status = watch(cluster, created.job_id, started, args.timeout_s)
     except KeyboardInterrupt:
-        console.print("drover: interrupted; stopping the job and every service")
+        console.print("\ndrover: interrupted; stopping the job and every service")
         status = stop_job(cluster, status)
     except (RuntimeError, TimeoutError) as exc:
         console.print(f"[bold red]drover:[/] {exc}")
