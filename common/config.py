@@ -132,8 +132,29 @@ class EpsConfig:
 
 @section
 class ReplayBufferConfig:
-    type: Literal["uniform"] = "uniform"
+    #: Sampler: uniform, prioritized (proportional PER), or fifo (a queue: each item
+    #: sampled once, oldest first, for on-policy use).
+    type: Literal["uniform", "prioritized", "fifo"] = "uniform"
     replay_buffer_size: Annotated[int, Gt(0), Le(MAX_BUFFER_ITEMS)] = 100_000
+    #: Which items leave a full buffer: the oldest, the newest, or random ones.
+    eviction: Literal["fifo", "lifo", "uniform"] = "fifo"
+    #: What one item is: a row of a segment (a transition, or an unroll whose columns
+    #: have a time axis), or a whole episode from which sub-sequences are sampled.
+    item: Literal["transition", "episode"] = "transition"
+    #: Episode items: rows in each sampled sub-sequence (never crossing episodes).
+    sequence_length: PosInt = 1
+    #: Prioritized: priority exponent, importance-weight exponent and the sampled
+    #: batches over which beta rises to 1 (0: no annealing).
+    alpha: Annotated[float, Ge(0), Le(1)] = 0.6
+    beta: Fraction = 0.4
+    beta_anneal_steps: Annotated[int, Ge(0)] = 100_000
+    #: Added to |TD error| so no item's priority reaches zero.
+    priority_eps: Annotated[float, Gt(0)] = 1e-6
+    #: An item is retired after being sampled this many times (None: never).
+    max_use: PosInt | None = None
+    #: Items collected by a policy more than this many versions behind the newest are
+    #: never sampled and are evicted (None: no limit).
+    max_staleness: Annotated[int, Ge(0)] | None = None
     #: Sampled items per inserted item that the rate limiter keeps (None: no limit).
     samples_per_insert: PosFloat | None = None
     #: Items the buffer must hold before the first sample.
@@ -320,6 +341,17 @@ def check_consistency(config: JobConfig) -> None:
                 f"{learn.batch_size * learn.num_batches} and n_sample="
                 f"{config.policy.collect.n_sample}; it must be at least {needed}",
             )
+    if buffer.sequence_length > 1 and buffer.item != "episode":
+        raise ConfigError(
+            "policy.other.replay_buffer.sequence_length",
+            "sub-sequences are sampled from episode items: set item: episode",
+        )
+    if buffer.type == "fifo" and learn.batch_size * learn.num_batches > buffer.replay_buffer_size:
+        raise ConfigError(
+            "policy.learn.num_batches",
+            f"a fifo buffer of {buffer.replay_buffer_size} items can never serve "
+            f"{learn.num_batches} batches of {learn.batch_size}",
+        )
     eps = config.policy.other.eps
     if eps.end > eps.start:
         raise ConfigError("policy.other.eps.end", f"{eps.end} is above start {eps.start}")

@@ -216,6 +216,8 @@ class SegmentRef:
     policy_version: NonNegInt
     episode_returns: list[float] = field(default_factory=list)
     episode_lengths: list[int] = field(default_factory=list)
+    #: For episode buffers: (first row, length) of each whole episode in the segment.
+    episodes: list[tuple[NonNegInt, PosInt]] = field(default_factory=list)
 
 
 @message
@@ -241,14 +243,18 @@ class SampleRequest:
 
 @message
 class SampledSegment:
+    """Rows of one segment. With `lengths`, item i is the `lengths[i]` consecutive
+    rows starting at `rows[i]` (a sub-sequence of an episode)."""
+
     path: str
     rows: list[int]
+    lengths: list[int] | None = None
 
 
 @message
 class SampledBatch:
-    """One batch: `keys[i]` and `weights[i]` belong to the i-th row, counting the
-    rows of `segments` in order."""
+    """One batch: `keys[i]` and `weights[i]` belong to the i-th item, counting the
+    items of `segments` in order."""
 
     keys: list[int]
     segments: list[SampledSegment]

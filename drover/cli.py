@@ -218,6 +218,7 @@ def stop_job(cluster: LocalCluster, status: JobStatus | None) -> JobStatus | Non
 
 
 def summarize(cluster: LocalCluster, status: JobStatus | None, wall_s: float) -> int:
+    console.line()  # past the live table's last line
     if status is None:
         console.print(f"drover: no job result; logs are in {cluster.log_dir}")
         return 1

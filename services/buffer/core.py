@@ -1,31 +1,45 @@
-"""Replay buffer: an index of rows in segment files, a sampler, a rate limiter.
+"""A job's replay buffer: an index of items in segment files, a sampler, a remover,
+a rate limiter, and the segments' reference counts. No Flask.
 
-The bytes stay on the shared file system; the buffer keeps, per item, which segment
-and row it lives in. Items get increasing integer keys; the buffer is a ring of
-`capacity` slots (slot = key % capacity), so the oldest item is evicted first.
+The bytes stay on the shared file system; for each item the buffer keeps which
+segment and rows it lives in, the policy version that collected it, how often it was
+sampled, and its priority. Samplers and removers are values (selectors.py); the rate
+limiter makes the faster side wait (limiter.py).
 
-Segments are reference-counted: when every row of a segment has been evicted and no
-sample handed out in the last `release_grace_s` still points at it, the file is
-deleted, so disk use stays bounded by the capacity.
+Segments are reference-counted: when every item of a segment has left the buffer and
+no sample handed out in the last `release_grace_s` points at it, the file is deleted,
+so disk use stays bounded by the capacity.
 
-The rate limiter follows Reverb's `SampleToInsertRatio`: it keeps
-`samples / inserts` near `samples_per_insert` within `error_buffer` sampled items by
-making the faster side wait. Nothing is ever dropped to keep the ratio.
+Usage::
+
+    buffer = ReplayBuffer("job-1", config, store, error_buffer=..., seed=0)
+    buffer.insert([segment_ref], timeout_s=2.0)        # may raise RateLimited
+    batches = buffer.sample(64, 8, timeout_s=5.0)      # may raise SampleTimeout
+    buffer.update_priorities(keys, priorities)
+    buffer.set_learner_version(12)                     # staleness eviction
+    buffer.save(store, "job-1/coordinator/buffer")     # and ReplayBuffer.load(...)
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 import numpy as np
+from safetensors.numpy import load as st_load
+from safetensors.numpy import save as st_save
 
 from common.config import ReplayBufferConfig
 from common.messages import SampledBatch, SampledSegment, SegmentRef
+from services.buffer.limiter import RateLimiter, RateLimiterState
+from services.buffer.selectors import make_remover, make_sampler
+from services.buffer.table import ItemTable
 
 _SEGMENT = re.compile(r"^(?P<job>[^/]+)/segments/(?P<worker>[^/]+)/(?P<seq>\d{1,12})\.safetensors$")
 
@@ -47,70 +61,19 @@ class BufferClosed(Exception):
 
 
 class SegmentFiles(Protocol):
-    """Where released segment files go (the shared store)."""
+    """Where segment files are deleted (the shared store)."""
 
     def delete(self, rel: str) -> bool: ...
 
+    def write_bytes(self, rel: str, data: bytes) -> Any: ...
 
-@dataclass(frozen=True)
-class RateLimiterState:
-    samples_per_insert: float | None
-    min_size_to_sample: int
-    error_buffer: float
-    inserted: int
-    sampled: int
-
-
-class RateLimiter:
-    """Reverb-style samples-per-insert limiter, counted in items.
-
-    With `spi = samples_per_insert`, the target is
-    ``sampled == spi * (inserted - min_size_to_sample)``; sampling may run ahead of
-    it by at most `error_buffer` items and behind it by at most `error_buffer`.
-    Without a ratio, only `min_size_to_sample` holds sampling back.
-    """
-
-    def __init__(
-        self, samples_per_insert: float | None, min_size_to_sample: int, error_buffer: float
-    ) -> None:
-        self.samples_per_insert = samples_per_insert
-        self.min_size_to_sample = min_size_to_sample
-        self.error_buffer = error_buffer
-        self.inserted = 0
-        self.sampled = 0
-
-    def _diff(self, inserted: int, sampled: int) -> float:
-        spi = self.samples_per_insert or 0.0
-        return spi * (inserted - self.min_size_to_sample) - sampled
-
-    def can_sample(self, num_items: int) -> bool:
-        if self.inserted < self.min_size_to_sample:
-            return False
-        if self.samples_per_insert is None:
-            return True
-        return self._diff(self.inserted, self.sampled + num_items) >= -self.error_buffer
-
-    def can_insert(self, num_items: int) -> bool:
-        if self.samples_per_insert is None:
-            return True
-        if self.inserted + num_items <= self.min_size_to_sample:
-            return True
-        return self._diff(self.inserted + num_items, self.sampled) <= self.error_buffer
-
-    def state(self) -> RateLimiterState:
-        return RateLimiterState(
-            samples_per_insert=self.samples_per_insert,
-            min_size_to_sample=self.min_size_to_sample,
-            error_buffer=self.error_buffer,
-            inserted=self.inserted,
-            sampled=self.sampled,
-        )
+    def read_bytes(self, rel: str) -> bytes: ...
 
 
 @dataclass
 class _Segment:
     path: str
-    live_rows: int
+    live_items: int
     last_sampled_s: float = float("-inf")
 
 
@@ -125,17 +88,42 @@ class InsertResult:
 class BufferStats:
     size: int
     capacity: int
+    sampler: str
+    eviction: str
+    item: str
     inserts: int
     samples: int
-    evictions: int
-    live_segments: int
-    released_segments: int
+    sample_requests: int
+    evictions: dict[str, int]
+    use_count_mean: float
+    use_count_max: int
+    learner_version: int
+    staleness_mean: float
+    staleness_max: int
+    priority_min: float | None
+    priority_mean: float | None
+    priority_max: float | None
     samples_per_insert_ratio: float | None
     limiter: RateLimiterState
+    can_sample: bool
+    can_insert: bool
+    waiting_samplers: int
+    waiting_inserters: int
+    live_segments: int
+    released_segments: int
+
+
+@dataclass
+class _Counters:
+    sample_requests: int = 0
+    evictions: dict[str, int] = field(
+        default_factory=lambda: {"capacity": 0, "max_use": 0, "staleness": 0}
+    )
+    released_segments: int = 0
 
 
 class ReplayBuffer:
-    """A job's replay index: thread-safe; sample requests long-poll on a condition."""
+    """Thread-safe; inserts and sample requests wait on one condition."""
 
     def __init__(
         self,
@@ -149,7 +137,11 @@ class ReplayBuffer:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.job_id = job_id
+        self.config = config
         self.capacity = config.replay_buffer_size
+        self.table = ItemTable(self.capacity)
+        self.sampler = make_sampler(config)
+        self.remover = make_remover(config)
         self.limiter = RateLimiter(
             config.samples_per_insert, config.min_size_to_sample, error_buffer
         )
@@ -159,57 +151,73 @@ class ReplayBuffer:
         self._rng = np.random.default_rng(seed)
         self._cond = threading.Condition()
         self._closed = False
-        # Per slot: which segment (id into _segments) and which row of it; -1 = empty.
-        self._segment_of = np.full(self.capacity, -1, dtype=np.int64)
-        self._row_of = np.zeros(self.capacity, dtype=np.int32)
-        self._next_key = 0
         self._segments: dict[int, _Segment] = {}
         self._segment_ids: dict[str, int] = {}
         self._next_segment_id = 0
-        # Highest accepted sequence number per collector: a re-sent segment whose rows
-        # were already evicted is still recognised as a duplicate.
+        # Highest accepted sequence number per collector folder: a re-sent segment whose
+        # items already left the buffer is still recognised as a duplicate.
         self._last_seq: dict[str, int] = {}
         self._dead: set[int] = set()
-        self._evictions = 0
-        self._released = 0
+        self._learner_version = 0
+        self._counters = _Counters()
+        self._waiting = {"sample": 0, "insert": 0}
+
+    @property
+    def size(self) -> int:
+        return self.table.size
 
     # --- inserts -------------------------------------------------------------------
 
     def insert(self, refs: list[SegmentRef], *, timeout_s: float = 0.0) -> InsertResult:
-        """Index the rows of `refs`; inserts of a path seen before count once.
+        """Index the items of `refs`; a path seen before counts once.
 
         Raises:
-            ValueError: a path is not a segment of this job.
+            ValueError: a path is not a segment of this job, or its episodes are wrong.
             RateLimited: the limiter did not allow it within `timeout_s`.
             BufferClosed: the job has ended.
         """
-        parsed = [(ref, self._parse_path(ref.path)) for ref in refs]
+        parsed = [(ref, self._parse_path(ref.path), self._item_spans(ref)) for ref in refs]
         deadline = self._clock() + timeout_s
         with self._cond:
-            fresh = [(ref, key) for ref, key in parsed if not self._is_duplicate(*key, ref.path)]
-            # Two refs to the same path in one message count once.
-            unique = list({ref.path: (ref, key) for ref, key in fresh}.values())
-            num_rows = sum(ref.rows for ref, _ in unique)
-            while True:
-                if self._closed:
-                    raise BufferClosed(f"job {self.job_id} has ended")
-                if self.limiter.can_insert(num_rows):
-                    break
-                remaining = deadline - self._clock()
-                if remaining <= 0:
-                    raise RateLimited(retry_after_s=0.05)
-                self._cond.wait(remaining)
-            for ref, (worker, seq) in unique:
-                self._add_segment(ref)
+            fresh = {
+                ref.path: (ref, key, spans)
+                for ref, key, spans in parsed
+                if not self._is_duplicate(*key, ref.path)
+            }
+            num_items = sum(len(spans[0]) for _, _, spans in fresh.values())
+            self._wait("insert", lambda: self.limiter.can_insert(num_items), deadline)
+            for ref, (worker, seq), (rows, lengths) in fresh.values():
+                self._add_segment(ref, rows, lengths)
                 self._last_seq[worker] = max(seq, self._last_seq.get(worker, -1))
-            self.limiter.inserted += num_rows
+            self.limiter.inserted += num_items
             self._release_dead()
             self._cond.notify_all()
         return InsertResult(
-            accepted=len(unique),
-            duplicates=len(refs) - len(unique),
-            accepted_refs=[ref for ref, _ in unique],
+            accepted=len(fresh),
+            duplicates=len(refs) - len(fresh),
+            accepted_refs=[ref for ref, _, _ in fresh.values()],
         )
+
+    def _wait(self, side: str, ready: Callable[[], bool], deadline: float) -> None:
+        """Wait (holding the condition) until `ready()`, the deadline, or close."""
+        self._waiting[side] += 1
+        try:
+            while True:
+                if self._closed:
+                    raise BufferClosed(f"job {self.job_id} has ended")
+                if ready():
+                    return
+                remaining = deadline - self._clock()
+                if remaining <= 0:
+                    if side == "insert":
+                        raise RateLimited(retry_after_s=0.05)
+                    raise SampleTimeout(
+                        f"no sample before the deadline (size {self.size}, "
+                        f"inserted {self.limiter.inserted}, sampled {self.limiter.sampled})"
+                    )
+                self._cond.wait(remaining)
+        finally:
+            self._waiting[side] -= 1
 
     def _parse_path(self, path: str) -> tuple[str, int]:
         match = _SEGMENT.match(path)
@@ -219,110 +227,193 @@ class ReplayBuffer:
             )
         return match["worker"], int(match["seq"])
 
+    def _item_spans(self, ref: SegmentRef) -> tuple[np.ndarray, np.ndarray]:
+        """(first row, rows) of each item of a segment."""
+        if self.config.item == "transition":
+            return np.arange(ref.rows, dtype=np.int32), np.ones(ref.rows, dtype=np.int32)
+        if not ref.episodes:
+            raise ValueError(f"{ref.path}: an episode buffer needs the segment's episodes")
+        spans = np.asarray(ref.episodes, dtype=np.int64)
+        starts, lengths = spans[:, 0], spans[:, 1]
+        if (starts + lengths > ref.rows).any():
+            raise ValueError(f"{ref.path}: an episode runs past the segment's {ref.rows} rows")
+        order = np.argsort(starts)
+        if (starts[order][1:] < (starts + lengths)[order][:-1]).any():
+            raise ValueError(f"{ref.path}: episodes overlap")
+        return starts.astype(np.int32), lengths.astype(np.int32)
+
     def _is_duplicate(self, worker: str, seq: int, path: str) -> bool:
         return path in self._segment_ids or seq <= self._last_seq.get(worker, -1)
 
-    def _add_segment(self, ref: SegmentRef) -> None:
-        rows = ref.rows
+    def _add_segment(self, ref: SegmentRef, rows: np.ndarray, lengths: np.ndarray) -> None:
+        table = self.table
+        n = len(rows)
+        if n > self.capacity:  # keep the newest items of a segment bigger than the buffer
+            rows, lengths, n = rows[-self.capacity :], lengths[-self.capacity :], self.capacity
+        shortfall = n - table.free_count
+        if shortfall > 0:
+            self._remove(self.remover.select(shortfall, table, self._rng), "capacity")
         segment_id = self._next_segment_id
         self._next_segment_id += 1
-        # A segment larger than the whole buffer keeps only its newest rows.
-        first_row = max(0, rows - self.capacity)
-        keys = np.arange(self._next_key + first_row, self._next_key + rows)
-        self._next_key += rows
-        slots = keys % self.capacity
-        old = self._segment_of[slots]
-        old = old[old >= 0]
-        if len(old):
-            self._evictions += len(old)
-            ids, counts = np.unique(old, return_counts=True)
-            for sid, count in zip(ids.tolist(), counts.tolist(), strict=True):
-                entry = self._segments[sid]
-                entry.live_rows -= count
-                if entry.live_rows == 0:
-                    self._dead.add(sid)
-        self._segment_of[slots] = segment_id
-        self._row_of[slots] = np.arange(first_row, rows, dtype=np.int32)
-        self._segments[segment_id] = _Segment(path=ref.path, live_rows=len(slots))
+        slots, _ = table.add(n)
+        table.segment[slots] = segment_id
+        table.row[slots] = rows
+        table.length[slots] = lengths
+        table.version[slots] = ref.policy_version
+        table.priority[slots] = getattr(self.sampler, "max_priority", 1.0)
+        self.sampler.inserted(slots)
+        self._segments[segment_id] = _Segment(path=ref.path, live_items=n)
         self._segment_ids[ref.path] = segment_id
+        if self.config.max_staleness is not None:
+            stale = ref.policy_version < self._learner_version - self.config.max_staleness
+            if stale:
+                self._remove(slots, "staleness")
+
+    def _remove(self, slots: np.ndarray, reason: str) -> None:
+        if len(slots) == 0:
+            return
+        table = self.table
+        self._counters.evictions[reason] += len(slots)
+        segment_ids, counts = np.unique(table.segment[slots], return_counts=True)
+        for sid, count in zip(segment_ids.tolist(), counts.tolist(), strict=True):
+            entry = self._segments[sid]
+            entry.live_items -= count
+            if entry.live_items == 0:
+                self._dead.add(sid)
+        self.sampler.removed(slots)
+        table.remove(slots)
 
     # --- samples -------------------------------------------------------------------
 
-    @property
-    def size(self) -> int:
-        return min(self._next_key, self.capacity)
-
     def sample(self, batch_size: int, num_batches: int, *, timeout_s: float) -> list[SampledBatch]:
-        """Draw `num_batches` batches uniformly, waiting up to `timeout_s` for data.
+        """Draw `num_batches` batches, waiting up to `timeout_s` for data and the limiter.
 
         Raises:
             SampleTimeout: not enough data, or the limiter held sampling back.
             BufferClosed: the job has ended.
         """
         num_items = batch_size * num_batches
+        need = num_items if self.sampler.consumes else batch_size
         deadline = self._clock() + timeout_s
         with self._cond:
-            while True:
-                if self._closed:
-                    raise BufferClosed(f"job {self.job_id} has ended")
-                if self.size >= batch_size and self.limiter.can_sample(num_items):
-                    break
-                remaining = deadline - self._clock()
-                if remaining <= 0:
-                    raise SampleTimeout(
-                        f"no sample within {timeout_s}s (size {self.size}, "
-                        f"limiter {self.limiter.state()})"
-                    )
-                self._cond.wait(remaining)
-            slots = self._rng.integers(0, self.size, size=(num_batches, batch_size))
-            batches = [self._batch(row_slots) for row_slots in slots]
-            now = self._clock()
-            for sid in np.unique(self._segment_of[slots]).tolist():
-                self._segments[sid].last_sampled_s = now
+            self._wait(
+                "sample",
+                lambda: (
+                    self.sampler.available(self.table) >= need
+                    and self.limiter.can_sample(num_items)
+                ),
+                deadline,
+            )
+            batches = [self._draw(batch_size) for _ in range(num_batches)]
             self.limiter.sampled += num_items
+            self._counters.sample_requests += 1
             self._cond.notify_all()
         return batches
 
-    def _batch(self, slots: np.ndarray) -> SampledBatch:
-        segment_ids = self._segment_of[slots]
-        order = np.argsort(segment_ids, kind="stable")
-        slots, segment_ids = slots[order], segment_ids[order]
-        keys = self._key_of(slots)
-        rows = self._row_of[slots]
-        bounds = np.flatnonzero(np.diff(segment_ids)) + 1
-        segments = [
-            SampledSegment(path=self._segments[int(ids[0])].path, rows=part.tolist())
-            for ids, part in zip(np.split(segment_ids, bounds), np.split(rows, bounds), strict=True)
-        ]
-        return SampledBatch(keys=keys.tolist(), segments=segments, weights=[1.0] * len(slots))
+    def _draw(self, batch_size: int) -> SampledBatch:
+        table = self.table
+        slots, weights = self.sampler.sample(batch_size, table, self._rng)
+        rows, lengths = table.row[slots], table.length[slots]
+        sequence_length = self.config.sequence_length
+        if self.config.item == "episode":
+            # A sub-sequence inside the episode: it never crosses into another one.
+            room = np.maximum(lengths - sequence_length, 0) + 1
+            rows = rows + (self._rng.random(len(slots)) * room).astype(np.int32)
+            lengths = np.minimum(lengths, sequence_length)
+        keys = table.key[slots]
+        segment_ids = table.segment[slots]
+        now = self._clock()
+        for sid in np.unique(segment_ids).tolist():
+            self._segments[sid].last_sampled_s = now
+        np.add.at(table.uses, slots, 1)
+        if self.sampler.consumes:
+            self._remove(slots, "max_use")
+        elif self.config.max_use is not None:
+            retired = np.unique(slots[table.uses[slots] >= self.config.max_use])
+            self._remove(retired, "max_use")
+        return self._group(keys, segment_ids, rows, lengths, weights)
 
-    def _key_of(self, slots: np.ndarray) -> np.ndarray:
-        # The newest key in each slot: keys of the last full turn of the ring.
-        base = self._next_key - self._next_key % self.capacity
-        keys = base + slots
-        return np.where(keys >= self._next_key, keys - self.capacity, keys)
+    def _group(
+        self,
+        keys: np.ndarray,
+        segment_ids: np.ndarray,
+        rows: np.ndarray,
+        lengths: np.ndarray,
+        weights: np.ndarray,
+    ) -> SampledBatch:
+        """One message entry per segment; keys and weights follow the same order."""
+        order = np.argsort(segment_ids, kind="stable")
+        segment_ids, rows, lengths = segment_ids[order], rows[order], lengths[order]
+        bounds = np.flatnonzero(np.diff(segment_ids)) + 1
+        sequences = self.config.item == "episode"
+        segments = [
+            SampledSegment(
+                path=self._segments[int(ids[0])].path,
+                rows=part.tolist(),
+                lengths=lens.tolist() if sequences else None,
+            )
+            for ids, part, lens in zip(
+                np.split(segment_ids, bounds),
+                np.split(rows, bounds),
+                np.split(lengths, bounds),
+                strict=True,
+            )
+        ]
+        return SampledBatch(
+            keys=keys[order].tolist(), segments=segments, weights=weights[order].tolist()
+        )
 
     def update_priorities(self, keys: list[int], priorities: list[float]) -> int:
-        """Uniform replay keeps no priorities; returns how many keys are still live."""
+        """New priorities by key; keys of items that already left are ignored.
+
+        Returns:
+            How many keys were still live.
+        """
         if len(keys) != len(priorities):
             raise ValueError(f"{len(keys)} keys but {len(priorities)} priorities")
+        values = np.asarray(priorities, dtype=np.float64)
+        if (values < 0).any() or not np.isfinite(values).all():
+            raise ValueError("priorities must be finite and non-negative")
         with self._cond:
-            lo = self._next_key - self.size
-            return int(sum(lo <= k < self._next_key for k in keys))
+            slots, live = self.table.slots_of(np.asarray(keys, dtype=np.int64))
+            values = values[live] + self.config.priority_eps
+            self.table.priority[slots] = values
+            self.sampler.update(slots, values)
+            return len(slots)
+
+    def set_learner_version(self, version: int) -> int:
+        """The learner's newest policy version; evicts items now too stale.
+
+        Returns:
+            How many items were evicted.
+        """
+        with self._cond:
+            self._learner_version = max(self._learner_version, version)
+            limit = self.config.max_staleness
+            if limit is None:
+                return 0
+            table = self.table
+            stale = np.flatnonzero(
+                (table.key >= 0) & (table.version < self._learner_version - limit)
+            )
+            self._remove(stale, "staleness")
+            self._release_dead()
+            self._cond.notify_all()
+            return len(stale)
 
     # --- lifecycle -------------------------------------------------------------------
 
-    def _release_dead(self) -> None:
-        """Delete the files of fully evicted segments no recent sample points at."""
+    def _release_dead(self, *, grace_s: float | None = None) -> None:
+        """Delete the files of segments with no items left and no recent sample."""
         if not self._dead:
             return
-        cutoff = self._clock() - self._release_grace_s
+        cutoff = self._clock() - (self._release_grace_s if grace_s is None else grace_s)
         for sid in [s for s in self._dead if self._segments[s].last_sampled_s <= cutoff]:
             entry = self._segments.pop(sid)
             del self._segment_ids[entry.path]
             self._dead.discard(sid)
             self._files.delete(entry.path)
-            self._released += 1
+            self._counters.released_segments += 1
 
     def collect_garbage(self) -> None:
         """Release what the grace period held back (called periodically)."""
@@ -335,17 +426,116 @@ class ReplayBuffer:
             self._closed = True
             self._cond.notify_all()
 
+    def release_all(self) -> None:
+        """After the job: delete every segment file the buffer still references."""
+        with self._cond:
+            self._closed = True
+            self._dead.update(self._segments)
+            self._release_dead(grace_s=float("-inf"))
+            self._cond.notify_all()
+
     def stats(self) -> BufferStats:
         with self._cond:
+            table = self.table
+            live = table.live_slots()
+            uses = table.uses[live]
+            lag = self._learner_version - table.version[live]
+            priority = table.priority[live]
             inserted, sampled = self.limiter.inserted, self.limiter.sampled
+            prioritized = self.config.type == "prioritized" and len(live) > 0
             return BufferStats(
-                size=self.size,
+                size=table.size,
                 capacity=self.capacity,
+                sampler=self.config.type,
+                eviction=self.config.eviction,
+                item=self.config.item,
                 inserts=inserted,
                 samples=sampled,
-                evictions=self._evictions,
-                live_segments=len(self._segments) - len(self._dead),
-                released_segments=self._released,
+                sample_requests=self._counters.sample_requests,
+                evictions=dict(self._counters.evictions),
+                use_count_mean=float(uses.mean()) if len(live) else 0.0,
+                use_count_max=int(uses.max()) if len(live) else 0,
+                learner_version=self._learner_version,
+                staleness_mean=float(lag.mean()) if len(live) else 0.0,
+                staleness_max=int(lag.max()) if len(live) else 0,
+                priority_min=float(priority.min()) if prioritized else None,
+                priority_mean=float(priority.mean()) if prioritized else None,
+                priority_max=float(priority.max()) if prioritized else None,
                 samples_per_insert_ratio=sampled / inserted if inserted else None,
                 limiter=self.limiter.state(),
+                can_sample=self.limiter.can_sample(1) and table.size > 0,
+                can_insert=self.limiter.can_insert(1),
+                waiting_samplers=self._waiting["sample"],
+                waiting_inserters=self._waiting["insert"],
+                live_segments=len(self._segments) - len(self._dead),
+                released_segments=self._counters.released_segments,
             )
+
+    # --- persistence -----------------------------------------------------------------
+
+    def save(self, files: SegmentFiles, prefix: str) -> None:
+        """Write the whole state as `<prefix>.safetensors` (arrays) and `<prefix>.json`.
+
+        The arrays are written first; the JSON names their digest, so a reader never
+        pairs a JSON record with arrays from another save.
+        """
+        with self._cond:
+            arrays = self.table.arrays()
+            meta = {
+                "job_id": self.job_id,
+                "capacity": self.capacity,
+                "table": self.table.counters(),
+                "segments": [
+                    [sid, s.path, s.live_items] for sid, s in sorted(self._segments.items())
+                ],
+                "dead": sorted(self._dead),
+                "next_segment_id": self._next_segment_id,
+                "last_seq": self._last_seq,
+                "learner_version": self._learner_version,
+                "limiter": {"inserted": self.limiter.inserted, "sampled": self.limiter.sampled},
+                "sampler": self.sampler.state(),
+                "counters": {
+                    "sample_requests": self._counters.sample_requests,
+                    "evictions": self._counters.evictions,
+                    "released_segments": self._counters.released_segments,
+                },
+                "rng": self._rng.bit_generator.state,
+            }
+        data = st_save({k: np.ascontiguousarray(v) for k, v in arrays.items()})
+        meta["arrays_sha256"] = hashlib.sha256(data).hexdigest()
+        files.write_bytes(f"{prefix}.safetensors", data)
+        files.write_bytes(f"{prefix}.json", json.dumps(meta).encode())
+
+    def restore(self, files: SegmentFiles, prefix: str) -> None:
+        """Load a state written by `save` into this (empty, same-capacity) buffer.
+
+        Raises:
+            ValueError: the files do not match each other or this buffer.
+        """
+        meta = json.loads(files.read_bytes(f"{prefix}.json"))
+        data = files.read_bytes(f"{prefix}.safetensors")
+        if hashlib.sha256(data).hexdigest() != meta["arrays_sha256"]:
+            raise ValueError(f"{prefix}: arrays do not match their record")
+        if meta["capacity"] != self.capacity or meta["job_id"] != self.job_id:
+            raise ValueError(f"{prefix}: saved for another buffer")
+        arrays = st_load(data)
+        with self._cond:
+            self.table.restore(arrays, meta["table"])
+            self._segments = {
+                int(sid): _Segment(path=path, live_items=int(live))
+                for sid, path, live in meta["segments"]
+            }
+            self._segment_ids = {s.path: sid for sid, s in self._segments.items()}
+            self._dead = {int(s) for s in meta["dead"]}
+            self._next_segment_id = int(meta["next_segment_id"])
+            self._last_seq = {k: int(v) for k, v in meta["last_seq"].items()}
+            self._learner_version = int(meta["learner_version"])
+            self.limiter.restore(**meta["limiter"])
+            self.sampler.restore(meta["sampler"], self.table)
+            counters = meta["counters"]
+            self._counters = _Counters(
+                sample_requests=int(counters["sample_requests"]),
+                evictions={k: int(v) for k, v in counters["evictions"].items()},
+                released_segments=int(counters["released_segments"]),
+            )
+            self._rng.bit_generator.state = meta["rng"]

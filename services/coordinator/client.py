@@ -53,6 +53,9 @@ class CoordinatorClient(ServiceClient):
     def metrics(self, job_id: str) -> dict[str, Any]:
         return self.call("GET", f"{API}/jobs/{job_id}/metrics")
 
+    def buffer_stats(self, job_id: str) -> dict[str, Any]:
+        return self.call("GET", f"{API}/jobs/{job_id}/buffer")
+
     def workers(self) -> list[WorkerInfo]:
         return [parse(WorkerInfo, w) for w in self.call("GET", f"{API}/workers")["workers"]]
 

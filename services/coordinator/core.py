@@ -55,7 +55,7 @@ from common.messages import (
     parse,
 )
 from common.storage import PathError, SharedStore
-from services.buffer.core import ReplayBuffer
+from services.buffer.core import BufferStats, ReplayBuffer
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +75,8 @@ class CoordinatorLimits:
     #: Policy versions kept on disk besides the best one and those being evaluated.
     keep_policies: int = 10
     metrics_period_s: float = 1.0
+    #: After a job ends, its segments folder is removed this much later.
+    segment_sweep_delay_s: float = 5.0
     metrics_points: int = 3600
 
 
@@ -121,6 +123,8 @@ class Job:
     train_iters: int = 0
     policy: PolicyRef | None = None
     policy_versions: list[int] = field(default_factory=list)
+    #: The segments folder was removed after the job ended (late writes included).
+    segments_swept: bool = False
     evals: list[EvalSummary] = field(default_factory=list)
     best_eval: EvalSummary | None = None
     #: Train iteration of the newest policy sent for evaluation.
@@ -234,7 +238,9 @@ class Coordinator:
     def _finish(self, job: Job, phase: str, reason: str) -> None:
         """End a job: wake its buffer's waiters and cancel every task of it."""
         job.phase, job.reason, job.finished_at = phase, reason, self._wall()
-        job.buffer.close()
+        # Step data is only for training: a finished job keeps policies, checkpoints,
+        # evaluations and logs, not segments.
+        job.buffer.release_all()
         for task in self.tasks.values():
             if task.job_id == job.job_id and task.state in ACTIVE:
                 worker = self.workers.get(task.worker_id)
@@ -482,6 +488,11 @@ class Coordinator:
         )
         return SampleReply(batches=batches)
 
+    def buffer_stats(self, job_id: str) -> BufferStats:
+        with self._lock:
+            job = self._job(job_id)
+        return job.buffer.stats()
+
     def update_priorities(self, job_id: str, update: PriorityUpdate) -> int:
         with self._lock:
             job = self._job(job_id)
@@ -507,6 +518,7 @@ class Coordinator:
                 )
             job.policy = ref
             job.policy_versions.append(ref.version)
+            job.buffer.set_learner_version(ref.version)
             job.train_iters = max(job.train_iters, ref.train_iter)
             self.store.write_json(f"{job_id}/policies/latest.json", dump(ref))
             self._prune_policies(job)
@@ -663,6 +675,7 @@ class Coordinator:
         self._last_metrics_s = now
         for job in self.jobs.values():
             if job.phase != "running":
+                self._sweep_segments(job)
                 continue
             job.buffer.collect_garbage()
             stats = job.buffer.stats()
@@ -680,8 +693,18 @@ class Coordinator:
             while len(job.metrics) > self.limits.metrics_points:
                 job.metrics.popleft()
 
+    def _sweep_segments(self, job: Job, *, now: bool = False) -> None:
+        """Remove what collectors wrote around the end of a job, once they had time to
+        notice it ended (each deletes a segment its insert could not place)."""
+        if job.segments_swept or job.finished_at is None:
+            return
+        if now or self._wall() - job.finished_at >= self.limits.segment_sweep_delay_s:
+            self.store.delete_tree(f"{job.job_id}/segments")
+            job.segments_swept = True
+
     def close(self) -> None:
         with self._lock:
             for job in self.jobs.values():
                 job.buffer.close()
+                self._sweep_segments(job, now=True)
             self._notify()

@@ -139,12 +139,15 @@ class _LearnSession:
         self.job_id = ctx.task.job_id
         self.cache = SegmentCache(store, self.job_id)
         self.sample_timeouts = 0
+        self.prioritized = config.policy.other.replay_buffer.type == "prioritized"
 
     def run(self) -> dict[str, Any]:
         learn = self.config.policy.learn
         ctx, dqn = self.ctx, self.dqn
         started, start_iter = time.monotonic(), dqn.train_iter
         prefetch = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch")
+        # Priorities go back on their own thread, so training never waits for them.
+        priorities = ThreadPoolExecutor(max_workers=1, thread_name_prefix="priorities")
         future: Future[SampleReply | None] = prefetch.submit(self.fetch)
         try:
             self.publish()  # collectors act with the resumed (or fresh) network at once
@@ -153,11 +156,15 @@ class _LearnSession:
                 if ctx.stopped():
                     break
                 future = prefetch.submit(self.fetch)
+                keys: list[int] = []
+                td_abs: list[np.ndarray] = []
                 for batch in reply.batches if reply else []:
-                    columns, weights, _keys = self.cache.gather(batch)
+                    columns, weights, batch_keys = self.cache.gather(batch)
                     if not len(weights):
                         continue
                     info = dqn.update(TransitionBatch.from_numpy(columns, weights, dqn.device))
+                    keys += batch_keys
+                    td_abs.append(info.td_abs)
                     if dqn.train_iter % learn.publish_every_iters == 0:
                         self.publish()
                     if dqn.train_iter % learn.checkpoint_every_iters == 0:
@@ -169,11 +176,14 @@ class _LearnSession:
                         loss=round(info.loss, 5),
                         q_mean=round(info.q_mean, 4),
                     )
+                if self.prioritized and keys:
+                    priorities.submit(self.send_priorities, keys, np.concatenate(td_abs))
         except JobOver as exc:
             log.info("learning stops: %s", exc)
             ctx.stop.set()
         finally:
             prefetch.shutdown(wait=False, cancel_futures=True)
+            priorities.shutdown(wait=False, cancel_futures=True)
         self.checkpoint()
         return {"train_iter": dqn.train_iter, "policy_version": self.version}
 
@@ -197,6 +207,13 @@ class _LearnSession:
             log.warning("sampling failed (%s); retrying", exc)
             self.ctx.stop.wait(1.0)
             return None
+
+    def send_priorities(self, keys: list[int], td_abs: np.ndarray) -> None:
+        try:
+            self.ctx.coordinator.update_priorities(self.job_id, keys, td_abs.tolist())
+        except (ApiError, ServiceUnavailable) as exc:
+            # Stale priorities only make sampling a little less sharp: carry on.
+            log.warning("priority update failed: %s", exc)
 
     def publish(self) -> None:
         """Write the next policy version and announce it to the coordinator."""

@@ -237,9 +237,11 @@ def test_samples_long_poll_timeout_then_batches(client, core):
     pr = post(client, f"/api/v1/jobs/{job_id}/priorities", {"keys": [0, 1], "priorities": [1.0]})
     assert pr.status_code == 400
     pr = post(
-        client, f"/api/v1/jobs/{job_id}/priorities", {"keys": [0, 1], "priorities": [1.0, 2.0]}
+        client,
+        f"/api/v1/jobs/{job_id}/priorities",
+        {"keys": [*batches[0]["keys"][:2], 12345], "priorities": [1.0, 2.0, 3.0]},
     )
-    assert pr.status_code == 200 and pr.json == {"updated": 2}
+    assert pr.status_code == 200 and pr.json == {"updated": 2}  # an unknown key is ignored
     neg = post(client, f"/api/v1/jobs/{job_id}/priorities", {"keys": [0], "priorities": [-1.0]})
     assert neg.status_code == 400
 
@@ -337,3 +339,56 @@ def test_prometheus_metrics(client):
     submit(client)
     resp = get(client, "/metrics")
     assert resp.status_code == 200 and b"drover_job_env_steps" in resp.data
+
+
+def test_buffer_stats_route(client, core):
+    job_id = submit(client)
+    for seq in range(3):
+        post(
+            client,
+            f"/api/v1/jobs/{job_id}/segments",
+            {"segments": [write_segment(core, job_id, seq)]},
+        )
+    post(client, f"/api/v1/jobs/{job_id}/samples", {"batch_size": 5, "num_batches": 2})
+    stats = get(client, f"/api/v1/jobs/{job_id}/buffer").json
+    assert stats["size"] == 30 and stats["capacity"] == 100 and stats["inserts"] == 30
+    assert stats["samples"] == 10 and stats["sample_requests"] == 1
+    assert stats["samples_per_insert_ratio"] == pytest.approx(1 / 3)
+    assert stats["limiter"]["min_size_to_sample"] == 20 and stats["can_sample"] is True
+    assert set(stats["evictions"]) == {"capacity", "max_use", "staleness"}
+    assert get(client, "/api/v1/jobs/job-nope/buffer").status_code == 404
+
+
+def test_a_finished_job_leaves_no_segment_files(client, core):
+    job_id = submit(client)
+    for seq in range(3):
+        post(
+            client,
+            f"/api/v1/jobs/{job_id}/segments",
+            {"segments": [write_segment(core, job_id, seq)]},
+        )
+    # a collector's write that raced the end of the job, never inserted
+    write_segment(core, job_id, 99, worker="late")
+    client.delete(f"/api/v1/jobs/{job_id}", headers=AUTH)
+    left = sorted(p.name for p in (core.store.root / job_id / "segments").rglob("*.safetensors"))
+    assert left == ["00000099.safetensors"]  # only the unindexed one, until the sweep
+    core.close()  # shutdown (or the sweep delay) removes the folder
+    assert not (core.store.root / job_id / "segments").exists()
+    assert (core.store.root / job_id / "summary.json").is_file()
+
+
+@pytest.mark.parametrize(
+    ("replay", "field"),
+    [
+        ({"samples_per_insert": 8, "error_buffer": 10}, "error_buffer"),
+        ({"min_size_to_sample": 500}, "min_size_to_sample"),
+        ({"type": "fifo", "replay_buffer_size": 100}, "config.policy.learn.num_batches"),
+        ({"sequence_length": 4}, "sequence_length"),
+    ],
+)
+def test_settings_that_could_deadlock_are_refused_at_submission(client, replay, field):
+    buffer = {"replay_buffer_size": 100, "min_size_to_sample": 20, **replay}
+    config = {**CONFIG, "policy": {"other": {"replay_buffer": buffer}}}
+    resp = post(client, "/api/v1/jobs", {"config": config})
+    assert resp.status_code == 400
+    assert field in resp.json["message"], resp.json

@@ -13,7 +13,7 @@ from flask import Blueprint, Flask, Response
 from common.errors import ApiError
 from common.http import error_response
 from common.messages import InsertReply, PriorityUpdate, SampleReply, SampleRequest, SegmentInsert
-from services.buffer.core import BufferClosed, RateLimited, SampleTimeout
+from services.buffer.core import BufferClosed, BufferStats, RateLimited, SampleTimeout
 
 HOST = "drover.buffer_host"
 
@@ -25,11 +25,13 @@ class BufferHost(Protocol):
 
     def update_priorities(self, job_id: str, update: PriorityUpdate) -> int: ...
 
+    def buffer_stats(self, job_id: str) -> BufferStats: ...
+
 
 def blueprints() -> list[Blueprint]:
-    from services.buffer.api import priorities, samples, segments
+    from services.buffer.api import priorities, samples, segments, stats
 
-    return [segments.bp, samples.bp, priorities.bp]
+    return [segments.bp, samples.bp, priorities.bp, stats.bp]
 
 
 def install(app: Flask, host: BufferHost) -> None:

@@ -1,0 +1,180 @@
+"""Samplers and removers as values, in the manner of Reverb's item selectors.
+
+A sampler decides which live items a sample request gets (and their importance
+weights); a remover decides which items leave when the table is full. Both work on
+the `ItemTable`'s slots with vectorized numpy, never a per-item Python loop.
+
+    sampler = make_sampler(config)         # uniform | prioritized | fifo
+    remover = make_remover(config)         # fifo | lifo | uniform
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+from common.config import ReplayBufferConfig
+from services.buffer.sumtree import SumTree
+from services.buffer.table import ItemTable
+
+
+class Sampler(Protocol):
+    #: Items leave the table once sampled (an on-policy queue).
+    consumes: bool
+
+    def inserted(self, slots: np.ndarray) -> None: ...
+
+    def removed(self, slots: np.ndarray) -> None: ...
+
+    def update(self, slots: np.ndarray, priorities: np.ndarray) -> None: ...
+
+    def sample(
+        self, n: int, table: ItemTable, rng: np.random.Generator
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """`n` slots and their importance weights."""
+        ...
+
+    def available(self, table: ItemTable) -> int:
+        """How many items one request may take (a queue cannot repeat items)."""
+        ...
+
+    def state(self) -> dict[str, Any]: ...
+
+    def restore(self, state: dict[str, Any], table: ItemTable) -> None: ...
+
+
+class PrioritizedSampler:
+    """Proportional prioritized replay (Schaul et al.): P(i) ~ p_i^alpha.
+
+    Importance weights are ``(N * P(i))^-beta`` normalized by their maximum, so they are
+    at most 1; beta rises linearly to 1 over `beta_anneal_steps` sampled batches. New
+    items get the highest priority seen so far, so each is likely to be seen once.
+    With ``alpha = 0`` and ``beta = 0`` this is uniform sampling.
+    """
+
+    consumes = False
+
+    def __init__(self, capacity: int, alpha: float, beta: float, beta_anneal_steps: int) -> None:
+        self.tree = SumTree(capacity)
+        self.alpha = alpha
+        self.beta0 = beta
+        self.beta_anneal_steps = beta_anneal_steps
+        self.max_priority = 1.0
+        self.batches_drawn = 0
+
+    @property
+    def beta(self) -> float:
+        if self.beta_anneal_steps <= 0:
+            return self.beta0
+        progress = min(1.0, self.batches_drawn / self.beta_anneal_steps)
+        return self.beta0 + (1.0 - self.beta0) * progress
+
+    def inserted(self, slots: np.ndarray) -> None:
+        self.tree.update(slots, self.max_priority**self.alpha)
+
+    def removed(self, slots: np.ndarray) -> None:
+        self.tree.update(slots, 0.0)
+
+    def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
+        if len(priorities):
+            self.max_priority = max(self.max_priority, float(priorities.max()))
+        self.tree.update(slots, np.power(priorities, self.alpha))
+
+    def sample(
+        self, n: int, table: ItemTable, rng: np.random.Generator
+    ) -> tuple[np.ndarray, np.ndarray]:
+        slots = self.tree.sample(n, rng)
+        self.batches_drawn += 1
+        beta = self.beta
+        if beta == 0.0 or self.alpha == 0.0:
+            return slots, np.ones(n, dtype=np.float32)
+        # w_i / max_j w_j = (p_i / p_min)^-beta: the size and the total cancel out.
+        weights = np.power(self.tree.leaves(slots) / self.tree.min, -beta)
+        return slots, weights.astype(np.float32)
+
+    def available(self, table: ItemTable) -> int:
+        return table.size if table.size else 0
+
+    def state(self) -> dict[str, Any]:
+        return {"max_priority": self.max_priority, "batches_drawn": self.batches_drawn}
+
+    def restore(self, state: dict[str, Any], table: ItemTable) -> None:
+        self.max_priority = float(state["max_priority"])
+        self.batches_drawn = int(state["batches_drawn"])
+        live = table.key >= 0
+        self.tree.rebuild(np.where(live, np.power(table.priority, self.alpha), 0.0))
+
+
+class UniformSampler(PrioritizedSampler):
+    """Every live item equally likely; weights are 1."""
+
+    def __init__(self, capacity: int) -> None:
+        super().__init__(capacity, alpha=0.0, beta=0.0, beta_anneal_steps=0)
+
+
+class FifoSampler:
+    """An on-policy queue: the oldest items, each sampled exactly once."""
+
+    consumes = True
+
+    def inserted(self, slots: np.ndarray) -> None:
+        pass
+
+    def removed(self, slots: np.ndarray) -> None:
+        pass
+
+    def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
+        pass
+
+    def sample(
+        self, n: int, table: ItemTable, rng: np.random.Generator
+    ) -> tuple[np.ndarray, np.ndarray]:
+        return table.oldest(n), np.ones(n, dtype=np.float32)
+
+    def available(self, table: ItemTable) -> int:
+        return table.size
+
+    def state(self) -> dict[str, Any]:
+        return {}
+
+    def restore(self, state: dict[str, Any], table: ItemTable) -> None:
+        pass
+
+
+class Remover(Protocol):
+    def select(self, n: int, table: ItemTable, rng: np.random.Generator) -> np.ndarray:
+        """`n` live slots to evict from a full table."""
+        ...
+
+
+class FifoRemover:
+    def select(self, n: int, table: ItemTable, rng: np.random.Generator) -> np.ndarray:
+        return table.oldest(n)
+
+
+class LifoRemover:
+    def select(self, n: int, table: ItemTable, rng: np.random.Generator) -> np.ndarray:
+        return table.newest(n)
+
+
+class UniformRemover:
+    def select(self, n: int, table: ItemTable, rng: np.random.Generator) -> np.ndarray:
+        # A full table rarely has holes: draw slots directly and check they are live.
+        slots = rng.choice(table.capacity, size=n, replace=False)
+        if (table.key[slots] >= 0).all():
+            return slots
+        return rng.choice(np.flatnonzero(table.key >= 0), size=n, replace=False)
+
+
+def make_sampler(config: ReplayBufferConfig) -> Sampler:
+    capacity = config.replay_buffer_size
+    if config.type == "prioritized":
+        return PrioritizedSampler(capacity, config.alpha, config.beta, config.beta_anneal_steps)
+    if config.type == "fifo":
+        return FifoSampler()
+    return UniformSampler(capacity)
+
+
+def make_remover(config: ReplayBufferConfig) -> Remover:
+    return {"fifo": FifoRemover, "lifo": LifoRemover, "uniform": UniformRemover}[config.eviction]()

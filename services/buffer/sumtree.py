@@ -1,0 +1,96 @@
+"""A vectorized sum tree (with a min tree beside it) over a fixed number of leaves.
+
+Leaves hold non-negative weights. `sample` draws leaves with probability
+weight / total by descending the tree for a whole batch at once; `update` writes a
+batch of leaves and refreshes their ancestors one level at a time. Both are
+O(batch * log capacity) numpy operations, with no per-item Python loop.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+class SumTree:
+    def __init__(self, capacity: int) -> None:
+        self.capacity = capacity
+        self.size = 1 << max(1, int(np.ceil(np.log2(max(capacity, 2)))))
+        # Node i has children 2i and 2i+1; leaves live at [size, 2 * size).
+        self._sum = np.zeros(2 * self.size, dtype=np.float64)
+        self._min = np.full(2 * self.size, np.inf, dtype=np.float64)
+
+    @property
+    def total(self) -> float:
+        return float(self._sum[1])
+
+    @property
+    def min(self) -> float:
+        """The smallest weight of a live leaf (inf when empty)."""
+        return float(self._min[1])
+
+    def leaves(self, index: np.ndarray | None = None) -> np.ndarray:
+        if index is None:
+            return self._sum[self.size : self.size + self.capacity].copy()
+        return self._sum[self.size + index]
+
+    def update(self, index: np.ndarray, weight: np.ndarray) -> None:
+        """Set the leaves at `index` to `weight` (0 removes a leaf from sampling).
+
+        A repeated index takes its last weight.
+        """
+        index = np.asarray(index, dtype=np.int64)
+        if index.size == 0:
+            return
+        weight = np.broadcast_to(np.asarray(weight, dtype=np.float64), index.shape)
+        order = np.argsort(index, kind="stable")
+        index, weight = index[order], weight[order]
+        last = np.r_[index[1:] != index[:-1], True]  # the last write of each leaf wins
+        index, weight = index[last], weight[last]
+        nodes = index + self.size
+        self._sum[nodes] = weight
+        self._min[nodes] = np.where(weight > 0, weight, np.inf)
+        while nodes[0] > 1:
+            nodes = nodes >> 1
+            # Sorted input stays sorted after the shift: drop neighbours' duplicates.
+            nodes = nodes[np.r_[True, nodes[1:] != nodes[:-1]]]
+            left, right = 2 * nodes, 2 * nodes + 1
+            self._sum[nodes] = self._sum[left] + self._sum[right]
+            self._min[nodes] = np.minimum(self._min[left], self._min[right])
+
+    def rebuild(self, weight: np.ndarray) -> None:
+        """Set every leaf at once (used when loading a saved buffer)."""
+        self._sum[:] = 0.0
+        self._min[:] = np.inf
+        self._sum[self.size : self.size + len(weight)] = weight
+        self._min[self.size : self.size + len(weight)] = np.where(weight > 0, weight, np.inf)
+        level = self.size
+        while level > 1:
+            nodes = np.arange(level // 2, level)
+            self._sum[nodes] = self._sum[2 * nodes] + self._sum[2 * nodes + 1]
+            self._min[nodes] = np.minimum(self._min[2 * nodes], self._min[2 * nodes + 1])
+            level //= 2
+
+    def sample(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        """`n` leaf indices drawn with replacement, with probability weight / total."""
+        total = self._sum[1]
+        if total <= 0:
+            raise ValueError("cannot sample from an empty tree")
+        value = rng.random(n) * total
+        node = np.ones(n, dtype=np.int64)
+        while node[0] < self.size:
+            left = 2 * node
+            left_sum = self._sum[left]
+            go_right = value >= left_sum
+            value = np.where(go_right, value - left_sum, value)
+            node = left + go_right
+        index = node - self.size
+        # Float rounding can land on an empty leaf at the very end of the mass; move
+        # such a draw to a live one.
+        empty = self._sum[node] <= 0
+        if empty.any():
+            index[empty] = self._any_live(int(empty.sum()), rng)
+        return index
+
+    def _any_live(self, n: int, rng: np.random.Generator) -> np.ndarray:
+        live = np.flatnonzero(self._sum[self.size : self.size + self.capacity] > 0)
+        return rng.choice(live, size=n)

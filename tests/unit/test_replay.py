@@ -1,0 +1,282 @@
+"""Samplers, removers, item kinds, use and staleness limits, GC and persistence."""
+
+import numpy as np
+import pytest
+
+from common.config import ReplayBufferConfig
+from common.messages import SegmentRef
+from common.storage import SharedStore
+from services.buffer.core import ReplayBuffer, SampleTimeout
+from services.buffer.sumtree import SumTree
+
+# chi2.ppf(0.999, df) for the degrees of freedom used below (scipy is not a dependency)
+CHI2_999 = {18: 42.31, 49: 85.35}
+
+
+class Files:
+    def __init__(self):
+        self.deleted = []
+
+    def delete(self, rel):
+        self.deleted.append(rel)
+        return True
+
+
+def ref(seq, rows=10, version=0, episodes=(), worker="w"):
+    return SegmentRef(
+        path=f"job-1/segments/{worker}/{seq:08d}.safetensors",
+        rows=rows,
+        env_steps=rows,
+        policy_version=version,
+        episodes=list(episodes),
+    )
+
+
+def make(files=None, *, error_buffer=0.0, seed=0, **config):
+    config.setdefault("min_size_to_sample", 1)
+    cfg = ReplayBufferConfig(**config)
+    return ReplayBuffer(
+        "job-1", cfg, files or Files(), error_buffer=error_buffer, seed=seed, release_grace_s=0.0
+    )
+
+
+def items(batch):
+    """(key, path, row, length) per item, in message order."""
+    out = []
+    for seg in batch.segments:
+        lengths = seg.lengths or [1] * len(seg.rows)
+        out += [(seg.path, r, n) for r, n in zip(seg.rows, lengths, strict=True)]
+    return [(k, *rest) for k, rest in zip(batch.keys, out, strict=True)]
+
+
+def chi_square(counts, expected):
+    return float((((counts - expected) ** 2) / expected).sum())
+
+
+# --- sum tree ------------------------------------------------------------------------
+
+
+def test_sum_tree_totals_minimum_and_frequencies():
+    tree = SumTree(20)
+    weights = np.arange(1, 21, dtype=np.float64)
+    tree.update(np.arange(20), weights)
+    assert tree.total == pytest.approx(weights.sum()) and tree.min == 1.0
+    tree.update(np.array([0, 0]), np.array([5.0, 0.0]))  # the last write wins
+    assert tree.min == 2.0
+    draws = tree.sample(1_000_000, np.random.default_rng(0))
+    counts = np.bincount(draws, minlength=20)
+    assert counts[0] == 0  # an emptied leaf is never drawn
+    expected = 1_000_000 * weights[1:] / weights[1:].sum()
+    assert chi_square(counts[1:], expected) < CHI2_999[18]
+
+
+# --- prioritized replay -----------------------------------------------------------------
+
+
+def test_per_sampling_frequencies_follow_priority_to_the_alpha():
+    alpha = 0.6
+    buf = make(type="prioritized", replay_buffer_size=100, alpha=alpha, beta=0.4, priority_eps=1e-9)
+    for seq in range(5):
+        buf.insert([ref(seq)])  # 50 items
+    keys = buf.sample(50, 1, timeout_s=0)[0].keys
+    all_keys = np.array(sorted(set(keys) | set(buf.table.key[buf.table.key >= 0].tolist())))
+    priorities = np.random.default_rng(1).uniform(0.1, 10.0, size=len(all_keys))
+    assert buf.update_priorities(all_keys.tolist(), priorities.tolist()) == 50
+    counts = dict.fromkeys(all_keys.tolist(), 0)
+    draws = 3200
+    for batch in buf.sample(32, draws, timeout_s=0):
+        for key in batch.keys:
+            counts[key] += 1
+    observed = np.array([counts[k] for k in all_keys.tolist()])
+    expected = draws * 32 * priorities**alpha / (priorities**alpha).sum()
+    assert chi_square(observed, expected) < CHI2_999[49]
+
+
+def test_importance_weights_and_beta_annealing():
+    buf = make(
+        type="prioritized",
+        replay_buffer_size=100,
+        alpha=1.0,
+        beta=0.5,
+        beta_anneal_steps=10,
+        priority_eps=1e-9,
+    )
+    buf.insert([ref(0, rows=4)])
+    keys = sorted(buf.table.key[buf.table.key >= 0].tolist())
+    buf.update_priorities(keys, [1.0, 2.0, 4.0, 8.0])
+    priority = dict(zip(keys, [1.0, 2.0, 4.0, 8.0], strict=True))
+    (batch,) = buf.sample(4, 1, timeout_s=0)  # first batch: beta = 0.5 + 0.5 * 1/10
+    beta = 0.55
+    for key, weight in zip(batch.keys, batch.weights, strict=True):
+        assert weight == pytest.approx((priority[key] / 1.0) ** -beta, rel=1e-5)
+    assert max(batch.weights) <= 1.0
+    for _ in range(20):
+        buf.sample(4, 1, timeout_s=0)
+    assert buf.sampler.beta == 1.0  # annealed
+
+
+def test_new_items_get_the_highest_priority_and_evicted_keys_are_ignored():
+    buf = make(type="prioritized", replay_buffer_size=10, priority_eps=1e-9)
+    buf.insert([ref(0)])
+    old_keys = buf.table.key.tolist()
+    buf.update_priorities(old_keys[:2], [7.0, 0.5])
+    buf.insert([ref(1, rows=5)])  # evicts the 5 oldest (FIFO)
+    new_slots = buf.table.slots_of(np.array(buf.table.key[:5]))[0]
+    assert np.allclose(buf.table.priority[new_slots], 7.0)
+    assert buf.update_priorities(old_keys, [1.0] * 10) == 5  # 5 of them were evicted
+
+
+# --- queue, removers --------------------------------------------------------------------
+
+
+def test_fifo_sampler_serves_each_item_once_in_order():
+    buf = make(type="fifo", replay_buffer_size=100)
+    for seq in range(3):
+        buf.insert([ref(seq)])
+    first, second = buf.sample(10, 2, timeout_s=0)
+    assert [(p, r) for _, p, r, _ in items(first)] == [
+        ("job-1/segments/w/00000000.safetensors", r) for r in range(10)
+    ]
+    assert {p for _, p, _, _ in items(second)} == {"job-1/segments/w/00000001.safetensors"}
+    assert buf.size == 10
+    with pytest.raises(SampleTimeout):
+        buf.sample(10, 2, timeout_s=0)  # a queue never repeats an item
+    assert buf.stats().use_count_max == 0 and buf.stats().size == 10
+
+
+def test_lifo_eviction_drops_the_newest():
+    files = Files()
+    buf = make(files, replay_buffer_size=20, eviction="lifo")
+    buf.insert([ref(0)])
+    buf.insert([ref(1)])
+    buf.insert([ref(2)])
+    paths = {p for b in buf.sample(20, 5, timeout_s=0) for _, p, _, _ in items(b)}
+    assert paths == {
+        "job-1/segments/w/00000000.safetensors",
+        "job-1/segments/w/00000002.safetensors",
+    }
+    assert files.deleted == ["job-1/segments/w/00000001.safetensors"]
+
+
+def test_uniform_eviction_keeps_capacity_and_counts():
+    buf = make(replay_buffer_size=30, eviction="uniform")
+    for seq in range(10):
+        buf.insert([ref(seq)])
+    stats = buf.stats()
+    assert stats.size == 30 and stats.evictions["capacity"] == 70
+    # every newest item survives its own insert
+    newest = {p for b in buf.sample(30, 20, timeout_s=0) for _, p, _, _ in items(b)}
+    assert "job-1/segments/w/00000009.safetensors" in newest
+
+
+# --- item kinds ------------------------------------------------------------------------
+
+
+def test_episode_subsequences_never_cross_episodes():
+    buf = make(replay_buffer_size=50, item="episode", sequence_length=4)
+    episodes = [(0, 5), (5, 12), (17, 3)]
+    buf.insert([ref(0, rows=20, episodes=episodes)])
+    buf.insert([ref(1, rows=6, episodes=[(0, 6)])])
+    assert buf.size == 4  # whole episodes are the items
+    seen = set()
+    for batch in buf.sample(4, 400, timeout_s=0):
+        for _, path, row, length in items(batch):
+            spans = episodes if path.endswith("00000000.safetensors") else [(0, 6)]
+            start, n = next((s, n) for s, n in spans if s <= row < s + n)
+            assert row + length <= start + n, (row, length, start, n)
+            assert length == min(4, n)
+            seen.add((path[-5:], row))
+    assert len(seen) > 8  # offsets vary inside episodes
+
+
+@pytest.mark.parametrize(
+    ("episodes", "words"),
+    [((), "needs the segment's episodes"), ([(0, 8), (5, 5)], "overlap"), ([(8, 5)], "runs past")],
+)
+def test_bad_episode_layouts_are_refused(episodes, words):
+    buf = make(item="episode", sequence_length=2)
+    with pytest.raises(ValueError, match=words):
+        buf.insert([ref(0, rows=10, episodes=episodes)])
+    assert buf.size == 0
+
+
+# --- use and staleness -----------------------------------------------------------------
+
+
+def test_max_use_retires_items():
+    buf = make(replay_buffer_size=100, max_use=2)
+    buf.insert([ref(0)])
+    uses = {}
+    for _ in range(30):
+        try:
+            (batch,) = buf.sample(3, 1, timeout_s=0)
+        except SampleTimeout:
+            break
+        for key in batch.keys:
+            uses[key] = uses.get(key, 0) + 1
+    assert max(uses.values()) <= 2
+    assert buf.size < 3 and buf.stats().evictions["max_use"] >= 8
+
+
+def test_max_staleness_evicts_and_never_samples_stale_items():
+    files = Files()
+    buf = make(files, replay_buffer_size=100, max_staleness=1)
+    for seq, version in enumerate([0, 1, 2]):
+        buf.insert([ref(seq, version=version)])
+    assert buf.set_learner_version(3) == 20  # versions 0 and 1 are > 1 behind
+    paths = {p for b in buf.sample(10, 20, timeout_s=0) for _, p, _, _ in items(b)}
+    assert paths == {"job-1/segments/w/00000002.safetensors"}
+    buf.insert([ref(3, version=0)])  # arrives stale: indexed, then evicted at once
+    assert buf.size == 10 and buf.stats().evictions["staleness"] == 30
+    assert len(files.deleted) == 3
+    assert buf.stats().staleness_max == 1
+
+
+# --- lifecycle ------------------------------------------------------------------------
+
+
+def test_gc_deletes_exactly_the_fully_evicted_segments():
+    files = Files()
+    buf = make(files, replay_buffer_size=25)
+    for seq in range(5):
+        buf.insert([ref(seq)])  # 50 items through 25 slots: 0, 1 gone, 2 half
+    assert sorted(files.deleted) == [
+        "job-1/segments/w/00000000.safetensors",
+        "job-1/segments/w/00000001.safetensors",
+    ]
+    buf.release_all()
+    assert len(files.deleted) == 5 and buf.stats().live_segments == 0
+
+
+def test_save_and_restore_give_identical_samples(tmp_path):
+    store = SharedStore(tmp_path)
+    config = dict(type="prioritized", replay_buffer_size=64, max_use=5, max_staleness=3)
+    buf = make(store, seed=7, **config)
+    for seq in range(9):
+        buf.insert([ref(seq, version=seq // 2)])
+    buf.set_learner_version(4)
+    (batch,) = buf.sample(16, 1, timeout_s=0)
+    buf.update_priorities(batch.keys, np.linspace(0.1, 3.0, 16).tolist())
+    buf.save(store, "job-1/coordinator/buffer")
+
+    copy = make(store, seed=999, **config)
+    copy.restore(store, "job-1/coordinator/buffer")
+    assert copy.stats() == buf.stats()
+    assert copy.sample(8, 4, timeout_s=0) == buf.sample(8, 4, timeout_s=0)
+    copy.insert([ref(8)])  # a re-sent segment is still a duplicate after restore
+    assert copy.insert([ref(8)]).duplicates == 1
+    buf.insert([ref(9)])
+    copy.insert([ref(9)])
+    assert copy.sample(8, 2, timeout_s=0) == buf.sample(8, 2, timeout_s=0)
+
+
+def test_restore_refuses_mismatched_files(tmp_path):
+    store = SharedStore(tmp_path)
+    buf = make(store, replay_buffer_size=10)
+    buf.insert([ref(0)])
+    buf.save(store, "job-1/b")
+    with pytest.raises(ValueError, match="another buffer"):
+        make(store, replay_buffer_size=11).restore(store, "job-1/b")
+    store.write_bytes("job-1/b.safetensors", store.read_bytes("job-1/b.safetensors")[:-1] + b"x")
+    with pytest.raises(ValueError, match="do not match"):
+        make(store, replay_buffer_size=10).restore(store, "job-1/b")
