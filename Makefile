@@ -32,6 +32,7 @@ format: install
 
 bench: install
 	$(BIN)/python bench/time_to_goal.py
+	$(BIN)/python bench/buffer.py
 
 up:
 	docker compose up --build

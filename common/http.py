@@ -7,6 +7,7 @@ never an HTML page, never a 500 for bad input.
 
 from __future__ import annotations
 
+import dataclasses
 import hmac
 import logging
 import signal
@@ -21,7 +22,7 @@ from urllib3.util.retry import Retry
 from werkzeug.exceptions import HTTPException
 
 from common.errors import ApiError, bad_request
-from common.messages import MessageError, dump, parse
+from common.messages import MessageError, dump, dump_json, parse
 from common.storage import PathError
 
 T = TypeVar("T")
@@ -92,6 +93,8 @@ def body(cls: type[T]) -> T:
 
 
 def reply(message: Any, status: int = 200) -> tuple[Response, int]:
+    if dataclasses.is_dataclass(message):
+        return Response(dump_json(message), mimetype="application/json"), status
     return jsonify(dump(message)), status
 
 
@@ -165,6 +168,19 @@ class ServiceClient:
         if not resp.content:
             return None
         return resp.json()
+
+    def call_as(
+        self,
+        cls: type[T],
+        method: str,
+        path: str,
+        payload: Any = None,
+        *,
+        timeout_s: float | None = None,
+    ) -> T:
+        """One request whose answer is validated straight from its bytes into `cls`."""
+        resp = self.raw(method, path, payload, timeout_s=timeout_s)
+        return parse(cls, resp.content)
 
     def raw(
         self,

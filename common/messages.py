@@ -64,6 +64,12 @@ def new_id(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:12]}"
 
 
+def bulk_message(cls: type[T]) -> type[T]:
+    """A message built hundreds of times per request (sample replies): slotted and not
+    frozen, which halves the cost of creating one. Treat it as read-only all the same."""
+    return with_config(MESSAGE_CONFIG)(dataclass(kw_only=True, slots=True)(cls))
+
+
 @cache
 def _adapter(cls: type) -> TypeAdapter:
     return TypeAdapter(cls)
@@ -83,6 +89,12 @@ def parse(cls: type[T], data: Any) -> T:
         first = exc.errors(include_url=False)[0]
         loc = ".".join(str(p) for p in first["loc"])
         raise MessageError(loc, first["msg"]) from None
+
+
+def dump_json(obj: Any) -> bytes:
+    """A message as JSON bytes, serialized by pydantic's compiled encoder (much
+    faster than `dataclasses.asdict` + `json.dumps` for large samples)."""
+    return _adapter(type(obj)).dump_json(obj)
 
 
 def dump(obj: Any) -> Any:
@@ -241,7 +253,7 @@ class SampleRequest:
     timeout_s: WaitSeconds = 10.0
 
 
-@message
+@bulk_message
 class SampledSegment:
     """Rows of one segment. With `lengths`, item i is the `lengths[i]` consecutive
     rows starting at `rows[i]` (a sub-sequence of an episode)."""
@@ -251,7 +263,7 @@ class SampledSegment:
     lengths: list[int] | None = None
 
 
-@message
+@bulk_message
 class SampledBatch:
     """One batch: `keys[i]` and `weights[i]` belong to the i-th item, counting the
     items of `segments` in order."""

@@ -252,7 +252,10 @@ class ReplayBuffer:
             rows, lengths, n = rows[-self.capacity :], lengths[-self.capacity :], self.capacity
         shortfall = n - table.free_count
         if shortfall > 0:
-            self._remove(self.remover.select(shortfall, table, self._rng), "capacity")
+            # The freed slots are handed out again just below (the free list is a
+            # stack), where `sampler.inserted` overwrites their weights: skip one update.
+            evicted = self.remover.select(shortfall, table, self._rng)
+            self._remove(evicted, "capacity", tell_sampler=False)
         segment_id = self._next_segment_id
         self._next_segment_id += 1
         slots, _ = table.add(n)
@@ -269,7 +272,7 @@ class ReplayBuffer:
             if stale:
                 self._remove(slots, "staleness")
 
-    def _remove(self, slots: np.ndarray, reason: str) -> None:
+    def _remove(self, slots: np.ndarray, reason: str, *, tell_sampler: bool = True) -> None:
         if len(slots) == 0:
             return
         table = self.table
@@ -280,7 +283,8 @@ class ReplayBuffer:
             entry.live_items -= count
             if entry.live_items == 0:
                 self._dead.add(sid)
-        self.sampler.removed(slots)
+        if tell_sampler:
+            self.sampler.removed(slots)
         table.remove(slots)
 
     # --- samples -------------------------------------------------------------------
@@ -304,15 +308,17 @@ class ReplayBuffer:
                 ),
                 deadline,
             )
-            batches = [self._draw(batch_size) for _ in range(num_batches)]
+            batches = self._draw(batch_size, num_batches)
             self.limiter.sampled += num_items
             self._counters.sample_requests += 1
             self._cond.notify_all()
         return batches
 
-    def _draw(self, batch_size: int) -> SampledBatch:
+    def _draw(self, batch_size: int, num_batches: int) -> list[SampledBatch]:
+        """All of a request's items in one vectorized draw, then split into batches."""
         table = self.table
-        slots, weights = self.sampler.sample(batch_size, table, self._rng)
+        slots, weights = self.sampler.sample(batch_size * num_batches, table, self._rng)
+        self.sampler.batches_drawn += num_batches
         rows, lengths = table.row[slots], table.length[slots]
         sequence_length = self.config.sequence_length
         if self.config.item == "episode":
@@ -323,15 +329,20 @@ class ReplayBuffer:
         keys = table.key[slots]
         segment_ids = table.segment[slots]
         now = self._clock()
-        for sid in np.unique(segment_ids).tolist():
+        for sid in set(segment_ids.tolist()):
             self._segments[sid].last_sampled_s = now
-        np.add.at(table.uses, slots, 1)
+        used, times = np.unique(slots, return_counts=True)
+        table.uses[used] += times.astype(np.int32)
         if self.sampler.consumes:
             self._remove(slots, "max_use")
         elif self.config.max_use is not None:
-            retired = np.unique(slots[table.uses[slots] >= self.config.max_use])
-            self._remove(retired, "max_use")
-        return self._group(keys, segment_ids, rows, lengths, weights)
+            self._remove(used[table.uses[used] >= self.config.max_use], "max_use")
+        return [
+            self._group(
+                *(a[i : i + batch_size] for a in (keys, segment_ids, rows, lengths, weights))
+            )
+            for i in range(0, len(slots), batch_size)
+        ]
 
     def _group(
         self,
@@ -343,21 +354,20 @@ class ReplayBuffer:
     ) -> SampledBatch:
         """One message entry per segment; keys and weights follow the same order."""
         order = np.argsort(segment_ids, kind="stable")
-        segment_ids, rows, lengths = segment_ids[order], rows[order], lengths[order]
-        bounds = np.flatnonzero(np.diff(segment_ids)) + 1
-        sequences = self.config.item == "episode"
+        segment_ids = segment_ids[order]
+        starts = np.flatnonzero(np.r_[True, segment_ids[1:] != segment_ids[:-1]]).tolist()
+        ends = [*starts[1:], len(order)]
+        # Python lists slice much faster than numpy splits into small arrays.
+        row_list = rows[order].tolist()
+        length_list = lengths[order].tolist() if self.config.item == "episode" else None
+        first_ids = segment_ids[starts].tolist()
         segments = [
             SampledSegment(
-                path=self._segments[int(ids[0])].path,
-                rows=part.tolist(),
-                lengths=lens.tolist() if sequences else None,
+                path=self._segments[sid].path,
+                rows=row_list[a:b],
+                lengths=length_list[a:b] if length_list is not None else None,
             )
-            for ids, part, lens in zip(
-                np.split(segment_ids, bounds),
-                np.split(rows, bounds),
-                np.split(lengths, bounds),
-                strict=True,
-            )
+            for sid, a, b in zip(first_ids, starts, ends, strict=True)
         ]
         return SampledBatch(
             keys=keys[order].tolist(), segments=segments, weights=weights[order].tolist()

@@ -29,10 +29,13 @@ class Sampler(Protocol):
 
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None: ...
 
+    #: Sampled batches so far (prioritized replay anneals beta over them).
+    batches_drawn: int
+
     def sample(
         self, n: int, table: ItemTable, rng: np.random.Generator
     ) -> tuple[np.ndarray, np.ndarray]:
-        """`n` slots and their importance weights."""
+        """`n` slots and their importance weights (the caller counts batches)."""
         ...
 
     def available(self, table: ItemTable) -> int:
@@ -85,7 +88,6 @@ class PrioritizedSampler:
         self, n: int, table: ItemTable, rng: np.random.Generator
     ) -> tuple[np.ndarray, np.ndarray]:
         slots = self.tree.sample(n, rng)
-        self.batches_drawn += 1
         beta = self.beta
         if beta == 0.0 or self.alpha == 0.0:
             return slots, np.ones(n, dtype=np.float32)
@@ -117,6 +119,7 @@ class FifoSampler:
     """An on-policy queue: the oldest items, each sampled exactly once."""
 
     consumes = True
+    batches_drawn = 0
 
     def inserted(self, slots: np.ndarray) -> None:
         pass

@@ -36,24 +36,21 @@ class SumTree:
     def update(self, index: np.ndarray, weight: np.ndarray) -> None:
         """Set the leaves at `index` to `weight` (0 removes a leaf from sampling).
 
-        A repeated index takes its last weight.
+        A repeated index takes its last weight (numpy assigns repeated indices in order).
         """
         index = np.asarray(index, dtype=np.int64)
         if index.size == 0:
             return
         weight = np.broadcast_to(np.asarray(weight, dtype=np.float64), index.shape)
-        order = np.argsort(index, kind="stable")
-        index, weight = index[order], weight[order]
-        last = np.r_[index[1:] != index[:-1], True]  # the last write of each leaf wins
-        index, weight = index[last], weight[last]
         nodes = index + self.size
         self._sum[nodes] = weight
         self._min[nodes] = np.where(weight > 0, weight, np.inf)
-        while nodes[0] > 1:
-            nodes = nodes >> 1
-            # Sorted input stays sorted after the shift: drop neighbours' duplicates.
-            nodes = nodes[np.r_[True, nodes[1:] != nodes[:-1]]]
-            left, right = 2 * nodes, 2 * nodes + 1
+        # Refresh every ancestor. A node reached twice is computed twice from the same
+        # children, which is cheaper than removing the duplicates at every level.
+        for _ in range(self.size.bit_length() - 1):
+            nodes >>= 1
+            left = nodes << 1
+            right = left + 1
             self._sum[nodes] = self._sum[left] + self._sum[right]
             self._min[nodes] = np.minimum(self._min[left], self._min[right])
 
@@ -77,11 +74,11 @@ class SumTree:
             raise ValueError("cannot sample from an empty tree")
         value = rng.random(n) * total
         node = np.ones(n, dtype=np.int64)
-        while node[0] < self.size:
-            left = 2 * node
+        for _ in range(self.size.bit_length() - 1):
+            left = node << 1
             left_sum = self._sum[left]
             go_right = value >= left_sum
-            value = np.where(go_right, value - left_sum, value)
+            value -= left_sum * go_right
             node = left + go_right
         index = node - self.size
         # Float rounding can land on an empty leaf at the very end of the mass; move

@@ -82,11 +82,25 @@ class ItemTable:
 
     def _push_order(self, slots: np.ndarray, keys: np.ndarray) -> None:
         if self._tail - self._head + len(slots) > self.capacity:
-            self._compact()
+            self._skip_dead_head()
+        if self._tail - self._head + len(slots) > self.capacity:
+            self._compact()  # dead entries in the middle (max_use, staleness, lifo)
         pos = (self._tail + np.arange(len(slots))) % self.capacity
         self._ring_slot[pos] = slots
         self._ring_key[pos] = keys
         self._tail += len(slots)
+
+    def _skip_dead_head(self) -> None:
+        """Drop dead entries at the old end (what FIFO eviction leaves behind)."""
+        window = 1024
+        while self._head < self._tail:
+            pos = np.arange(self._head, min(self._tail, self._head + window))
+            alive = self._alive(pos)
+            if alive.any():
+                self._head += int(np.argmax(alive))
+                return
+            self._head += len(pos)
+            window *= 2
 
     def _compact(self) -> None:
         pos = np.arange(self._head, self._tail) % self.capacity

@@ -38,14 +38,13 @@ class CoordinatorClient(ServiceClient):
     # --- users --------------------------------------------------------------------
 
     def submit_job(self, config: dict[str, Any], name: str | None = None) -> JobCreated:
-        data = self.call("POST", f"{API}/jobs", JobSubmit(config=config, name=name))
-        return parse(JobCreated, data)
+        return self.call_as(JobCreated, "POST", f"{API}/jobs", JobSubmit(config=config, name=name))
 
     def list_jobs(self) -> list[JobStatus]:
         return [parse(JobStatus, j) for j in self.call("GET", f"{API}/jobs")["jobs"]]
 
     def job(self, job_id: str) -> JobStatus:
-        return parse(JobStatus, self.call("GET", f"{API}/jobs/{job_id}"))
+        return self.call_as(JobStatus, "GET", f"{API}/jobs/{job_id}")
 
     def stop_job(self, job_id: str) -> None:
         self.call("DELETE", f"{API}/jobs/{job_id}")
@@ -67,11 +66,11 @@ class CoordinatorClient(ServiceClient):
 
     def register(self, role: str, url: str, resources: dict[str, Any]) -> Registered:
         reg = WorkerRegistration(role=role, url=url, resources=resources)  # type: ignore[arg-type]
-        return parse(Registered, self.call("POST", f"{API}/workers", reg))
+        return self.call_as(Registered, "POST", f"{API}/workers", reg)
 
     def heartbeat(self, worker_id: str, tasks: list[TaskProgress]) -> HeartbeatReply:
-        data = self.call("POST", f"{API}/workers/{worker_id}/heartbeat", Heartbeat(tasks=tasks))
-        return parse(HeartbeatReply, data)
+        path = f"{API}/workers/{worker_id}/heartbeat"
+        return self.call_as(HeartbeatReply, "POST", path, Heartbeat(tasks=tasks))
 
     def leave(self, worker_id: str) -> None:
         self.call("DELETE", f"{API}/workers/{worker_id}", timeout_s=2.0)
@@ -87,22 +86,25 @@ class CoordinatorClient(ServiceClient):
     def insert_segments(
         self, job_id: str, segments: list[SegmentRef], *, timeout_s: float = 0.0
     ) -> InsertReply:
-        data = self.call(
+        return self.call_as(
+            InsertReply,
             "POST",
             f"{API}/jobs/{job_id}/segments",
             SegmentInsert(segments=segments, timeout_s=timeout_s),
             timeout_s=self.timeout_s + timeout_s,
         )
-        return parse(InsertReply, data)
 
     def sample(
         self, job_id: str, *, batch_size: int, num_batches: int, timeout_s: float
     ) -> SampleReply:
         req = SampleRequest(batch_size=batch_size, num_batches=num_batches, timeout_s=timeout_s)
-        data = self.call(
-            "POST", f"{API}/jobs/{job_id}/samples", req, timeout_s=self.timeout_s + timeout_s
+        return self.call_as(
+            SampleReply,
+            "POST",
+            f"{API}/jobs/{job_id}/samples",
+            req,
+            timeout_s=self.timeout_s + timeout_s,
         )
-        return parse(SampleReply, data)
 
     def update_priorities(self, job_id: str, keys: list[int], priorities: list[float]) -> None:
         upd = PriorityUpdate(keys=keys, priorities=priorities)

@@ -105,13 +105,14 @@ def test_importance_weights_and_beta_annealing():
     keys = sorted(buf.table.key[buf.table.key >= 0].tolist())
     buf.update_priorities(keys, [1.0, 2.0, 4.0, 8.0])
     priority = dict(zip(keys, [1.0, 2.0, 4.0, 8.0], strict=True))
-    (batch,) = buf.sample(4, 1, timeout_s=0)  # first batch: beta = 0.5 + 0.5 * 1/10
-    beta = 0.55
+    (batch,) = buf.sample(4, 1, timeout_s=0)  # no batch drawn before it: beta = 0.5
+    beta = 0.5
     for key, weight in zip(batch.keys, batch.weights, strict=True):
         assert weight == pytest.approx((priority[key] / 1.0) ** -beta, rel=1e-5)
     assert max(batch.weights) <= 1.0
-    for _ in range(20):
-        buf.sample(4, 1, timeout_s=0)
+    buf.sample(4, 4, timeout_s=0)  # 5 batches drawn: halfway
+    assert buf.sampler.beta == pytest.approx(0.75)
+    buf.sample(4, 20, timeout_s=0)
     assert buf.sampler.beta == 1.0  # annealed
 
 
