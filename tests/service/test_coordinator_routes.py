@@ -392,3 +392,36 @@ def test_settings_that_could_deadlock_are_refused_at_submission(client, replay, 
     resp = post(client, "/api/v1/jobs", {"config": config})
     assert resp.status_code == 400
     assert field in resp.json["message"], resp.json
+
+
+def test_insert_over_the_band_gets_429_with_retry_after(client, core):
+    limited = {
+        "samples_per_insert": 1.0,
+        "error_buffer": 20.0,
+        "min_size_to_sample": 10,
+        "replay_buffer_size": 100,
+    }
+    config = {
+        **CONFIG,
+        "policy": {
+            "learn": {"batch_size": 5, "num_batches": 2},
+            "collect": {"n_sample": 10},
+            "other": {"replay_buffer": limited},
+        },
+    }
+    job_id = submit(client, config)
+    url = f"/api/v1/jobs/{job_id}/segments"
+    accepted = 0
+    for seq in range(6):
+        resp = post(client, url, {"segments": [write_segment(core, job_id, seq)], "timeout_s": 0})
+        if resp.status_code == 429:
+            break
+        accepted += 1
+    assert resp.status_code == 429 and resp.json["error"] == "rate_limited"
+    assert int(resp.headers["Retry-After"]) >= 1 and resp.json["retry_after_s"] > 0
+    assert accepted == 3  # min_size (10) + a band of 20 samples' worth
+    # the learner samples: the same insert now goes through, counted once
+    sampled = post(client, f"/api/v1/jobs/{job_id}/samples", {"batch_size": 5, "num_batches": 2})
+    assert sampled.status_code == 200
+    retry = post(client, url, {"segments": [write_segment(core, job_id, seq)], "timeout_s": 0})
+    assert retry.json == {"accepted": 1, "duplicates": 0, "env_steps": 40}
