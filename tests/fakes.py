@@ -55,3 +55,14 @@ def wait_until(predicate, timeout_s: float = 10.0, what: str = "condition") -> N
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
         time.sleep(0.01)
+
+
+class DeletedFiles:
+    """A segment-file sink that records what the buffer deletes."""
+
+    def __init__(self) -> None:
+        self.deleted: list[str] = []
+
+    def delete(self, rel: str) -> bool:
+        self.deleted.append(rel)
+        return True

@@ -58,6 +58,16 @@ def write_segment(core, job_id, seq, rows=10, worker="w1"):
     return {"path": path, "rows": rows, "env_steps": rows, "policy_version": 0}
 
 
+def insert_segments(client, core, job_id, count):
+    for seq in range(count):
+        resp = post(
+            client,
+            f"/api/v1/jobs/{job_id}/segments",
+            {"segments": [write_segment(core, job_id, seq)]},
+        )
+        assert resp.status_code == 200, resp.json
+
+
 # --- auth and error format ------------------------------------------------------
 
 
@@ -215,12 +225,7 @@ def test_samples_long_poll_timeout_then_batches(client, core):
     url = f"/api/v1/jobs/{job_id}/samples"
     early = post(client, url, {"batch_size": 4, "num_batches": 2, "timeout_s": 0})
     assert early.status_code == 503 and early.json["error"] == "sample_timeout"
-    for seq in range(3):
-        post(
-            client,
-            f"/api/v1/jobs/{job_id}/segments",
-            {"segments": [write_segment(core, job_id, seq)]},
-        )
+    insert_segments(client, core, job_id, 3)
     resp = post(client, url, {"batch_size": 4, "num_batches": 2, "timeout_s": 1})
     assert resp.status_code == 200
     batches = resp.json["batches"]
@@ -343,12 +348,7 @@ def test_prometheus_metrics(client):
 
 def test_buffer_stats_route(client, core):
     job_id = submit(client)
-    for seq in range(3):
-        post(
-            client,
-            f"/api/v1/jobs/{job_id}/segments",
-            {"segments": [write_segment(core, job_id, seq)]},
-        )
+    insert_segments(client, core, job_id, 3)
     post(client, f"/api/v1/jobs/{job_id}/samples", {"batch_size": 5, "num_batches": 2})
     stats = get(client, f"/api/v1/jobs/{job_id}/buffer").json
     assert stats["size"] == 30 and stats["capacity"] == 100 and stats["inserts"] == 30
@@ -361,12 +361,7 @@ def test_buffer_stats_route(client, core):
 
 def test_a_finished_job_leaves_no_segment_files(client, core):
     job_id = submit(client)
-    for seq in range(3):
-        post(
-            client,
-            f"/api/v1/jobs/{job_id}/segments",
-            {"segments": [write_segment(core, job_id, seq)]},
-        )
+    insert_segments(client, core, job_id, 3)
     # a collector's write that raced the end of the job, never inserted
     write_segment(core, job_id, 99, worker="late")
     client.delete(f"/api/v1/jobs/{job_id}", headers=AUTH)

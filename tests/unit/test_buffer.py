@@ -8,15 +8,7 @@ from common.config import ReplayBufferConfig
 from common.messages import SegmentRef
 from services.buffer.core import BufferClosed, RateLimited, ReplayBuffer, SampleTimeout
 from services.buffer.limiter import RateLimiter
-
-
-class FakeFiles:
-    def __init__(self):
-        self.deleted = []
-
-    def delete(self, rel):
-        self.deleted.append(rel)
-        return True
+from tests.fakes import DeletedFiles
 
 
 class FakeClock:
@@ -40,7 +32,7 @@ def make(capacity=100, min_size=1, spi=None, error_buffer=0.0, **kw):
     config = ReplayBufferConfig(
         replay_buffer_size=capacity, min_size_to_sample=min_size, samples_per_insert=spi
     )
-    files = FakeFiles()
+    files = DeletedFiles()
     buf = ReplayBuffer("job-1", config, files, error_buffer=error_buffer, **kw)
     return buf, files
 

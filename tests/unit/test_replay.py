@@ -8,18 +8,10 @@ from common.messages import SegmentRef
 from common.storage import SharedStore
 from services.buffer.core import ReplayBuffer, SampleTimeout
 from services.buffer.sumtree import SumTree
+from tests.fakes import DeletedFiles
 
 # chi2.ppf(0.999, df) for the degrees of freedom used below (scipy is not a dependency)
 CHI2_999 = {18: 42.31, 49: 85.35}
-
-
-class Files:
-    def __init__(self):
-        self.deleted = []
-
-    def delete(self, rel):
-        self.deleted.append(rel)
-        return True
 
 
 def ref(seq, rows=10, version=0, episodes=(), worker="w"):
@@ -36,7 +28,12 @@ def make(files=None, *, error_buffer=0.0, seed=0, **config):
     config.setdefault("min_size_to_sample", 1)
     cfg = ReplayBufferConfig(**config)
     return ReplayBuffer(
-        "job-1", cfg, files or Files(), error_buffer=error_buffer, seed=seed, release_grace_s=0.0
+        "job-1",
+        cfg,
+        files or DeletedFiles(),
+        error_buffer=error_buffer,
+        seed=seed,
+        release_grace_s=0.0,
     )
 
 
@@ -146,7 +143,7 @@ def test_fifo_sampler_serves_each_item_once_in_order():
 
 
 def test_lifo_eviction_drops_the_newest():
-    files = Files()
+    files = DeletedFiles()
     buf = make(files, replay_buffer_size=20, eviction="lifo")
     buf.insert([ref(0)])
     buf.insert([ref(1)])
@@ -220,7 +217,7 @@ def test_max_use_retires_items():
 
 
 def test_max_staleness_evicts_and_never_samples_stale_items():
-    files = Files()
+    files = DeletedFiles()
     buf = make(files, replay_buffer_size=100, max_staleness=1)
     for seq, version in enumerate([0, 1, 2]):
         buf.insert([ref(seq, version=version)])
@@ -237,7 +234,7 @@ def test_max_staleness_evicts_and_never_samples_stale_items():
 
 
 def test_gc_deletes_exactly_the_fully_evicted_segments():
-    files = Files()
+    files = DeletedFiles()
     buf = make(files, replay_buffer_size=25)
     for seq in range(5):
         buf.insert([ref(seq)])  # 50 items through 25 slots: 0, 1 gone, 2 half
