@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 import requests
 from flask import Flask, Response, current_app, jsonify, request
 from requests.adapters import HTTPAdapter
+from tenacity import RetryCallState, wait_random_exponential
 from urllib3.util.retry import Retry
 from werkzeug.exceptions import HTTPException
 
@@ -108,6 +109,25 @@ def extension(name: str) -> Any:
 
 class ServiceUnavailable(Exception):
     """The service could not be reached (connection refused, timeout)."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Worth retrying: unreachable, restarting (502-504), or rate limited (429)."""
+    if isinstance(exc, ServiceUnavailable):
+        return True
+    return isinstance(exc, ApiError) and exc.status in (429, 502, 503, 504)
+
+
+def retry_wait_s(state: RetryCallState) -> float:
+    """tenacity wait: the server's Retry-After when it gave one, else exponential
+    backoff with full jitter (0.1 s doubling, at most 5 s)."""
+    exc = state.outcome.exception() if state.outcome is not None else None
+    if isinstance(exc, ApiError) and exc.retry_after_s:
+        return exc.retry_after_s
+    return _JITTERED(state)
+
+
+_JITTERED = wait_random_exponential(multiplier=0.1, max=5.0)
 
 
 class ServiceClient:

@@ -237,6 +237,9 @@ class SegmentInsert:
     segments: Annotated[list[SegmentRef], MinLen(1), MaxLen(MAX_SEGMENTS_PER_INSERT)]
     # How long the insert may wait for the rate limiter before answering 429.
     timeout_s: WaitSeconds = 0.0
+    # The collect task that wrote the segments: refused once that task was reassigned
+    # (a worker back from a lost lease). Tools inserting by hand may leave it out.
+    task_id: Ident | None = None
 
 
 @message
@@ -290,6 +293,23 @@ class PolicyRef:
     path: RelPath
     sha256: Annotated[str, MinLen(64), MaxLen(64)]
     train_iter: NonNegInt = 0
+
+
+@message
+class PolicyAnnounce:
+    """A learner announces a version it wrote (`task_id`: its learn task, so a learner
+    whose task was reassigned cannot publish)."""
+
+    version: NonNegInt
+    path: RelPath
+    sha256: Annotated[str, MinLen(64), MaxLen(64)]
+    train_iter: NonNegInt = 0
+    task_id: Ident | None = None
+
+    def ref(self) -> PolicyRef:
+        return PolicyRef(
+            version=self.version, path=self.path, sha256=self.sha256, train_iter=self.train_iter
+        )
 
 
 # --- jobs ------------------------------------------------------------------------

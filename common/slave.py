@@ -22,6 +22,7 @@ from typing import Any, Protocol
 
 from flask import Blueprint, Flask, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from tenacity import RetryCallState, RetryError, Retrying, retry_if_exception
 
 from common.http import (
     ApiError,
@@ -30,7 +31,9 @@ from common.http import (
     body,
     extension,
     install_http_basics,
+    is_transient,
     reply,
+    retry_wait_s,
 )
 from common.messages import TaskAssignment, TaskProgress
 from common.settings import SlaveSettings
@@ -205,21 +208,37 @@ class Slave:
     # --- heartbeats -------------------------------------------------------------------
 
     def _heartbeat_loop(self) -> None:
-        retry_s = 0.1
         while not self._closed.is_set():
+            # A fresh Retrying per beat: the backoff starts small again after a success.
+            retrying = Retrying(
+                retry=retry_if_exception(is_transient),
+                wait=retry_wait_s,
+                stop=lambda _: self._closed.is_set(),
+                sleep=self._closed.wait,
+                before_sleep=self._log_unreachable,
+            )
             try:
-                if self._worker_id is None:
-                    self._register()
-                else:
-                    self._heartbeat()
-                retry_s = 0.1
-                wait_s = self._heartbeat_interval_s
-            except (ApiError, ServiceUnavailable) as exc:
-                # Keep trying with growing waits: the coordinator may be starting or
-                # restarting, and a worker should outlive that rather than crash.
-                log.warning("coordinator unreachable (%s); retrying in %.1fs", exc, retry_s)
-                wait_s, retry_s = retry_s, min(5.0, retry_s * 2)
-            self._closed.wait(wait_s)
+                for attempt in retrying:
+                    with attempt:
+                        self._beat()
+            except RetryError:
+                return  # closed while the coordinator was unreachable
+            except ApiError as exc:
+                # A refusal that retrying cannot fix (a wrong token, say): keep the
+                # process up and visible, and try again at the usual pace.
+                log.error("the coordinator refuses this %s: %s", self.role, exc)
+            self._closed.wait(self._heartbeat_interval_s)
+
+    def _beat(self) -> None:
+        if self._worker_id is None:
+            self._register()
+        else:
+            self._heartbeat()
+
+    def _log_unreachable(self, state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        # The coordinator may be starting or restarting: a worker outlives that.
+        log.warning("coordinator unreachable (%s); attempt %d", exc, state.attempt_number)
 
     def _register(self) -> None:
         reg = self.coordinator.register(self.role, self.advertise_url, self.resources)

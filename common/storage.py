@@ -22,6 +22,7 @@ import os
 import re
 import shutil
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -159,22 +160,48 @@ class SharedStore:
         shutil.rmtree(self.resolve(rel), ignore_errors=True)
 
     def list_dir(self, rel: str) -> list[str]:
-        """Names in a folder (no temp files), sorted; empty when it does not exist."""
-        folder = self.resolve(rel)
+        """Names in a folder (no temp files), sorted; empty when it does not exist.
+        `""` lists the root itself."""
+        folder = self.root if rel == "" else self.resolve(rel)
         if not folder.is_dir():
             return []
         return sorted(p.name for p in folder.iterdir() if not p.name.startswith("."))
 
     # --- step data --------------------------------------------------------------------
 
-    def write_segment(self, rel: str, columns: dict[str, np.ndarray]) -> int:
-        """Write a segment of equal-length column arrays; returns its size in bytes."""
+    def write_segment(
+        self, rel: str, columns: dict[str, np.ndarray], header: dict[str, Any] | None = None
+    ) -> int:
+        """Write a segment of equal-length column arrays; returns its size in bytes.
+
+        Args:
+            header: a JSON record kept in the file's metadata (the collector stores its
+                `SegmentRef` there, so a coordinator can index a file it never heard of).
+        """
         lengths = {len(v) for v in columns.values()}
         if len(lengths) != 1:
             raise ValueError(f"segment columns differ in length: {sorted(lengths)}")
-        data = st_save({k: np.ascontiguousarray(v) for k, v in columns.items()})
+        metadata = {"drover": json.dumps(header)} if header is not None else None
+        data = st_save({k: np.ascontiguousarray(v) for k, v in columns.items()}, metadata)
         self.write_bytes(rel, data)
         return len(data)
+
+    def read_segment_header(self, rel: str) -> dict[str, Any] | None:
+        """The JSON record a segment was written with, reading only the file's header."""
+        with self.resolve(rel).open("rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            if not 0 < size < 1 << 24:
+                raise CorruptFileError(f"{rel}: bad header size {size}")
+            try:
+                header = json.loads(f.read(size))
+                record = header.get("__metadata__", {}).get("drover")
+                return json.loads(record) if record is not None else None
+            except (ValueError, AttributeError) as exc:
+                raise CorruptFileError(f"{rel}: unreadable header ({exc})") from None
+
+    def age_s(self, rel: str) -> float:
+        """Seconds since the file was last written."""
+        return time.time() - self.resolve(rel).stat().st_mtime
 
     def read_segment(self, rel: str) -> dict[str, np.ndarray]:
         data = self.read_bytes(rel)

@@ -168,8 +168,14 @@ class ReplayBuffer:
 
     # --- inserts -------------------------------------------------------------------
 
-    def insert(self, refs: list[SegmentRef], *, timeout_s: float = 0.0) -> InsertResult:
+    def insert(
+        self, refs: list[SegmentRef], *, timeout_s: float = 0.0, force: bool = False
+    ) -> InsertResult:
         """Index the items of `refs`; a path seen before counts once.
+
+        Args:
+            force: skip the rate limiter (re-indexing files found on disk after a restart:
+                that data was already collected, and waiting would only stall recovery).
 
         Raises:
             ValueError: a path is not a segment of this job, or its episodes are wrong.
@@ -185,7 +191,8 @@ class ReplayBuffer:
                 if not self._is_duplicate(*key, ref.path)
             }
             num_items = sum(len(spans[0]) for _, _, spans in fresh.values())
-            self._wait("insert", lambda: self.limiter.can_insert(num_items), deadline)
+            if not force:
+                self._wait("insert", lambda: self.limiter.can_insert(num_items), deadline)
             for ref, (worker, seq), (rows, lengths) in fresh.values():
                 self._add_segment(ref, rows, lengths)
                 self._last_seq[worker] = max(seq, self._last_seq.get(worker, -1))
@@ -241,6 +248,15 @@ class ReplayBuffer:
         if (starts[order][1:] < (starts + lengths)[order][:-1]).any():
             raise ValueError(f"{ref.path}: episodes overlap")
         return starts.astype(np.int32), lengths.astype(np.int32)
+
+    def classify(self, path: str) -> str:
+        """What the buffer makes of a segment file: "known" (indexed now), "stale"
+        (its collector has moved past it: an old or released file), or "new"."""
+        worker, seq = self._parse_path(path)
+        with self._cond:
+            if path in self._segment_ids:
+                return "known"
+            return "stale" if seq <= self._last_seq.get(worker, -1) else "new"
 
     def _is_duplicate(self, worker: str, seq: int, path: str) -> bool:
         return path in self._segment_ids or seq <= self._last_seq.get(worker, -1)
@@ -483,14 +499,12 @@ class ReplayBuffer:
 
     # --- persistence -----------------------------------------------------------------
 
-    def save(self, files: SegmentFiles, prefix: str) -> None:
-        """Write the whole state as `<prefix>.safetensors` (arrays) and `<prefix>.json`.
-
-        The arrays are written first; the JSON names their digest, so a reader never
-        pairs a JSON record with arrays from another save.
-        """
+    def snapshot(self) -> tuple[bytes, dict[str, Any]]:
+        """The whole state: arrays as safetensors bytes, the rest as a JSON record (which
+        names the arrays' digest, so the two are never mixed up across saves)."""
         with self._cond:
-            arrays = self.table.arrays()
+            # Copies, so serialising happens outside the lock while inserts go on.
+            arrays = {k: np.ascontiguousarray(v).copy() for k, v in self.table.arrays().items()}
             meta = {
                 "job_id": self.job_id,
                 "capacity": self.capacity,
@@ -500,34 +514,31 @@ class ReplayBuffer:
                 ],
                 "dead": sorted(self._dead),
                 "next_segment_id": self._next_segment_id,
-                "last_seq": self._last_seq,
+                "last_seq": dict(self._last_seq),
                 "learner_version": self._learner_version,
                 "limiter": {"inserted": self.limiter.inserted, "sampled": self.limiter.sampled},
                 "sampler": self.sampler.state(),
                 "counters": {
                     "sample_requests": self._counters.sample_requests,
-                    "evictions": self._counters.evictions,
+                    "evictions": dict(self._counters.evictions),
                     "released_segments": self._counters.released_segments,
                 },
                 "rng": self._rng.bit_generator.state,
             }
-        data = st_save({k: np.ascontiguousarray(v) for k, v in arrays.items()})
+        data = st_save(arrays)
         meta["arrays_sha256"] = hashlib.sha256(data).hexdigest()
-        files.write_bytes(f"{prefix}.safetensors", data)
-        files.write_bytes(f"{prefix}.json", json.dumps(meta).encode())
+        return data, meta
 
-    def restore(self, files: SegmentFiles, prefix: str) -> None:
-        """Load a state written by `save` into this (empty, same-capacity) buffer.
+    def restore_snapshot(self, data: bytes, meta: dict[str, Any]) -> None:
+        """Load a state from `snapshot` into this (empty, same-capacity) buffer.
 
         Raises:
-            ValueError: the files do not match each other or this buffer.
+            ValueError: the arrays do not match the record, or it is another buffer's.
         """
-        meta = json.loads(files.read_bytes(f"{prefix}.json"))
-        data = files.read_bytes(f"{prefix}.safetensors")
         if hashlib.sha256(data).hexdigest() != meta["arrays_sha256"]:
-            raise ValueError(f"{prefix}: arrays do not match their record")
+            raise ValueError("buffer arrays do not match their record")
         if meta["capacity"] != self.capacity or meta["job_id"] != self.job_id:
-            raise ValueError(f"{prefix}: saved for another buffer")
+            raise ValueError("buffer state saved for another buffer")
         arrays = st_load(data)
         with self._cond:
             self.table.restore(arrays, meta["table"])
@@ -549,3 +560,14 @@ class ReplayBuffer:
                 released_segments=int(counters["released_segments"]),
             )
             self._rng.bit_generator.state = meta["rng"]
+
+    def save(self, files: SegmentFiles, prefix: str) -> None:
+        """Write the state as `<prefix>.safetensors` and `<prefix>.json`."""
+        data, meta = self.snapshot()
+        files.write_bytes(f"{prefix}.safetensors", data)
+        files.write_bytes(f"{prefix}.json", json.dumps(meta).encode())
+
+    def restore(self, files: SegmentFiles, prefix: str) -> None:
+        """Load a state written by `save`."""
+        meta = json.loads(files.read_bytes(f"{prefix}.json"))
+        self.restore_snapshot(files.read_bytes(f"{prefix}.safetensors"), meta)

@@ -20,11 +20,12 @@ from typing import Any
 
 import numpy as np
 import torch
+from tenacity import RetryCallState, RetryError, Retrying, retry_if_exception
 
 from common.config import JobConfig, read_job_config
 from common.envs import make_vector_env
 from common.errors import ApiError
-from common.http import ServiceUnavailable
+from common.http import ServiceUnavailable, is_transient, retry_wait_s
 from common.messages import CollectSpec, EvalResult, EvaluateSpec, SegmentRef, dump
 from common.slave import TaskContext
 from common.storage import CorruptFileError, SharedStore
@@ -82,10 +83,12 @@ class _Pending:
 class SegmentUploader:
     """Writes segments and inserts their references, in its own thread.
 
-    A segment is inserted until the coordinator accepts it (or the task stops):
-    `429` waits `Retry-After`, an unreachable coordinator is retried with growing
-    waits. Inserts are idempotent by path, so a retry never counts twice. A segment
-    written but never accepted is deleted, so no file is left orphaned.
+    An insert is retried until the coordinator accepts it or the task stops: `429`
+    waits its `Retry-After`; an unreachable or restarting coordinator is retried with
+    jittered exponential backoff. Inserts are idempotent by path, so a retry never
+    counts twice. A segment that is refused (the task was reassigned, the job ended)
+    stays on disk: the coordinator indexes or removes such files itself, so none is
+    lost or left behind.
     """
 
     def __init__(
@@ -96,6 +99,7 @@ class SegmentUploader:
         self.insert_timeout_s = insert_timeout_s
         self.job_env_steps = 0
         self.segments_sent = 0
+        self.rows_acknowledged = 0
         #: Time the stepping loop spent waiting for room (the rate limiter's doing).
         self.waited_s = 0.0
         self._queue: queue.Queue[_Pending | None] = queue.Queue(maxsize=max_pending)
@@ -127,35 +131,44 @@ class SegmentUploader:
                 return
             if self.ctx.stopped():
                 continue  # drain without writing: the task is over
-            self.store.write_segment(item.ref.path, item.columns)
-            if not self._insert(item.ref):
-                self.store.delete(item.ref.path)
+            self.store.write_segment(item.ref.path, item.columns, header=dump(item.ref))
+            self._insert(item.ref)
 
-    def _insert(self, ref: SegmentRef) -> bool:
+    def _insert(self, ref: SegmentRef) -> None:
         ctx = self.ctx
-        retry_s = 0.1
-        while not ctx.stopped():
-            try:
-                reply = ctx.coordinator.insert_segments(
-                    ctx.task.job_id, [ref], timeout_s=self.insert_timeout_s
-                )
-                self.job_env_steps = reply.env_steps
-                self.segments_sent += 1
-                return True
-            except ApiError as exc:
-                if exc.status == 429:
-                    ctx.stop.wait(exc.retry_after_s or 0.05)
-                    continue
-                if exc.status in (404, 409):
-                    log.info("job %s no longer takes data: %s", ctx.task.job_id, exc.message)
-                    ctx.stop.set()
-                    return False
+        retrying = Retrying(
+            retry=retry_if_exception(is_transient),
+            wait=retry_wait_s,
+            stop=lambda _: ctx.stopped(),
+            sleep=ctx.stop.wait,
+            before_sleep=_log_retry,
+        )
+        try:
+            for attempt in retrying:
+                with attempt:
+                    reply = ctx.coordinator.insert_segments(
+                        ctx.task.job_id,
+                        [ref],
+                        timeout_s=self.insert_timeout_s,
+                        task_id=ctx.task.task_id,
+                    )
+        except RetryError:
+            return  # the task stopped while waiting
+        except ApiError as exc:
+            if exc.status not in (404, 409):
                 raise
-            except ServiceUnavailable as exc:
-                log.warning("insert failed (%s); retrying in %.1fs", exc, retry_s)
-                ctx.stop.wait(retry_s)
-                retry_s = min(5.0, retry_s * 2)
-        return False
+            log.info("insert refused, stopping the task: %s", exc.message)
+            ctx.stop.set()
+            return
+        self.job_env_steps = reply.env_steps
+        self.segments_sent += 1
+        self.rows_acknowledged += ref.rows
+
+
+def _log_retry(state: RetryCallState) -> None:
+    exc = state.outcome.exception() if state.outcome is not None else None
+    if not (isinstance(exc, ApiError) and exc.status == 429):  # 429 is routine
+        log.warning("insert failed (%s); retrying", exc)
 
 
 class CollectorRunner:
@@ -240,6 +253,7 @@ class CollectorRunner:
                         env_steps_per_s=round(env_steps / max(elapsed, 1e-9), 1),
                         # what this collector does when the rate limiter lets it run
                         unthrottled_env_steps_per_s=round(env_steps / stepping_s, 1),
+                        rows_acknowledged=uploader.rows_acknowledged,
                         policy_version=policy.version,
                         epsilon=round(eps, 4),
                     )

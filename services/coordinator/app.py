@@ -27,8 +27,11 @@ def create_app(
             heartbeat_interval_s=settings.heartbeat_interval_s,
             lease_timeout_s=settings.lease_timeout_s,
             max_buffer_items=settings.max_buffer_items,
+            orphan_grace_s=settings.orphan_grace_s,
         )
         core = Coordinator(SharedStore(settings.shared_dir), limits)
+        # A coordinator started over an existing shared root picks its jobs up again.
+        core.restore_jobs()
     app = Flask("drover.coordinator")
     install_http_basics(app, settings.token)
     app.extensions[CORE] = core

@@ -16,6 +16,7 @@ from common.messages import (
     JobCreated,
     JobStatus,
     JobSubmit,
+    PolicyAnnounce,
     PolicyRef,
     PriorityUpdate,
     Registered,
@@ -84,13 +85,18 @@ class CoordinatorClient(ServiceClient):
     # --- data plane ---------------------------------------------------------------
 
     def insert_segments(
-        self, job_id: str, segments: list[SegmentRef], *, timeout_s: float = 0.0
+        self,
+        job_id: str,
+        segments: list[SegmentRef],
+        *,
+        timeout_s: float = 0.0,
+        task_id: str | None = None,
     ) -> InsertReply:
         return self.call_as(
             InsertReply,
             "POST",
             f"{API}/jobs/{job_id}/segments",
-            SegmentInsert(segments=segments, timeout_s=timeout_s),
+            SegmentInsert(segments=segments, timeout_s=timeout_s, task_id=task_id),
             timeout_s=self.timeout_s + timeout_s,
         )
 
@@ -110,8 +116,15 @@ class CoordinatorClient(ServiceClient):
         upd = PriorityUpdate(keys=keys, priorities=priorities)
         self.call("POST", f"{API}/jobs/{job_id}/priorities", upd)
 
-    def announce_policy(self, job_id: str, ref: PolicyRef) -> None:
-        self.call("POST", f"{API}/jobs/{job_id}/policies", ref)
+    def announce_policy(self, job_id: str, ref: PolicyRef, *, task_id: str | None = None) -> None:
+        announce = PolicyAnnounce(
+            version=ref.version,
+            path=ref.path,
+            sha256=ref.sha256,
+            train_iter=ref.train_iter,
+            task_id=task_id,
+        )
+        self.call("POST", f"{API}/jobs/{job_id}/policies", announce)
 
     def latest_policy(self, job_id: str) -> PolicyRef | None:
         data = self.call("GET", f"{API}/jobs/{job_id}/policies/latest")

@@ -21,6 +21,7 @@ from typing import Any
 from common.config import (
     ConfigError,
     JobConfig,
+    from_resolved,
     min_error_buffer,
     resolve_job_config,
     to_dict,
@@ -47,6 +48,7 @@ from common.messages import (
     SampleReply,
     SampleRequest,
     SegmentInsert,
+    SegmentRef,
     TaskAssignment,
     WorkerInfo,
     WorkerRegistration,
@@ -54,8 +56,16 @@ from common.messages import (
     new_id,
     parse,
 )
-from common.storage import PathError, SharedStore
-from services.buffer.core import BufferStats, ReplayBuffer
+from common.storage import CorruptFileError, PathError, SharedStore
+from services.buffer.core import BufferClosed, BufferStats, ReplayBuffer
+from services.coordinator.snapshot import (
+    as_record,
+    eval_from,
+    policy_from,
+    read_job_snapshot,
+    state_path,
+    write_job_snapshot,
+)
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +87,10 @@ class CoordinatorLimits:
     metrics_period_s: float = 1.0
     #: After a job ends, its segments folder is removed this much later.
     segment_sweep_delay_s: float = 5.0
+    #: A segment file no insert has claimed for this long is indexed (or deleted when
+    #: stale or unreadable): what a collector killed between write and insert leaves.
+    orphan_grace_s: float = 30.0
+    orphan_sweep_period_s: float = 10.0
     metrics_points: int = 3600
 
 
@@ -125,6 +139,9 @@ class Job:
     policy_versions: list[int] = field(default_factory=list)
     #: The segments folder was removed after the job ended (late writes included).
     segments_swept: bool = False
+    #: A snapshot was written after the job ended (no more are needed).
+    final_snapshot: bool = False
+    last_orphan_sweep_s: float = float("-inf")
     evals: list[EvalSummary] = field(default_factory=list)
     best_eval: EvalSummary | None = None
     #: Train iteration of the newest policy sent for evaluation.
@@ -169,6 +186,9 @@ class Coordinator:
         self.tasks: dict[str, Task] = {}
         self._cancels: list[Dispatch] = []
         self._last_metrics_s = float("-inf")
+        self._snapshot_lock = threading.Lock()
+        self._snapshot_gen = 0
+        self._closing = False
 
     # --- jobs ----------------------------------------------------------------------
 
@@ -181,16 +201,11 @@ class Coordinator:
         self._check_limits(config)
         job_id = new_id("job")
         self.store.write_json(f"{job_id}/job.json", to_dict(config))
-        replay = config.policy.other.replay_buffer
-        error_buffer = replay.error_buffer or 2 * min_error_buffer(config)
-        buffer = ReplayBuffer(
-            job_id, replay, self.store, error_buffer=error_buffer, seed=config.system.seed
-        )
         job = Job(
             job_id=job_id,
             name=submit.name or config.exp_name,
             config=config,
-            buffer=buffer,
+            buffer=self._new_buffer(job_id, config),
             started_at=self._wall(),
         )
         for warning in warnings:
@@ -200,6 +215,13 @@ class Coordinator:
             self._notify()
         log.info("job %s (%s) submitted: %s", job_id, job.name, config.env.env_id)
         return JobCreated(job_id=job_id, phase=job.phase, warnings=warnings)
+
+    def _new_buffer(self, job_id: str, config: JobConfig) -> ReplayBuffer:
+        replay = config.policy.other.replay_buffer
+        error_buffer = replay.error_buffer or 2 * min_error_buffer(config)
+        return ReplayBuffer(
+            job_id, replay, self.store, error_buffer=error_buffer, seed=config.system.seed
+        )
 
     def _check_limits(self, config: JobConfig) -> None:
         size = config.policy.other.replay_buffer.replay_buffer_size
@@ -223,6 +245,7 @@ class Coordinator:
         return job
 
     def _running_job(self, job_id: str) -> Job:
+        self._raise_if_closing()
         job = self._job(job_id)
         if job.phase in TERMINAL_PHASES:
             raise conflict("job_finished", f"job {job_id} is {job.phase}: {job.reason}")
@@ -371,6 +394,16 @@ class Coordinator:
             raise conflict("task_not_active", f"task {task_id} is {task.state}")
         return task
 
+    def _check_sender(self, job_id: str, task_id: str | None, kind: str) -> None:
+        """Refuse a message sent for a task that is no longer this worker's to run."""
+        if task_id is None:
+            return
+        task = self.tasks.get(task_id)
+        if task is None or task.job_id != job_id or task.kind != kind:
+            raise conflict("task_not_active", f"{kind} task {task_id} is not a task of {job_id}")
+        if task.state not in ACTIVE:
+            raise conflict("task_not_active", f"task {task_id} is {task.state}")
+
     def _end_task(self, task: Task, state: str) -> None:
         task.state = state
         worker = self.workers.get(task.worker_id)
@@ -451,6 +484,7 @@ class Coordinator:
     def insert_segments(self, job_id: str, insert: SegmentInsert) -> InsertReply:
         with self._lock:
             job = self._running_job(job_id)
+            self._check_sender(job_id, insert.task_id, "collect")
         segments_dir = f"{job_id}/segments"
         for i, ref in enumerate(insert.segments):
             try:
@@ -462,16 +496,23 @@ class Coordinator:
             result = job.buffer.insert(insert.segments, timeout_s=insert.timeout_s)
         except ValueError as exc:
             raise bad_request("segments", str(exc)) from None
+        except BufferClosed:
+            self._raise_if_closing()
+            raise
         with self._lock:
-            for ref in result.accepted_refs:
-                job.env_steps += ref.env_steps
-                job.episode_returns.extend(ref.episode_returns)
-            max_env_step = job.config.system.max_env_step
-            if job.phase == "running" and max_env_step and job.env_steps >= max_env_step:
-                self._finish_at_limit(job, f"max_env_step {max_env_step} reached")
+            self._account(job, result.accepted_refs)
             return InsertReply(
                 accepted=result.accepted, duplicates=result.duplicates, env_steps=job.env_steps
             )
+
+    def _account(self, job: Job, refs: list[SegmentRef]) -> None:
+        """Count newly indexed segments into the job; end it at `max_env_step`."""
+        for ref in refs:
+            job.env_steps += ref.env_steps
+            job.episode_returns.extend(ref.episode_returns)
+        max_env_step = job.config.system.max_env_step
+        if job.phase == "running" and max_env_step and job.env_steps >= max_env_step:
+            self._finish_at_limit(job, f"max_env_step {max_env_step} reached")
 
     def _finish_at_limit(self, job: Job, what: str) -> None:
         # A budget ran out: that is success only for a job with no return goal.
@@ -483,10 +524,19 @@ class Coordinator:
     def sample(self, job_id: str, request: SampleRequest) -> SampleReply:
         with self._lock:
             job = self._running_job(job_id)
-        batches = job.buffer.sample(
-            request.batch_size, request.num_batches, timeout_s=request.timeout_s
-        )
+        try:
+            batches = job.buffer.sample(
+                request.batch_size, request.num_batches, timeout_s=request.timeout_s
+            )
+        except BufferClosed:
+            self._raise_if_closing()
+            raise
         return SampleReply(batches=batches)
+
+    def _raise_if_closing(self) -> None:
+        if self._closing:
+            # Not the job's end: this coordinator is stopping and will be back.
+            raise ApiError(503, "shutting_down", "the coordinator is restarting", retry_after_s=1)
 
     def buffer_stats(self, job_id: str) -> BufferStats:
         with self._lock:
@@ -503,9 +553,10 @@ class Coordinator:
 
     # --- policies ------------------------------------------------------------------
 
-    def announce_policy(self, job_id: str, ref: PolicyRef) -> None:
+    def announce_policy(self, job_id: str, ref: PolicyRef, *, task_id: str | None = None) -> None:
         with self._lock:
             job = self._running_job(job_id)
+            self._check_sender(job_id, task_id, "learn")
             expected = self.store.policy_path(job_id, ref.version)
             if ref.path != expected:
                 raise bad_request("path", f"version {ref.version} must live at '{expected}'")
@@ -578,6 +629,8 @@ class Coordinator:
             for job in sorted(self.jobs.values(), key=lambda j: j.started_at):
                 if job.phase == "running":
                     plan.extend(self._plan_job(job))
+                    if self._clock() - job.last_orphan_sweep_s >= self.limits.orphan_sweep_period_s:
+                        self._sweep_orphans(job, self.limits.orphan_grace_s)
             self._sample_metrics()
             return plan
 
@@ -693,6 +746,142 @@ class Coordinator:
             while len(job.metrics) > self.limits.metrics_points:
                 job.metrics.popleft()
 
+    def _sweep_orphans(self, job: Job, grace_s: float) -> int:
+        """Index segment files no insert claimed (a collector died between writing and
+        inserting, or the coordinator restarted after acknowledging them); delete the
+        stale or unreadable ones. Returns how many were indexed."""
+        job.last_orphan_sweep_s = self._clock()
+        root, indexed = f"{job.job_id}/segments", 0
+        for folder in self.store.list_dir(root):
+            for name in self.store.list_dir(f"{root}/{folder}"):
+                path = f"{root}/{folder}/{name}"
+                try:
+                    kind = job.buffer.classify(path)
+                    if kind == "known" or (kind == "new" and self.store.age_s(path) < grace_s):
+                        continue
+                    if kind == "new":
+                        ref = parse(SegmentRef, self.store.read_segment_header(path))
+                        if ref.path != path:
+                            raise ValueError(f"header names {ref.path}")
+                        result = job.buffer.insert([ref], force=True)
+                        self._account(job, result.accepted_refs)
+                        indexed += result.accepted
+                        continue
+                except (ValueError, OSError, CorruptFileError, MessageError) as exc:
+                    log.warning("segment %s is unusable (%s): deleting it", path, exc)
+                except BufferClosed:
+                    return indexed
+                self.store.delete(path)
+        if indexed:
+            log.info("job %s: indexed %d segment files found on disk", job.job_id, indexed)
+        return indexed
+
+    # --- snapshots -----------------------------------------------------------------
+
+    def snapshot_jobs(self) -> None:
+        """Write every running job's state (and each finished job's once)."""
+        with self._snapshot_lock:
+            with self._lock:
+                todo = [
+                    (job, self._job_record(job))
+                    for job in self.jobs.values()
+                    if job.phase == "running" or not job.final_snapshot
+                ]
+            for job, record in todo:
+                # Generations only grow, also across restarts: never reuse a file name.
+                self._snapshot_gen = max(self._snapshot_gen + 1, int(self._wall() * 1000))
+                write_job_snapshot(
+                    self.store, job.job_id, record, job.buffer.snapshot(), self._snapshot_gen
+                )
+                if record["phase"] != "running":
+                    job.final_snapshot = True
+
+    def _job_record(self, job: Job) -> dict[str, Any]:
+        return {
+            "job_id": job.job_id,
+            "name": job.name,
+            "config": to_dict(job.config),
+            "started_at": job.started_at,
+            "phase": job.phase,
+            "reason": job.reason,
+            "finished_at": job.finished_at,
+            "env_steps": job.env_steps,
+            "train_iters": job.train_iters,
+            "policy": as_record(job.policy),
+            "policy_versions": list(job.policy_versions),
+            "evals": [dump(e) for e in job.evals],
+            "best_eval": as_record(job.best_eval),
+            "eval_requested_iter": job.eval_requested_iter,
+            "tasks_created": job.tasks_created,
+            "task_failures": job.task_failures,
+            "episode_returns": list(job.episode_returns),
+            "metrics": list(job.metrics)[-600:],
+            "segments_swept": job.segments_swept,
+        }
+
+    def restore_jobs(self) -> list[str]:
+        """Load every job snapshot under the shared root (at start); returns their ids.
+
+        Running jobs continue: their buffers come back as saved, and segment files the
+        snapshot does not know are indexed (or deleted when stale), so nothing that was
+        acknowledged is lost and nothing leaks.
+        """
+        restored = []
+        for job_id in self.store.list_dir(""):
+            if not self.store.exists(state_path(job_id)):
+                continue
+            try:
+                record, data, buffer_meta = read_job_snapshot(self.store, job_id)
+                job = self._job_from_record(record)
+                job.buffer.restore_snapshot(data, buffer_meta)
+            except (ValueError, KeyError, TypeError, OSError, CorruptFileError) as exc:
+                log.error("cannot restore job %s: %s", job_id, exc)
+                continue
+            with self._lock:
+                self.jobs[job.job_id] = job
+                if job.phase == "running":
+                    self._sweep_orphans(job, grace_s=0.0)
+                else:
+                    job.buffer.close()
+                    job.final_snapshot = True
+                    self._sweep_segments(job, now=True)
+                self._notify()
+            restored.append(job.job_id)
+            log.info(
+                "restored job %s (%s): %d env steps, buffer of %d",
+                job.job_id,
+                job.phase,
+                job.env_steps,
+                job.buffer.size,
+            )
+        return restored
+
+    def _job_from_record(self, record: dict[str, Any]) -> Job:
+        config = from_resolved(record["config"])
+        job = Job(
+            job_id=record["job_id"],
+            name=record["name"],
+            config=config,
+            buffer=self._new_buffer(record["job_id"], config),
+            started_at=float(record["started_at"]),
+            phase=record["phase"],
+            reason=record["reason"],
+            finished_at=record["finished_at"],
+            env_steps=int(record["env_steps"]),
+            train_iters=int(record["train_iters"]),
+            policy=policy_from(record["policy"]),
+            policy_versions=[int(v) for v in record["policy_versions"]],
+            evals=[parse(EvalSummary, e) for e in record["evals"]],
+            best_eval=eval_from(record["best_eval"]),
+            eval_requested_iter=int(record["eval_requested_iter"]),
+            tasks_created=int(record["tasks_created"]),
+            task_failures=int(record["task_failures"]),
+            segments_swept=bool(record["segments_swept"]),
+        )
+        job.episode_returns.extend(record["episode_returns"])
+        job.metrics.extend(record["metrics"])
+        return job
+
     def _sweep_segments(self, job: Job, *, now: bool = False) -> None:
         """Remove what collectors wrote around the end of a job, once they had time to
         notice it ended (each deletes a segment its insert could not place)."""
@@ -702,8 +891,17 @@ class Coordinator:
             self.store.delete_tree(f"{job.job_id}/segments")
             job.segments_swept = True
 
+    def begin_shutdown(self) -> None:
+        """Stop taking data (answers say: retry later) and wake every waiting request."""
+        with self._lock:
+            self._closing = True
+            for job in self.jobs.values():
+                job.buffer.close()
+            self._notify()
+
     def close(self) -> None:
         with self._lock:
+            self._closing = True
             for job in self.jobs.values():
                 job.buffer.close()
                 self._sweep_segments(job, now=True)

@@ -21,6 +21,8 @@ class CoordinatorSettings:
     scheduler_period_s: float = 0.5
     max_buffer_items: int = 10_000_000
     threads: int = 32
+    snapshot_period_s: float = 2.0
+    orphan_grace_s: float = 30.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> CoordinatorSettings:
@@ -35,4 +37,6 @@ class CoordinatorSettings:
             scheduler_period_s=env_float(env, "DROVER_SCHEDULER_PERIOD_S", 0.5),
             max_buffer_items=env_int(env, "DROVER_MAX_BUFFER_ITEMS", 10_000_000),
             threads=env_int(env, "DROVER_THREADS", 32),
+            snapshot_period_s=env_float(env, "DROVER_SNAPSHOT_PERIOD_S", 2.0),
+            orphan_grace_s=env_float(env, "DROVER_ORPHAN_GRACE_S", 30.0),
         )

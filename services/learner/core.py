@@ -23,7 +23,7 @@ from common.config import JobConfig, read_job_config
 from common.errors import ApiError
 from common.http import ServiceUnavailable
 from common.messages import PolicyRef, SampledBatch, SampleReply
-from common.models import state_to_numpy
+from common.models import load_numpy_state, state_to_numpy
 from common.slave import TaskContext
 from common.storage import CorruptFileError, SharedStore
 from services.learner.algorithms.dqn import DQN, TransitionBatch
@@ -106,8 +106,13 @@ class LearnerRunner:
         return session.run()
 
     def _resume(self, job_id: str, dqn: DQN, ctx: TaskContext) -> int:
-        """Load the newest readable checkpoint; return the policy version to continue
-        from (never below the coordinator's, so versions stay monotonic)."""
+        """Continue where the job's last learner stopped; return the newest policy
+        version in use, which the next publish goes past (versions stay monotonic).
+
+        The newest readable checkpoint gives networks, optimizer and counters. When a
+        newer policy was published after it, its weights and train iteration are taken
+        too (the target network restarts from them), so little training is repeated.
+        """
         version = 0
         folder = f"{job_id}/checkpoints"
         for name in reversed(self.store.list_dir(folder)):
@@ -124,7 +129,25 @@ class LearnerRunner:
             latest = ctx.coordinator.latest_policy(job_id)
         except (ApiError, ServiceUnavailable) as exc:
             raise JobOver(f"cannot read the newest policy version: {exc}") from exc
-        return max(version, latest.version if latest else 0)
+        if latest is not None and latest.train_iter > dqn.train_iter:
+            try:
+                policy = self.store.read_policy(latest.path, sha256=latest.sha256)
+                load_numpy_state(dqn.online, policy.tensors)
+                dqn.target.load_state_dict(dqn.online.state_dict())
+                dqn.train_iter = policy.train_iter
+                log.info(
+                    "took version %d's weights (train_iter %d)", latest.version, policy.train_iter
+                )
+            except (OSError, CorruptFileError, RuntimeError) as exc:
+                log.warning("newest policy %d unusable: %s", latest.version, exc)
+        # A version written but never announced (the coordinator restarted) still owns
+        # its file name: never write that version again.
+        on_disk = [
+            int(name.split(".")[0])
+            for name in self.store.list_dir(f"{job_id}/policies")
+            if name.endswith(".safetensors") and name.split(".")[0].isdigit()
+        ]
+        return max([version, latest.version if latest else 0, *on_disk])
 
 
 class _LearnSession:
@@ -223,9 +246,9 @@ class _LearnSession:
         )
         ref = PolicyRef(version=self.version, path=path, sha256=sha, train_iter=self.dqn.train_iter)
         try:
-            self.ctx.coordinator.announce_policy(self.job_id, ref)
+            self.ctx.coordinator.announce_policy(self.job_id, ref, task_id=self.ctx.task.task_id)
         except ApiError as exc:
-            if exc.code == "job_finished" or exc.status == 404:
+            if exc.code in ("job_finished", "task_not_active") or exc.status == 404:
                 raise JobOver(exc.message) from exc
             raise
         self.ctx.progress["policy_version"] = self.version

@@ -5,7 +5,7 @@ from typing import Any
 from flask import Blueprint
 
 from common.http import body, reply
-from common.messages import PolicyRef
+from common.messages import PolicyAnnounce
 from services.coordinator.api import core
 
 bp = Blueprint("policies", __name__, url_prefix="/api/v1/jobs/<job_id>/policies")
@@ -13,9 +13,9 @@ bp = Blueprint("policies", __name__, url_prefix="/api/v1/jobs/<job_id>/policies"
 
 @bp.post("")
 def announce(job_id: str) -> Any:
-    ref = body(PolicyRef)
-    core().announce_policy(job_id, ref)
-    return reply(ref, 201)
+    announce = body(PolicyAnnounce)
+    core().announce_policy(job_id, announce.ref(), task_id=announce.task_id)
+    return reply(announce.ref(), 201)
 
 
 @bp.get("/latest")

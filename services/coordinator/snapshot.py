@@ -1,0 +1,89 @@
+"""The coordinator's snapshots: each job's state in its own folder of the shared root.
+
+    <job_id>/coordinator/state.json                 the job's record + the buffer's record
+    <job_id>/coordinator/buffer-<generation>.safetensors   the buffer's arrays
+
+A snapshot writes a new arrays file first, then `state.json` naming it (and its
+digest), then removes older arrays files; every write is atomic. A crash at any point
+leaves a `state.json` whose arrays file exists, so a restarted coordinator always
+finds a consistent pair.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from common.messages import EvalSummary, PolicyRef, dump, parse
+from common.storage import SharedStore
+
+log = logging.getLogger(__name__)
+
+STATE = "coordinator/state.json"
+FORMAT_VERSION = 1
+
+
+def state_path(job_id: str) -> str:
+    return f"{job_id}/{STATE}"
+
+
+def write_job_snapshot(
+    store: SharedStore, job_id: str, record: dict[str, Any], buffer: tuple[bytes, dict], gen: int
+) -> None:
+    data, buffer_meta = buffer
+    arrays = f"{job_id}/coordinator/buffer-{gen:010d}.safetensors"
+    store.write_bytes(arrays, data)
+    store.write_json(
+        state_path(job_id),
+        {"format": FORMAT_VERSION, "job": record, "buffer": buffer_meta, "buffer_file": arrays},
+    )
+    current = arrays.rsplit("/", 1)[1]
+    for name in store.list_dir(f"{job_id}/coordinator"):
+        if name.startswith("buffer-") and name != current:
+            store.delete(f"{job_id}/coordinator/{name}")
+
+
+def read_job_snapshot(store: SharedStore, job_id: str) -> tuple[dict, bytes, dict]:
+    """(job record, buffer arrays, buffer record) of a job's newest snapshot."""
+    state = store.read_json(state_path(job_id))
+    if state.get("format") != FORMAT_VERSION:
+        raise ValueError(f"{job_id}: snapshot format {state.get('format')} is not supported")
+    return state["job"], store.read_bytes(state["buffer_file"]), state["buffer"]
+
+
+def eval_from(data: dict | None) -> EvalSummary | None:
+    return parse(EvalSummary, data) if data is not None else None
+
+
+def policy_from(data: dict | None) -> PolicyRef | None:
+    return parse(PolicyRef, data) if data is not None else None
+
+
+def as_record(value: Any) -> Any:
+    return dump(value) if value is not None else None
+
+
+class Snapshotter:
+    """Snapshots every job every `period_s` seconds and once more at shutdown."""
+
+    def __init__(self, core: Any, period_s: float) -> None:
+        self.core = core
+        self.period_s = period_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="snapshot", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=30)
+        self.core.snapshot_jobs()  # the final one, after the loop stopped
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.period_s):
+            try:
+                self.core.snapshot_jobs()
+            except Exception:
+                log.exception("snapshot failed; the previous one stays in place")
