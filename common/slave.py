@@ -104,6 +104,7 @@ class Slave:
         self._running: dict[str, tuple[TaskContext, threading.Thread]] = {}
         self._closed = threading.Event()
         self._worker_id: str | None = None
+        self._registered = threading.Event()
         self._heartbeat_interval_s = 1.0
         self._thread = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
 
@@ -148,6 +149,8 @@ class Slave:
         if task.kind not in self.runner.kinds:
             raise ApiError(400, "invalid", f"kind: a {self.role} does not run '{task.kind}' tasks")
         task.typed_spec()  # refuse a malformed spec now, not in the thread
+        # The coordinator may assign a task before our registration's answer arrived.
+        self._registered.wait(timeout=2.0)
         with self._lock:
             worker_id = self._worker_id
             if self._closed.is_set() or worker_id is None:
@@ -244,6 +247,7 @@ class Slave:
         reg = self.coordinator.register(self.role, self.advertise_url, self.resources)
         self._heartbeat_interval_s = reg.heartbeat_interval_s
         self._worker_id = reg.worker_id
+        self._registered.set()
         log.info("registered as %s", reg.worker_id)
 
     def _heartbeat(self) -> None:
@@ -264,6 +268,7 @@ class Slave:
             log.warning("coordinator forgot worker %s; abandoning tasks", worker_id)
             with self._lock:
                 self._worker_id = None
+                self._registered.clear()
                 for ctx, _ in self._running.values():
                     ctx.stop.set()
             return

@@ -145,7 +145,14 @@ def watch(cluster: LocalCluster, job_id: str, started: float, timeout_s: float) 
     rate = 0.0
     with Live(console=console, refresh_per_second=4, transient=False) as live:
         while True:
-            status = cluster.client.job(job_id)
+            try:
+                status = cluster.client.job(job_id)
+            except ServiceUnavailable:
+                # The coordinator is down: restart it, and show the last status meanwhile.
+                for event in cluster.supervise():
+                    live.console.print(f"[yellow]drover:[/] {event}", highlight=False)
+                time.sleep(0.5)
+                continue
             now = time.monotonic()
             if last is not None and now > last[0]:
                 rate = (status.env_steps - last[1].env_steps) / (now - last[0])
@@ -155,11 +162,8 @@ def watch(cluster: LocalCluster, job_id: str, started: float, timeout_s: float) 
             )
             if status.phase in TERMINAL_PHASES:
                 return status
-            dead = cluster.dead_services()
-            if dead:
-                raise RuntimeError(
-                    f"{dead[0].name} exited unexpectedly; its log ends:\n{dead[0].log_tail()}"
-                )
+            for event in cluster.supervise():
+                live.console.print(f"[yellow]drover:[/] {event}", highlight=False)
             if now - started > timeout_s:
                 cluster.client.stop_job(job_id)
             time.sleep(0.5)

@@ -36,6 +36,7 @@ class Service:
     log_path: Path
     env: dict[str, str]
     process: subprocess.Popen | None = None
+    restarts: int = 0
     _log: IO[bytes] | None = None
 
     @property
@@ -139,6 +140,15 @@ class LocalCluster:
             service.start()
         self.wait_ready(ready_timeout_s)
 
+    def add_collector(self) -> Service:
+        """Start one more collector while the cluster runs (it joins at once)."""
+        service = self._service(
+            f"collector-{len(self.collectors)}", "services.collector", free_port()
+        )
+        self.collectors.append(service)
+        service.start()
+        return service
+
     def wait_ready(self, timeout_s: float) -> None:
         deadline = time.monotonic() + timeout_s
         while True:
@@ -159,6 +169,33 @@ class LocalCluster:
 
     def dead_services(self) -> list[Service]:
         return [s for s in self.services if s.process is not None and not s.alive()]
+
+    def supervise(self, *, max_restarts: int = 3) -> list[str]:
+        """Restart every service that exited; returns what happened, a line each.
+
+        A restarted coordinator restores its jobs from the shared root, a restarted
+        learner resumes from the newest checkpoint, a restarted collector simply
+        registers again: what a cluster's restart policy does, done locally.
+
+        Raises:
+            RuntimeError: a service exited more than `max_restarts` times.
+        """
+        events = []
+        for service in self.dead_services():
+            code = service.process.returncode if service.process else None
+            if service.restarts >= max_restarts:
+                raise RuntimeError(
+                    f"{service.name} exited (code {code}) after {service.restarts} restarts; "
+                    f"its log ends:\n{service.log_tail()}"
+                )
+            service.restarts += 1
+            service.stop(timeout_s=0)  # close its log before reopening it
+            service.start()
+            events.append(
+                f"{service.name} exited (code {code}); restarted "
+                f"({service.restarts}/{max_restarts})"
+            )
+        return events
 
     def stop(self) -> None:
         """Slaves first (they leave the coordinator), then the coordinator."""

@@ -11,6 +11,7 @@ from services.coordinator.api import CORE
 from services.coordinator.app import create_app
 from services.coordinator.scheduler import Scheduler
 from services.coordinator.settings import CoordinatorSettings
+from services.coordinator.snapshot import Snapshotter
 
 
 def main() -> int:
@@ -20,12 +21,19 @@ def main() -> int:
     except SettingsError as exc:
         print(f"drover coordinator: {exc}", file=sys.stderr)
         return 2
-    app = create_app(settings)
-    scheduler = Scheduler(
-        app.extensions[CORE], settings.token, period_s=settings.scheduler_period_s
-    )
+    app = create_app(settings)  # restores the jobs found under the shared root
+    core = app.extensions[CORE]
+    scheduler = Scheduler(core, settings.token, period_s=settings.scheduler_period_s)
+    snapshots = Snapshotter(core, settings.snapshot_period_s)
     scheduler.start()
-    serve(app, settings.host, settings.port, threads=settings.threads, on_stop=scheduler.close)
+    snapshots.start()
+
+    def stop() -> None:
+        core.begin_shutdown()  # no more data in: the last snapshot holds all that was taken
+        snapshots.close()
+        scheduler.close()
+
+    serve(app, settings.host, settings.port, threads=settings.threads, on_stop=stop)
     return 0
 
 

@@ -56,7 +56,7 @@ from common.messages import (
     new_id,
     parse,
 )
-from common.storage import CorruptFileError, PathError, SharedStore
+from common.storage import CorruptFileError, PathError, SharedStore, sha256_hex
 from services.buffer.core import BufferClosed, BufferStats, ReplayBuffer
 from services.coordinator.snapshot import (
     as_record,
@@ -840,6 +840,7 @@ class Coordinator:
             with self._lock:
                 self.jobs[job.job_id] = job
                 if job.phase == "running":
+                    self._recover_policy_pointer(job)
                     self._sweep_orphans(job, grace_s=0.0)
                 else:
                     job.buffer.close()
@@ -855,6 +856,36 @@ class Coordinator:
                 job.buffer.size,
             )
         return restored
+
+    def _recover_policy_pointer(self, job: Job) -> None:
+        """Point at the newest valid policy file, also one written after the snapshot
+        (policy files are immutable and written atomically: a file is a whole version)."""
+        folder = f"{job.job_id}/policies"
+        current = job.policy.version if job.policy else 0
+        versions = sorted(
+            (
+                int(n.split(".")[0])
+                for n in self.store.list_dir(folder)
+                if n.endswith(".safetensors") and n.split(".")[0].isdigit()
+            ),
+            reverse=True,
+        )
+        for version in (v for v in versions if v > current):
+            path = self.store.policy_path(job.job_id, version)
+            try:
+                data = self.store.read_bytes(path)
+                policy = self.store.read_policy(path)
+            except (OSError, CorruptFileError) as exc:
+                log.warning("policy file %s unusable: %s", path, exc)
+                continue
+            job.policy = PolicyRef(
+                version=version, path=path, sha256=sha256_hex(data), train_iter=policy.train_iter
+            )
+            job.policy_versions.extend(v for v in sorted(versions) if v > current)
+            job.train_iters = max(job.train_iters, policy.train_iter)
+            job.buffer.set_learner_version(version)
+            log.info("job %s: newest policy on disk is version %d", job.job_id, version)
+            return
 
     def _job_from_record(self, record: dict[str, Any]) -> Job:
         config = from_resolved(record["config"])

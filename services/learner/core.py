@@ -38,13 +38,24 @@ class JobOver(Exception):
 
 
 class SegmentCache:
-    """Recently read segments, by path. Segments never change, so no invalidation."""
+    """Recently read segments, by path. Segments never change, so no invalidation.
 
-    def __init__(self, store: SharedStore, job_id: str, max_segments: int = 4096) -> None:
+    A segment that cannot be read, or lacks the columns the algorithm trains on, costs
+    its rows, not the job: it is skipped, counted, and not read again.
+    """
+
+    def __init__(
+        self,
+        store: SharedStore,
+        job_id: str,
+        columns: tuple[str, ...],
+        max_segments: int = 4096,
+    ) -> None:
         self.store = store
         self.job_id = job_id
+        self.columns = columns
         self.max_segments = max_segments
-        self.unreadable = 0
+        self.unusable: set[str] = set()
         self._cache: collections.OrderedDict[str, dict[str, np.ndarray]] = collections.OrderedDict()
 
     def get(self, path: str) -> dict[str, np.ndarray] | None:
@@ -52,13 +63,19 @@ class SegmentCache:
         if columns is not None:
             self._cache.move_to_end(path)
             return columns
+        if path in self.unusable:
+            return None
         try:
             self.store.resolve(path, under=f"{self.job_id}/segments")
             columns = self.store.read_segment(path)
+            missing = [c for c in self.columns if c not in columns]
+            if missing:
+                raise CorruptFileError(f"no column {', '.join(missing)}")
+            if len({len(columns[c]) for c in self.columns}) != 1:
+                raise CorruptFileError("columns differ in length")
         except (OSError, CorruptFileError, ValueError) as exc:
-            # A lost or damaged segment costs its rows, not the job.
-            self.unreadable += 1
-            log.warning("skipping unreadable segment %s: %s", path, exc)
+            self.unusable.add(path)
+            log.warning("skipping unusable segment %s: %s", path, exc)
             return None
         self._cache[path] = columns
         if len(self._cache) > self.max_segments:
@@ -75,7 +92,12 @@ class SegmentCache:
             keep.extend([columns is not None] * len(segment.rows))
             if columns is not None:
                 rows = np.asarray(segment.rows)
-                parts.append({k: v[rows] for k, v in columns.items()})
+                if rows.size and (rows.min() < 0 or rows.max() >= len(columns[self.columns[0]])):
+                    keep[-len(segment.rows) :] = [False] * len(segment.rows)
+                    self.unusable.add(segment.path)
+                    log.warning("rows out of range in %s: skipped", segment.path)
+                    continue
+                parts.append({k: columns[k][rows] for k in self.columns})
         if not parts:
             return {}, np.zeros(0, dtype=np.float32), []
         mask = np.asarray(keep)
@@ -160,7 +182,7 @@ class _LearnSession:
         self.dqn = dqn
         self.version = version
         self.job_id = ctx.task.job_id
-        self.cache = SegmentCache(store, self.job_id)
+        self.cache = SegmentCache(store, self.job_id, TransitionBatch.COLUMNS)
         self.sample_timeouts = 0
         self.prioritized = config.policy.other.replay_buffer.type == "prioritized"
 
@@ -198,6 +220,7 @@ class _LearnSession:
                         train_iters_per_s=round((dqn.train_iter - start_iter) / elapsed, 1),
                         loss=round(info.loss, 5),
                         q_mean=round(info.q_mean, 4),
+                        unusable_segments=len(self.cache.unusable),
                     )
                 if self.prioritized and keys:
                     priorities.submit(self.send_priorities, keys, np.concatenate(td_abs))

@@ -33,6 +33,9 @@ class TransitionBatch:
     discount: torch.Tensor  # [B] gamma ** steps actually taken
     weight: torch.Tensor  # [B] importance weights (1.0 for uniform replay)
 
+    #: The segment columns a DQN batch is made of.
+    COLUMNS = ("obs", "action", "reward", "next_obs", "done", "discount")
+
     @classmethod
     def from_numpy(
         cls, columns: dict[str, np.ndarray], weight: np.ndarray, device: torch.device
