@@ -251,12 +251,20 @@ def _error_from(resp: requests.Response) -> ApiError:
 
 
 def serve(
-    app: Flask, host: str, port: int, *, threads: int = 16, on_stop: Callable[[], None]
+    app: Flask,
+    host: str,
+    port: int,
+    *,
+    threads: int = 16,
+    on_stop: Callable[[], None],
+    on_listening: Callable[[], None] | None = None,
 ) -> None:
     """Serve `app` with waitress (a production WSGI server) until SIGTERM or SIGINT.
 
-    On either signal `on_stop` runs first (the service stops its work and says
-    goodbye to the coordinator), then the serving loop ends and this returns.
+    `on_listening` runs once the socket accepts connections (a slave registers then,
+    so the coordinator never calls it before it can answer). On either signal
+    `on_stop` runs first (the service stops its work and says goodbye to the
+    coordinator), then the serving loop ends and this returns.
     """
     from waitress.server import create_server
 
@@ -274,6 +282,8 @@ def serve(
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     log.info("serving %s on http://%s:%d", app.name, host, port)
+    if on_listening is not None:
+        on_listening()
     try:
         server.run()
     except _Stopped:

@@ -22,6 +22,12 @@ def run_slave(role: str, default_port: int, create_app: Callable[[SlaveSettings]
         return 2
     app = create_app(settings)
     slave: Slave = app.extensions[EXTENSION]
-    slave.start()
-    serve(app, settings.host, settings.port, threads=8, on_stop=slave.close)
+    serve(
+        app,
+        settings.host,
+        settings.port,
+        threads=8,
+        on_stop=slave.close,
+        on_listening=slave.start,
+    )
     return 0

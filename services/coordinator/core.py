@@ -90,6 +90,8 @@ class CoordinatorLimits:
     #: A segment file no insert has claimed for this long is indexed (or deleted when
     #: stale or unreadable): what a collector killed between write and insert leaves.
     orphan_grace_s: float = 30.0
+    #: A worker that refused or missed an assignment gets none for this long.
+    dispatch_backoff_s: float = 1.0
     orphan_sweep_period_s: float = 10.0
     metrics_points: int = 3600
 
@@ -120,6 +122,8 @@ class Worker:
     resources: dict[str, Any]
     last_heartbeat_s: float
     task_ids: set[str] = field(default_factory=set)
+    #: After a failed assignment, no new one before this time (no retry storm).
+    not_before_s: float = float("-inf")
     progress: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
@@ -639,11 +643,15 @@ class Coordinator:
         kinds = collections.Counter(t.kind for t in active)
         plan: list[Dispatch] = []
 
+        now = self._clock()
+
         def free(role: str, kind: str) -> list[Worker]:
             return [
                 w
                 for w in self.workers.values()
-                if w.role == role and not any(self.tasks[t].kind == kind for t in w.task_ids)
+                if w.role == role
+                and w.not_before_s <= now
+                and not any(self.tasks[t].kind == kind for t in w.task_ids)
             ]
 
         if kinds["learn"] < job.config.system.learner_num:
@@ -709,6 +717,9 @@ class Coordinator:
             if task is None or task.state not in ACTIVE:
                 return
             log.warning("could not assign %s to %s: %s", task_id, task.worker_id, error)
+            worker = self.workers.get(task.worker_id)
+            if worker is not None:
+                worker.not_before_s = self._clock() + self.limits.dispatch_backoff_s
             self._end_task(task, "lost")
             if task.kind == "evaluate":
                 job = self.jobs[task.job_id]
