@@ -189,8 +189,26 @@ class PolicyConfig:
 
 
 @section
+class EvaluateWorkflowConfig:
+    """What an `evaluate` workflow job runs."""
+
+    #: A policy file, a learner checkpoint, or uniformly random actions.
+    source: Literal["policy", "checkpoint", "random"] = "random"
+    #: The policy or checkpoint file, relative to the shared root.
+    path: str | None = None
+    #: Episodes in all, split over the collectors (None: env.n_evaluator_episode).
+    episodes: Annotated[int, Gt(0), Le(1_000_000)] | None = None
+
+
+@section
 class SystemConfig:
-    workflow: Literal["async"] = "async"
+    #: async: collectors and learner run freely, the rate limiter keeps the replay
+    #: ratio. evaluate: no training; run `evaluate.source` for its episodes and report.
+    workflow: Literal["async", "evaluate"] = "async"
+    #: Data collected by a policy more than this many versions behind the learner's is
+    #: not trained on (an async job's bound on policy lag; None: no bound).
+    max_policy_lag: Annotated[int, Ge(0)] | None = None
+    evaluate: EvaluateWorkflowConfig = field(default_factory=EvaluateWorkflowConfig)
     #: Collectors given to this job (None: every free collector).
     collector_num: Annotated[int, Gt(0), Le(1024)] | None = None
     learner_num: Literal[1] = 1
@@ -352,6 +370,9 @@ def check_consistency(config: JobConfig) -> None:
             f"a fifo buffer of {buffer.replay_buffer_size} items can never serve "
             f"{learn.num_batches} batches of {learn.batch_size}",
         )
+    evaluate = config.system.evaluate
+    if config.system.workflow == "evaluate" and evaluate.source != "random" and not evaluate.path:
+        raise ConfigError("system.evaluate.path", f"a {evaluate.source} source needs a path")
     eps = config.policy.other.eps
     if eps.end > eps.start:
         raise ConfigError("policy.other.eps.end", f"{eps.end} is above start {eps.start}")

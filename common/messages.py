@@ -167,8 +167,10 @@ class EvaluateSpec:
     seed: int
     num_envs: PosInt
     episodes: PosInt
-    policy_version: NonNegInt
-    policy_path: RelPath
+    #: What acts: a policy file, a learner checkpoint (its online network), or random.
+    source: Literal["policy", "checkpoint", "random"] = "policy"
+    policy_version: NonNegInt = 0
+    policy_path: RelPath | None = None
 
 
 @message

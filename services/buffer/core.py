@@ -41,6 +41,7 @@ from services.buffer.limiter import RateLimiter, RateLimiterState
 from services.buffer.selectors import make_remover, make_sampler
 from services.buffer.table import ItemTable
 
+LAG_BUCKETS = 32
 _SEGMENT = re.compile(r"^(?P<job>[^/]+)/segments/(?P<worker>[^/]+)/(?P<seq>\d{1,12})\.safetensors$")
 
 
@@ -100,6 +101,9 @@ class BufferStats:
     learner_version: int
     staleness_mean: float
     staleness_max: int
+    #: Sampled items by policy lag: entry i counts items i versions behind (the last
+    #: entry, that many or more).
+    sampled_lag_histogram: list[int]
     priority_min: float | None
     priority_mean: float | None
     priority_max: float | None
@@ -159,6 +163,9 @@ class ReplayBuffer:
         self._last_seq: dict[str, int] = {}
         self._dead: set[int] = set()
         self._learner_version = 0
+        # Sampled items by policy lag (learner version - collecting version), the last
+        # bucket holding LAG_BUCKETS and more.
+        self._lag_counts = np.zeros(LAG_BUCKETS + 1, dtype=np.int64)
         self._counters = _Counters()
         self._waiting = {"sample": 0, "insert": 0}
 
@@ -344,6 +351,8 @@ class ReplayBuffer:
             lengths = np.minimum(lengths, sequence_length)
         keys = table.key[slots]
         segment_ids = table.segment[slots]
+        lag = np.clip(self._learner_version - table.version[slots], 0, LAG_BUCKETS)
+        self._lag_counts += np.bincount(lag, minlength=LAG_BUCKETS + 1)
         now = self._clock()
         for sid in set(segment_ids.tolist()):
             self._segments[sid].last_sampled_s = now
@@ -484,6 +493,7 @@ class ReplayBuffer:
                 learner_version=self._learner_version,
                 staleness_mean=float(lag.mean()) if len(live) else 0.0,
                 staleness_max=int(lag.max()) if len(live) else 0,
+                sampled_lag_histogram=self._lag_counts.tolist(),
                 priority_min=float(priority.min()) if prioritized else None,
                 priority_mean=float(priority.mean()) if prioritized else None,
                 priority_max=float(priority.max()) if prioritized else None,
@@ -516,6 +526,7 @@ class ReplayBuffer:
                 "next_segment_id": self._next_segment_id,
                 "last_seq": dict(self._last_seq),
                 "learner_version": self._learner_version,
+                "lag_counts": self._lag_counts.tolist(),
                 "limiter": {"inserted": self.limiter.inserted, "sampled": self.limiter.sampled},
                 "sampler": self.sampler.state(),
                 "counters": {
@@ -551,6 +562,7 @@ class ReplayBuffer:
             self._next_segment_id = int(meta["next_segment_id"])
             self._last_seq = {k: int(v) for k, v in meta["last_seq"].items()}
             self._learner_version = int(meta["learner_version"])
+            self._lag_counts[:] = meta["lag_counts"]
             self.limiter.restore(**meta["limiter"])
             self.sampler.restore(meta["sampler"], self.table)
             counters = meta["counters"]

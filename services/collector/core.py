@@ -11,6 +11,7 @@ slows stepping down: the faster side waits, and no data is dropped.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import queue
 import threading
@@ -262,15 +263,29 @@ class CollectorRunner:
             env.close()
         return {"env_steps": env_steps, "segments": uploader.segments_sent}
 
+    def _load_for_evaluation(self, policy: QPolicy, spec: EvaluateSpec) -> None:
+        """Random actions need nothing; a policy file or a checkpoint is read through
+        safetensors / `torch.load(weights_only=True)`, from inside the shared root."""
+        if spec.source == "random":
+            return  # an unloaded QPolicy acts uniformly at random
+        if spec.policy_path is None:
+            raise ValueError(f"an evaluation of a {spec.source} needs policy_path")
+        if spec.source == "policy":
+            policy.load(spec.policy_version, self.store.read_policy(spec.policy_path).tensors)
+            return
+        data = self.store.read_bytes(spec.policy_path)
+        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        policy.network.load_state_dict(state["model"]["online"])
+        policy.version, policy.loaded = spec.policy_version, True
+
     def evaluate(self, ctx: TaskContext, config: JobConfig, spec: EvaluateSpec) -> dict[str, Any]:
         """Run `spec.episodes` greedy episodes of one policy version.
 
         Each env runs a fixed quota of episodes decided up front (differing by at most
         one), so envs with short episodes cannot crowd out long ones and bias the mean.
         """
-        self.store.resolve(spec.policy_path, under=f"{ctx.task.job_id}/policies")
         policy = QPolicy(config.policy.model, config.policy.torch_device)
-        policy.load(spec.policy_version, self.store.read_policy(spec.policy_path).tensors)
+        self._load_for_evaluation(policy, spec)
         num_envs = min(spec.num_envs, spec.episodes)
         quota = np.full(num_envs, spec.episodes // num_envs)
         quota[: spec.episodes % num_envs] += 1

@@ -10,6 +10,7 @@ lock so one waiting learner never holds up the rest.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 import statistics
 import threading
@@ -145,6 +146,9 @@ class Job:
     segments_swept: bool = False
     #: A snapshot was written after the job ended (no more are needed).
     final_snapshot: bool = False
+    #: The evaluate workflow: per-episode results so far, and episodes handed out.
+    evaluation: list[dict[str, Any]] = field(default_factory=list)
+    evaluation_assigned: int = 0
     last_orphan_sweep_s: float = float("-inf")
     evals: list[EvalSummary] = field(default_factory=list)
     best_eval: EvalSummary | None = None
@@ -203,6 +207,7 @@ class Coordinator:
         except ConfigError as exc:
             raise bad_request(f"config.{exc.field}", exc.message) from None
         self._check_limits(config)
+        self._check_evaluate_source(config)
         job_id = new_id("job")
         self.store.write_json(f"{job_id}/job.json", to_dict(config))
         job = Job(
@@ -222,14 +227,33 @@ class Coordinator:
 
     def _new_buffer(self, job_id: str, config: JobConfig) -> ReplayBuffer:
         replay = config.policy.other.replay_buffer
+        if config.system.workflow == "evaluate":
+            # Nothing is replayed: keep a token index instead of the configured one.
+            replay = dataclasses.replace(replay, replay_buffer_size=1, min_size_to_sample=1)
+        lag = config.system.max_policy_lag
+        if lag is not None:
+            # The async bound on policy lag is enforced where data is sampled.
+            bound = lag if replay.max_staleness is None else min(lag, replay.max_staleness)
+            replay = dataclasses.replace(replay, max_staleness=bound)
         error_buffer = replay.error_buffer or 2 * min_error_buffer(config)
         return ReplayBuffer(
             job_id, replay, self.store, error_buffer=error_buffer, seed=config.system.seed
         )
 
+    def _check_evaluate_source(self, config: JobConfig) -> None:
+        evaluate = config.system.evaluate
+        if config.system.workflow != "evaluate" or evaluate.source == "random":
+            return
+        field = "config.system.evaluate.path"
+        try:
+            if not self.store.resolve(str(evaluate.path)).is_file():
+                raise bad_request(field, f"no file at '{evaluate.path}' under the shared root")
+        except PathError as exc:
+            raise bad_request(field, str(exc)) from None
+
     def _check_limits(self, config: JobConfig) -> None:
         size = config.policy.other.replay_buffer.replay_buffer_size
-        if size > self.limits.max_buffer_items:
+        if config.system.workflow != "evaluate" and size > self.limits.max_buffer_items:
             raise bad_request(
                 "config.policy.other.replay_buffer.replay_buffer_size",
                 f"{size} exceeds this coordinator's limit of {self.limits.max_buffer_items}",
@@ -409,6 +433,14 @@ class Coordinator:
             raise conflict("task_not_active", f"task {task_id} is {task.state}")
 
     def _end_task(self, task: Task, state: str) -> None:
+        job = self.jobs.get(task.job_id)
+        if (
+            state in ("failed", "lost")
+            and task.kind == "evaluate"
+            and job is not None
+            and job.config.system.workflow == "evaluate"
+        ):
+            job.evaluation_assigned -= int(task.spec["episodes"])  # they go out again
         task.state = state
         worker = self.workers.get(task.worker_id)
         if worker is not None:
@@ -425,6 +457,10 @@ class Coordinator:
                     outcome = parse(EvalResult, result)
                 except MessageError as exc:
                     raise bad_request(f"result.{exc.field}", exc.message) from None
+                if job.config.system.workflow == "evaluate":
+                    self._end_task(task, "done")
+                    self._record_evaluation(job, task, outcome)
+                    return
                 self._record_eval(job, outcome)
             self._end_task(task, "done")
 
@@ -639,6 +675,8 @@ class Coordinator:
             return plan
 
     def _plan_job(self, job: Job) -> list[Dispatch]:
+        if job.config.system.workflow == "evaluate":
+            return self._plan_evaluation(job)
         active = [t for t in self.tasks.values() if t.job_id == job.job_id and t.state in ACTIVE]
         kinds = collections.Counter(t.kind for t in active)
         plan: list[Dispatch] = []
@@ -681,6 +719,86 @@ class Coordinator:
                 job.eval_requested_iter = job.policy.train_iter
                 plan.append(self._assign(job, worker, "evaluate", spec))
         return plan
+
+    def _evaluation_episodes(self, job: Job) -> int:
+        return job.config.system.evaluate.episodes or job.config.env.n_evaluator_episode
+
+    def _plan_evaluation(self, job: Job) -> list[Dispatch]:
+        """The evaluate workflow: share the episodes still to run among free collectors."""
+        now = self._clock()
+        free = [
+            w
+            for w in self.workers.values()
+            if w.role == "collector"
+            and w.not_before_s <= now
+            and not any(self.tasks[t].kind == "evaluate" for t in w.task_ids)
+        ]
+        left = self._evaluation_episodes(job) - len(job.evaluation) - job.evaluation_assigned
+        plan = []
+        evaluate = job.config.system.evaluate
+        for i, worker in enumerate(free):
+            if left <= 0:
+                break
+            share = -(-left // (len(free) - i))  # ceil: what is left, over who is left
+            spec = EvaluateSpec(
+                seed=self._seed(job),
+                num_envs=min(job.config.env.evaluator_env_num, share),
+                episodes=share,
+                source=evaluate.source,
+                policy_path=evaluate.path,
+            )
+            job.evaluation_assigned += share
+            left -= share
+            plan.append(self._assign(job, worker, "evaluate", spec))
+        return plan
+
+    def _record_evaluation(self, job: Job, task: Task, outcome: EvalResult) -> None:
+        job.evaluation_assigned -= int(task.spec["episodes"])
+        for ret, length in zip(outcome.returns, outcome.lengths, strict=False):
+            job.evaluation.append(
+                {
+                    "return": ret,
+                    "length": length,
+                    "task_id": task.task_id,
+                    "seed": task.spec["seed"],
+                }
+            )
+        wanted = self._evaluation_episodes(job)
+        if len(job.evaluation) < wanted or job.phase != "running":
+            return
+        episodes = job.evaluation[:wanted]
+        returns = [e["return"] for e in episodes]
+        summary = EvalSummary(
+            return_mean=statistics.fmean(returns),
+            return_std=statistics.pstdev(returns),
+            episodes=len(episodes),
+            policy_version=0,
+            train_iter=0,
+            env_steps=sum(e["length"] for e in episodes),
+        )
+        job.evals.append(summary)
+        job.env_steps = summary.env_steps
+        source = job.config.system.evaluate
+        self.store.write_json(
+            f"{job.job_id}/eval/results.json",
+            {
+                "source": source.source,
+                "path": source.path,
+                "summary": dump(summary),
+                "episodes": episodes,
+            },
+        )
+        rows = ["episode,return,length,task_id,seed"] + [
+            f"{i},{e['return']},{e['length']},{e['task_id']},{e['seed']}"
+            for i, e in enumerate(episodes)
+        ]
+        self.store.write_bytes(f"{job.job_id}/eval/results.csv", ("\n".join(rows) + "\n").encode())
+        self._finish(
+            job,
+            "succeeded",
+            f"evaluated {len(episodes)} episodes of {source.source}: return "
+            f"{summary.return_mean:.1f} ± {summary.return_std:.1f}",
+        )
 
     def _eval_due(self, job: Job) -> bool:
         if job.policy is None or job.policy.version == 0:
@@ -828,6 +946,7 @@ class Coordinator:
             "episode_returns": list(job.episode_returns),
             "metrics": list(job.metrics)[-600:],
             "segments_swept": job.segments_swept,
+            "evaluation": list(job.evaluation),
         }
 
     def restore_jobs(self) -> list[str]:
@@ -921,6 +1040,7 @@ class Coordinator:
             segments_swept=bool(record["segments_swept"]),
         )
         job.episode_returns.extend(record["episode_returns"])
+        job.evaluation.extend(record.get("evaluation", []))
         job.metrics.extend(record["metrics"])
         return job
 

@@ -420,3 +420,69 @@ def test_insert_over_the_band_gets_429_with_retry_after(client, core):
     assert sampled.status_code == 200
     retry = post(client, url, {"segments": [write_segment(core, job_id, seq)], "timeout_s": 0})
     assert retry.json == {"accepted": 1, "duplicates": 0, "env_steps": 40}
+
+
+def test_max_policy_lag_bounds_what_is_trained_on(client, core):
+    job_id = submit(client, {**CONFIG, "system": {"max_policy_lag": 1}})
+    insert_segments(client, core, job_id, 3)  # collected by version 0
+    for version in (1, 2):
+        path, sha = core.store.write_policy(job_id, version, 10, "dqn", {"w": np.ones(2)})
+        post(
+            client,
+            f"/api/v1/jobs/{job_id}/policies",
+            {"version": version, "path": path, "sha256": sha},
+        )
+    stats = get(client, f"/api/v1/jobs/{job_id}/buffer").json
+    assert stats["size"] == 0 and stats["evictions"]["staleness"] == 30
+
+
+def evaluate_job(client, core, **evaluate):
+    config = {
+        "env": {"env_id": "CartPole-v1", "evaluator_env_num": 2},
+        "system": {"workflow": "evaluate", "evaluate": {"episodes": 10, **evaluate}},
+    }
+    return submit(client, config)
+
+
+def test_evaluate_workflow_shares_episodes_and_writes_results(client, core):
+    for i in range(3):
+        post(client, "/api/v1/workers", {"role": "collector", "url": f"http://c{i}"})
+    post(client, "/api/v1/workers", {"role": "learner", "url": "http://l"})
+    job_id = evaluate_job(client, core)
+    plan = core.plan()
+    assert sorted(d.task.spec["episodes"] for d in plan) == [3, 3, 4]
+    assert {d.task.kind for d in plan} == {"evaluate"}  # no learning in this workflow
+    assert all(d.task.spec["source"] == "random" for d in plan)
+    # one collector fails: its episodes are handed out again
+    first, second, third = (d.task for d in plan)
+    post(client, f"/api/v1/tasks/{first.task_id}/fail", {"error": "crashed"})
+    replanned = [d.task for d in core.plan()]
+    assert [t.spec["episodes"] for t in replanned] == [first.spec["episodes"]]
+    for task in (second, third, replanned[0]):
+        n = task.spec["episodes"]
+        result = {"policy_version": 0, "returns": [10.0] * n, "lengths": [10] * n}
+        assert (
+            post(client, f"/api/v1/tasks/{task.task_id}/complete", {"result": result}).status_code
+            == 200
+        )
+    status = get(client, f"/api/v1/jobs/{job_id}").json
+    assert status["phase"] == "succeeded" and status["last_eval"]["episodes"] == 10
+    results = core.store.read_json(f"{job_id}/eval/results.json")
+    assert len(results["episodes"]) == 10 and results["source"] == "random"
+    csv_rows = core.store.read_bytes(f"{job_id}/eval/results.csv").decode().splitlines()
+    assert csv_rows[0] == "episode,return,length,task_id,seed" and len(csv_rows) == 11
+
+
+@pytest.mark.parametrize(
+    ("evaluate", "words"),
+    [
+        ({"source": "policy"}, "needs a path"),
+        ({"source": "policy", "path": "job-x/policies/00000001.safetensors"}, "no file"),
+        ({"source": "checkpoint", "path": "../../etc/passwd"}, "relative"),
+    ],
+)
+def test_evaluate_workflow_refuses_missing_sources(client, core, evaluate, words):
+    config = {"system": {"workflow": "evaluate", "evaluate": evaluate}}
+    resp = post(client, "/api/v1/jobs", {"config": config})
+    assert resp.status_code == 400 and "system.evaluate.path" in resp.json["message"]
+    assert words in resp.json["message"]

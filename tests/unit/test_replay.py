@@ -278,3 +278,15 @@ def test_restore_refuses_mismatched_files(tmp_path):
     store.write_bytes("job-1/b.safetensors", store.read_bytes("job-1/b.safetensors")[:-1] + b"x")
     with pytest.raises(ValueError, match="do not match"):
         make(store, replay_buffer_size=10).restore(store, "job-1/b")
+
+
+def test_sampled_lag_histogram():
+    buf = make(replay_buffer_size=100)
+    buf.insert([ref(0, version=0)])
+    buf.insert([ref(1, version=2)])
+    buf.set_learner_version(3)
+    buf.sample(10, 20, timeout_s=0)
+    histogram = buf.stats().sampled_lag_histogram
+    assert sum(histogram) == 200
+    assert histogram[1] > 0 and histogram[3] > 0  # lag 1 (version 2) and 3 (version 0)
+    assert histogram[0] == histogram[2] == 0

@@ -1,0 +1,67 @@
+"""The evaluate workflow through real processes: random actions, a policy file and a
+learner checkpoint, each run for N episodes across two collectors."""
+
+import csv
+import io
+import time
+
+import pytest
+import torch
+
+from common.config import resolve_job_config, with_spaces
+from common.models import state_to_numpy
+from common.storage import SharedStore
+from drover.local import LocalCluster
+from services.learner.algorithms.dqn import DQN
+
+
+def wait_done(cluster, job_id, deadline_s=120):
+    deadline = time.monotonic() + deadline_s
+    while (status := cluster.client.job(job_id)).phase == "running":
+        assert time.monotonic() < deadline, f"evaluation still running: {status}"
+        time.sleep(0.2)
+    return status
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with LocalCluster(tmp_path_factory.mktemp("eval") / "run", num_collectors=2) as running:
+        yield running
+
+
+def saved_models(store: SharedStore) -> tuple[str, str]:
+    config, _ = resolve_job_config({})
+    dqn = DQN(with_spaces(config, 4, 2).policy)
+    policy_path, _ = store.write_policy("models", 7, 0, "dqn", state_to_numpy(dqn.online))
+    buffer = io.BytesIO()
+    torch.save({"model": dqn.state_dict(), "policy_version": 7}, buffer)
+    checkpoint_path = store.checkpoint_path("models", 0)
+    store.write_bytes(checkpoint_path, buffer.getvalue())
+    return policy_path, checkpoint_path
+
+
+@pytest.mark.parametrize("source", ["random", "policy", "checkpoint"])
+def test_evaluate_workflow_runs_the_episodes_and_writes_results(cluster, source):
+    store = SharedStore(cluster.shared_dir)
+    policy_path, checkpoint_path = saved_models(store)
+    path = {"random": None, "policy": policy_path, "checkpoint": checkpoint_path}[source]
+    config = {
+        "env": {"env_id": "CartPole-v1", "evaluator_env_num": 3},
+        "system": {
+            "workflow": "evaluate",
+            "evaluate": {"source": source, "path": path, "episodes": 12},
+        },
+    }
+    job_id = cluster.client.submit_job(config).job_id
+    status = wait_done(cluster, job_id)
+    assert status.phase == "succeeded", status
+    assert status.last_eval.episodes == 12
+    rows = list(
+        csv.DictReader(io.StringIO(store.read_bytes(f"{job_id}/eval/results.csv").decode()))
+    )
+    assert len(rows) == 12
+    assert len({row["task_id"] for row in rows}) == 2  # both collectors took a share
+    returns = [float(row["return"]) for row in rows]
+    assert all(8 <= r <= 500 for r in returns)  # CartPole: 8+ steps before it can fall
+    results = store.read_json(f"{job_id}/eval/results.json")
+    assert results["summary"]["return_mean"] == pytest.approx(sum(returns) / 12)
