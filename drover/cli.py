@@ -231,14 +231,20 @@ def summarize(cluster: LocalCluster, status: JobStatus | None, wall_s: float) ->
         f"drover: job {status.job_id} [bold {color}]{status.phase}[/]: {status.reason}",
         highlight=False,
     )
-    best = f"{status.best_eval_return:.1f}" if status.best_eval_return is not None else "-"
+    best = (
+        f", best eval return {status.best_eval_return:.1f} (policy v{status.best_policy_version})"
+        if status.best_eval_return is not None
+        else ""
+    )
     console.print(
-        f"        {status.env_steps:,} env steps, {status.train_iters:,} train iterations, "
-        f"best eval return {best} (policy v{status.best_policy_version}), {wall_s:.1f}s",
+        f"        {status.env_steps:,} env steps, {status.train_iters:,} train iterations"
+        f"{best}, {wall_s:.1f}s",
         highlight=False,
     )
     job_dir = cluster.run_dir / status.job_id
-    console.print(f"        results: {job_dir} (policies/, checkpoints/, summary.json)")
+    kept = [p.name + ("/" if p.is_dir() else "") for p in sorted(job_dir.iterdir())]
+    kept = [k for k in kept if k not in ("segments/", "coordinator/", "job.json")]
+    console.print(f"        results: {job_dir} ({', '.join(kept)})", highlight=False)
     console.print(f"        logs:    {cluster.log_dir}")
     return 0 if status.phase == "succeeded" else 1
 
