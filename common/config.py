@@ -72,8 +72,14 @@ class EnvConfig:
 class ModelConfig:
     #: Observation size; filled in from the environment when left out.
     obs_shape: PosInt | None = None
-    #: Number of discrete actions; filled in from the environment when left out.
+    #: Number of discrete actions, or the size of a continuous action; filled in from
+    #: the environment when left out.
     action_shape: PosInt | None = None
+    #: Filled in from the environment: discrete (Discrete) or continuous (Box) actions.
+    action_space: Literal["discrete", "continuous"] | None = None
+    #: Continuous actions: the Box's bounds (filled in from the environment).
+    action_low: list[float] | None = None
+    action_high: list[float] | None = None
     encoder_hidden_size_list: Annotated[list[PosInt], MinLen(1)] = field(
         default_factory=lambda: [128, 128, 64]
     )
@@ -98,6 +104,13 @@ class LearnConfig:
     publish_every_iters: PosInt = 10
     #: A checkpoint (model, target, optimizer, counters) every this many iterations.
     checkpoint_every_iters: PosInt = 1000
+    #: PPO: passes over each round's data, and the loss's parts.
+    epoch_per_collect: Annotated[int, Gt(0), Le(1000)] = 10
+    clip_ratio: Annotated[float, Gt(0), Le(1)] = 0.2
+    value_weight: Annotated[float, Ge(0)] = 0.5
+    entropy_weight: Annotated[float, Ge(0)] = 0.0
+    #: PPO: normalize advantages within each minibatch.
+    adv_norm: bool = True
 
 
 @section
@@ -108,6 +121,8 @@ class CollectConfig:
     policy_poll_s: Annotated[float, Gt(0), Le(60)] = 0.2
     #: How long one insert may wait for the rate limiter before it is retried.
     insert_timeout_s: Annotated[float, Gt(0), Le(60)] = 2.0
+    #: PPO: the GAE lambda the collectors compute advantages with.
+    gae_lambda: Fraction = 0.95
 
 
 @section
@@ -171,7 +186,7 @@ class OtherConfig:
 
 @section
 class PolicyConfig:
-    type: Literal["dqn"] = "dqn"
+    type: Literal["dqn", "ppo"] = "dqn"
     #: Train and act on CUDA when available (DI-engine's key); `device` overrides it.
     cuda: bool = False
     device: Literal["cpu", "cuda"] | None = None
@@ -204,7 +219,9 @@ class EvaluateWorkflowConfig:
 class SystemConfig:
     #: async: collectors and learner run freely, the rate limiter keeps the replay
     #: ratio. evaluate: no training; run `evaluate.source` for its episodes and report.
-    workflow: Literal["async", "evaluate"] = "async"
+    #: sync: rounds of "collect exactly n_sample with version v, train on exactly that
+    #: data, publish v + 1" (on-policy: PPO).
+    workflow: Literal["async", "sync", "evaluate"] = "async"
     #: Data collected by a policy more than this many versions behind the learner's is
     #: not trained on (an async job's bound on policy lag; None: no bound).
     max_policy_lag: Annotated[int, Ge(0)] | None = None
@@ -234,7 +251,27 @@ class JobConfig:
 # What differs from the dataclass defaults, per `policy.type`.
 ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
     "dqn": {},
+    "ppo": {
+        "policy": {
+            "model": {"encoder_hidden_size_list": [64, 64]},
+            "learn": {"batch_size": 64, "learning_rate": 3e-4, "max_grad_norm": 0.5},
+            "collect": {"n_sample": 2048},
+            "other": {
+                # Exactly one round's data, each item used in one round only.
+                "replay_buffer": {
+                    "type": "fifo",
+                    "replay_buffer_size": 16384,
+                    "min_size_to_sample": 1,
+                    "max_staleness": 0,
+                }
+            },
+        },
+        "system": {"workflow": "sync"},
+    },
 }
+
+#: The workflows each algorithm can run.
+WORKFLOWS = {"dqn": {"async", "evaluate"}, "ppo": {"sync", "evaluate"}}
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -370,6 +407,24 @@ def check_consistency(config: JobConfig) -> None:
             f"a fifo buffer of {buffer.replay_buffer_size} items can never serve "
             f"{learn.num_batches} batches of {learn.batch_size}",
         )
+    if config.system.workflow not in WORKFLOWS[config.policy.type]:
+        raise ConfigError(
+            "system.workflow",
+            f"{config.policy.type} runs {' or '.join(sorted(WORKFLOWS[config.policy.type]))}",
+        )
+    if config.system.workflow == "sync":
+        if buffer.type != "fifo" or buffer.max_staleness != 0:
+            raise ConfigError(
+                "policy.other.replay_buffer",
+                "the sync workflow needs type: fifo and max_staleness: 0 "
+                "(each round trains on exactly its own data)",
+            )
+        if config.policy.collect.n_sample > min(buffer.replay_buffer_size, 8192):
+            raise ConfigError(
+                "policy.collect.n_sample",
+                f"{config.policy.collect.n_sample} must fit in one sample request (8192) and "
+                f"in replay_buffer_size {buffer.replay_buffer_size}",
+            )
     evaluate = config.system.evaluate
     if config.system.workflow == "evaluate" and evaluate.source != "random" and not evaluate.path:
         raise ConfigError("system.evaluate.path", f"a {evaluate.source} source needs a path")
@@ -378,7 +433,13 @@ def check_consistency(config: JobConfig) -> None:
         raise ConfigError("policy.other.eps.end", f"{eps.end} is above start {eps.start}")
 
 
-def with_spaces(config: JobConfig, obs_shape: int, action_shape: int) -> JobConfig:
+def with_spaces(
+    config: JobConfig,
+    obs_shape: int,
+    action_shape: int,
+    action_space: str = "discrete",
+    action_bounds: tuple[list[float], list[float]] | None = None,
+) -> JobConfig:
     """The config with the model's input and output sizes filled in (or checked)."""
     model = config.policy.model
     for name, actual in (("obs_shape", obs_shape), ("action_shape", action_shape)):
@@ -388,7 +449,17 @@ def with_spaces(config: JobConfig, obs_shape: int, action_shape: int) -> JobConf
                 f"policy.model.{name}",
                 f"{given} does not match the environment's {actual}",
             )
-    model = dataclasses.replace(model, obs_shape=obs_shape, action_shape=action_shape)
+    if config.policy.type == "dqn" and action_space != "discrete":
+        raise ConfigError("env.env_id", "DQN needs discrete actions")
+    low, high = action_bounds if action_bounds is not None else (None, None)
+    model = dataclasses.replace(
+        model,
+        obs_shape=obs_shape,
+        action_shape=action_shape,
+        action_space=action_space,  # type: ignore[arg-type]
+        action_low=low,
+        action_high=high,
+    )
     policy = dataclasses.replace(config.policy, model=model)
     return dataclasses.replace(config, policy=policy)
 

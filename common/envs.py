@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
@@ -26,11 +27,19 @@ def make_vector_env(config: EnvConfig, num_envs: int) -> gym.vector.VectorEnv:
     )
 
 
-def discrete_spaces(config: EnvConfig) -> tuple[int, int]:
-    """(observation size, number of actions) of a flat-box, discrete-action env.
+@dataclass(frozen=True)
+class Spaces:
+    obs_shape: int
+    action_shape: int
+    action_space: str  # "discrete" | "continuous"
+    action_bounds: tuple[list[float], list[float]] | None = None
+
+
+def env_spaces(config: EnvConfig) -> Spaces:
+    """The observation size and action space of a flat-Box-observation env.
 
     Raises:
-        ConfigError: the env does not exist or does not have such spaces.
+        ConfigError: the env does not exist or its spaces are not supported.
     """
     try:
         env: Any = gym.make(config.env_id, **config.env_kwargs)
@@ -40,10 +49,13 @@ def discrete_spaces(config: EnvConfig) -> tuple[int, int]:
         raise ConfigError("env.env_kwargs", str(exc)) from None
     try:
         obs, act = env.observation_space, env.action_space
-        if not isinstance(act, gym.spaces.Discrete):
-            raise ConfigError("env.env_id", f"'{config.env_id}' needs discrete actions for DQN")
         if not isinstance(obs, gym.spaces.Box) or len(obs.shape) != 1:
             raise ConfigError("env.env_id", f"'{config.env_id}' needs a flat Box observation")
-        return int(obs.shape[0]), int(act.n)
+        if isinstance(act, gym.spaces.Discrete):
+            return Spaces(int(obs.shape[0]), int(act.n), "discrete")
+        if isinstance(act, gym.spaces.Box) and len(act.shape) == 1:
+            bounds = (act.low.astype(float).tolist(), act.high.astype(float).tolist())
+            return Spaces(int(obs.shape[0]), int(act.shape[0]), "continuous", bounds)
+        raise ConfigError("env.env_id", f"'{config.env_id}' has an unsupported action space")
     finally:
         env.close()

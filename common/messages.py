@@ -160,6 +160,8 @@ class WorkerInfo:
 class CollectSpec:
     seed: int
     num_envs: PosInt
+    #: Sync workflow: env steps this collector contributes to each round.
+    round_steps: PosInt | None = None
 
 
 @message

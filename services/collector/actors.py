@@ -18,8 +18,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from common.config import EpsConfig, ModelConfig
-from common.models import QNetwork, load_numpy_state
+from common.config import EpsConfig, ModelConfig, PolicyConfig
+from common.models import ActorCritic, QNetwork, load_numpy_state
 
 
 @dataclass(frozen=True)
@@ -119,3 +119,54 @@ class NStepBuilder:
             "done": np.asarray(rows["done"], dtype=np.float32),
             "discount": np.asarray(rows["discount"], dtype=np.float32),
         }
+
+
+class ActorCriticPolicy:
+    """PPO's acting side: samples actions and records their log-probabilities and
+    values; `act` is the deterministic action, for evaluation."""
+
+    def __init__(self, model: ModelConfig, device: str) -> None:
+        self.device = torch.device(device)
+        self.network = ActorCritic(model).to(self.device).eval()
+        self.continuous = model.action_space == "continuous"
+        self.low = np.asarray(model.action_low, dtype=np.float32) if self.continuous else None
+        self.high = np.asarray(model.action_high, dtype=np.float32) if self.continuous else None
+        self.version = 0
+        self.loaded = False
+
+    def load(self, version: int, tensors: dict[str, np.ndarray]) -> None:
+        load_numpy_state(self.network, tensors)
+        self.version, self.loaded = version, True
+
+    def _tensor(self, obs: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(obs, dtype=torch.float32, device=self.device)
+
+    def env_action(self, action: np.ndarray) -> np.ndarray:
+        """What the env receives: a Gaussian sample clipped to the action bounds."""
+        return np.clip(action, self.low, self.high) if self.continuous else action
+
+    def sample(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(actions, their log-probabilities, state values) for a batch of obs."""
+        with torch.inference_mode():
+            x = self._tensor(obs)
+            dist = self.network.distribution(x)
+            action = dist.sample()
+            logp = self.network.log_prob(dist, action)
+            value = self.network.value(x)
+        return action.cpu().numpy(), logp.cpu().numpy(), value.cpu().numpy()
+
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return self.network.value(self._tensor(obs)).cpu().numpy()
+
+    def act(self, obs: np.ndarray, eps: float, rng: np.random.Generator) -> np.ndarray:
+        with torch.inference_mode():
+            action = self.network.mode(self._tensor(obs)).cpu().numpy()
+        return self.env_action(action)
+
+
+def make_policy(config: PolicyConfig) -> QPolicy | ActorCriticPolicy:
+    """The acting side of the job's algorithm."""
+    if config.type == "ppo":
+        return ActorCriticPolicy(config.model, config.torch_device)
+    return QPolicy(config.model, config.torch_device)

@@ -23,14 +23,21 @@ import numpy as np
 import torch
 from tenacity import RetryCallState, RetryError, Retrying, retry_if_exception
 
-from common.config import JobConfig, read_job_config
+from common.advantages import gae
+from common.config import JobConfig, PolicyConfig, read_job_config
 from common.envs import make_vector_env
 from common.errors import ApiError
 from common.http import ServiceUnavailable, is_transient, retry_wait_s
 from common.messages import CollectSpec, EvalResult, EvaluateSpec, SegmentRef, dump
 from common.slave import TaskContext
 from common.storage import CorruptFileError, SharedStore
-from services.collector.actors import EpsilonSchedule, NStepBuilder, QPolicy
+from services.collector.actors import (
+    ActorCriticPolicy,
+    EpsilonSchedule,
+    NStepBuilder,
+    QPolicy,
+    make_policy,
+)
 from services.coordinator.client import CoordinatorClient
 
 log = logging.getLogger(__name__)
@@ -172,6 +179,44 @@ def _log_retry(state: RetryCallState) -> None:
         log.warning("insert failed (%s); retrying", exc)
 
 
+ROUND_COLUMNS = (
+    "obs",
+    "action",
+    "logp",
+    "value",
+    "reward",
+    "terminated",
+    "ended",
+    "next_value",
+)
+
+
+def round_columns(record: dict[str, list], config: PolicyConfig) -> dict[str, np.ndarray]:
+    """One round's [T, num_envs] records as flat training columns with GAE."""
+    arrays = {k: np.asarray(v) for k, v in record.items()}
+    adv, ret = gae(
+        arrays["reward"].astype(np.float32),
+        arrays["value"].astype(np.float32),
+        arrays["next_value"].astype(np.float32),
+        arrays["terminated"].astype(np.float32),
+        arrays["ended"].astype(np.float32),
+        config.discount_factor,
+        config.collect.gae_lambda,
+    )
+
+    def flat(a: np.ndarray) -> np.ndarray:
+        return a.reshape(a.shape[0] * a.shape[1], *a.shape[2:])
+
+    action = flat(arrays["action"])
+    return {
+        "obs": flat(arrays["obs"]).astype(np.float32),
+        "action": action.astype(np.float32 if action.dtype.kind == "f" else np.int64),
+        "logp": flat(arrays["logp"]).astype(np.float32),
+        "adv": flat(adv).astype(np.float32),
+        "ret": flat(ret).astype(np.float32),
+    }
+
+
 class CollectorRunner:
     """Runs `collect` and `evaluate` tasks (the TaskRunner of a collector)."""
 
@@ -184,9 +229,98 @@ class CollectorRunner:
         config = read_job_config(self.store, ctx.task.job_id)
         torch.set_num_threads(config.system.torch_num_threads)
         spec = ctx.task.typed_spec()
+        if isinstance(spec, CollectSpec) and config.system.workflow == "sync":
+            return self.collect_rounds(ctx, config, spec)
         if isinstance(spec, CollectSpec):
             return self.collect(ctx, config, spec)
         return self.evaluate(ctx, config, spec)
+
+    def collect_rounds(
+        self, ctx: TaskContext, config: JobConfig, spec: CollectSpec
+    ) -> dict[str, Any]:
+        """The sync workflow: for each policy version v, collect exactly this
+        collector's share of the round with v, compute GAE with v's critic, insert
+        it, then wait for v + 1. No step is ever taken with an older version."""
+        job_id = ctx.task.job_id
+        policy_cfg = config.policy
+        policy = ActorCriticPolicy(policy_cfg.model, policy_cfg.torch_device)
+        follower = PolicyFollower(
+            policy, self.store, ctx.coordinator, job_id, policy_cfg.collect.policy_poll_s
+        )
+        torch.manual_seed(spec.seed)
+        env = make_vector_env(config.env, spec.num_envs)
+        uploader = SegmentUploader(ctx, self.store, policy_cfg.collect.insert_timeout_s)
+        worker_dir = f"{ctx.worker_id}.{ctx.task.task_id}"
+        round_steps = spec.round_steps or policy_cfg.collect.n_sample
+        steps = -(-round_steps // spec.num_envs)  # vector steps per round, rounded up
+        obs, _ = env.reset(seed=spec.seed)
+        episode_return = np.zeros(spec.num_envs)
+        episode_length = np.zeros(spec.num_envs, dtype=np.int64)
+        last_version, env_steps, seq = 0, 0, 0
+        started = time.monotonic()
+        try:
+            while not ctx.stopped():
+                while not ctx.stopped() and not (policy.loaded and policy.version > last_version):
+                    follower.refresh()
+                    ctx.stop.wait(0.01)
+                if ctx.stopped():
+                    break
+                version = policy.version
+                record: dict[str, list] = {k: [] for k in ROUND_COLUMNS}
+                returns: list[float] = []
+                lengths: list[int] = []
+                for _ in range(steps):
+                    action, logp, value = policy.sample(obs)
+                    next_obs, reward, terminated, truncated, info = env.step(
+                        policy.env_action(action)
+                    )
+                    ended = terminated | truncated
+                    true_next = next_obs
+                    if ended.any():
+                        true_next = next_obs.copy()
+                        true_next[ended] = np.stack(info["final_obs"][ended])
+                    for key, item in (
+                        ("obs", obs),
+                        ("action", action),
+                        ("logp", logp),
+                        ("value", value),
+                        ("reward", reward),
+                        ("terminated", terminated),
+                        ("ended", ended),
+                        ("next_value", policy.value(true_next)),
+                    ):
+                        record[key].append(item)
+                    episode_return += reward
+                    episode_length += 1
+                    for i in np.flatnonzero(ended):
+                        returns.append(float(episode_return[i]))
+                        lengths.append(int(episode_length[i]))
+                        episode_return[i], episode_length[i] = 0.0, 0
+                    obs = next_obs
+                columns = round_columns(record, policy_cfg)
+                rows = len(columns["obs"])
+                ref = SegmentRef(
+                    path=self.store.segment_path(job_id, worker_dir, seq),
+                    rows=rows,
+                    env_steps=rows,
+                    policy_version=version,
+                    episode_returns=returns,
+                    episode_lengths=lengths,
+                )
+                uploader.put(_Pending(columns=columns, ref=ref))
+                seq += 1
+                env_steps += rows
+                last_version = version
+                ctx.progress.update(
+                    env_steps=env_steps,
+                    env_steps_per_s=round(env_steps / max(time.monotonic() - started, 1e-9), 1),
+                    policy_version=version,
+                    rows_acknowledged=uploader.rows_acknowledged,
+                )
+        finally:
+            uploader.close()
+            env.close()
+        return {"env_steps": env_steps, "segments": uploader.segments_sent}
 
     def collect(self, ctx: TaskContext, config: JobConfig, spec: CollectSpec) -> dict[str, Any]:
         job_id = ctx.task.job_id
@@ -263,7 +397,7 @@ class CollectorRunner:
             env.close()
         return {"env_steps": env_steps, "segments": uploader.segments_sent}
 
-    def _load_for_evaluation(self, policy: QPolicy, spec: EvaluateSpec) -> None:
+    def _load_for_evaluation(self, policy: QPolicy | ActorCriticPolicy, spec: EvaluateSpec) -> None:
         """Random actions need nothing; a policy file or a checkpoint is read through
         safetensors / `torch.load(weights_only=True)`, from inside the shared root."""
         if spec.source == "random":
@@ -284,7 +418,7 @@ class CollectorRunner:
         Each env runs a fixed quota of episodes decided up front (differing by at most
         one), so envs with short episodes cannot crowd out long ones and bias the mean.
         """
-        policy = QPolicy(config.policy.model, config.policy.torch_device)
+        policy = make_policy(config.policy)
         self._load_for_evaluation(policy, spec)
         num_envs = min(spec.num_envs, spec.episodes)
         quota = np.full(num_envs, spec.episodes // num_envs)

@@ -28,7 +28,7 @@ from common.config import (
     to_dict,
     with_spaces,
 )
-from common.envs import discrete_spaces
+from common.envs import env_spaces
 from common.errors import ApiError, bad_request, conflict, not_found
 from common.messages import (
     TERMINAL_PHASES,
@@ -203,7 +203,14 @@ class Coordinator:
     def submit_job(self, submit: JobSubmit) -> JobCreated:
         try:
             config, warnings = resolve_job_config(submit.config)
-            config = with_spaces(config, *discrete_spaces(config.env))
+            spaces = env_spaces(config.env)
+            config = with_spaces(
+                config,
+                spaces.obs_shape,
+                spaces.action_shape,
+                spaces.action_space,
+                spaces.action_bounds,
+            )
         except ConfigError as exc:
             raise bad_request(f"config.{exc.field}", exc.message) from None
         self._check_limits(config)
@@ -701,7 +708,11 @@ class Coordinator:
         wanted = job.config.system.collector_num or len(self.workers)
         collectors = free("collector", "collect")
         for worker in collectors[: max(0, wanted - kinds["collect"])]:
-            spec = CollectSpec(seed=self._seed(job), num_envs=job.config.env.collector_env_num)
+            spec = CollectSpec(
+                seed=self._seed(job),
+                num_envs=job.config.env.collector_env_num,
+                round_steps=self._round_share(job),
+            )
             plan.append(self._assign(job, worker, "collect", spec))
         if kinds["evaluate"] == 0 and self._eval_due(job):
             evaluators = free("collector", "evaluate")
@@ -799,6 +810,16 @@ class Coordinator:
             f"evaluated {len(episodes)} episodes of {source.source}: return "
             f"{summary.return_mean:.1f} ± {summary.return_std:.1f}",
         )
+
+    def _round_share(self, job: Job) -> int | None:
+        """Sync workflow: each collector's env steps per round (n_sample split evenly
+        over the collectors the job expects)."""
+        if job.config.system.workflow != "sync":
+            return None
+        expected = job.config.system.collector_num or max(
+            1, sum(w.role == "collector" for w in self.workers.values())
+        )
+        return -(-job.config.policy.collect.n_sample // expected)
 
     def _eval_due(self, job: Job) -> bool:
         if job.policy is None or job.policy.version == 0:

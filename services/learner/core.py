@@ -27,6 +27,7 @@ from common.models import load_numpy_state, state_to_numpy
 from common.slave import TaskContext
 from common.storage import CorruptFileError, SharedStore
 from services.learner.algorithms.dqn import DQN, TransitionBatch
+from services.learner.algorithms.ppo import PPO
 
 log = logging.getLogger(__name__)
 
@@ -122,12 +123,15 @@ class LearnerRunner:
         spec = ctx.task.typed_spec()
         torch.manual_seed(spec.seed)
         device = torch.device(config.policy.torch_device)
+        if config.policy.type == "ppo":
+            ppo = PPO(config.policy, device)
+            version = self._resume(job_id, ppo, ctx)
+            return _RoundSession(ctx, config, self.store, ppo, version).run()
         dqn = DQN(config.policy, device)
         version = self._resume(job_id, dqn, ctx)
-        session = _LearnSession(ctx, config, self.store, dqn, version)
-        return session.run()
+        return _LearnSession(ctx, config, self.store, dqn, version).run()
 
-    def _resume(self, job_id: str, dqn: DQN, ctx: TaskContext) -> int:
+    def _resume(self, job_id: str, dqn: DQN | PPO, ctx: TaskContext) -> int:
         """Continue where the job's last learner stopped; return the newest policy
         version in use, which the next publish goes past (versions stay monotonic).
 
@@ -155,7 +159,8 @@ class LearnerRunner:
             try:
                 policy = self.store.read_policy(latest.path, sha256=latest.sha256)
                 load_numpy_state(dqn.online, policy.tensors)
-                dqn.target.load_state_dict(dqn.online.state_dict())
+                if isinstance(dqn, DQN):
+                    dqn.target.load_state_dict(dqn.online.state_dict())
                 dqn.train_iter = policy.train_iter
                 log.info(
                     "took version %d's weights (train_iter %d)", latest.version, policy.train_iter
@@ -284,3 +289,82 @@ class _LearnSession:
         self.store.write_bytes(path, buffer.getvalue())
         for old in self.store.list_dir(folder)[:-KEEP_CHECKPOINTS]:
             self.store.delete(f"{folder}/{old}")
+
+
+class _RoundSession(_LearnSession):
+    """The sync workflow (PPO): each round, exactly `n_sample` items collected with the
+    current version, `epoch_per_collect` passes over them, then the next version.
+
+    The buffer is a fifo queue that evicts anything older than the newest version, so
+    no item collected by an older policy is ever trained on.
+    """
+
+    def __init__(
+        self, ctx: TaskContext, config: JobConfig, store: SharedStore, ppo: PPO, version: int
+    ) -> None:
+        super().__init__(ctx, config, store, ppo, version)  # type: ignore[arg-type]
+        self.cache = SegmentCache(store, self.job_id, PPO.COLUMNS)
+
+    def run(self) -> dict[str, Any]:
+        ctx, ppo = self.ctx, self.dqn
+        learn = self.config.policy.learn
+        started = time.monotonic()
+        try:
+            self.publish()  # version v: the collectors start the first round with it
+            while not ctx.stopped():
+                reply = self.fetch_round()
+                if reply is None:
+                    continue
+                columns, versions = self.round_data(reply)
+                if set(versions) != {self.version}:
+                    # The buffer evicts older data; this guards the promise itself.
+                    raise RuntimeError(f"round of version {self.version} held {set(versions)}")
+                info = ppo.train_round(columns)
+                previous = ppo.train_iter - info.updates
+                self.publish()
+                if (
+                    ppo.train_iter // learn.checkpoint_every_iters
+                    > previous // learn.checkpoint_every_iters
+                ):
+                    self.checkpoint()
+                ctx.progress.update(
+                    train_iter=ppo.train_iter,
+                    train_iters_per_s=round(ppo.train_iter / (time.monotonic() - started), 1),
+                    loss=round(info.loss, 5),
+                    entropy=round(info.entropy, 4),
+                    approx_kl=round(info.approx_kl, 5),
+                    unusable_segments=len(self.cache.unusable),
+                )
+        except JobOver as exc:
+            log.info("learning stops: %s", exc)
+            ctx.stop.set()
+        self.checkpoint()
+        return {"train_iter": ppo.train_iter, "policy_version": self.version}
+
+    def fetch_round(self) -> SampleReply | None:
+        n_sample = self.config.policy.collect.n_sample
+        try:
+            return self.ctx.coordinator.sample(
+                self.job_id,
+                batch_size=n_sample,
+                num_batches=1,
+                timeout_s=self.config.policy.learn.sample_timeout_s,
+            )
+        except ApiError as exc:
+            if exc.status == 503:
+                return None
+            if exc.status in (404, 409):
+                raise JobOver(exc.message) from exc
+            raise
+        except ServiceUnavailable as exc:
+            log.warning("sampling failed (%s); retrying", exc)
+            self.ctx.stop.wait(1.0)
+            return None
+
+    def round_data(self, reply: SampleReply) -> tuple[dict[str, np.ndarray], list[int]]:
+        (batch,) = reply.batches
+        columns, _, _ = self.cache.gather(batch)
+        versions = [
+            int(self.store.read_segment_header(s.path)["policy_version"]) for s in batch.segments
+        ]
+        return columns, versions

@@ -1,0 +1,111 @@
+"""PPO: clipped surrogate objective, value loss, entropy bonus, advantage
+normalization, minibatch epochs; discrete or Gaussian actions. Pure torch.
+
+Advantages (GAE, common/advantages.py) come with the data: in the sync workflow the
+collectors act with exactly the version being trained, so they compute GAE with its
+critic at the end of each round, as the learner would.
+
+Usage::
+
+    ppo = PPO(policy_config, device="cpu")
+    info = ppo.train_round(columns)      # epoch_per_collect passes over one round
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from common.config import PolicyConfig
+from common.models import ActorCritic
+
+COLUMNS = ("obs", "action", "logp", "adv", "ret")
+
+
+@dataclass(frozen=True)
+class RoundInfo:
+    loss: float
+    policy_loss: float
+    value_loss: float
+    entropy: float
+    approx_kl: float
+    clip_fraction: float
+    updates: int
+
+
+class PPO:
+    COLUMNS = COLUMNS
+
+    def __init__(self, config: PolicyConfig, device: str | torch.device = "cpu") -> None:
+        self.config = config
+        self.device = torch.device(device)
+        self.model = ActorCritic(config.model).to(self.device)
+        self.optimizer = torch.optim.Adam(
+            self.model.parameters(), lr=config.learn.learning_rate, eps=1e-5
+        )
+        self.train_iter = 0  # minibatch updates so far
+        self.online = self.model  # what a policy version publishes
+
+    def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        learn = self.config.learn
+        dist = self.model.distribution(batch["obs"])
+        logp = self.model.log_prob(dist, batch["action"])
+        ratio = (logp - batch["logp"]).exp()
+        adv = batch["adv"]
+        if learn.adv_norm and len(adv) > 1:
+            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        surrogate = torch.min(
+            ratio * adv, ratio.clamp(1 - learn.clip_ratio, 1 + learn.clip_ratio) * adv
+        )
+        policy_loss = -surrogate.mean()
+        value_loss = 0.5 * (self.model.value(batch["obs"]) - batch["ret"]).pow(2).mean()
+        entropy = self.model.entropy(dist).mean()
+        loss = policy_loss + learn.value_weight * value_loss - learn.entropy_weight * entropy
+        with torch.no_grad():
+            stats = {
+                "policy_loss": float(policy_loss),
+                "value_loss": float(value_loss),
+                "entropy": float(entropy),
+                "approx_kl": float(((ratio - 1) - (logp - batch["logp"])).mean()),
+                "clip_fraction": float(((ratio - 1).abs() > learn.clip_ratio).float().mean()),
+            }
+        return loss, stats
+
+    def train_round(self, columns: dict[str, np.ndarray], seed: int | None = None) -> RoundInfo:
+        """`epoch_per_collect` passes of shuffled minibatches over one round's data."""
+        learn = self.config.learn
+        data = {k: torch.as_tensor(columns[k], device=self.device) for k in COLUMNS}
+        n = len(data["obs"])
+        generator = torch.Generator().manual_seed(seed if seed is not None else self.train_iter)
+        totals: dict[str, float] = {}
+        updates = 0
+        for _ in range(learn.epoch_per_collect):
+            order = torch.randperm(n, generator=generator)
+            for start in range(0, n, learn.batch_size):
+                index = order[start : start + learn.batch_size].to(self.device)
+                loss, stats = self.loss({k: v[index] for k, v in data.items()})
+                self.optimizer.zero_grad(set_to_none=True)
+                loss.backward()
+                if learn.max_grad_norm is not None:
+                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), learn.max_grad_norm)
+                self.optimizer.step()
+                self.train_iter += 1
+                updates += 1
+                totals["loss"] = totals.get("loss", 0.0) + float(loss)
+                for key, value in stats.items():
+                    totals[key] = totals.get(key, 0.0) + value
+        return RoundInfo(updates=updates, **{k: v / max(updates, 1) for k, v in totals.items()})
+
+    def state_dict(self) -> dict:
+        return {
+            "online": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "train_iter": self.train_iter,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["online"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.train_iter = int(state["train_iter"])
