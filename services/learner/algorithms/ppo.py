@@ -93,7 +93,7 @@ class PPO:
                 self.optimizer.step()
                 self.train_iter += 1
                 updates += 1
-                totals["loss"] = totals.get("loss", 0.0) + float(loss)
+                totals["loss"] = totals.get("loss", 0.0) + float(loss.detach())
                 for key, value in stats.items():
                     totals[key] = totals.get(key, 0.0) + value
         return RoundInfo(updates=updates, **{k: v / max(updates, 1) for k, v in totals.items()})
