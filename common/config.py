@@ -111,6 +111,9 @@ class LearnConfig:
     entropy_weight: Annotated[float, Ge(0)] = 0.0
     #: PPO: normalize advantages within each minibatch.
     adv_norm: bool = True
+    #: IMPALA: V-trace's importance-weight clips.
+    rho_clip: Annotated[float, Gt(0)] = 1.0
+    c_clip: Annotated[float, Gt(0)] = 1.0
 
 
 @section
@@ -123,6 +126,8 @@ class CollectConfig:
     insert_timeout_s: Annotated[float, Gt(0), Le(60)] = 2.0
     #: PPO: the GAE lambda the collectors compute advantages with.
     gae_lambda: Fraction = 0.95
+    #: IMPALA: steps in each unroll (one buffer item per env and unroll).
+    unroll_len: Annotated[int, Gt(0), Le(1000)] = 32
 
 
 @section
@@ -186,7 +191,7 @@ class OtherConfig:
 
 @section
 class PolicyConfig:
-    type: Literal["dqn", "ppo"] = "dqn"
+    type: Literal["dqn", "ppo", "impala"] = "dqn"
     #: Train and act on CUDA when available (DI-engine's key); `device` overrides it.
     cuda: bool = False
     device: Literal["cpu", "cuda"] | None = None
@@ -270,8 +275,30 @@ ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
     },
 }
 
+ALGORITHM_DEFAULTS["impala"] = {
+    "policy": {
+        "model": {"encoder_hidden_size_list": [64, 64]},
+        "learn": {
+            "batch_size": 16,  # unrolls per update
+            "num_batches": 1,
+            "learning_rate": 5e-4,
+            "max_grad_norm": 40.0,
+            "entropy_weight": 0.01,
+        },
+        "other": {
+            # Each unroll is used once, oldest first; data too far behind is dropped.
+            "replay_buffer": {"type": "fifo", "replay_buffer_size": 4096, "min_size_to_sample": 1}
+        },
+    },
+    "system": {"workflow": "async", "max_policy_lag": 8},
+}
+
 #: The workflows each algorithm can run.
-WORKFLOWS = {"dqn": {"async", "evaluate"}, "ppo": {"sync", "evaluate"}}
+WORKFLOWS = {
+    "dqn": {"async", "evaluate"},
+    "ppo": {"sync", "evaluate"},
+    "impala": {"async", "evaluate"},
+}
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:

@@ -167,6 +167,18 @@ class LocalCluster:
                     ) from None
                 time.sleep(0.05)
 
+    def wait_for_workers(self, timeout_s: float = 60.0) -> None:
+        """Wait until every collector and learner started here has registered."""
+        wanted = {"collector": len(self.collectors), "learner": len(self.learners)}
+        deadline = time.monotonic() + timeout_s
+        while True:
+            roles = [w.role for w in self.client.workers()]
+            if all(roles.count(role) >= n for role, n in wanted.items()):
+                return
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"only {roles} registered within {timeout_s}s, wanted {wanted}")
+            time.sleep(0.1)
+
     def dead_services(self) -> list[Service]:
         return [s for s in self.services if s.process is not None and not s.alive()]
 

@@ -167,6 +167,6 @@ class ActorCriticPolicy:
 
 def make_policy(config: PolicyConfig) -> QPolicy | ActorCriticPolicy:
     """The acting side of the job's algorithm."""
-    if config.type == "ppo":
+    if config.type in ("ppo", "impala"):
         return ActorCriticPolicy(config.model, config.torch_device)
     return QPolicy(config.model, config.torch_device)

@@ -231,9 +231,94 @@ class CollectorRunner:
         spec = ctx.task.typed_spec()
         if isinstance(spec, CollectSpec) and config.system.workflow == "sync":
             return self.collect_rounds(ctx, config, spec)
+        if isinstance(spec, CollectSpec) and config.policy.type == "impala":
+            return self.collect_unrolls(ctx, config, spec)
         if isinstance(spec, CollectSpec):
             return self.collect(ctx, config, spec)
         return self.evaluate(ctx, config, spec)
+
+    def collect_unrolls(
+        self, ctx: TaskContext, config: JobConfig, spec: CollectSpec
+    ) -> dict[str, Any]:
+        """IMPALA: act with the newest version, and every `unroll_len` steps send one
+        unroll per env, with the behaviour log-probabilities V-trace needs."""
+        job_id = ctx.task.job_id
+        policy_cfg = config.policy
+        policy = ActorCriticPolicy(policy_cfg.model, policy_cfg.torch_device)
+        follower = PolicyFollower(
+            policy, self.store, ctx.coordinator, job_id, policy_cfg.collect.policy_poll_s
+        )
+        torch.manual_seed(spec.seed)
+        env = make_vector_env(config.env, spec.num_envs)
+        uploader = SegmentUploader(ctx, self.store, policy_cfg.collect.insert_timeout_s)
+        worker_dir = f"{ctx.worker_id}.{ctx.task.task_id}"
+        obs, _ = env.reset(seed=spec.seed)
+        episode_return = np.zeros(spec.num_envs)
+        episode_length = np.zeros(spec.num_envs, dtype=np.int64)
+        env_steps = seq = 0
+        started = time.monotonic()
+        try:
+            while not ctx.stopped():
+                follower.refresh()
+                if not policy.loaded:  # the learner publishes its first version at start
+                    ctx.stop.wait(0.02)
+                    continue
+                version = policy.version
+                record: dict[str, list] = {
+                    k: [] for k in ("obs", "action", "reward", "logp", "done")
+                }
+                returns: list[float] = []
+                lengths: list[int] = []
+                for _ in range(policy_cfg.collect.unroll_len):
+                    action, logp, _ = policy.sample(obs)
+                    next_obs, reward, terminated, truncated, _ = env.step(policy.env_action(action))
+                    ended = terminated | truncated
+                    for key, item in (
+                        ("obs", obs),
+                        ("action", action),
+                        ("reward", reward),
+                        ("logp", logp),
+                        ("done", ended),
+                    ):
+                        record[key].append(item)
+                    episode_return += reward
+                    episode_length += 1
+                    for i in np.flatnonzero(ended):
+                        returns.append(float(episode_return[i]))
+                        lengths.append(int(episode_length[i]))
+                        episode_return[i], episode_length[i] = 0.0, 0
+                    obs = next_obs
+                # [T, envs, ...] -> one unroll per env: [envs, T, ...]
+                columns = {k: np.stack(v, axis=1) for k, v in record.items()}
+                for key in ("obs", "reward", "logp", "done"):
+                    columns[key] = columns[key].astype(np.float32)
+                action = columns["action"]
+                columns["action"] = action.astype(
+                    np.int64 if action.dtype.kind in "iu" else np.float32
+                )
+                columns["bootstrap_obs"] = obs.astype(np.float32)
+                rows = spec.num_envs * policy_cfg.collect.unroll_len
+                ref = SegmentRef(
+                    path=self.store.segment_path(job_id, worker_dir, seq),
+                    rows=spec.num_envs,
+                    env_steps=rows,
+                    policy_version=version,
+                    episode_returns=returns,
+                    episode_lengths=lengths,
+                )
+                uploader.put(_Pending(columns=columns, ref=ref))
+                seq += 1
+                env_steps += rows
+                ctx.progress.update(
+                    env_steps=env_steps,
+                    env_steps_per_s=round(env_steps / max(time.monotonic() - started, 1e-9), 1),
+                    policy_version=version,
+                    rows_acknowledged=uploader.rows_acknowledged,
+                )
+        finally:
+            uploader.close()
+            env.close()
+        return {"env_steps": env_steps, "segments": uploader.segments_sent}
 
     def collect_rounds(
         self, ctx: TaskContext, config: JobConfig, spec: CollectSpec

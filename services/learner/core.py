@@ -26,7 +26,8 @@ from common.messages import PolicyRef, SampledBatch, SampleReply
 from common.models import load_numpy_state, state_to_numpy
 from common.slave import TaskContext
 from common.storage import CorruptFileError, SharedStore
-from services.learner.algorithms.dqn import DQN, TransitionBatch
+from services.learner.algorithms.dqn import DQN
+from services.learner.algorithms.impala import Impala
 from services.learner.algorithms.ppo import PPO
 
 log = logging.getLogger(__name__)
@@ -127,11 +128,15 @@ class LearnerRunner:
             ppo = PPO(config.policy, device)
             version = self._resume(job_id, ppo, ctx)
             return _RoundSession(ctx, config, self.store, ppo, version).run()
-        dqn = DQN(config.policy, device)
-        version = self._resume(job_id, dqn, ctx)
-        return _LearnSession(ctx, config, self.store, dqn, version).run()
+        algo: DQN | Impala = (
+            Impala(config.policy, device)
+            if config.policy.type == "impala"
+            else DQN(config.policy, device)
+        )
+        version = self._resume(job_id, algo, ctx)
+        return _LearnSession(ctx, config, self.store, algo, version).run()
 
-    def _resume(self, job_id: str, dqn: DQN | PPO, ctx: TaskContext) -> int:
+    def _resume(self, job_id: str, dqn: DQN | PPO | Impala, ctx: TaskContext) -> int:
         """Continue where the job's last learner stopped; return the newest policy
         version in use, which the next publish goes past (versions stay monotonic).
 
@@ -187,7 +192,7 @@ class _LearnSession:
         self.dqn = dqn
         self.version = version
         self.job_id = ctx.task.job_id
-        self.cache = SegmentCache(store, self.job_id, TransitionBatch.COLUMNS)
+        self.cache = SegmentCache(store, self.job_id, dqn.COLUMNS)
         self.sample_timeouts = 0
         self.prioritized = config.policy.other.replay_buffer.type == "prioritized"
 
@@ -212,7 +217,7 @@ class _LearnSession:
                     columns, weights, batch_keys = self.cache.gather(batch)
                     if not len(weights):
                         continue
-                    info = dqn.update(TransitionBatch.from_numpy(columns, weights, dqn.device))
+                    info = dqn.learn_batch(columns, weights)
                     keys += batch_keys
                     td_abs.append(info.td_abs)
                     if dqn.train_iter % learn.publish_every_iters == 0:

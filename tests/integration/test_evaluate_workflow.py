@@ -26,6 +26,7 @@ def wait_done(cluster, job_id, deadline_s=120):
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     with LocalCluster(tmp_path_factory.mktemp("eval") / "run", num_collectors=2) as running:
+        running.wait_for_workers()  # so both collectors share the episodes
         yield running
 
 

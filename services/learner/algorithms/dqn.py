@@ -62,6 +62,8 @@ class UpdateInfo:
 
 
 class DQN:
+    COLUMNS = TransitionBatch.COLUMNS
+
     def __init__(self, config: PolicyConfig, device: str | torch.device = "cpu") -> None:
         self.config = config
         self.device = torch.device(device)
@@ -69,6 +71,10 @@ class DQN:
         self.target = copy.deepcopy(self.online).requires_grad_(False)
         self.optimizer = torch.optim.Adam(self.online.parameters(), lr=config.learn.learning_rate)
         self.train_iter = 0
+
+    def learn_batch(self, columns: dict[str, np.ndarray], weights: np.ndarray) -> UpdateInfo:
+        """One update on a batch of segment rows (what the learner's loop calls)."""
+        return self.update(TransitionBatch.from_numpy(columns, weights, self.device))
 
     def update(self, batch: TransitionBatch) -> UpdateInfo:
         learn = self.config.learn

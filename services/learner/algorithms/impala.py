@@ -1,0 +1,133 @@
+"""IMPALA: an actor-critic trained on unrolls of T steps with V-trace off-policy
+correction (Espeholt et al., 2018). Pure torch.
+
+The collectors act with whatever version they have and record the behaviour
+policy's log-probabilities; V-trace corrects for the lag between that policy and the
+one being trained, with importance weights clipped at `rho_clip` (for the targets'
+and the policy gradient's TD errors) and `c_clip` (for how far corrections travel
+back). A time-limit truncation is treated as an episode end.
+
+Usage::
+
+    impala = Impala(policy_config)
+    info = impala.learn_batch(columns, weights)   # columns: [B, T, ...] unrolls
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from common.config import PolicyConfig
+from common.models import ActorCritic
+
+COLUMNS = ("obs", "action", "reward", "logp", "done", "bootstrap_obs")
+
+
+@dataclass(frozen=True)
+class VTrace:
+    vs: torch.Tensor  # [B, T] value targets
+    pg_advantages: torch.Tensor  # [B, T]
+
+
+def vtrace(
+    behaviour_logp: torch.Tensor,
+    target_logp: torch.Tensor,
+    rewards: torch.Tensor,
+    discounts: torch.Tensor,
+    values: torch.Tensor,
+    bootstrap_value: torch.Tensor,
+    rho_clip: float = 1.0,
+    c_clip: float = 1.0,
+) -> VTrace:
+    """V-trace targets and policy-gradient advantages over [B, T] tensors.
+
+    `discounts[t]` is gamma, or 0 where the episode ended after step t.
+    """
+    with torch.no_grad():
+        rho = (target_logp - behaviour_logp).exp()
+        rho_bar = rho.clamp(max=rho_clip)
+        c = rho.clamp(max=c_clip)
+        next_values = torch.cat([values[:, 1:], bootstrap_value.unsqueeze(1)], dim=1)
+        delta = rho_bar * (rewards + discounts * next_values - values)
+        correction = torch.zeros_like(bootstrap_value)
+        vs_minus_v = torch.zeros_like(values)
+        for t in range(values.shape[1] - 1, -1, -1):
+            correction = delta[:, t] + discounts[:, t] * c[:, t] * correction
+            vs_minus_v[:, t] = correction
+        vs = vs_minus_v + values
+        next_vs = torch.cat([vs[:, 1:], bootstrap_value.unsqueeze(1)], dim=1)
+        pg_advantages = rho_bar * (rewards + discounts * next_vs - values)
+    return VTrace(vs=vs, pg_advantages=pg_advantages)
+
+
+@dataclass(frozen=True)
+class UpdateInfo:
+    loss: float
+    q_mean: float  # the mean value estimate (named like DQN's for the progress report)
+    td_abs: np.ndarray  # per-unroll |advantage|, unused by a fifo queue
+    entropy: float
+
+
+class Impala:
+    COLUMNS = COLUMNS
+
+    def __init__(self, config: PolicyConfig, device: str | torch.device = "cpu") -> None:
+        self.config = config
+        self.device = torch.device(device)
+        self.model = ActorCritic(config.model).to(self.device)
+        self.online = self.model
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.learn.learning_rate)
+        self.train_iter = 0
+
+    def learn_batch(self, columns: dict[str, np.ndarray], weights: np.ndarray) -> UpdateInfo:
+        learn = self.config.learn
+        t = {k: torch.as_tensor(columns[k], device=self.device) for k in COLUMNS}
+        obs = t["obs"]  # [B, T, obs]
+        batch, steps = obs.shape[:2]
+        dist = self.model.distribution(obs.reshape(batch * steps, -1))
+        action = t["action"].reshape(batch * steps, *t["action"].shape[2:])
+        target_logp = self.model.log_prob(dist, action).reshape(batch, steps)
+        values = self.model.value(obs.reshape(batch * steps, -1)).reshape(batch, steps)
+        bootstrap = self.model.value(t["bootstrap_obs"])
+        discounts = self.config.discount_factor * (1.0 - t["done"])
+        targets = vtrace(
+            t["logp"],
+            target_logp.detach(),
+            t["reward"],
+            discounts,
+            values.detach(),
+            bootstrap.detach(),
+            learn.rho_clip,
+            learn.c_clip,
+        )
+        policy_loss = -(target_logp * targets.pg_advantages).mean()
+        value_loss = 0.5 * (targets.vs - values).pow(2).mean()
+        entropy = self.model.entropy(dist).mean()
+        loss = policy_loss + learn.value_weight * value_loss - learn.entropy_weight * entropy
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if learn.max_grad_norm is not None:
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), learn.max_grad_norm)
+        self.optimizer.step()
+        self.train_iter += 1
+        return UpdateInfo(
+            loss=float(loss.detach()),
+            q_mean=float(values.detach().mean()),
+            td_abs=targets.pg_advantages.abs().mean(dim=1).cpu().numpy(),
+            entropy=float(entropy.detach()),
+        )
+
+    def state_dict(self) -> dict:
+        return {
+            "online": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "train_iter": self.train_iter,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.model.load_state_dict(state["online"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.train_iter = int(state["train_iter"])
