@@ -111,6 +111,8 @@ class LearnConfig:
     entropy_weight: Annotated[float, Ge(0)] = 0.0
     #: PPO: normalize advantages within each minibatch.
     adv_norm: bool = True
+    #: SAC: the entropy temperature it starts from (then tuned automatically).
+    init_alpha: Annotated[float, Gt(0)] = 0.2
     #: IMPALA: V-trace's importance-weight clips.
     rho_clip: Annotated[float, Gt(0)] = 1.0
     c_clip: Annotated[float, Gt(0)] = 1.0
@@ -126,6 +128,8 @@ class CollectConfig:
     insert_timeout_s: Annotated[float, Gt(0), Le(60)] = 2.0
     #: PPO: the GAE lambda the collectors compute advantages with.
     gae_lambda: Fraction = 0.95
+    #: SAC: env steps of uniformly random actions at the start of a job.
+    random_collect_size: Annotated[int, Ge(0)] = 1000
     #: IMPALA: steps in each unroll (one buffer item per env and unroll).
     unroll_len: Annotated[int, Gt(0), Le(1000)] = 32
 
@@ -191,7 +195,7 @@ class OtherConfig:
 
 @section
 class PolicyConfig:
-    type: Literal["dqn", "ppo", "impala"] = "dqn"
+    type: Literal["dqn", "ppo", "impala", "sac"] = "dqn"
     #: Train and act on CUDA when available (DI-engine's key); `device` overrides it.
     cuda: bool = False
     device: Literal["cpu", "cuda"] | None = None
@@ -298,6 +302,15 @@ WORKFLOWS = {
     "dqn": {"async", "evaluate"},
     "ppo": {"sync", "evaluate"},
     "impala": {"async", "evaluate"},
+    "sac": {"async", "evaluate"},
+}
+
+ALGORITHM_DEFAULTS["sac"] = {
+    "policy": {
+        "model": {"encoder_hidden_size_list": [256, 256]},
+        "learn": {"batch_size": 256, "learning_rate": 3e-4, "target_theta": 0.005},
+        "other": {"replay_buffer": {"replay_buffer_size": 100_000}},
+    },
 }
 
 
@@ -478,6 +491,8 @@ def with_spaces(
             )
     if config.policy.type == "dqn" and action_space != "discrete":
         raise ConfigError("env.env_id", "DQN needs discrete actions")
+    if config.policy.type == "sac" and action_space != "continuous":
+        raise ConfigError("env.env_id", "SAC needs continuous (Box) actions")
     low, high = action_bounds if action_bounds is not None else (None, None)
     model = dataclasses.replace(
         model,

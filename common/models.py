@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -83,6 +84,38 @@ class ActorCritic(nn.Module):
         """The deterministic action (for evaluation)."""
         out = self.actor(obs)
         return out if self.continuous else out.argmax(dim=-1)
+
+
+class SquashedGaussianActor(nn.Module):
+    """SAC's actor: a Gaussian squashed by tanh into [-1, 1] per action dimension."""
+
+    LOG_STD_MIN, LOG_STD_MAX = -5.0, 2.0
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        if config.obs_shape is None or config.action_shape is None:
+            raise ValueError("model.obs_shape and model.action_shape must be resolved first")
+        hidden = list(config.encoder_hidden_size_list)
+        self.body = mlp([config.obs_shape, *hidden])
+        self.mean = nn.Linear(hidden[-1], config.action_shape)
+        self.log_std = nn.Linear(hidden[-1], config.action_shape)
+
+    def _gaussian(self, obs: torch.Tensor) -> torch.distributions.Normal:
+        features = self.body(obs)
+        log_std = self.log_std(features).clamp(self.LOG_STD_MIN, self.LOG_STD_MAX)
+        return torch.distributions.Normal(self.mean(features), log_std.exp())
+
+    def sample(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A reparameterized action in [-1, 1] and its log-probability."""
+        gaussian = self._gaussian(obs)
+        u = gaussian.rsample()
+        action = torch.tanh(u)
+        # The change of variables through tanh (in its numerically stable form).
+        correction = 2 * (np.log(2) - u - torch.nn.functional.softplus(-2 * u))
+        return action, (gaussian.log_prob(u) - correction).sum(-1)
+
+    def mode(self, obs: torch.Tensor) -> torch.Tensor:
+        return torch.tanh(self.mean(self.body(obs)))
 
 
 def mlp_tanh(sizes: list[int]) -> nn.Sequential:

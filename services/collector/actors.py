@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from common.config import EpsConfig, ModelConfig, PolicyConfig
-from common.models import ActorCritic, QNetwork, load_numpy_state
+from common.models import ActorCritic, QNetwork, SquashedGaussianActor, load_numpy_state
 
 
 @dataclass(frozen=True)
@@ -47,6 +47,13 @@ class QPolicy:
     def load(self, version: int, tensors: dict[str, np.ndarray]) -> None:
         load_numpy_state(self.network, tensors)
         self.version, self.loaded = version, True
+
+    def env_action(self, action: np.ndarray) -> np.ndarray:
+        return action
+
+    def greedy(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """The env action for evaluation."""
+        return self.act(obs, 0.0, rng)
 
     def act(self, obs: np.ndarray, eps: float, rng: np.random.Generator) -> np.ndarray:
         n = len(obs)
@@ -86,7 +93,7 @@ class NStepBuilder:
         """One vector step; `next_obs` holds the true next observation, also at an
         episode's end (not the first observation of the next episode)."""
         for i, pending in enumerate(self._pending):
-            pending.append((obs[i], int(actions[i]), float(rewards[i])))
+            pending.append((obs[i], actions[i], float(rewards[i])))
             if terminated[i] or truncated[i]:
                 while pending:
                     self._emit(pending, next_obs[i], bool(terminated[i]))
@@ -113,7 +120,10 @@ class NStepBuilder:
         rows, self._rows = self._rows, {c: [] for c in self.COLUMNS}
         return {
             "obs": np.asarray(rows["obs"], dtype=np.float32),
-            "action": np.asarray(rows["action"], dtype=np.int64),
+            # discrete: action ids; continuous: actions normalized to [-1, 1]
+            "action": np.asarray(rows["action"]).astype(
+                np.float32 if np.asarray(rows["action"]).dtype.kind == "f" else np.int64
+            ),
             "reward": np.asarray(rows["reward"], dtype=np.float32),
             "next_obs": np.asarray(rows["next_obs"], dtype=np.float32),
             "done": np.asarray(rows["done"], dtype=np.float32),
@@ -159,14 +169,58 @@ class ActorCriticPolicy:
         with torch.inference_mode():
             return self.network.value(self._tensor(obs)).cpu().numpy()
 
-    def act(self, obs: np.ndarray, eps: float, rng: np.random.Generator) -> np.ndarray:
+    def greedy(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """The env action for evaluation: the most likely one (the Gaussian's mean)."""
         with torch.inference_mode():
             action = self.network.mode(self._tensor(obs)).cpu().numpy()
         return self.env_action(action)
 
 
-def make_policy(config: PolicyConfig) -> QPolicy | ActorCriticPolicy:
+class SquashedGaussianPolicy:
+    """SAC's acting side: samples from the squashed Gaussian while collecting (uniform
+    actions until `random_steps` env steps of the job, and before the first version),
+    its mean when evaluating. Actions are kept in [-1, 1]; `env_action` scales them
+    to the env's bounds."""
+
+    def __init__(self, config: PolicyConfig) -> None:
+        model = config.model
+        self.device = torch.device(config.torch_device)
+        self.network = SquashedGaussianActor(model).to(self.device).eval()
+        self.low = np.asarray(model.action_low, dtype=np.float32)
+        self.high = np.asarray(model.action_high, dtype=np.float32)
+        self.random_steps = config.collect.random_collect_size
+        self.env_steps = 0  # the job's, as the collector last heard
+        self.version = 0
+        self.loaded = False
+
+    def load(self, version: int, tensors: dict[str, np.ndarray]) -> None:
+        load_numpy_state(self.network, tensors)
+        self.version, self.loaded = version, True
+
+    def env_action(self, action: np.ndarray) -> np.ndarray:
+        return self.low + (action + 1.0) * 0.5 * (self.high - self.low)
+
+    def act(self, obs: np.ndarray, eps: float, rng: np.random.Generator) -> np.ndarray:
+        """A collecting action in [-1, 1] (`eps` is DQN's; SAC explores by sampling)."""
+        if not self.loaded or self.env_steps < self.random_steps:
+            return rng.uniform(-1.0, 1.0, size=(len(obs), len(self.low))).astype(np.float32)
+        with torch.inference_mode():
+            x = torch.as_tensor(obs, dtype=torch.float32, device=self.device)
+            return self.network.sample(x)[0].cpu().numpy()
+
+    def greedy(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """The env action for evaluation: the squashed mean."""
+        if not self.loaded:
+            return self.env_action(self.act(obs, 0.0, rng))
+        with torch.inference_mode():
+            x = torch.as_tensor(obs, dtype=torch.float32, device=self.device)
+            return self.env_action(self.network.mode(x).cpu().numpy())
+
+
+def make_policy(config: PolicyConfig) -> QPolicy | ActorCriticPolicy | SquashedGaussianPolicy:
     """The acting side of the job's algorithm."""
     if config.type in ("ppo", "impala"):
         return ActorCriticPolicy(config.model, config.torch_device)
+    if config.type == "sac":
+        return SquashedGaussianPolicy(config)
     return QPolicy(config.model, config.torch_device)

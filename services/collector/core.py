@@ -36,6 +36,7 @@ from services.collector.actors import (
     EpsilonSchedule,
     NStepBuilder,
     QPolicy,
+    SquashedGaussianPolicy,
     make_policy,
 )
 from services.coordinator.client import CoordinatorClient
@@ -412,7 +413,7 @@ class CollectorRunner:
         policy_cfg = config.policy
         env = make_vector_env(config.env, spec.num_envs)
         rng = np.random.default_rng(spec.seed)
-        policy = QPolicy(policy_cfg.model, policy_cfg.torch_device)
+        policy = make_policy(policy_cfg)
         follower = PolicyFollower(
             policy, self.store, ctx.coordinator, job_id, policy_cfg.collect.policy_poll_s
         )
@@ -434,9 +435,14 @@ class CollectorRunner:
                 follower.refresh()
                 # Exploration follows the whole job's env steps, so adding collectors
                 # does not slow its decay down.
-                eps = epsilon(max(uploader.job_env_steps, env_steps))
+                job_env_steps = max(uploader.job_env_steps, env_steps)
+                eps = epsilon(job_env_steps)
+                if isinstance(policy, SquashedGaussianPolicy):
+                    policy.env_steps = job_env_steps
                 actions = policy.act(obs, eps, rng)
-                next_obs, rewards, terminated, truncated, info = env.step(actions)
+                next_obs, rewards, terminated, truncated, info = env.step(
+                    policy.env_action(actions)
+                )
                 ended = terminated | truncated
                 true_next = next_obs
                 if ended.any():
@@ -518,8 +524,7 @@ class CollectorRunner:
         lengths: list[int] = []
         try:
             while (done_count < quota).any() and not ctx.stopped():
-                actions = policy.act(obs, 0.0, rng)
-                obs, rewards, terminated, truncated, _ = env.step(actions)
+                obs, rewards, terminated, truncated, _ = env.step(policy.greedy(obs, rng))
                 episode_return += rewards
                 episode_length += 1
                 for i in np.flatnonzero(terminated | truncated):

@@ -29,6 +29,7 @@ from common.storage import CorruptFileError, SharedStore
 from services.learner.algorithms.dqn import DQN
 from services.learner.algorithms.impala import Impala
 from services.learner.algorithms.ppo import PPO
+from services.learner.algorithms.sac import SAC
 
 log = logging.getLogger(__name__)
 
@@ -128,15 +129,12 @@ class LearnerRunner:
             ppo = PPO(config.policy, device)
             version = self._resume(job_id, ppo, ctx)
             return _RoundSession(ctx, config, self.store, ppo, version).run()
-        algo: DQN | Impala = (
-            Impala(config.policy, device)
-            if config.policy.type == "impala"
-            else DQN(config.policy, device)
-        )
+        algorithms = {"dqn": DQN, "impala": Impala, "sac": SAC}
+        algo = algorithms[config.policy.type](config.policy, device)
         version = self._resume(job_id, algo, ctx)
         return _LearnSession(ctx, config, self.store, algo, version).run()
 
-    def _resume(self, job_id: str, dqn: DQN | PPO | Impala, ctx: TaskContext) -> int:
+    def _resume(self, job_id: str, dqn: DQN | PPO | Impala | SAC, ctx: TaskContext) -> int:
         """Continue where the job's last learner stopped; return the newest policy
         version in use, which the next publish goes past (versions stay monotonic).
 

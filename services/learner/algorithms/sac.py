@@ -1,0 +1,130 @@
+"""SAC for continuous actions: a tanh-squashed Gaussian actor, twin Q critics with
+Polyak-averaged targets, and automatic entropy tuning (Haarnoja et al., 2018).
+Pure torch.
+
+Actions in segments are normalized to [-1, 1] (the collector scales them to the
+env's bounds), so the networks never see the bounds.
+
+Usage::
+
+    sac = SAC(policy_config)
+    info = sac.learn_batch(columns, weights)   # one critic, actor and alpha step
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from common.config import PolicyConfig
+from common.models import SquashedGaussianActor, mlp
+from services.learner.algorithms.dqn import TransitionBatch
+
+
+class TwinQ(nn.Module):
+    def __init__(self, obs_dim: int, action_dim: int, hidden: list[int]) -> None:
+        super().__init__()
+        self.q1 = nn.Sequential(mlp([obs_dim + action_dim, *hidden]), nn.Linear(hidden[-1], 1))
+        self.q2 = nn.Sequential(mlp([obs_dim + action_dim, *hidden]), nn.Linear(hidden[-1], 1))
+
+    def forward(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = torch.cat([obs, action], dim=-1)
+        return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
+
+
+@dataclass(frozen=True)
+class UpdateInfo:
+    loss: float
+    q_mean: float
+    td_abs: np.ndarray
+    alpha: float
+    entropy: float
+
+
+class SAC:
+    COLUMNS = TransitionBatch.COLUMNS
+
+    def __init__(self, config: PolicyConfig, device: str | torch.device = "cpu") -> None:
+        model, learn = config.model, config.learn
+        assert model.obs_shape is not None and model.action_shape is not None
+        self.config = config
+        self.device = torch.device(device)
+        hidden = list(model.encoder_hidden_size_list)
+        self.actor = SquashedGaussianActor(model).to(self.device)
+        self.online = self.actor  # what a policy version publishes
+        self.critic = TwinQ(model.obs_shape, model.action_shape, hidden).to(self.device)
+        self.target = copy.deepcopy(self.critic).requires_grad_(False)
+        self.log_alpha = torch.tensor(
+            np.log(learn.init_alpha), device=self.device, requires_grad=True
+        )
+        self.target_entropy = -float(model.action_shape)
+        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=learn.learning_rate)
+        self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=learn.learning_rate)
+        self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=learn.learning_rate)
+        self.train_iter = 0
+
+    def learn_batch(self, columns: dict[str, np.ndarray], weights: np.ndarray) -> UpdateInfo:
+        batch = TransitionBatch.from_numpy(columns, weights, self.device)
+        learn = self.config.learn
+        alpha = self.log_alpha.exp().detach()
+        with torch.no_grad():
+            next_action, next_logp = self.actor.sample(batch.next_obs)
+            next_q = torch.min(*self.target(batch.next_obs, next_action)) - alpha * next_logp
+            target = batch.reward + batch.discount * (1.0 - batch.done) * next_q
+        q1, q2 = self.critic(batch.obs, batch.action)
+        critic_loss = (batch.weight * ((q1 - target) ** 2 + (q2 - target) ** 2)).mean() / 2
+        self.critic_optimizer.zero_grad(set_to_none=True)
+        critic_loss.backward()
+        self.critic_optimizer.step()
+
+        action, logp = self.actor.sample(batch.obs)
+        q_new = torch.min(*self.critic(batch.obs, action))
+        actor_loss = (alpha * logp - q_new).mean()
+        self.actor_optimizer.zero_grad(set_to_none=True)
+        actor_loss.backward()
+        self.actor_optimizer.step()
+
+        alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
+        self.alpha_optimizer.zero_grad(set_to_none=True)
+        alpha_loss.backward()
+        self.alpha_optimizer.step()
+
+        with torch.no_grad():
+            for t, o in zip(self.target.parameters(), self.critic.parameters(), strict=True):
+                t.lerp_(o, learn.target_theta or 0.005)
+        self.train_iter += 1
+        return UpdateInfo(
+            loss=float(critic_loss.detach()),
+            q_mean=float(q1.detach().mean()),
+            td_abs=(q1 - target).detach().abs().cpu().numpy(),
+            alpha=float(alpha),
+            entropy=float(-logp.detach().mean()),
+        )
+
+    def state_dict(self) -> dict:
+        return {
+            "online": self.actor.state_dict(),
+            "critic": self.critic.state_dict(),
+            "target": self.target.state_dict(),
+            "log_alpha": self.log_alpha.detach(),
+            "optimizers": [
+                o.state_dict()
+                for o in (self.actor_optimizer, self.critic_optimizer, self.alpha_optimizer)
+            ],
+            "train_iter": self.train_iter,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.actor.load_state_dict(state["online"])
+        self.critic.load_state_dict(state["critic"])
+        self.target.load_state_dict(state["target"])
+        with torch.no_grad():
+            self.log_alpha.copy_(state["log_alpha"])
+        optimizers = (self.actor_optimizer, self.critic_optimizer, self.alpha_optimizer)
+        for optimizer, saved in zip(optimizers, state["optimizers"], strict=True):
+            optimizer.load_state_dict(saved)
+        self.train_iter = int(state["train_iter"])
