@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= examples/cartpole_dqn.yaml
 
-.PHONY: install run test lint format bench up down clean
+.PHONY: install run test lint format bench bench-learning up down clean
 
 # The stamp is refreshed whenever pyproject.toml changes, so `make test` on a fresh
 # clone installs once and later runs start at once.
@@ -33,6 +33,9 @@ format: install
 bench: install
 	$(BIN)/python bench/time_to_goal.py
 	$(BIN)/python bench/buffer.py
+
+bench-learning: install
+	$(BIN)/python bench/learning.py
 
 up:
 	docker compose up --build

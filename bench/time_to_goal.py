@@ -40,8 +40,8 @@ def collector_progress(cluster: LocalCluster) -> list[dict]:
     return out
 
 
-def one_seed(seed: int, work: Path, deadline_s: float) -> dict:
-    config = deep_merge(load_config_file(EXAMPLE), {"system": {"seed": seed}})
+def one_seed(seed: int, work: Path, deadline_s: float, example: Path = EXAMPLE) -> dict:
+    config = deep_merge(load_config_file(example), {"system": {"seed": seed}})
     started = time.monotonic()
     cluster = LocalCluster(work / f"seed{seed}", num_collectors=2)
     try:
