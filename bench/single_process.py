@@ -26,7 +26,6 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common.advantages import gae  # noqa: E402
 from common.config import (  # noqa: E402
     JobConfig,
     deep_merge,
@@ -44,6 +43,7 @@ from services.collector.actors import (  # noqa: E402
     NStepBuilder,
     QPolicy,
 )
+from services.collector.core import round_columns  # noqa: E402
 from services.learner.algorithms.dqn import DQN  # noqa: E402
 from services.learner.algorithms.ppo import PPO  # noqa: E402
 
@@ -194,29 +194,7 @@ def ppo_run(config: JobConfig, seed: int, max_steps: int) -> tuple[bool, int]:
             ):
                 rec[k].append(v)
             obs, steps = next_obs, steps + num_envs
-        a = {k: np.asarray(v) for k, v in rec.items()}
-        adv, ret = gae(
-            a["reward"].astype(np.float32),
-            a["value"],
-            a["next_value"],
-            a["terminated"].astype(np.float32),
-            a["ended"].astype(np.float32),
-            policy_cfg.discount_factor,
-            policy_cfg.collect.gae_lambda,
-        )
-
-        def flat(x: np.ndarray) -> np.ndarray:
-            return x.reshape(x.shape[0] * x.shape[1], *x.shape[2:])
-
-        ppo.train_round(
-            {
-                "obs": flat(a["obs"]).astype(np.float32),
-                "action": flat(a["action"]),
-                "logp": flat(a["logp"]),
-                "adv": flat(adv).astype(np.float32),
-                "ret": flat(ret).astype(np.float32),
-            }
-        )
+        ppo.train_round(round_columns(rec, policy_cfg))
         if ppo.train_iter >= next_eval:
             next_eval += policy_cfg.eval.evaluator.eval_freq
             actor.load(ppo.train_iter, state_to_numpy(ppo.online))

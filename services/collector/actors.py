@@ -33,6 +33,35 @@ class EpsilonSchedule:
         return c.end + (c.start - c.end) * math.exp(-env_steps / c.decay)
 
 
+class EpisodeTracker:
+    """Returns and lengths of the episodes a vector env finishes."""
+
+    def __init__(self, num_envs: int) -> None:
+        self._return = np.zeros(num_envs)
+        self._length = np.zeros(num_envs, dtype=np.int64)
+        self._returns: list[float] = []
+        self._lengths: list[int] = []
+
+    def step(self, rewards: np.ndarray, ended: np.ndarray) -> list[tuple[int, float, int]]:
+        """Count one vector step; returns (env, return, length) of each episode it ended."""
+        self._return += rewards
+        self._length += 1
+        finished = [
+            (int(i), float(self._return[i]), int(self._length[i])) for i in np.flatnonzero(ended)
+        ]
+        for i, ret, length in finished:
+            self._returns.append(ret)
+            self._lengths.append(length)
+            self._return[i], self._length[i] = 0.0, 0
+        return finished
+
+    def take(self) -> tuple[list[float], list[int]]:
+        """The episodes finished since the last call."""
+        out = (self._returns, self._lengths)
+        self._returns, self._lengths = [], []
+        return out
+
+
 class QPolicy:
     """A Q-network acting epsilon-greedily; random until the first version arrives."""
 

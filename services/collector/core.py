@@ -33,6 +33,7 @@ from common.slave import TaskContext
 from common.storage import CorruptFileError, SharedStore
 from services.collector.actors import (
     ActorCriticPolicy,
+    EpisodeTracker,
     EpsilonSchedule,
     NStepBuilder,
     QPolicy,
@@ -254,8 +255,7 @@ class CollectorRunner:
         uploader = SegmentUploader(ctx, self.store, policy_cfg.collect.insert_timeout_s)
         worker_dir = f"{ctx.worker_id}.{ctx.task.task_id}"
         obs, _ = env.reset(seed=spec.seed)
-        episode_return = np.zeros(spec.num_envs)
-        episode_length = np.zeros(spec.num_envs, dtype=np.int64)
+        episodes = EpisodeTracker(spec.num_envs)
         env_steps = seq = 0
         started = time.monotonic()
         try:
@@ -268,8 +268,6 @@ class CollectorRunner:
                 record: dict[str, list] = {
                     k: [] for k in ("obs", "action", "reward", "logp", "done")
                 }
-                returns: list[float] = []
-                lengths: list[int] = []
                 for _ in range(policy_cfg.collect.unroll_len):
                     action, logp, _ = policy.sample(obs)
                     next_obs, reward, terminated, truncated, _ = env.step(policy.env_action(action))
@@ -282,12 +280,7 @@ class CollectorRunner:
                         ("done", ended),
                     ):
                         record[key].append(item)
-                    episode_return += reward
-                    episode_length += 1
-                    for i in np.flatnonzero(ended):
-                        returns.append(float(episode_return[i]))
-                        lengths.append(int(episode_length[i]))
-                        episode_return[i], episode_length[i] = 0.0, 0
+                    episodes.step(reward, ended)
                     obs = next_obs
                 # [T, envs, ...] -> one unroll per env: [envs, T, ...]
                 columns = {k: np.stack(v, axis=1) for k, v in record.items()}
@@ -299,6 +292,7 @@ class CollectorRunner:
                 )
                 columns["bootstrap_obs"] = obs.astype(np.float32)
                 rows = spec.num_envs * policy_cfg.collect.unroll_len
+                returns, lengths = episodes.take()
                 ref = SegmentRef(
                     path=self.store.segment_path(job_id, worker_dir, seq),
                     rows=spec.num_envs,
@@ -340,8 +334,7 @@ class CollectorRunner:
         round_steps = spec.round_steps or policy_cfg.collect.n_sample
         steps = -(-round_steps // spec.num_envs)  # vector steps per round, rounded up
         obs, _ = env.reset(seed=spec.seed)
-        episode_return = np.zeros(spec.num_envs)
-        episode_length = np.zeros(spec.num_envs, dtype=np.int64)
+        episodes = EpisodeTracker(spec.num_envs)
         last_version, env_steps, seq = 0, 0, 0
         started = time.monotonic()
         try:
@@ -353,8 +346,6 @@ class CollectorRunner:
                     break
                 version = policy.version
                 record: dict[str, list] = {k: [] for k in ROUND_COLUMNS}
-                returns: list[float] = []
-                lengths: list[int] = []
                 for _ in range(steps):
                     action, logp, value = policy.sample(obs)
                     next_obs, reward, terminated, truncated, info = env.step(
@@ -376,15 +367,11 @@ class CollectorRunner:
                         ("next_value", policy.value(true_next)),
                     ):
                         record[key].append(item)
-                    episode_return += reward
-                    episode_length += 1
-                    for i in np.flatnonzero(ended):
-                        returns.append(float(episode_return[i]))
-                        lengths.append(int(episode_length[i]))
-                        episode_return[i], episode_length[i] = 0.0, 0
+                    episodes.step(reward, ended)
                     obs = next_obs
                 columns = round_columns(record, policy_cfg)
                 rows = len(columns["obs"])
+                returns, lengths = episodes.take()
                 ref = SegmentRef(
                     path=self.store.segment_path(job_id, worker_dir, seq),
                     rows=rows,
@@ -424,10 +411,7 @@ class CollectorRunner:
         # task reassigned after a restart) never write the same file.
         worker_dir = f"{ctx.worker_id}.{ctx.task.task_id}"
         obs, _ = env.reset(seed=spec.seed)
-        episode_return = np.zeros(spec.num_envs)
-        episode_length = np.zeros(spec.num_envs, dtype=np.int64)
-        returns: list[float] = []
-        lengths: list[int] = []
+        episodes = EpisodeTracker(spec.num_envs)
         env_steps = segment_steps = seq = 0
         started = time.monotonic()
         try:
@@ -452,15 +436,11 @@ class CollectorRunner:
                 obs = next_obs
                 env_steps += spec.num_envs
                 segment_steps += spec.num_envs
-                episode_return += rewards
-                episode_length += 1
-                for i in np.flatnonzero(ended):
-                    returns.append(float(episode_return[i]))
-                    lengths.append(int(episode_length[i]))
-                    episode_return[i], episode_length[i] = 0.0, 0
+                episodes.step(rewards, ended)
                 if len(builder) >= policy_cfg.collect.n_sample:
                     columns = builder.take()
                     path = self.store.segment_path(job_id, worker_dir, seq)
+                    returns, lengths = episodes.take()
                     ref = SegmentRef(
                         path=path,
                         rows=len(columns["obs"]),
@@ -471,7 +451,7 @@ class CollectorRunner:
                     )
                     uploader.put(_Pending(columns=columns, ref=ref))
                     seq += 1
-                    segment_steps, returns, lengths = 0, [], []
+                    segment_steps = 0
                     elapsed = time.monotonic() - started
                     stepping_s = max(elapsed - uploader.waited_s, 1e-9)
                     ctx.progress.update(
@@ -517,22 +497,18 @@ class CollectorRunner:
         env = make_vector_env(config.env, num_envs)
         rng = np.random.default_rng(spec.seed)
         obs, _ = env.reset(seed=spec.seed)
-        episode_return = np.zeros(num_envs)
-        episode_length = np.zeros(num_envs, dtype=np.int64)
+        episodes = EpisodeTracker(num_envs)
         done_count = np.zeros(num_envs, dtype=np.int64)
         returns: list[float] = []
         lengths: list[int] = []
         try:
             while (done_count < quota).any() and not ctx.stopped():
                 obs, rewards, terminated, truncated, _ = env.step(policy.greedy(obs, rng))
-                episode_return += rewards
-                episode_length += 1
-                for i in np.flatnonzero(terminated | truncated):
-                    if done_count[i] < quota[i]:
-                        returns.append(float(episode_return[i]))
-                        lengths.append(int(episode_length[i]))
+                for i, ret, length in episodes.step(rewards, terminated | truncated):
+                    if done_count[i] < quota[i]:  # each env's quota was fixed up front
+                        returns.append(ret)
+                        lengths.append(length)
                         done_count[i] += 1
-                    episode_return[i], episode_length[i] = 0.0, 0
                 ctx.progress["episodes"] = len(returns)
         finally:
             env.close()

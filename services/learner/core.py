@@ -243,15 +243,19 @@ class _LearnSession:
 
     def fetch(self) -> SampleReply | None:
         learn = self.config.policy.learn
+        return self.sample(learn.batch_size, learn.num_batches)
+
+    def sample(self, batch_size: int, num_batches: int) -> SampleReply | None:
+        """One long-poll for data; None when there was none in time (or no coordinator)."""
         try:
             return self.ctx.coordinator.sample(
                 self.job_id,
-                batch_size=learn.batch_size,
-                num_batches=learn.num_batches,
-                timeout_s=learn.sample_timeout_s,
+                batch_size=batch_size,
+                num_batches=num_batches,
+                timeout_s=self.config.policy.learn.sample_timeout_s,
             )
         except ApiError as exc:
-            if exc.status == 503:  # sample_timeout: not enough data yet
+            if exc.status == 503:  # sample_timeout, or a coordinator restarting
                 self.sample_timeouts += 1
                 return None
             if exc.status in (404, 409):
@@ -345,24 +349,7 @@ class _RoundSession(_LearnSession):
         return {"train_iter": ppo.train_iter, "policy_version": self.version}
 
     def fetch_round(self) -> SampleReply | None:
-        n_sample = self.config.policy.collect.n_sample
-        try:
-            return self.ctx.coordinator.sample(
-                self.job_id,
-                batch_size=n_sample,
-                num_batches=1,
-                timeout_s=self.config.policy.learn.sample_timeout_s,
-            )
-        except ApiError as exc:
-            if exc.status == 503:
-                return None
-            if exc.status in (404, 409):
-                raise JobOver(exc.message) from exc
-            raise
-        except ServiceUnavailable as exc:
-            log.warning("sampling failed (%s); retrying", exc)
-            self.ctx.stop.wait(1.0)
-            return None
+        return self.sample(self.config.policy.collect.n_sample, 1)
 
     def round_data(self, reply: SampleReply) -> tuple[dict[str, np.ndarray], list[int]]:
         (batch,) = reply.batches
