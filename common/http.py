@@ -29,7 +29,7 @@ from common.storage import PathError
 T = TypeVar("T")
 log = logging.getLogger(__name__)
 
-PUBLIC_PATHS = frozenset({"/healthz", "/readyz"})
+PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json"})
 MAX_BODY_BYTES = 8 * 1024 * 1024
 
 

@@ -359,3 +359,62 @@ class JobStatus:
     reason: str
     started_at: float
     finished_at: float | None
+
+
+# --- small answers -------------------------------------------------------------------
+
+
+@message
+class JobList:
+    jobs: list[JobStatus]
+
+
+@message
+class WorkerList:
+    workers: list[WorkerInfo]
+
+
+@message
+class JobMetrics:
+    job_id: str
+    #: One point per second: t, env_steps, train_iters, buffer_size, policy_version...
+    points: list[dict[str, Any]]
+    evals: list[EvalSummary]
+    buffer: dict[str, Any]
+
+
+@message
+class PrioritiesUpdated:
+    #: How many keys were still in the buffer (the others were evicted and ignored).
+    updated: int
+
+
+@message
+class TaskAck:
+    task_id: str
+
+
+@message
+class WorkerAck:
+    worker_id: str
+
+
+@message
+class Health:
+    ok: bool
+    reason: str = "ok"
+
+
+@message
+class SlaveTask:
+    task_id: str
+    job_id: str
+    kind: str
+    progress: dict[str, float]
+
+
+@message
+class SlaveStatus:
+    role: str
+    worker_id: str | None
+    tasks: list[SlaveTask]

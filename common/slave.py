@@ -35,7 +35,8 @@ from common.http import (
     reply,
     retry_wait_s,
 )
-from common.messages import TaskAssignment, TaskProgress
+from common.messages import Health, SlaveStatus, SlaveTask, TaskAck, TaskAssignment, TaskProgress
+from common.openapi import documented, install_openapi
 from common.settings import SlaveSettings
 from services.coordinator.client import CoordinatorClient
 
@@ -200,13 +201,15 @@ class Slave:
         self._tasks_total.labels(task.kind, outcome).inc()
         log.info("task %s %s", task.task_id, outcome)
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> SlaveStatus:
         with self._lock:
             tasks = [
-                {"task_id": t, "job_id": c.task.job_id, "kind": c.task.kind, "progress": c.progress}
+                SlaveTask(
+                    task_id=t, job_id=c.task.job_id, kind=c.task.kind, progress=dict(c.progress)
+                )
                 for t, (c, _) in self._running.items()
             ]
-        return {"role": self.role, "worker_id": self._worker_id, "tasks": tasks}
+        return SlaveStatus(role=self.role, worker_id=self._worker_id, tasks=tasks)
 
     # --- heartbeats -------------------------------------------------------------------
 
@@ -288,36 +291,47 @@ def _slave() -> Slave:
 
 
 @tasks_bp.post("")
+@documented(
+    summary="Assign a task (409 when one of its kind runs)",
+    body=TaskAssignment,
+    reply=TaskAck,
+    status=202,
+)
 def assign_task() -> Any:
     task = body(TaskAssignment)
     _slave().assign(task)
-    return reply({"task_id": task.task_id}, 202)
+    return reply(TaskAck(task_id=task.task_id), 202)
 
 
 @tasks_bp.delete("/<task_id>")
+@documented(summary="Cancel a task", reply=TaskAck, status=202)
 def cancel_task(task_id: str) -> Any:
     if not _slave().cancel(task_id):
         raise ApiError(404, "not_found", f"task {task_id} is not running here")
-    return reply({"task_id": task_id}, 202)
+    return reply(TaskAck(task_id=task_id), 202)
 
 
 @health_bp.get("/v1/status")
+@documented(summary="This worker's tasks and their progress", reply=SlaveStatus)
 def status() -> Any:
     return reply(_slave().status())
 
 
 @health_bp.get("/healthz")
+@documented(summary="Liveness", reply=Health)
 def healthz() -> Any:
-    return reply({"ok": True})
+    return reply(Health(ok=True))
 
 
 @health_bp.get("/readyz")
+@documented(summary="Readiness: shared root mounted, registered", reply=Health)
 def readyz() -> Any:
     ok, why = _slave().ready()
-    return reply({"ok": ok, "reason": why}, 200 if ok else 503)
+    return reply(Health(ok=ok, reason=why), 200 if ok else 503)
 
 
 @health_bp.get("/metrics")
+@documented(summary="Prometheus metrics", content_type="text/plain")
 def metrics() -> Response:
     return Response(generate_latest(_slave().metrics), mimetype=CONTENT_TYPE_LATEST)
 
@@ -329,6 +343,7 @@ def create_slave_app(name: str, slave: Slave, token: str) -> Flask:
     app.extensions[EXTENSION] = slave
     app.register_blueprint(tasks_bp)
     app.register_blueprint(health_bp)
+    install_openapi(app, f"drover {slave.role}")
     return app
 
 
@@ -341,8 +356,8 @@ class SlaveClient(ServiceClient):
     def cancel(self, task_id: str) -> None:
         self.call("DELETE", f"/v1/tasks/{task_id}", timeout_s=5.0)
 
-    def status(self) -> dict[str, Any]:
-        return self.call("GET", "/v1/status")
+    def status(self) -> SlaveStatus:
+        return self.call_as(SlaveStatus, "GET", "/v1/status")
 
 
 def build_slave(role: str, runner: TaskRunner, settings: SlaveSettings) -> Slave:

@@ -6,6 +6,7 @@ from flask import Flask
 
 import services.buffer.api as buffer_api
 from common.http import install_http_basics
+from common.openapi import install_openapi
 from common.storage import SharedStore
 from services.coordinator.api import CORE, blueprints
 from services.coordinator.core import Coordinator, CoordinatorLimits
@@ -38,4 +39,5 @@ def create_app(
     for bp in blueprints():
         app.register_blueprint(bp)
     buffer_api.install(app, core)
+    install_openapi(app, "drover coordinator")
     return app

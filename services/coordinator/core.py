@@ -39,6 +39,7 @@ from common.messages import (
     Heartbeat,
     InsertReply,
     JobCreated,
+    JobMetrics,
     JobStatus,
     JobSubmit,
     LearnSpec,
@@ -336,15 +337,15 @@ class Coordinator:
             finished_at=job.finished_at,
         )
 
-    def job_metrics(self, job_id: str) -> dict[str, Any]:
+    def job_metrics(self, job_id: str) -> JobMetrics:
         with self._lock:
             job = self._job(job_id)
-            return {
-                "job_id": job_id,
-                "points": list(job.metrics),
-                "evals": [dump(e) for e in job.evals],
-                "buffer": dump(job.buffer.stats()),
-            }
+            return JobMetrics(
+                job_id=job_id,
+                points=list(job.metrics),
+                evals=list(job.evals),
+                buffer=dump(job.buffer.stats()),
+            )
 
     # --- workers -------------------------------------------------------------------
 

@@ -61,7 +61,7 @@ def test_dqn_cartpole_reaches_195_through_the_services(tmp_path):
         assert len(best) > 1000
         for collector in cluster.collectors:
             client = SlaveClient(collector.url, cluster.token)
-            assert client.status()["role"] == "collector"
+            assert client.status().role == "collector"
         job_dir = cluster.run_dir / created.job_id
         assert (job_dir / "summary.json").is_file()
         assert metrics["buffer"]["released_segments"] > 0

@@ -40,7 +40,7 @@ def setup(tmp_path):
 
 def test_health_ready_auth(setup):
     client, _, _ = setup
-    assert client.get("/healthz").json == {"ok": True}
+    assert client.get("/healthz").json == {"ok": True, "reason": "ok"}
     assert client.get("/readyz").status_code == 200
     assert client.get("/v1/status").status_code == 401
     assert (
@@ -79,7 +79,7 @@ def test_assign_busy_cancel(setup):
     tasks = client.get("/v1/status", headers=AUTH).json["tasks"]
     assert [t["task_id"] for t in tasks] == ["collect-1"]
     assert client.delete("/v1/tasks/collect-1", headers=AUTH).status_code == 202
-    wait_until(lambda: not slave.status()["tasks"], what="cancel")
+    wait_until(lambda: not slave.status().tasks, what="cancel")
     assert client.delete("/v1/tasks/collect-1", headers=AUTH).status_code == 404
     assert ("collect-1", {"seed": 0}) not in coordinator.completed  # cancelled, not completed
 
@@ -101,7 +101,7 @@ def test_failed_task_is_reported_and_cancel_from_heartbeat(setup):
     assert coordinator.failed[0][0] == "collect-9" and "unlucky" in coordinator.failed[0][1]
     client.post("/v1/tasks", json=task("collect-10"), headers=AUTH)
     coordinator.cancel_next = ["collect-10"]
-    wait_until(lambda: not slave.status()["tasks"], what="heartbeat cancel")
+    wait_until(lambda: not slave.status().tasks, what="heartbeat cancel")
 
 
 def test_close_leaves_the_coordinator(tmp_path):

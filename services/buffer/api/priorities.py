@@ -6,17 +6,19 @@ from flask import Blueprint
 
 from common.errors import bad_request
 from common.http import body, extension, reply
-from common.messages import PriorityUpdate
+from common.messages import PrioritiesUpdated, PriorityUpdate
+from common.openapi import documented
 from services.buffer.api import HOST
 
 bp = Blueprint("priorities", __name__, url_prefix="/api/v1/jobs/<job_id>/priorities")
 
 
 @bp.post("")
+@documented(summary="New priorities by key", body=PriorityUpdate, reply=PrioritiesUpdated)
 def update(job_id: str) -> Any:
     update = body(PriorityUpdate)
     if len(update.keys) != len(update.priorities):
         raise bad_request(
             "priorities", f"{len(update.priorities)} values for {len(update.keys)} keys"
         )
-    return reply({"updated": extension(HOST).update_priorities(job_id, update)})
+    return reply(PrioritiesUpdated(updated=extension(HOST).update_priorities(job_id, update)))

@@ -5,12 +5,18 @@ from typing import Any
 from flask import Blueprint
 
 from common.http import body, extension, reply
-from common.messages import SegmentInsert
+from common.messages import InsertReply, SegmentInsert
+from common.openapi import documented
 from services.buffer.api import HOST
 
 bp = Blueprint("segments", __name__, url_prefix="/api/v1/jobs/<job_id>/segments")
 
 
 @bp.post("")
+@documented(
+    summary="Index segments a collector wrote (idempotent by path; 429 when ahead)",
+    body=SegmentInsert,
+    reply=InsertReply,
+)
 def insert(job_id: str) -> Any:
     return reply(extension(HOST).insert_segments(job_id, body(SegmentInsert)))

@@ -6,11 +6,16 @@ from typing import Any
 from flask import Blueprint
 
 from common.http import extension, reply
+from common.openapi import documented
 from services.buffer.api import HOST
+from services.buffer.core import BufferStats
 
 bp = Blueprint("buffer_stats", __name__, url_prefix="/api/v1/jobs/<job_id>/buffer")
 
 
 @bp.get("")
+@documented(
+    summary="The job's buffer: size, use, staleness, priorities, limiter", reply=BufferStats
+)
 def stats(job_id: str) -> Any:
     return reply(extension(HOST).buffer_stats(job_id))

@@ -6,24 +6,29 @@ from flask import Blueprint, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Gauge, generate_latest
 
 from common.http import reply
+from common.messages import Health
+from common.openapi import documented
 from services.coordinator.api import core
 
 bp = Blueprint("health", __name__)
 
 
 @bp.get("/healthz")
+@documented(summary="Liveness", reply=Health)
 def healthz() -> Any:
-    return reply({"ok": True})
+    return reply(Health(ok=True))
 
 
 @bp.get("/readyz")
+@documented(summary="Readiness: the shared root is mounted", reply=Health)
 def readyz() -> Any:
     root = core().store.root
     ok = root.is_dir()
-    return reply({"ok": ok, "reason": "ok" if ok else f"{root} is not mounted"}, 200 if ok else 503)
+    return reply(Health(ok=ok, reason="ok" if ok else f"{root} is not mounted"), 200 if ok else 503)
 
 
 @bp.get("/metrics")
+@documented(summary="Prometheus metrics", content_type="text/plain")
 def metrics() -> Response:
     coordinator = core()
     registry = CollectorRegistry()
@@ -42,7 +47,7 @@ def metrics() -> Response:
         gauges["train_iters"].labels(status.job_id).set(status.train_iters)
         gauges["policy_version"].labels(status.job_id).set(status.policy_version)
         gauges["buffer_size"].labels(status.job_id).set(
-            coordinator.job_metrics(status.job_id)["buffer"]["size"]
+            coordinator.job_metrics(status.job_id).buffer["size"]
         )
     Gauge("drover_workers", "Registered workers", registry=registry).set(
         len(coordinator.list_workers())

@@ -6,41 +6,52 @@ from flask import Blueprint, request, send_file
 
 from common.errors import bad_request
 from common.http import body, reply
-from common.messages import JobSubmit
+from common.messages import JobCreated, JobList, JobMetrics, JobStatus, JobSubmit
+from common.openapi import documented
 from services.coordinator.api import core
 
 bp = Blueprint("jobs", __name__, url_prefix="/api/v1/jobs")
 
 
 @bp.post("")
+@documented(summary="Submit a job config", body=JobSubmit, reply=JobCreated, status=201)
 def submit() -> Any:
     return reply(core().submit_job(body(JobSubmit)), 201)
 
 
 @bp.get("")
+@documented(summary="List jobs", reply=JobList)
 def list_jobs() -> Any:
-    return reply({"jobs": core().list_jobs()})
+    return reply(JobList(jobs=core().list_jobs()))
 
 
 @bp.get("/<job_id>")
+@documented(summary="A job's status", reply=JobStatus)
 def get(job_id: str) -> Any:
     return reply(core().job_status(job_id))
 
 
 @bp.delete("/<job_id>")
+@documented(summary="Stop a job", reply=JobStatus, status=202)
 def stop(job_id: str) -> Any:
     return reply(core().stop_job(job_id), 202)
 
 
 @bp.get("/<job_id>/metrics")
+@documented(summary="A job's time series, evaluations and buffer", reply=JobMetrics)
 def metrics(job_id: str) -> Any:
     return reply(core().job_metrics(job_id))
 
 
 @bp.get("/<job_id>/policy")
+@documented(
+    summary="The latest (or ?version=) policy file, safetensors",
+    content_type="application/octet-stream",
+    query={"version": {"type": "string", "pattern": "^[0-9]+$"}},
+)
 def policy_file(job_id: str) -> Any:
     raw = request.args.get("version")
-    if raw is not None and not raw.isdigit():
+    if raw is not None and not (raw.isdigit() and raw.isascii()):
         raise bad_request("version", f"'{raw}' is not a non-negative integer")
     coordinator = core()
     path = coordinator.policy_path(job_id, int(raw) if raw is not None else None)

@@ -5,19 +5,22 @@ from typing import Any
 from flask import Blueprint
 
 from common.http import body, reply
-from common.messages import TaskComplete, TaskFail
+from common.messages import TaskAck, TaskComplete, TaskFail
+from common.openapi import documented
 from services.coordinator.api import core
 
 bp = Blueprint("tasks", __name__, url_prefix="/api/v1/tasks")
 
 
 @bp.post("/<task_id>/complete")
+@documented(summary="A task's result (an evaluation's returns)", body=TaskComplete, reply=TaskAck)
 def complete(task_id: str) -> Any:
     core().complete_task(task_id, body(TaskComplete).result)
-    return reply({"task_id": task_id})
+    return reply(TaskAck(task_id=task_id))
 
 
 @bp.post("/<task_id>/fail")
+@documented(summary="A task failed", body=TaskFail, reply=TaskAck)
 def fail(task_id: str) -> Any:
     core().fail_task(task_id, body(TaskFail).error)
-    return reply({"task_id": task_id})
+    return reply(TaskAck(task_id=task_id))

@@ -5,28 +5,40 @@ from typing import Any
 from flask import Blueprint
 
 from common.http import body, reply
-from common.messages import Heartbeat, HeartbeatReply, WorkerRegistration
+from common.messages import (
+    Heartbeat,
+    HeartbeatReply,
+    Registered,
+    WorkerAck,
+    WorkerList,
+    WorkerRegistration,
+)
+from common.openapi import documented
 from services.coordinator.api import core
 
 bp = Blueprint("workers", __name__, url_prefix="/api/v1/workers")
 
 
 @bp.post("")
+@documented(summary="Register a worker", body=WorkerRegistration, reply=Registered, status=201)
 def register() -> Any:
     return reply(core().register_worker(body(WorkerRegistration)), 201)
 
 
 @bp.get("")
+@documented(summary="List workers and their tasks' progress", reply=WorkerList)
 def list_workers() -> Any:
-    return reply({"workers": core().list_workers()})
+    return reply(WorkerList(workers=core().list_workers()))
 
 
 @bp.post("/<worker_id>/heartbeat")
+@documented(summary="Renew a worker's lease", body=Heartbeat, reply=HeartbeatReply)
 def heartbeat(worker_id: str) -> Any:
     return reply(HeartbeatReply(cancel=core().heartbeat(worker_id, body(Heartbeat))))
 
 
 @bp.delete("/<worker_id>")
+@documented(summary="Leave: the worker's tasks go to others at once", reply=WorkerAck, status=202)
 def leave(worker_id: str) -> Any:
     core().leave(worker_id)
-    return reply({"worker_id": worker_id}, 202)
+    return reply(WorkerAck(worker_id=worker_id), 202)
