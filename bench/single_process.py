@@ -13,6 +13,7 @@ services need more env steps than this.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import statistics
 import sys
 import time
@@ -94,7 +95,9 @@ def dqn_run(config: JobConfig, seed: int, max_steps: int) -> tuple[bool, int]:
     policy_cfg = config.policy
     files = MemoryFiles()
     replay = policy_cfg.other.replay_buffer
-    buffer = ReplayBuffer("job-1", replay, files, error_buffer=0.0, seed=seed)
+    # This loop keeps the samples-per-insert ratio itself (below), exactly.
+    unlimited = dataclasses.replace(replay, samples_per_insert=None)
+    buffer = ReplayBuffer("job-1", unlimited, files, error_buffer=0.0, seed=seed)
     dqn = DQN(policy_cfg)
     actor = QPolicy(policy_cfg.model, "cpu")
     builder = NStepBuilder(

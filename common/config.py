@@ -360,6 +360,36 @@ def _split_unknown(cls: type, data: dict[str, Any], prefix: str) -> tuple[dict, 
     return known, warnings
 
 
+MAX_CONFIG_DEPTH = 12
+MAX_CONFIG_ITEMS = 10_000
+
+
+def check_shape(raw: Any) -> None:
+    """Refuse configs nested too deep or too large to be a real job's.
+
+    Raises:
+        ConfigError: naming the path where the limit was crossed.
+    """
+    items = 0
+    stack: list[tuple[Any, str, int]] = [(raw, "config", 0)]
+    while stack:
+        value, path, depth = stack.pop()
+        if depth > MAX_CONFIG_DEPTH:
+            raise ConfigError(path, f"nested deeper than {MAX_CONFIG_DEPTH} levels")
+        children = (
+            value.items()
+            if isinstance(value, dict)
+            else enumerate(value)
+            if isinstance(value, list)
+            else ()
+        )
+        for key, child in children:
+            items += 1
+            if items > MAX_CONFIG_ITEMS:
+                raise ConfigError("config", f"more than {MAX_CONFIG_ITEMS} keys and items")
+            stack.append((child, f"{path}.{key}", depth + 1))
+
+
 def resolve_job_config(raw: Any) -> tuple[JobConfig, list[str]]:
     """Merge `raw` over its algorithm's defaults and validate it.
 
@@ -371,6 +401,7 @@ def resolve_job_config(raw: Any) -> tuple[JobConfig, list[str]]:
     """
     if not isinstance(raw, dict):
         raise ConfigError("config", "must be a mapping of sections (env, policy, system)")
+    check_shape(raw)
     policy = raw.get("policy", {})
     algo = policy.get("type", "dqn") if isinstance(policy, dict) else "dqn"
     if algo not in ALGORITHM_DEFAULTS:

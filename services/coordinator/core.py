@@ -94,6 +94,9 @@ class CoordinatorLimits:
     orphan_grace_s: float = 30.0
     #: A worker that refused or missed an assignment gets none for this long.
     dispatch_backoff_s: float = 1.0
+    #: Sample long-polls allowed to wait at once; more are answered 503 at once, so
+    #: slow or many clients can never hold every server thread.
+    max_waiting_samples: int = 16
     orphan_sweep_period_s: float = 10.0
     metrics_points: int = 3600
 
@@ -198,6 +201,7 @@ class Coordinator:
         self._snapshot_lock = threading.Lock()
         self._snapshot_gen = 0
         self._closing = False
+        self._waiting_samples = 0
 
     # --- jobs ----------------------------------------------------------------------
 
@@ -572,6 +576,14 @@ class Coordinator:
     def sample(self, job_id: str, request: SampleRequest) -> SampleReply:
         with self._lock:
             job = self._running_job(job_id)
+            if request.timeout_s > 0 and self._waiting_samples >= self.limits.max_waiting_samples:
+                raise ApiError(
+                    503,
+                    "too_many_waiting",
+                    f"{self._waiting_samples} sample requests are already waiting",
+                    retry_after_s=1.0,
+                )
+            self._waiting_samples += 1
         try:
             batches = job.buffer.sample(
                 request.batch_size, request.num_batches, timeout_s=request.timeout_s
@@ -579,12 +591,20 @@ class Coordinator:
         except BufferClosed:
             self._raise_if_closing()
             raise
+        finally:
+            with self._lock:
+                self._waiting_samples -= 1
         return SampleReply(batches=batches)
 
     def _raise_if_closing(self) -> None:
         if self._closing:
             # Not the job's end: this coordinator is stopping and will be back.
             raise ApiError(503, "shutting_down", "the coordinator is restarting", retry_after_s=1)
+
+    @property
+    def waiting_samples(self) -> int:
+        """Sample requests waiting right now (long-polls are counted and bounded)."""
+        return self._waiting_samples
 
     def buffer_stats(self, job_id: str) -> BufferStats:
         with self._lock:

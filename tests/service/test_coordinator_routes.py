@@ -5,6 +5,7 @@ from common.storage import SharedStore
 from services.coordinator.app import create_app
 from services.coordinator.core import Coordinator, CoordinatorLimits
 from services.coordinator.settings import CoordinatorSettings
+from tests.fakes import wait_until
 
 TOKEN = "test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -486,3 +487,26 @@ def test_evaluate_workflow_refuses_missing_sources(client, core, evaluate, words
     resp = post(client, "/api/v1/jobs", {"config": config})
     assert resp.status_code == 400 and "system.evaluate.path" in resp.json["message"]
     assert words in resp.json["message"]
+
+
+def test_waiting_long_polls_are_bounded_and_counted(client, core):
+    import threading
+
+    job_id = submit(client)
+    url = f"/api/v1/jobs/{job_id}/samples"
+    limit = core.limits.max_waiting_samples
+    apps = [client.application.test_client() for _ in range(limit)]
+    waiting = [
+        threading.Thread(target=lambda c=c: post(c, url, {"batch_size": 4, "timeout_s": 2.0}))
+        for c in apps
+    ]
+    for thread in waiting:
+        thread.start()
+    wait_until(lambda: core.waiting_samples == limit, what="all long-polls waiting")
+    resp = post(client, url, {"batch_size": 4, "timeout_s": 2.0})
+    assert resp.status_code == 503 and resp.json["error"] == "too_many_waiting"
+    assert "Retry-After" in resp.headers
+    client.delete(f"/api/v1/jobs/{job_id}", headers=AUTH)  # wakes them all
+    for thread in waiting:
+        thread.join(5)
+    assert core.waiting_samples == 0

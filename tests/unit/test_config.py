@@ -94,3 +94,15 @@ def test_resolved_config_round_trips_through_json():
     config, _ = resolve_job_config({"env": {"stop_value": 1.0}})
     config = with_spaces(config, 4, 2)
     assert from_resolved(json.loads(json.dumps(to_dict(config)))) == config
+
+
+def test_configs_nested_too_deep_or_too_large_are_refused():
+    deep = {}
+    node = deep
+    for _ in range(20):
+        node["x"] = {}
+        node = node["x"]
+    with pytest.raises(ConfigError, match="nested deeper"):
+        resolve_job_config({"env": {"env_kwargs": deep}})
+    with pytest.raises(ConfigError, match="more than"):
+        resolve_job_config({"env": {"env_kwargs": {"big": list(range(20_000))}}})
