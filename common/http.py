@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import requests
-from flask import Flask, Response, current_app, jsonify, request
+from flask import Flask, Response, current_app, g, jsonify, request
 from requests.adapters import HTTPAdapter
 from tenacity import RetryCallState, wait_random_exponential
 from urllib3.util.retry import Retry
@@ -45,23 +45,36 @@ def error_response(err: ApiError) -> Response:
     return resp
 
 
-def install_http_basics(app: Flask, token: str) -> None:
-    """JSON error handlers, a body-size limit and bearer-token auth for `app`."""
+def install_http_basics(
+    app: Flask, token: str, *, worker_credential: Callable[[str], str | None] | None = None
+) -> None:
+    """JSON error handlers, a body-size limit and bearer-token auth for `app`.
+
+    Args:
+        token: the cluster token (operators, registration).
+        worker_credential: maps a worker's own credential to its worker id (the
+            coordinator); such callers are then held to acting as themselves.
+    """
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     token_bytes = token.encode()
 
     @app.before_request
     def _authenticate() -> Response | None:
+        g.caller = None
         if request.path in PUBLIC_PATHS:
             return None
         header = request.headers.get("Authorization", "")
         scheme, _, given = header.partition(" ")
         # Constant-time comparison: no timing hint about how much of a token matched.
-        if scheme != "Bearer" or not hmac.compare_digest(given.encode(), token_bytes):
-            return error_response(
-                ApiError(401, "unauthorized", "send 'Authorization: Bearer <DROVER_TOKEN>'")
-            )
-        return None
+        if scheme == "Bearer" and hmac.compare_digest(given.encode(), token_bytes):
+            return None
+        worker_id = worker_credential(given) if worker_credential and scheme == "Bearer" else None
+        if worker_id is not None:
+            g.caller = worker_id
+            return None
+        return error_response(
+            ApiError(401, "unauthorized", "send 'Authorization: Bearer <DROVER_TOKEN>'")
+        )
 
     @app.errorhandler(ApiError)
     def _api_error(err: ApiError) -> Response:
@@ -97,6 +110,12 @@ def reply(message: Any, status: int = 200) -> tuple[Response, int]:
     if dataclasses.is_dataclass(message):
         return Response(dump_json(message), mimetype="application/json"), status
     return jsonify(dump(message)), status
+
+
+def caller() -> str | None:
+    """The worker making this request (by its own credential); None for an operator
+    holding the cluster token."""
+    return g.get("caller")
 
 
 def extension(name: str) -> Any:
@@ -144,7 +163,9 @@ class ServiceClient:
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
-        self._headers = {"Authorization": f"Bearer {token}"}
+        self._token = token
+        #: Once set (a worker's own credential), used instead of the cluster token.
+        self.credential: str | None = None
         self._retry = Retry(
             total=connect_retries,
             connect=connect_retries,
@@ -177,6 +198,7 @@ class ServiceClient:
         *,
         timeout_s: float | None = None,
         params: dict[str, Any] | None = None,
+        auth: str | None = None,
     ) -> Any:
         """One request; returns the decoded JSON answer (None for an empty body).
 
@@ -184,7 +206,7 @@ class ServiceClient:
             ApiError: the service answered with an error status.
             ServiceUnavailable: it could not be reached in time.
         """
-        resp = self.raw(method, path, payload, timeout_s=timeout_s, params=params)
+        resp = self.raw(method, path, payload, timeout_s=timeout_s, params=params, auth=auth)
         if not resp.content:
             return None
         return resp.json()
@@ -197,9 +219,10 @@ class ServiceClient:
         payload: Any = None,
         *,
         timeout_s: float | None = None,
+        auth: str | None = None,
     ) -> T:
         """One request whose answer is validated straight from its bytes into `cls`."""
-        resp = self.raw(method, path, payload, timeout_s=timeout_s)
+        resp = self.raw(method, path, payload, timeout_s=timeout_s, auth=auth)
         return parse(cls, resp.content)
 
     def raw(
@@ -210,13 +233,14 @@ class ServiceClient:
         *,
         timeout_s: float | None = None,
         params: dict[str, Any] | None = None,
+        auth: str | None = None,
     ) -> requests.Response:
         try:
             resp = self._session.request(
                 method,
                 self.base_url + path,
                 json=dump(payload) if payload is not None else None,
-                headers=self._headers,
+                headers={"Authorization": f"Bearer {auth or self.credential or self._token}"},
                 params=params,
                 timeout=timeout_s if timeout_s is not None else self.timeout_s,
             )

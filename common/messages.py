@@ -121,6 +121,9 @@ class Registered:
     worker_id: str
     heartbeat_interval_s: float
     lease_timeout_s: float
+    #: This worker's own bearer credential for everything after registering: with it,
+    #: it can act only as itself (its heartbeats, its tasks, its segment folder).
+    credential: str
 
 
 @message

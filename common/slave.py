@@ -249,6 +249,7 @@ class Slave:
     def _register(self) -> None:
         reg = self.coordinator.register(self.role, self.advertise_url, self.resources)
         self._heartbeat_interval_s = reg.heartbeat_interval_s
+        self.coordinator.credential = reg.credential
         self._worker_id = reg.worker_id
         self._registered.set()
         log.info("registered as %s", reg.worker_id)
@@ -264,13 +265,15 @@ class Slave:
         try:
             answer = self.coordinator.heartbeat(worker_id, states)
         except ApiError as exc:
-            if exc.status != 404:
+            if exc.status not in (401, 404):
                 raise
-            # The coordinator forgot us (restart or expired lease): our tasks were
-            # handed to others, so drop them and register afresh.
+            # The coordinator forgot us, or our credential with us (a restart or an
+            # expired lease): our tasks were handed to others, so drop them and
+            # register afresh.
             log.warning("coordinator forgot worker %s; abandoning tasks", worker_id)
             with self._lock:
                 self._worker_id = None
+                self.coordinator.credential = None
                 self._registered.clear()
                 for ctx, _ in self._running.values():
                     ctx.stop.set()

@@ -16,9 +16,15 @@ class FakeCoordinator:
         self.failed: list[tuple[str, str]] = []
         self.left: list[str] = []
         self.cancel_next: list[str] = []
+        self.credential: str | None = None
 
     def register(self, role: str, url: str, resources: dict[str, Any]) -> Registered:
-        return Registered(worker_id=f"{role}-fake", heartbeat_interval_s=0.05, lease_timeout_s=1)
+        return Registered(
+            worker_id=f"{role}-fake",
+            heartbeat_interval_s=0.05,
+            lease_timeout_s=1,
+            credential=f"{role}-fake.secret",
+        )
 
     def heartbeat(self, worker_id: str, tasks: list) -> HeartbeatReply:
         cancel, self.cancel_next = self.cancel_next, []

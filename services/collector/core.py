@@ -165,7 +165,7 @@ class SegmentUploader:
         except RetryError:
             return  # the task stopped while waiting
         except ApiError as exc:
-            if exc.status not in (404, 409):
+            if exc.status not in (401, 403, 404, 409):
                 raise
             log.info("insert refused, stopping the task: %s", exc.message)
             ctx.stop.set()

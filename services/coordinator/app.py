@@ -34,7 +34,7 @@ def create_app(
         # A coordinator started over an existing shared root picks its jobs up again.
         core.restore_jobs()
     app = Flask("drover.coordinator")
-    install_http_basics(app, settings.token)
+    install_http_basics(app, settings.token, worker_credential=core.worker_for_credential)
     app.extensions[CORE] = core
     for bp in blueprints():
         app.register_blueprint(bp)

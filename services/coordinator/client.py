@@ -67,7 +67,8 @@ class CoordinatorClient(ServiceClient):
 
     def register(self, role: str, url: str, resources: dict[str, Any]) -> Registered:
         reg = WorkerRegistration(role=role, url=url, resources=resources)  # type: ignore[arg-type]
-        return self.call_as(Registered, "POST", f"{API}/workers", reg)
+        # Registering takes the cluster token; the answer's credential is used after.
+        return self.call_as(Registered, "POST", f"{API}/workers", reg, auth=self._token)
 
     def heartbeat(self, worker_id: str, tasks: list[TaskProgress]) -> HeartbeatReply:
         path = f"{API}/workers/{worker_id}/heartbeat"

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import hmac
 import logging
+import secrets
 import statistics
 import threading
 import time
@@ -126,6 +128,7 @@ class Worker:
     url: str
     resources: dict[str, Any]
     last_heartbeat_s: float
+    secret: str = ""
     task_ids: set[str] = field(default_factory=set)
     #: After a failed assignment, no new one before this time (no retry storm).
     not_before_s: float = float("-inf")
@@ -360,6 +363,7 @@ class Coordinator:
             url=reg.url,
             resources=reg.resources,
             last_heartbeat_s=self._clock(),
+            secret=secrets.token_urlsafe(32),
         )
         with self._lock:
             self.workers[worker.worker_id] = worker
@@ -369,10 +373,27 @@ class Coordinator:
             worker_id=worker.worker_id,
             heartbeat_interval_s=self.limits.heartbeat_interval_s,
             lease_timeout_s=self.limits.lease_timeout_s,
+            credential=f"{worker.worker_id}.{worker.secret}",
         )
 
-    def heartbeat(self, worker_id: str, beat: Heartbeat) -> list[str]:
+    def worker_for_credential(self, credential: str) -> str | None:
+        """The worker a credential belongs to (None if it is no live worker's)."""
+        worker_id, _, secret = credential.rpartition(".")
+        with self._lock:
+            worker = self.workers.get(worker_id)
+        if worker is None or not hmac.compare_digest(secret.encode(), worker.secret.encode()):
+            return None
+        return worker_id
+
+    @staticmethod
+    def _must_be(caller: str | None, worker_id: str, what: str) -> None:
+        """A worker acting by its own credential may act only as itself."""
+        if caller is not None and caller != worker_id:
+            raise ApiError(403, "forbidden", f"worker {caller} may not {what} of {worker_id}")
+
+    def heartbeat(self, worker_id: str, beat: Heartbeat, *, caller: str | None = None) -> list[str]:
         """Renew the worker's lease; returns the ids of tasks it must stop."""
+        self._must_be(caller, worker_id, "send the heartbeats")
         with self._lock:
             worker = self.workers.get(worker_id)
             if worker is None:
@@ -392,7 +413,8 @@ class Coordinator:
                     job.train_iters = max(job.train_iters, int(train_iter))
             return cancel
 
-    def leave(self, worker_id: str) -> None:
+    def leave(self, worker_id: str, *, caller: str | None = None) -> None:
+        self._must_be(caller, worker_id, "end the registration")
         with self._lock:
             if worker_id not in self.workers:
                 raise not_found(f"worker {worker_id}")
@@ -434,15 +456,20 @@ class Coordinator:
             raise conflict("task_not_active", f"task {task_id} is {task.state}")
         return task
 
-    def _check_sender(self, job_id: str, task_id: str | None, kind: str) -> None:
+    def _check_sender(
+        self, job_id: str, task_id: str | None, kind: str, caller: str | None = None
+    ) -> None:
         """Refuse a message sent for a task that is no longer this worker's to run."""
         if task_id is None:
+            if caller is not None:
+                raise bad_request("task_id", f"a worker sends the {kind} task it acts for")
             return
         task = self.tasks.get(task_id)
         if task is None or task.job_id != job_id or task.kind != kind:
             raise conflict("task_not_active", f"{kind} task {task_id} is not a task of {job_id}")
         if task.state not in ACTIVE:
             raise conflict("task_not_active", f"task {task_id} is {task.state}")
+        self._must_be(caller, task.worker_id, f"act for task {task_id}")
 
     def _end_task(self, task: Task, state: str) -> None:
         job = self.jobs.get(task.job_id)
@@ -460,9 +487,12 @@ class Coordinator:
             worker.progress.pop(task.task_id, None)
         self._notify()
 
-    def complete_task(self, task_id: str, result: dict[str, Any]) -> None:
+    def complete_task(
+        self, task_id: str, result: dict[str, Any], *, caller: str | None = None
+    ) -> None:
         with self._lock:
             task = self._task(task_id)
+            self._must_be(caller, task.worker_id, f"report on task {task_id}")
             job = self.jobs[task.job_id]
             if task.kind == "evaluate":
                 try:
@@ -476,9 +506,10 @@ class Coordinator:
                 self._record_eval(job, outcome)
             self._end_task(task, "done")
 
-    def fail_task(self, task_id: str, error: str) -> None:
+    def fail_task(self, task_id: str, error: str, *, caller: str | None = None) -> None:
         with self._lock:
             task = self._task(task_id)
+            self._must_be(caller, task.worker_id, f"report on task {task_id}")
             job = self.jobs[task.job_id]
             self._end_task(task, "failed")
             job.task_failures += 1
@@ -533,11 +564,21 @@ class Coordinator:
 
     # --- data plane ----------------------------------------------------------------
 
-    def insert_segments(self, job_id: str, insert: SegmentInsert) -> InsertReply:
+    def insert_segments(
+        self, job_id: str, insert: SegmentInsert, *, caller: str | None = None
+    ) -> InsertReply:
         with self._lock:
             job = self._running_job(job_id)
-            self._check_sender(job_id, insert.task_id, "collect")
+            self._check_sender(job_id, insert.task_id, "collect", caller)
         segments_dir = f"{job_id}/segments"
+        if caller is not None:
+            # A collector's own folders are named "<its worker id>.<task id>".
+            own = f"{segments_dir}/{caller}."
+            for i, ref in enumerate(insert.segments):
+                if not ref.path.startswith(own):
+                    raise ApiError(
+                        403, "forbidden", f"segments.{i}.path: not in {caller}'s own folder"
+                    )
         for i, ref in enumerate(insert.segments):
             try:
                 if not self.store.resolve(ref.path, under=segments_dir).is_file():
@@ -621,10 +662,17 @@ class Coordinator:
 
     # --- policies ------------------------------------------------------------------
 
-    def announce_policy(self, job_id: str, ref: PolicyRef, *, task_id: str | None = None) -> None:
+    def announce_policy(
+        self,
+        job_id: str,
+        ref: PolicyRef,
+        *,
+        task_id: str | None = None,
+        caller: str | None = None,
+    ) -> None:
         with self._lock:
             job = self._running_job(job_id)
-            self._check_sender(job_id, task_id, "learn")
+            self._check_sender(job_id, task_id, "learn", caller)
             expected = self.store.policy_path(job_id, ref.version)
             if ref.path != expected:
                 raise bad_request("path", f"version {ref.version} must live at '{expected}'")

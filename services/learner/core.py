@@ -258,7 +258,7 @@ class _LearnSession:
             if exc.status == 503:  # sample_timeout, or a coordinator restarting
                 self.sample_timeouts += 1
                 return None
-            if exc.status in (404, 409):
+            if exc.status in (401, 403, 404, 409):  # the job ended, or this task did
                 raise JobOver(exc.message) from exc
             raise
         except ServiceUnavailable as exc:
@@ -283,7 +283,7 @@ class _LearnSession:
         try:
             self.ctx.coordinator.announce_policy(self.job_id, ref, task_id=self.ctx.task.task_id)
         except ApiError as exc:
-            if exc.code in ("job_finished", "task_not_active") or exc.status == 404:
+            if exc.code in ("job_finished", "task_not_active") or exc.status in (401, 403, 404):
                 raise JobOver(exc.message) from exc
             raise
         self.ctx.progress["policy_version"] = self.version

@@ -510,3 +510,64 @@ def test_waiting_long_polls_are_bounded_and_counted(client, core):
     for thread in waiting:
         thread.join(5)
     assert core.waiting_samples == 0
+
+
+def test_each_worker_has_its_own_credential_and_acts_only_as_itself(client, core):
+    job_id = submit(client)
+    a = post(client, "/api/v1/workers", {"role": "collector", "url": "http://a"}).json
+    b = post(client, "/api/v1/workers", {"role": "collector", "url": "http://b"}).json
+    learner = post(client, "/api/v1/workers", {"role": "learner", "url": "http://l"}).json
+    assert a["credential"] != b["credential"] and a["credential"].startswith(a["worker_id"])
+    as_a = {"Authorization": f"Bearer {a['credential']}"}
+    tasks = {d.url: d.task for d in core.plan()}
+
+    def heartbeat(worker, headers):
+        return client.post(
+            f"/api/v1/workers/{worker['worker_id']}/heartbeat", json={"tasks": []}, headers=headers
+        )
+
+    assert heartbeat(a, as_a).status_code == 200
+    forged = heartbeat(b, as_a)
+    assert forged.status_code == 403 and forged.json["error"] == "forbidden"
+    # B's task cannot be completed or failed with A's credential
+    task_b = tasks["http://b"].task_id
+    for route in ("complete", "fail"):
+        body = {"result": {}} if route == "complete" else {"error": "x"}
+        resp = client.post(f"/api/v1/tasks/{task_b}/{route}", json=body, headers=as_a)
+        assert resp.status_code == 403
+    # A may insert only segments in its own folder, for its own task
+    task_a = tasks["http://a"].task_id
+    own = write_segment(core, job_id, 0, worker=f"{a['worker_id']}.{task_a}")
+    theirs = write_segment(core, job_id, 0, worker=f"{b['worker_id']}.{task_b}")
+    url = f"/api/v1/jobs/{job_id}/segments"
+    assert (
+        client.post(url, json={"segments": [theirs], "task_id": task_a}, headers=as_a).status_code
+        == 403
+    )
+    assert (
+        client.post(url, json={"segments": [own], "task_id": task_b}, headers=as_a).status_code
+        == 403
+    )
+    assert client.post(url, json={"segments": [own]}, headers=as_a).status_code == 400
+    assert (
+        client.post(url, json={"segments": [own], "task_id": task_a}, headers=as_a).status_code
+        == 200
+    )
+    # a learner announces only for its own learn task
+    path, sha = core.store.write_policy(job_id, 1, 0, "dqn", {"w": np.ones(2)})
+    announce = {"version": 1, "path": path, "sha256": sha, "task_id": tasks["http://l"].task_id}
+    assert (
+        client.post(f"/api/v1/jobs/{job_id}/policies", json=announce, headers=as_a).status_code
+        == 403
+    )
+    as_learner = {"Authorization": f"Bearer {learner['credential']}"}
+    assert (
+        client.post(
+            f"/api/v1/jobs/{job_id}/policies", json=announce, headers=as_learner
+        ).status_code
+        == 201
+    )
+    # a made-up credential, or one of a worker that left, is no credential
+    assert heartbeat(a, {"Authorization": f"Bearer {a['worker_id']}.guess"}).status_code == 401
+    client.delete(f"/api/v1/workers/{a['worker_id']}", headers=as_a)
+    assert heartbeat(a, as_a).status_code == 401

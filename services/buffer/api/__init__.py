@@ -19,7 +19,9 @@ HOST = "drover.buffer_host"
 
 
 class BufferHost(Protocol):
-    def insert_segments(self, job_id: str, insert: SegmentInsert) -> InsertReply: ...
+    def insert_segments(
+        self, job_id: str, insert: SegmentInsert, *, caller: str | None = None
+    ) -> InsertReply: ...
 
     def sample(self, job_id: str, request: SampleRequest) -> SampleReply: ...
 

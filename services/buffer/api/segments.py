@@ -4,7 +4,7 @@ from typing import Any
 
 from flask import Blueprint
 
-from common.http import body, extension, reply
+from common.http import body, caller, extension, reply
 from common.messages import InsertReply, SegmentInsert
 from common.openapi import documented
 from services.buffer.api import HOST
@@ -19,4 +19,4 @@ bp = Blueprint("segments", __name__, url_prefix="/api/v1/jobs/<job_id>/segments"
     reply=InsertReply,
 )
 def insert(job_id: str) -> Any:
-    return reply(extension(HOST).insert_segments(job_id, body(SegmentInsert)))
+    return reply(extension(HOST).insert_segments(job_id, body(SegmentInsert), caller=caller()))

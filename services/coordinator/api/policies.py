@@ -4,7 +4,7 @@ from typing import Any
 
 from flask import Blueprint
 
-from common.http import body, reply
+from common.http import body, caller, reply
 from common.messages import PolicyAnnounce, PolicyRef
 from common.openapi import documented
 from services.coordinator.api import core
@@ -16,7 +16,7 @@ bp = Blueprint("policies", __name__, url_prefix="/api/v1/jobs/<job_id>/policies"
 @documented(summary="Announce a policy version", body=PolicyAnnounce, reply=PolicyRef, status=201)
 def announce(job_id: str) -> Any:
     announce = body(PolicyAnnounce)
-    core().announce_policy(job_id, announce.ref(), task_id=announce.task_id)
+    core().announce_policy(job_id, announce.ref(), task_id=announce.task_id, caller=caller())
     return reply(announce.ref(), 201)
 
 

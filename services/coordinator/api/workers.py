@@ -4,7 +4,7 @@ from typing import Any
 
 from flask import Blueprint
 
-from common.http import body, reply
+from common.http import body, caller, reply
 from common.messages import (
     Heartbeat,
     HeartbeatReply,
@@ -34,11 +34,12 @@ def list_workers() -> Any:
 @bp.post("/<worker_id>/heartbeat")
 @documented(summary="Renew a worker's lease", body=Heartbeat, reply=HeartbeatReply)
 def heartbeat(worker_id: str) -> Any:
-    return reply(HeartbeatReply(cancel=core().heartbeat(worker_id, body(Heartbeat))))
+    cancel = core().heartbeat(worker_id, body(Heartbeat), caller=caller())
+    return reply(HeartbeatReply(cancel=cancel))
 
 
 @bp.delete("/<worker_id>")
 @documented(summary="Leave: the worker's tasks go to others at once", reply=WorkerAck, status=202)
 def leave(worker_id: str) -> Any:
-    core().leave(worker_id)
+    core().leave(worker_id, caller=caller())
     return reply(WorkerAck(worker_id=worker_id), 202)
