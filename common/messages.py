@@ -131,6 +131,8 @@ class TaskProgress:
     task_id: Ident
     state: Literal["running", "done", "failed"]
     progress: dict[str, float] = field(default_factory=dict)
+    #: Segment files the task could not use (corrupt, truncated, missing columns).
+    unusable_segments: Annotated[list[RelPath], MaxLen(100)] = field(default_factory=list)
 
 
 @message
@@ -384,6 +386,8 @@ class JobMetrics:
     points: list[dict[str, Any]]
     evals: list[EvalSummary]
     buffer: dict[str, Any]
+    #: Segment files the learner skipped as unusable: their rows were not trained on.
+    unusable_segments: list[str] = field(default_factory=list)
 
 
 @message

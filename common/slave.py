@@ -54,6 +54,8 @@ class TaskContext:
     metrics: CollectorRegistry
     stop: threading.Event = field(default_factory=threading.Event)
     progress: dict[str, float] = field(default_factory=dict)
+    #: Segment files this task had to skip; reported with the heartbeats.
+    unusable_segments: set[str] = field(default_factory=set)
 
     def stopped(self) -> bool:
         return self.stop.is_set()
@@ -259,7 +261,12 @@ class Slave:
         assert worker_id is not None
         with self._lock:
             states = [
-                TaskProgress(task_id=t, state="running", progress=dict(c.progress))
+                TaskProgress(
+                    task_id=t,
+                    state="running",
+                    progress=dict(c.progress),
+                    unusable_segments=sorted(c.unusable_segments)[:100],
+                )
                 for t, (c, _) in self._running.items()
             ]
         try:

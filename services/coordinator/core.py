@@ -156,6 +156,8 @@ class Job:
     #: The evaluate workflow: per-episode results so far, and episodes handed out.
     evaluation: list[dict[str, Any]] = field(default_factory=list)
     evaluation_assigned: int = 0
+    #: Segment files a learner reported unusable (their rows were skipped).
+    unusable_segments: set[str] = field(default_factory=set)
     last_orphan_sweep_s: float = float("-inf")
     evals: list[EvalSummary] = field(default_factory=list)
     best_eval: EvalSummary | None = None
@@ -352,6 +354,7 @@ class Coordinator:
                 points=list(job.metrics),
                 evals=list(job.evals),
                 buffer=dump(job.buffer.stats()),
+                unusable_segments=sorted(job.unusable_segments),
             )
 
     # --- workers -------------------------------------------------------------------
@@ -407,6 +410,9 @@ class Coordinator:
                     continue
                 task.state = "running"
                 worker.progress[task.task_id] = dict(report.progress)
+                job = self.jobs[task.job_id]
+                if len(job.unusable_segments) < 1000:
+                    job.unusable_segments.update(report.unusable_segments)
                 train_iter = report.progress.get("train_iter")
                 if train_iter is not None:
                     job = self.jobs[task.job_id]

@@ -53,12 +53,14 @@ class SegmentCache:
         job_id: str,
         columns: tuple[str, ...],
         max_segments: int = 4096,
+        unusable: set[str] | None = None,
     ) -> None:
         self.store = store
         self.job_id = job_id
         self.columns = columns
         self.max_segments = max_segments
-        self.unusable: set[str] = set()
+        #: Paths skipped (shared with the task context, which reports them).
+        self.unusable: set[str] = unusable if unusable is not None else set()
         self._cache: collections.OrderedDict[str, dict[str, np.ndarray]] = collections.OrderedDict()
 
     def get(self, path: str) -> dict[str, np.ndarray] | None:
@@ -190,7 +192,7 @@ class _LearnSession:
         self.dqn = dqn
         self.version = version
         self.job_id = ctx.task.job_id
-        self.cache = SegmentCache(store, self.job_id, dqn.COLUMNS)
+        self.cache = SegmentCache(store, self.job_id, dqn.COLUMNS, unusable=ctx.unusable_segments)
         self.sample_timeouts = 0
         self.prioritized = config.policy.other.replay_buffer.type == "prioritized"
 
@@ -310,7 +312,7 @@ class _RoundSession(_LearnSession):
         self, ctx: TaskContext, config: JobConfig, store: SharedStore, ppo: PPO, version: int
     ) -> None:
         super().__init__(ctx, config, store, ppo, version)  # type: ignore[arg-type]
-        self.cache = SegmentCache(store, self.job_id, PPO.COLUMNS)
+        self.cache = SegmentCache(store, self.job_id, PPO.COLUMNS, unusable=ctx.unusable_segments)
 
     def run(self) -> dict[str, Any]:
         ctx, ppo = self.ctx, self.dqn
