@@ -84,6 +84,7 @@ class CoordinatorLimits:
     lease_timeout_s: float = 10.0
     max_buffer_items: int = 10_000_000
     max_envs_per_task: int = 256
+    max_collectors_per_job: int = 256
     #: A job fails after this many failed tasks (a crash loop, not a blip).
     max_task_failures: int = 5
     #: Policy versions kept on disk besides the best one and those being evaluated.
@@ -274,6 +275,13 @@ class Coordinator:
             raise bad_request(
                 "config.policy.other.replay_buffer.replay_buffer_size",
                 f"{size} exceeds this coordinator's limit of {self.limits.max_buffer_items}",
+            )
+        collectors = config.system.collector_num
+        if collectors is not None and collectors > self.limits.max_collectors_per_job:
+            raise bad_request(
+                "config.system.collector_num",
+                f"{collectors} exceeds this coordinator's limit of "
+                f"{self.limits.max_collectors_per_job}",
             )
         for key in ("collector_env_num", "evaluator_env_num"):
             value = getattr(config.env, key)

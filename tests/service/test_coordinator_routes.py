@@ -112,6 +112,8 @@ def test_errors_are_json_never_html(client):
             {"config": {"policy": {"other": {"replay_buffer": {"replay_buffer_size": 5000}}}}},
             "config.policy.other.replay_buffer.replay_buffer_size",
         ),
+        ({"config": {"system": {"collector_num": 1000}}}, "config.system.collector_num"),
+        ({"config": {"env": {"collector_env_num": 1000}}}, "config.env.collector_env_num"),
     ],
 )
 def test_bad_job_configs_get_400_naming_the_field(client, body, field):
