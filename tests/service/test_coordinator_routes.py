@@ -18,6 +18,11 @@ CONFIG = {
 }
 
 
+SMALL_BUFFER = {
+    "policy": {"other": {"replay_buffer": {"replay_buffer_size": 100, "min_size_to_sample": 10}}}
+}
+
+
 @pytest.fixture
 def core(tmp_path):
     return Coordinator(SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000))
@@ -112,8 +117,14 @@ def test_errors_are_json_never_html(client):
             {"config": {"policy": {"other": {"replay_buffer": {"replay_buffer_size": 5000}}}}},
             "config.policy.other.replay_buffer.replay_buffer_size",
         ),
-        ({"config": {"system": {"collector_num": 1000}}}, "config.system.collector_num"),
-        ({"config": {"env": {"collector_env_num": 1000}}}, "config.env.collector_env_num"),
+        (
+            {"config": {**SMALL_BUFFER, "system": {"collector_num": 1000}}},
+            "config.system.collector_num",
+        ),
+        (
+            {"config": {**SMALL_BUFFER, "env": {"collector_env_num": 1000}}},
+            "config.env.collector_env_num",
+        ),
     ],
 )
 def test_bad_job_configs_get_400_naming_the_field(client, body, field):
