@@ -239,21 +239,28 @@ class CollectorRunner:
             return self.collect(ctx, config, spec)
         return self.evaluate(ctx, config, spec)
 
+    def _actor_critic_rig(
+        self, ctx: TaskContext, config: JobConfig, spec: CollectSpec
+    ) -> tuple[ActorCriticPolicy, PolicyFollower, Any, SegmentUploader, str]:
+        """What the PPO and IMPALA loops act with: the policy and its follower, the
+        vector env, the uploader, and this task's segment folder."""
+        policy_cfg = config.policy
+        policy = ActorCriticPolicy(policy_cfg.model, policy_cfg.torch_device)
+        follower = PolicyFollower(
+            policy, self.store, ctx.coordinator, ctx.task.job_id, policy_cfg.collect.policy_poll_s
+        )
+        torch.manual_seed(spec.seed)
+        env = make_vector_env(config.env, spec.num_envs)
+        uploader = SegmentUploader(ctx, self.store, policy_cfg.collect.insert_timeout_s)
+        return policy, follower, env, uploader, f"{ctx.worker_id}.{ctx.task.task_id}"
+
     def collect_unrolls(
         self, ctx: TaskContext, config: JobConfig, spec: CollectSpec
     ) -> dict[str, Any]:
         """IMPALA: act with the newest version, and every `unroll_len` steps send one
         unroll per env, with the behaviour log-probabilities V-trace needs."""
-        job_id = ctx.task.job_id
-        policy_cfg = config.policy
-        policy = ActorCriticPolicy(policy_cfg.model, policy_cfg.torch_device)
-        follower = PolicyFollower(
-            policy, self.store, ctx.coordinator, job_id, policy_cfg.collect.policy_poll_s
-        )
-        torch.manual_seed(spec.seed)
-        env = make_vector_env(config.env, spec.num_envs)
-        uploader = SegmentUploader(ctx, self.store, policy_cfg.collect.insert_timeout_s)
-        worker_dir = f"{ctx.worker_id}.{ctx.task.task_id}"
+        job_id, policy_cfg = ctx.task.job_id, config.policy
+        policy, follower, env, uploader, worker_dir = self._actor_critic_rig(ctx, config, spec)
         obs, _ = env.reset(seed=spec.seed)
         episodes = EpisodeTracker(spec.num_envs)
         env_steps = seq = 0
@@ -321,16 +328,8 @@ class CollectorRunner:
         """The sync workflow: for each policy version v, collect exactly this
         collector's share of the round with v, compute GAE with v's critic, insert
         it, then wait for v + 1. No step is ever taken with an older version."""
-        job_id = ctx.task.job_id
-        policy_cfg = config.policy
-        policy = ActorCriticPolicy(policy_cfg.model, policy_cfg.torch_device)
-        follower = PolicyFollower(
-            policy, self.store, ctx.coordinator, job_id, policy_cfg.collect.policy_poll_s
-        )
-        torch.manual_seed(spec.seed)
-        env = make_vector_env(config.env, spec.num_envs)
-        uploader = SegmentUploader(ctx, self.store, policy_cfg.collect.insert_timeout_s)
-        worker_dir = f"{ctx.worker_id}.{ctx.task.task_id}"
+        job_id, policy_cfg = ctx.task.job_id, config.policy
+        policy, follower, env, uploader, worker_dir = self._actor_critic_rig(ctx, config, spec)
         round_steps = spec.round_steps or policy_cfg.collect.n_sample
         steps = -(-round_steps // spec.num_envs)  # vector steps per round, rounded up
         obs, _ = env.reset(seed=spec.seed)
