@@ -254,12 +254,47 @@ class CollectorRunner:
         uploader = SegmentUploader(ctx, self.store, policy_cfg.collect.insert_timeout_s)
         return policy, follower, env, uploader, f"{ctx.worker_id}.{ctx.task.task_id}"
 
+    def _ship(
+        self,
+        ctx: TaskContext,
+        uploader: SegmentUploader,
+        episodes: EpisodeTracker,
+        columns: dict[str, np.ndarray],
+        worker_dir: str,
+        seq: int,
+        version: int,
+        *,
+        env_steps: int,
+        total_env_steps: int,
+        started: float,
+    ) -> int:
+        """Queue one segment (with the episodes it finished) and report progress;
+        returns the env steps it covers."""
+        returns, lengths = episodes.take()
+        ref = SegmentRef(
+            path=self.store.segment_path(ctx.task.job_id, worker_dir, seq),
+            rows=len(columns["obs"]),
+            env_steps=env_steps,
+            policy_version=version,
+            episode_returns=returns,
+            episode_lengths=lengths,
+        )
+        uploader.put(_Pending(columns=columns, ref=ref))
+        total = total_env_steps + env_steps
+        ctx.progress.update(
+            env_steps=total,
+            env_steps_per_s=round(total / max(time.monotonic() - started, 1e-9), 1),
+            policy_version=version,
+            rows_acknowledged=uploader.rows_acknowledged,
+        )
+        return env_steps
+
     def collect_unrolls(
         self, ctx: TaskContext, config: JobConfig, spec: CollectSpec
     ) -> dict[str, Any]:
         """IMPALA: act with the newest version, and every `unroll_len` steps send one
         unroll per env, with the behaviour log-probabilities V-trace needs."""
-        job_id, policy_cfg = ctx.task.job_id, config.policy
+        policy_cfg = config.policy
         policy, follower, env, uploader, worker_dir = self._actor_critic_rig(ctx, config, spec)
         obs, _ = env.reset(seed=spec.seed)
         episodes = EpisodeTracker(spec.num_envs)
@@ -298,25 +333,20 @@ class CollectorRunner:
                     np.int64 if action.dtype.kind in "iu" else np.float32
                 )
                 columns["bootstrap_obs"] = obs.astype(np.float32)
-                rows = spec.num_envs * policy_cfg.collect.unroll_len
-                returns, lengths = episodes.take()
-                ref = SegmentRef(
-                    path=self.store.segment_path(job_id, worker_dir, seq),
-                    rows=spec.num_envs,
-                    env_steps=rows,
-                    policy_version=version,
-                    episode_returns=returns,
-                    episode_lengths=lengths,
+                # One item per env; each covers unroll_len env steps.
+                env_steps += self._ship(
+                    ctx,
+                    uploader,
+                    episodes,
+                    columns,
+                    worker_dir,
+                    seq,
+                    version,
+                    env_steps=spec.num_envs * policy_cfg.collect.unroll_len,
+                    total_env_steps=env_steps,
+                    started=started,
                 )
-                uploader.put(_Pending(columns=columns, ref=ref))
                 seq += 1
-                env_steps += rows
-                ctx.progress.update(
-                    env_steps=env_steps,
-                    env_steps_per_s=round(env_steps / max(time.monotonic() - started, 1e-9), 1),
-                    policy_version=version,
-                    rows_acknowledged=uploader.rows_acknowledged,
-                )
         finally:
             uploader.close()
             env.close()
@@ -328,7 +358,7 @@ class CollectorRunner:
         """The sync workflow: for each policy version v, collect exactly this
         collector's share of the round with v, compute GAE with v's critic, insert
         it, then wait for v + 1. No step is ever taken with an older version."""
-        job_id, policy_cfg = ctx.task.job_id, config.policy
+        policy_cfg = config.policy
         policy, follower, env, uploader, worker_dir = self._actor_critic_rig(ctx, config, spec)
         round_steps = spec.round_steps or policy_cfg.collect.n_sample
         steps = -(-round_steps // spec.num_envs)  # vector steps per round, rounded up
@@ -369,26 +399,20 @@ class CollectorRunner:
                     episodes.step(reward, ended)
                     obs = next_obs
                 columns = round_columns(record, policy_cfg)
-                rows = len(columns["obs"])
-                returns, lengths = episodes.take()
-                ref = SegmentRef(
-                    path=self.store.segment_path(job_id, worker_dir, seq),
-                    rows=rows,
-                    env_steps=rows,
-                    policy_version=version,
-                    episode_returns=returns,
-                    episode_lengths=lengths,
+                env_steps += self._ship(
+                    ctx,
+                    uploader,
+                    episodes,
+                    columns,
+                    worker_dir,
+                    seq,
+                    version,
+                    env_steps=len(columns["obs"]),
+                    total_env_steps=env_steps,
+                    started=started,
                 )
-                uploader.put(_Pending(columns=columns, ref=ref))
                 seq += 1
-                env_steps += rows
                 last_version = version
-                ctx.progress.update(
-                    env_steps=env_steps,
-                    env_steps_per_s=round(env_steps / max(time.monotonic() - started, 1e-9), 1),
-                    policy_version=version,
-                    rows_acknowledged=uploader.rows_acknowledged,
-                )
         finally:
             uploader.close()
             env.close()

@@ -52,20 +52,16 @@ def test_bad_requests_get_their_answers_and_the_job_loses_nothing(running):
     before = cluster.client.buffer_stats(job_id)["inserts"]
     steps_before = cluster.client.job(job_id).env_steps
 
-    a = send(
-        cluster,
-        "POST",
-        "/api/v1/workers",
-        token=token,
-        json={"role": "collector", "url": "http://127.0.0.1:9"},
-    ).json()
-    b = send(
-        cluster,
-        "POST",
-        "/api/v1/workers",
-        token=token,
-        json={"role": "collector", "url": "http://127.0.0.1:9"},
-    ).json()
+    a, b = (
+        send(
+            cluster,
+            "POST",
+            "/api/v1/workers",
+            token=token,
+            json={"role": "collector", "url": "http://127.0.0.1:9"},
+        ).json()
+        for _ in range(2)
+    )
     outside = cluster.run_dir.parent / "outside"
     outside.mkdir(exist_ok=True)
     (outside / "00000000.safetensors").write_bytes(b"secret")
