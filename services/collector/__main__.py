@@ -2,9 +2,22 @@
 
 import sys
 
+from common.envs import setup_env_registry
+from common.settings import SettingsError
 from common.slave_main import run_slave
 from services.collector.app import create_app
 from services.collector.settings import DEFAULT_PORT
 
+
+def main() -> int:
+    # The operator's env packages register their envs before any task can name one.
+    try:
+        setup_env_registry()
+    except SettingsError as exc:
+        print(f"drover collector: {exc}", file=sys.stderr)
+        return 2
+    return run_slave("collector", DEFAULT_PORT, create_app)
+
+
 if __name__ == "__main__":
-    sys.exit(run_slave("collector", DEFAULT_PORT, create_app))
+    sys.exit(main())

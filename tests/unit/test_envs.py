@@ -1,0 +1,260 @@
+"""Env ids and kwargs from a job config name registered envs, never code to import."""
+
+import importlib.util
+import sys
+import textwrap
+import uuid
+
+import gymnasium as gym
+import pytest
+
+from common.config import ConfigError, EnvConfig
+from common.envs import (
+    ENV_MODULES_VAR,
+    check_env,
+    env_modules_from_env,
+    env_spaces,
+    make_vector_env,
+    setup_env_registry,
+)
+from common.settings import SettingsError
+
+FLAT_ENV_MODULE = """
+import gymnasium as gym
+import numpy as np
+
+
+class FlatEnv(gym.Env):
+    metadata = {"render_modes": []}
+
+    def __init__(self, size=3):
+        self.observation_space = gym.spaces.Box(-1.0, 1.0, (size,), np.float32)
+        self.action_space = gym.spaces.Discrete(2)
+
+    def reset(self, *, seed=None, options=None):
+        super().reset(seed=seed)
+        return np.zeros(self.observation_space.shape, np.float32), {}
+
+    def step(self, action):
+        return np.zeros(self.observation_space.shape, np.float32), 0.0, True, False, {}
+"""
+
+
+def env(env_id: str = "CartPole-v1", **env_kwargs) -> EnvConfig:
+    return EnvConfig(env_id=env_id, env_kwargs=env_kwargs)
+
+
+def refused(config: EnvConfig, *, checked: bool = True) -> ConfigError:
+    """The error each entry point gives, the same from all; `checked=False` for what only
+    making the env can find."""
+    attempts = [env_spaces, lambda c: make_vector_env(c, 2)]
+    if checked:
+        attempts.append(check_env)
+    errors = []
+    for attempt in attempts:
+        with pytest.raises(ConfigError) as err:
+            attempt(config)
+        errors.append(err.value)
+    assert len({(e.field, e.message) for e in errors}) == 1, errors
+    return errors[0]
+
+
+@pytest.fixture
+def unique_module_name():
+    """A module name no other test uses; forgotten by the import system afterwards."""
+    name = f"drover_test_envs_{uuid.uuid4().hex[:12]}"
+    yield name
+    sys.modules.pop(name, None)
+
+
+@pytest.fixture
+def registered():
+    """Register envs under ids for one test only: yields `register(id, entry_point)`."""
+    ids: list[str] = []
+
+    def register(env_id: str, entry_point: str) -> str:
+        gym.register(id=env_id, entry_point=entry_point)
+        ids.append(env_id)
+        return env_id
+
+    yield register
+    for env_id in ids:
+        gym.envs.registry.pop(env_id, None)
+
+
+# --- env ids that name code -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("env_id", ["this:Foo", "os:system", "a:b:c", "gymnasium:CartPole-v1"])
+def test_ids_that_name_a_module_are_refused(env_id):
+    err = refused(env(env_id))
+    assert err.field == "env.env_id"
+    assert "names a module" in err.message
+
+
+def test_a_planted_module_is_never_imported(tmp_path, monkeypatch):
+    marker = tmp_path / "imported.txt"
+    (tmp_path / "plantedmod.py").write_text(
+        f"import pathlib\npathlib.Path({str(marker)!r}).write_text('ran')\nclass Env: pass\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "plantedmod", raising=False)
+
+    err = refused(env("plantedmod:Env"))
+
+    assert err.field == "env.env_id"
+    assert not marker.exists()
+    assert "plantedmod" not in sys.modules
+
+
+@pytest.mark.parametrize("env_id", ["", "Cart Pole-v1", "../CartPole-v1", "x" * 500])
+def test_ids_outside_gymnasium_grammar_are_refused(env_id):
+    assert refused(env(env_id)).field == "env.env_id"
+
+
+def test_an_unknown_id_gets_a_did_you_mean():
+    err = refused(env("CartPol-v1"))
+    assert err.field == "env.env_id"
+    assert "did you mean 'CartPole-v1'" in err.message
+
+
+def test_an_unversioned_id_is_not_silently_upgraded():
+    err = refused(env("CartPole"))
+    assert err.field == "env.env_id"
+    assert "CartPole-v" in err.message
+
+
+def test_a_registered_env_missing_its_package_is_a_config_error(registered):
+    env_id = registered(
+        f"DroverTestNoDeps{uuid.uuid4().hex[:8]}-v0", "drover_no_such_module_xyz:Env"
+    )
+    err = refused(env(env_id))
+    assert err.field == "env.env_id"
+    assert "not installed: drover_no_such_module_xyz" in err.message
+
+
+def test_gymnasiums_jax_envs_are_a_config_error_without_jax():
+    if importlib.util.find_spec("jax") is not None:
+        pytest.skip("jax is installed here")
+    err = refused(env("phys2d/CartPole-v1"))
+    assert err.field == "env.env_id"
+    assert "not installed: jax" in err.message
+
+
+# --- env kwargs ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("steps", [0, -1, "10", 10.0, True, 10**9])
+def test_max_episode_steps_must_be_a_positive_bounded_int(steps):
+    err = refused(env(max_episode_steps=steps))
+    assert err.field == "env.env_kwargs.max_episode_steps"
+
+
+@pytest.mark.parametrize("mode", [5, "nonsense", ["rgb_array"]])
+def test_render_mode_must_be_one_the_env_has(mode):
+    assert refused(env(render_mode=mode)).field == "env.env_kwargs.render_mode"
+
+
+def test_disable_env_checker_must_be_a_bool():
+    assert refused(env(disable_env_checker="no")).field == "env.env_kwargs.disable_env_checker"
+
+
+def test_an_unknown_kwarg_is_refused_by_name():
+    err = refused(env(foo=1))
+    assert err.field == "env.env_kwargs.foo"
+    assert "sutton_barto_reward" in err.message  # says what CartPole takes
+
+
+@pytest.mark.parametrize("name", ["num_envs", "wrappers", "vector_kwargs", "id"])
+def test_kwargs_that_make_binds_itself_are_refused(name):
+    assert refused(env(**{name: 1})).field == f"env.env_kwargs.{name}"
+
+
+def test_kwarg_values_must_be_shallow_json():
+    assert refused(env(sutton_barto_reward=object())).field == (
+        "env.env_kwargs.sutton_barto_reward"
+    )
+    deep = [[[[[1]]]]]
+    assert refused(env(sutton_barto_reward=deep)).field == "env.env_kwargs.sutton_barto_reward"
+
+
+def test_a_wrong_kwarg_value_the_env_rejects_is_a_config_error(
+    tmp_path, monkeypatch, registered, unique_module_name
+):
+    (tmp_path / f"{unique_module_name}.py").write_text(FLAT_ENV_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    env_id = registered(f"DroverTestFlat{uuid.uuid4().hex[:8]}-v0", f"{unique_module_name}:FlatEnv")
+    config = env(env_id, size="big")
+    check_env(config)  # a keyword the constructor takes; only making the env finds the rest
+    err = refused(config, checked=False)  # the constructor raises TypeError
+    assert err.field == "env.env_kwargs"
+    assert "refused these kwargs" in err.message
+
+
+def test_valid_kwargs_still_make_the_env():
+    config = env(max_episode_steps=200, render_mode=None, disable_env_checker=True)
+    check_env(config)
+    spaces = env_spaces(config)
+    assert (spaces.obs_shape, spaces.action_shape, spaces.action_space) == (4, 2, "discrete")
+    vector = make_vector_env(config, 2)
+    try:
+        assert vector.num_envs == 2
+        assert vector.single_observation_space.shape == (4,)
+    finally:
+        vector.close()
+
+
+def test_a_constructor_kwarg_is_accepted():
+    check_env(env(sutton_barto_reward=True, render_mode="rgb_array"))
+
+
+# --- the operator's env modules --------------------------------------------------------
+
+
+def test_no_env_modules_by_default():
+    assert env_modules_from_env({}) == ()
+    assert setup_env_registry({}) == ()
+    assert env_modules_from_env({ENV_MODULES_VAR: " ale_py, minigrid ,"}) == ("ale_py", "minigrid")
+
+
+def test_an_operator_module_makes_its_envs_valid(tmp_path, monkeypatch, unique_module_name):
+    env_id = f"DroverTestOperator{uuid.uuid4().hex[:8]}-v0"
+    (tmp_path / f"{unique_module_name}.py").write_text(
+        FLAT_ENV_MODULE
+        + textwrap.dedent(f"""
+            gym.register(id={env_id!r}, entry_point={unique_module_name + ":FlatEnv"!r})
+        """)
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    try:
+        assert refused(env(env_id)).field == "env.env_id"  # not registered yet
+
+        environ = {ENV_MODULES_VAR: unique_module_name}
+        assert setup_env_registry(environ) == (unique_module_name,)
+        assert setup_env_registry(environ) == (unique_module_name,)  # idempotent
+
+        spaces = env_spaces(env(env_id, size=5))
+        assert (spaces.obs_shape, spaces.action_shape) == (5, 2)
+    finally:
+        gym.envs.registry.pop(env_id, None)
+
+
+@pytest.mark.parametrize(
+    "value", ["drover_no_such_module_xyz", "os, drover_no_such_module_xyz", "../evil", "a:b"]
+)
+def test_a_bad_operator_module_is_a_startup_error(value):
+    with pytest.raises(SettingsError) as err:
+        setup_env_registry({ENV_MODULES_VAR: value})
+    assert ENV_MODULES_VAR in str(err.value)
+    assert value.split(",")[-1].strip() in str(err.value)
+
+
+def test_an_operator_module_that_fails_on_import_is_a_startup_error(
+    tmp_path, monkeypatch, unique_module_name
+):
+    (tmp_path / f"{unique_module_name}.py").write_text("raise RuntimeError('broken package')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(SettingsError) as err:
+        setup_env_registry({ENV_MODULES_VAR: unique_module_name})
+    assert ENV_MODULES_VAR in str(err.value)
+    assert "broken package" in str(err.value)
