@@ -12,20 +12,28 @@ Every path in a message is relative to the root and goes through `resolve`, whic
 refuses absolute paths, `..`, and symlinks that lead outside the root. Every write is
 atomic (temp file in the same folder, fsync, `os.replace`), so a reader sees a whole
 file or none. Arrays are stored with safetensors and records as JSON: no pickle.
+
+Every read goes through one open that takes regular files only (a FIFO or a device
+put in a file's place would block or never end) and refuses a file over a size limit
+before reading a byte of it (a sparse file can claim any size).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import math
 import os
 import re
 import shutil
+import stat
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
 from safetensors import SafetensorError
@@ -34,6 +42,24 @@ from safetensors.numpy import save as st_save
 
 # Names we create ourselves: ids and numbers only, so a path is always easy to check.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+#: Size limits of the files read, checked before reading. Any read: checkpoints and
+#: the coordinator's buffer snapshot (about 64 bytes an item, 50M items at most).
+MAX_READ_BYTES = 4 << 30
+#: A segment file (step data).
+MAX_SEGMENT_BYTES = 512 << 20
+#: A policy version.
+MAX_POLICY_BYTES = 1 << 30
+#: A JSON record (job config, coordinator state, evaluation records).
+MAX_JSON_BYTES = 64 << 20
+#: A safetensors file's JSON header.
+MAX_HEADER_BYTES = 16 << 20
+
+#: Bytes per element of the safetensors dtypes a segment may hold.
+_DTYPE_BYTES = {
+    "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
+    "BF16": 2, "I32": 4, "U32": 4, "F32": 4, "I64": 8, "U64": 8, "F64": 8,
+}  # fmt: skip
 
 
 class PathError(ValueError):
@@ -133,16 +159,53 @@ class SharedStore:
             raise
         return target
 
-    def read_bytes(self, rel: str) -> bytes:
-        return self.resolve(rel).read_bytes()
+    @contextlib.contextmanager
+    def _open_regular(self, rel: str, max_bytes: int) -> Iterator[tuple[BinaryIO, int]]:
+        """The open file and its size: a regular file of at most `max_bytes`.
+
+        Opened non-blocking, so a FIFO in a file's place is refused at once instead of
+        waiting for a writer forever; the size is checked before anything is read.
+
+        Raises:
+            CorruptFileError: not a regular file, or over `max_bytes`.
+            OSError: it cannot be opened (FileNotFoundError when it is not there).
+        """
+        fd = os.open(self.resolve(rel), os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise CorruptFileError(f"{rel} is not a regular file")
+            if info.st_size > max_bytes:
+                raise CorruptFileError(
+                    f"{rel} is {info.st_size} bytes, over the limit of {max_bytes}"
+                )
+            f = os.fdopen(fd, "rb")
+        except BaseException:
+            os.close(fd)
+            raise
+        with f:
+            yield f, info.st_size
+
+    def read_bytes(self, rel: str, *, max_bytes: int = MAX_READ_BYTES) -> bytes:
+        """The whole file, which must be a regular file of at most `max_bytes`.
+
+        Raises:
+            CorruptFileError: not a regular file, too big, or changed while being read.
+        """
+        with self._open_regular(rel, max_bytes) as (f, size):
+            data = f.read(size)
+            if len(data) != size or f.read(1):
+                raise CorruptFileError(f"{rel} changed size while being read")
+        return data
 
     def write_json(self, rel: str, record: Any) -> Path:
         return self.write_bytes(rel, json.dumps(record, indent=1, sort_keys=True).encode())
 
-    def read_json(self, rel: str) -> Any:
+    def read_json(self, rel: str, *, max_bytes: int = MAX_JSON_BYTES) -> Any:
+        data = self.read_bytes(rel, max_bytes=max_bytes)
         try:
-            return json.loads(self.read_bytes(rel))
-        except json.JSONDecodeError as exc:
+            return json.loads(data)
+        except (ValueError, RecursionError) as exc:  # bad JSON, bad UTF-8, deep nesting
             raise CorruptFileError(f"{rel}: not valid JSON ({exc})") from None
 
     def exists(self, rel: str) -> bool:
@@ -188,27 +251,43 @@ class SharedStore:
 
     def read_segment_header(self, rel: str) -> dict[str, Any] | None:
         """The JSON record a segment was written with, reading only the file's header."""
-        with self.resolve(rel).open("rb") as f:
-            size = int.from_bytes(f.read(8), "little")
-            if not 0 < size < 1 << 24:
-                raise CorruptFileError(f"{rel}: bad header size {size}")
-            try:
-                header = json.loads(f.read(size))
-                record = header.get("__metadata__", {}).get("drover")
-                return json.loads(record) if record is not None else None
-            except (ValueError, AttributeError) as exc:
-                raise CorruptFileError(f"{rel}: unreadable header ({exc})") from None
+        with self._open_regular(rel, MAX_SEGMENT_BYTES) as (f, size):
+            header = _read_safetensors_header(f, rel, size)
+        try:
+            record = header.get("__metadata__", {}).get("drover")
+            value = json.loads(record) if record is not None else None
+        except (ValueError, AttributeError, TypeError, RecursionError) as exc:
+            raise CorruptFileError(f"{rel}: unreadable header ({exc})") from None
+        if value is not None and not isinstance(value, dict):
+            raise CorruptFileError(f"{rel}: the header's record is not a JSON object")
+        return value
+
+    def segment_rows(self, rel: str) -> int:
+        """The number of rows of a segment, from its header alone (a bounded read).
+
+        The header must describe a whole safetensors file: every tensor's byte range
+        fits its dtype and shape, the ranges tile the data that follows the header,
+        and all tensors have the same first dimension, which is the answer.
+
+        Raises:
+            CorruptFileError: not a regular file, over `MAX_SEGMENT_BYTES`, an absurd
+                header size, an unreadable header, or tensors that disagree.
+        """
+        with self._open_regular(rel, MAX_SEGMENT_BYTES) as (f, size):
+            header = _read_safetensors_header(f, rel, size)
+            data_bytes = size - f.tell()
+        return _rows_of(header, data_bytes, rel)
 
     def age_s(self, rel: str) -> float:
         """Seconds since the file was last written."""
         return time.time() - self.resolve(rel).stat().st_mtime
 
     def read_segment(self, rel: str) -> dict[str, np.ndarray]:
-        data = self.read_bytes(rel)
+        data = self.read_bytes(rel, max_bytes=MAX_SEGMENT_BYTES)
         try:
             return st_load(data)
-        except (SafetensorError, ValueError) as exc:
-            raise CorruptFileError(f"{rel}: not a valid segment ({exc})") from None
+        except (SafetensorError, ValueError, TypeError, KeyError) as exc:  # KeyError: dtype
+            raise CorruptFileError(f"{rel}: not a valid segment ({exc!r})") from None
 
     # --- policies -------------------------------------------------------------------
 
@@ -224,7 +303,7 @@ class SharedStore:
 
     def read_policy(self, rel: str, *, sha256: str | None = None) -> PolicyFile:
         """Read a policy version, checking its digest when one is given."""
-        data = self.read_bytes(rel)
+        data = self.read_bytes(rel, max_bytes=MAX_POLICY_BYTES)
         if sha256 is not None and sha256_hex(data) != sha256:
             raise CorruptFileError(f"{rel}: sha256 does not match the announced one")
         try:
@@ -237,5 +316,66 @@ class SharedStore:
                 algo=str(meta["algo"]),
                 tensors=tensors,
             )
-        except (SafetensorError, ValueError, KeyError) as exc:
-            raise CorruptFileError(f"{rel}: not a valid policy file ({exc})") from None
+        except (SafetensorError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise CorruptFileError(f"{rel}: not a valid policy file ({exc!r})") from None
+
+
+def _read_safetensors_header(f: BinaryIO, rel: str, size: int) -> dict[str, Any]:
+    """The JSON header of an open safetensors file of `size` bytes; leaves `f` at the
+    first data byte."""
+    length = int.from_bytes(f.read(8), "little") if size >= 8 else 0
+    if not 0 < length <= min(MAX_HEADER_BYTES, size - 8):
+        raise CorruptFileError(f"{rel}: bad header size {length} in a file of {size} bytes")
+    raw = f.read(length)
+    try:
+        header = json.loads(raw)
+    except (ValueError, RecursionError) as exc:
+        raise CorruptFileError(f"{rel}: unreadable header ({exc})") from None
+    if len(raw) != length or not isinstance(header, dict):
+        raise CorruptFileError(f"{rel}: unreadable header (not a JSON object)")
+    return header
+
+
+def _rows_of(header: dict[str, Any], data_bytes: int, rel: str) -> int:
+    """The common first dimension of the tensors a safetensors header describes."""
+    rows: set[int] = set()
+    ranges: list[tuple[int, int]] = []
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        try:
+            shape, dtype, (start, end) = info["shape"], info["dtype"], info["data_offsets"]
+        except (TypeError, KeyError, ValueError):
+            raise CorruptFileError(
+                f"{rel}: tensor {name!r} lacks shape, dtype or offsets"
+            ) from None
+        if not (
+            isinstance(shape, list)
+            and shape
+            and all(type(d) is int and d >= 0 for d in shape)  # not bool
+        ):
+            raise CorruptFileError(f"{rel}: tensor {name!r} has shape {shape!r}, not [rows, ...]")
+        itemsize = _DTYPE_BYTES.get(dtype) if isinstance(dtype, str) else None
+        if itemsize is None:
+            raise CorruptFileError(f"{rel}: tensor {name!r} has an unknown dtype {dtype!r}")
+        if not (
+            type(start) is int
+            and type(end) is int
+            and 0 <= start <= end <= data_bytes
+            and end - start == math.prod(shape) * itemsize
+        ):
+            raise CorruptFileError(f"{rel}: tensor {name!r} has offsets that do not fit it")
+        rows.add(shape[0])
+        ranges.append((start, end))
+    if not rows:
+        raise CorruptFileError(f"{rel}: the segment holds no tensor")
+    if len(rows) != 1:
+        raise CorruptFileError(f"{rel}: tensors differ in rows: {sorted(rows)}")
+    covered = 0
+    for start, end in sorted(ranges):
+        if start != covered:
+            raise CorruptFileError(f"{rel}: tensors' byte ranges overlap or leave gaps")
+        covered = end
+    if covered != data_bytes:
+        raise CorruptFileError(f"{rel}: tensors cover {covered} of {data_bytes} data bytes")
+    return rows.pop()

@@ -1,8 +1,10 @@
+import json
 import os
 import threading
 
 import numpy as np
 import pytest
+from safetensors.numpy import save as st_save
 
 from common.storage import CorruptFileError, PathError, SharedStore
 
@@ -104,3 +106,155 @@ def test_names_are_checked(store):
         store.segment_path("../job", "w", 1)
     with pytest.raises(PathError):
         store.policy_path("job/x", 1)
+
+
+SEGMENT = "j/segments/w/00000000.safetensors"
+
+
+def make_fifo(store, rel):
+    store.resolve(rel).parent.mkdir(parents=True, exist_ok=True)
+    os.mkfifo(store.resolve(rel))
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "read", ["read_segment", "read_bytes", "segment_rows", "read_segment_header", "read_json"]
+)
+def test_a_fifo_in_a_files_place_is_refused_without_blocking(store, read):
+    make_fifo(store, SEGMENT)
+    with pytest.raises(CorruptFileError, match="not a regular file"):
+        getattr(store, read)(SEGMENT)
+
+
+def test_a_folder_in_a_files_place_is_refused(store):
+    store.resolve(SEGMENT).mkdir(parents=True)
+    with pytest.raises(CorruptFileError, match="not a regular file"):
+        store.read_segment(SEGMENT)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    "read", ["read_segment", "read_bytes", "segment_rows", "read_segment_header", "read_policy"]
+)
+def test_a_huge_sparse_file_is_refused_without_reading_it(store, read):
+    store.resolve(SEGMENT).parent.mkdir(parents=True)
+    with open(store.resolve(SEGMENT), "wb") as f:
+        f.truncate(1 << 40)  # 1 TiB apparent size, no blocks
+    with pytest.raises(CorruptFileError, match=f"{1 << 40} bytes, over the limit of"):
+        getattr(store, read)(SEGMENT)
+
+
+def test_reads_take_a_size_limit(store):
+    store.write_bytes("j/a.bin", b"x" * 100)
+    assert store.read_bytes("j/a.bin", max_bytes=100) == b"x" * 100
+    with pytest.raises(CorruptFileError, match="100 bytes, over the limit of 99"):
+        store.read_bytes("j/a.bin", max_bytes=99)
+    store.write_json("j/r.json", {"a": [1] * 50})
+    with pytest.raises(CorruptFileError, match="over the limit"):
+        store.read_json("j/r.json", max_bytes=10)
+    with pytest.raises(FileNotFoundError):
+        store.read_bytes("j/none.bin")
+
+
+def test_deeply_nested_json_is_a_corrupt_file(store):
+    store.write_bytes("j/deep.json", b"[" * 200_000)
+    with pytest.raises(CorruptFileError, match="not valid JSON"):
+        store.read_json("j/deep.json")
+
+
+def test_segment_rows_reads_the_count_from_the_header(store):
+    columns = {
+        "obs": np.zeros((7, 4), np.float32),
+        "action": np.zeros(7, np.int64),
+        "done": np.zeros(7, bool),
+        "half": np.zeros((7, 2, 3), np.float16),
+    }
+    store.write_segment(SEGMENT, columns, header={"rows": 7})
+    assert store.segment_rows(SEGMENT) == 7
+    assert store.read_segment_header(SEGMENT) == {"rows": 7}
+
+
+def raw_file(header, data=b""):
+    text = json.dumps(header).encode()
+    return len(text).to_bytes(8, "little") + text + data
+
+
+@pytest.mark.parametrize(
+    ("data", "match"),
+    [
+        (st_save({"a": np.zeros((3, 2), np.float32), "b": np.zeros(4, np.int64)}), "differ"),
+        (b"", "bad header size"),
+        (b"\x05\x00", "bad header size"),
+        ((1 << 40).to_bytes(8, "little") + b"{}", "bad header size"),
+        (b"\x10\x00\x00\x00\x00\x00\x00\x00{broken json....", "unreadable header"),
+        (raw_file([1, 2]), "not a JSON object"),
+        (raw_file({}), "no tensor"),
+        (raw_file({"__metadata__": {"drover": "{}"}}), "no tensor"),
+        (
+            raw_file({"a": {"dtype": "F32", "shape": [], "data_offsets": [0, 4]}}, b"\0" * 4),
+            "shape",
+        ),
+        (
+            raw_file({"a": {"dtype": "F32", "shape": [True], "data_offsets": [0, 4]}}, b"\0" * 4),
+            "shape",
+        ),
+        (raw_file({"a": {"dtype": "F32", "shape": [2]}}, b"\0" * 8), "lacks"),
+        (
+            raw_file({"a": {"dtype": "X9", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 8),
+            "dtype",
+        ),
+        # a header that claims more rows than the file holds
+        (
+            raw_file({"a": {"dtype": "F32", "shape": [10**9], "data_offsets": [0, 4 * 10**9]}}),
+            "fit",
+        ),
+        (
+            raw_file({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]}}, b"\0" * 12),
+            "cover",
+        ),
+        (
+            raw_file(
+                {
+                    "a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                    "b": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                },
+                b"\0" * 16,
+            ),
+            "overlap",
+        ),
+    ],
+)
+def test_segment_rows_refuses_headers_that_do_not_describe_the_file(store, data, match):
+    store.write_bytes(SEGMENT, data)
+    with pytest.raises(CorruptFileError, match=match):
+        store.segment_rows(SEGMENT)
+
+
+def test_segment_rows_reads_only_the_header(store, monkeypatch):
+    store.write_segment(SEGMENT, {"obs": np.zeros((1000, 64), np.float32)})
+    reads = []
+    real_fdopen = os.fdopen
+
+    def recording_fdopen(*args, **kwargs):
+        f = real_fdopen(*args, **kwargs)
+        real_read = f.read
+
+        def read(n=-1):
+            reads.append(n)
+            return real_read(n)
+
+        f.read = read
+        return f
+
+    monkeypatch.setattr(os, "fdopen", recording_fdopen)
+    assert store.segment_rows(SEGMENT) == 1000
+    assert reads and sum(reads) < 1000 and -1 not in reads
+
+
+def test_segment_header_records_must_be_objects(store):
+    store.write_bytes(SEGMENT, raw_file({"__metadata__": {"drover": "[1]"}}))
+    with pytest.raises(CorruptFileError, match="not a JSON object"):
+        store.read_segment_header(SEGMENT)
+    store.write_bytes(SEGMENT, raw_file({"__metadata__": ["x"]}))
+    with pytest.raises(CorruptFileError, match="unreadable header"):
+        store.read_segment_header(SEGMENT)

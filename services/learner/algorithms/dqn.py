@@ -19,6 +19,7 @@ from torch.nn import functional as F
 
 from common.config import PolicyConfig
 from common.models import QNetwork
+from services.learner.algorithms.step import finite_step
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,8 @@ class DQN:
         self.target = copy.deepcopy(self.online).requires_grad_(False)
         self.optimizer = torch.optim.Adam(self.online.parameters(), lr=config.learn.learning_rate)
         self.train_iter = 0
+        #: Batches whose loss was not finite: no step was taken on them.
+        self.skipped_updates = 0
 
     def learn_batch(self, columns: dict[str, np.ndarray], weights: np.ndarray) -> UpdateInfo:
         """One update on a batch of segment rows (what the learner's loop calls)."""
@@ -86,11 +89,8 @@ class DQN:
             target = batch.reward + batch.discount * (1.0 - batch.done) * next_q
         td = target - q
         loss = (batch.weight * F.smooth_l1_loss(q, target, reduction="none")).mean()
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if learn.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(self.online.parameters(), learn.max_grad_norm)
-        self.optimizer.step()
+        if not finite_step(loss, self.optimizer, self.online.parameters(), learn.max_grad_norm):
+            self.skipped_updates += 1
         self.train_iter += 1
         self._update_target()
         return UpdateInfo(

@@ -22,6 +22,7 @@ import torch
 
 from common.config import PolicyConfig
 from common.models import ActorCritic
+from services.learner.algorithms.step import finite_step
 
 COLUMNS = ("obs", "action", "reward", "logp", "done", "bootstrap_obs")
 
@@ -81,6 +82,8 @@ class Impala:
         self.online = self.model
         self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.learn.learning_rate)
         self.train_iter = 0
+        #: Batches whose loss was not finite: no step was taken on them.
+        self.skipped_updates = 0
 
     def learn_batch(self, columns: dict[str, np.ndarray], weights: np.ndarray) -> UpdateInfo:
         learn = self.config.learn
@@ -107,11 +110,8 @@ class Impala:
         value_loss = 0.5 * (targets.vs - values).pow(2).mean()
         entropy = self.model.entropy(dist).mean()
         loss = policy_loss + learn.value_weight * value_loss - learn.entropy_weight * entropy
-        self.optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if learn.max_grad_norm is not None:
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), learn.max_grad_norm)
-        self.optimizer.step()
+        if not finite_step(loss, self.optimizer, self.model.parameters(), learn.max_grad_norm):
+            self.skipped_updates += 1
         self.train_iter += 1
         return UpdateInfo(
             loss=float(loss.detach()),

@@ -20,6 +20,7 @@ import torch
 
 from common.config import PolicyConfig
 from common.models import ActorCritic
+from services.learner.algorithms.step import finite_step
 
 COLUMNS = ("obs", "action", "logp", "adv", "ret")
 
@@ -47,6 +48,8 @@ class PPO:
         )
         self.train_iter = 0  # minibatch updates so far
         self.online = self.model  # what a policy version publishes
+        #: Minibatches whose loss was not finite: no step was taken on them.
+        self.skipped_updates = 0
 
     def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         learn = self.config.learn
@@ -86,11 +89,9 @@ class PPO:
             for start in range(0, n, learn.batch_size):
                 index = order[start : start + learn.batch_size].to(self.device)
                 loss, stats = self.loss({k: v[index] for k, v in data.items()})
-                self.optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                if learn.max_grad_norm is not None:
-                    torch.nn.utils.clip_grad_norm_(self.model.parameters(), learn.max_grad_norm)
-                self.optimizer.step()
+                parameters = self.model.parameters()
+                if not finite_step(loss, self.optimizer, parameters, learn.max_grad_norm):
+                    self.skipped_updates += 1
                 self.train_iter += 1
                 updates += 1
                 totals["loss"] = totals.get("loss", 0.0) + float(loss.detach())

@@ -23,6 +23,7 @@ from torch import nn
 from common.config import PolicyConfig
 from common.models import SquashedGaussianActor, mlp
 from services.learner.algorithms.dqn import TransitionBatch
+from services.learner.algorithms.step import finite_step
 
 
 class TwinQ(nn.Module):
@@ -66,6 +67,8 @@ class SAC:
         self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=learn.learning_rate)
         self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=learn.learning_rate)
         self.train_iter = 0
+        #: Batches with a non-finite loss: the steps on those losses were not taken.
+        self.skipped_updates = 0
 
     def learn_batch(self, columns: dict[str, np.ndarray], weights: np.ndarray) -> UpdateInfo:
         batch = TransitionBatch.from_numpy(columns, weights, self.device)
@@ -77,21 +80,17 @@ class SAC:
             target = batch.reward + batch.discount * (1.0 - batch.done) * next_q
         q1, q2 = self.critic(batch.obs, batch.action)
         critic_loss = (batch.weight * ((q1 - target) ** 2 + (q2 - target) ** 2)).mean() / 2
-        self.critic_optimizer.zero_grad(set_to_none=True)
-        critic_loss.backward()
-        self.critic_optimizer.step()
+        stepped = finite_step(critic_loss, self.critic_optimizer)
 
         action, logp = self.actor.sample(batch.obs)
         q_new = torch.min(*self.critic(batch.obs, action))
         actor_loss = (alpha * logp - q_new).mean()
-        self.actor_optimizer.zero_grad(set_to_none=True)
-        actor_loss.backward()
-        self.actor_optimizer.step()
+        stepped &= finite_step(actor_loss, self.actor_optimizer)
 
         alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
-        self.alpha_optimizer.zero_grad(set_to_none=True)
-        alpha_loss.backward()
-        self.alpha_optimizer.step()
+        stepped &= finite_step(alpha_loss, self.alpha_optimizer)
+        if not stepped:
+            self.skipped_updates += 1
 
         with torch.no_grad():
             for t, o in zip(self.target.parameters(), self.critic.parameters(), strict=True):

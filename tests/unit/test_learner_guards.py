@@ -1,0 +1,213 @@
+"""Non-finite values never leave the learner: not as weights, checkpoints, progress or
+priorities; and a non-finite loss is not stepped on."""
+
+import io
+import json
+import os
+
+import numpy as np
+import pytest
+import torch
+from prometheus_client import CollectorRegistry
+
+from common.config import resolve_job_config, with_spaces
+from common.messages import (
+    MAX_PRIORITY,
+    SampledBatch,
+    SampledSegment,
+    SampleReply,
+    TaskAssignment,
+)
+from common.slave import TaskContext
+from common.storage import SharedStore
+from services.learner.algorithms.dqn import DQN
+from services.learner.algorithms.ppo import PPO
+from services.learner.algorithms.sac import SAC
+from services.learner.core import (
+    LearnerRunner,
+    NonFiniteWeights,
+    _LearnSession,
+    _RoundSession,
+    priorities_of,
+    set_progress,
+)
+
+JOB = "job-1"
+
+
+class Coordinator:
+    def __init__(self):
+        self.announced = []
+        self.priorities = []
+
+    def announce_policy(self, job_id, ref, *, task_id=None):
+        self.announced.append(ref)
+
+    def update_priorities(self, job_id, keys, priorities, *, task_id=None):
+        self.priorities.append((keys, priorities))
+
+    def latest_policy(self, job_id):
+        return None
+
+
+def config_of(algo="dqn"):
+    config, _ = resolve_job_config({"policy": {"type": algo}})
+    if algo == "sac":
+        return with_spaces(config, 4, 2, "continuous", ([-1.0, -1.0], [1.0, 1.0]))
+    return with_spaces(config, 4, 2)
+
+
+def context():
+    return TaskContext(
+        task=TaskAssignment(task_id="t-1", job_id=JOB, kind="learn", spec={"seed": 0}),
+        worker_id="learner-1",
+        coordinator=Coordinator(),  # type: ignore[arg-type]
+        metrics=CollectorRegistry(),
+    )
+
+
+def session(tmp_path, dqn=None):
+    config = config_of()
+    ctx = context()
+    dqn = dqn or DQN(config.policy)
+    return _LearnSession(ctx, config, SharedStore(tmp_path), dqn, 0)
+
+
+def poison(module):
+    with torch.no_grad():
+        next(module.parameters())[0].fill_(float("nan"))
+
+
+def test_finite_weights_are_published(tmp_path):
+    learn = session(tmp_path)
+    learn.publish()
+    assert [ref.version for ref in learn.ctx.coordinator.announced] == [1]
+    assert learn.store.list_dir(f"{JOB}/policies") == ["00000001.safetensors"]
+    assert learn.ctx.progress["policy_version"] == 1
+
+
+def test_non_finite_weights_are_neither_published_nor_checkpointed(tmp_path):
+    learn = session(tmp_path)
+    learn.dqn.train_iter = 12
+    poison(learn.dqn.online)
+    with pytest.raises(NonFiniteWeights, match="non-finite weights after train_iter 12"):
+        learn.publish()
+    assert learn.store.list_dir(f"{JOB}/policies") == []
+    assert learn.ctx.coordinator.announced == [] and learn.version == 0
+    with pytest.raises(NonFiniteWeights, match="after train_iter 12"):
+        learn.checkpoint()
+    assert learn.store.list_dir(f"{JOB}/checkpoints") == []
+
+
+def test_a_resumed_learner_skips_a_checkpoint_with_non_finite_weights(tmp_path):
+    learn = session(tmp_path)
+    learn.dqn.train_iter = 10
+    learn.checkpoint()
+    learn.dqn.train_iter = 20
+    poison(learn.dqn.online)
+    state = {"model": learn.dqn.state_dict(), "policy_version": 0}
+    path = learn.store.checkpoint_path(JOB, 20)
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    learn.store.write_bytes(path, buffer.getvalue())
+    fresh = DQN(config_of().policy)
+    LearnerRunner(learn.store)._resume(JOB, fresh, learn.ctx)
+    assert fresh.train_iter == 10
+    assert all(torch.isfinite(p).all() for p in fresh.online.parameters())
+
+
+def transitions(n=8, reward=0.0):
+    return {
+        "obs": np.zeros((n, 4), np.float32),
+        "action": np.zeros(n, np.int64),
+        "reward": np.full(n, reward, np.float32),
+        "next_obs": np.zeros((n, 4), np.float32),
+        "done": np.zeros(n, np.float32),
+        "discount": np.ones(n, np.float32),
+    }
+
+
+@pytest.mark.parametrize("algo", ["dqn", "sac"])
+def test_a_non_finite_loss_is_not_stepped_on(algo):
+    torch.manual_seed(0)
+    policy = config_of(algo).policy
+    model = DQN(policy) if algo == "dqn" else SAC(policy)
+    columns = transitions(reward=float("nan"))
+    if algo == "sac":
+        columns["action"] = np.zeros((8, 2), np.float32)
+    # the network the reward reaches: DQN's Q network, SAC's critics
+    trained = "online" if algo == "dqn" else "critic"
+    before = {k: v.clone() for k, v in model.state_dict()[trained].items()}
+    info = model.learn_batch(columns, np.ones(8, np.float32))
+    assert model.skipped_updates == 1 and model.train_iter == 1
+    for name, value in model.state_dict()[trained].items():
+        assert torch.equal(value, before[name]), name
+    assert priorities_of(info.td_abs) == [MAX_PRIORITY] * 8
+
+
+def test_ppo_skips_non_finite_minibatches():
+    torch.manual_seed(0)
+    ppo = PPO(config_of("ppo").policy)
+    n = 16
+    columns = {
+        "obs": np.zeros((n, 4), np.float32),
+        "action": np.zeros(n, np.int64),
+        "logp": np.zeros(n, np.float32),
+        "adv": np.full(n, np.inf, np.float32),
+        "ret": np.zeros(n, np.float32),
+    }
+    before = [p.clone() for p in ppo.model.parameters()]
+    info = ppo.train_round(columns, seed=0)
+    assert ppo.skipped_updates == info.updates > 0
+    assert all(torch.equal(a, b) for a, b in zip(before, ppo.model.parameters(), strict=True))
+
+
+def test_progress_holds_only_values_json_can_carry():
+    progress = {"loss": 1.0}
+    set_progress(progress, loss=float("nan"), q_mean=float("inf"), big=1e300, train_iter=3, x=-2.5)
+    assert progress == {"train_iter": 3, "x": -2.5}
+    json.dumps(progress, allow_nan=False)
+
+
+def test_priorities_are_finite_and_clipped():
+    td = np.array([0.5, np.nan, np.inf, 1e30, 0.0], np.float32)
+    assert priorities_of(td) == [0.5, MAX_PRIORITY, MAX_PRIORITY, MAX_PRIORITY, 0.0]
+
+
+def test_sent_priorities_are_clipped(tmp_path):
+    learn = session(tmp_path)
+    learn.send_priorities([1, 2], np.array([np.nan, 2.0], np.float32))
+    assert learn.ctx.coordinator.priorities == [([1, 2], [MAX_PRIORITY, 2.0])]
+
+
+@pytest.mark.timeout(10)
+def test_a_round_keeps_the_rows_and_versions_of_its_usable_segments(tmp_path):
+    config = config_of("ppo")
+    ctx = context()
+    store = SharedStore(tmp_path)
+    learn = _RoundSession(ctx, config, store, PPO(config.policy), 1)
+    good, fifo, nan = (store.segment_path(JOB, "w", i) for i in range(3))
+    columns = {
+        "obs": np.zeros((3, 4), np.float32),
+        "action": np.array([0, 1, 0]),
+        "logp": np.zeros(3, np.float32),
+        "adv": np.arange(3, dtype=np.float32),
+        "ret": np.zeros(3, np.float32),
+    }
+    store.write_segment(good, columns, header={"policy_version": 1})
+    store.write_segment(
+        nan, {**columns, "adv": np.full(3, np.nan, np.float32)}, {"policy_version": 0}
+    )
+    os.mkfifo(store.resolve(fifo))
+    batch = SampledBatch(
+        keys=list(range(6)),
+        segments=[
+            SampledSegment(path=good, rows=[0, 1, 2]),
+            SampledSegment(path=fifo, rows=[0, 1]),
+            SampledSegment(path=nan, rows=[0]),
+        ],
+        weights=[1.0] * 6,
+    )
+    round_columns, versions = learn.round_data(SampleReply(batches=[batch]))
+    assert round_columns["adv"].tolist() == [0.0, 1.0, 2.0] and versions == [1]
+    assert ctx.unusable_segments == {fifo, nan}
