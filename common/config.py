@@ -242,7 +242,8 @@ class SystemConfig:
     max_env_step: PosInt | None = None
     #: The job ends after this many train iterations (None: no limit).
     max_train_iter: PosInt | None = None
-    seed: int = 0
+    #: Seeds every task's RNGs (each task gets its own, derived from it).
+    seed: Annotated[int, Ge(0), Le(2**31 - 1)] = 0
     #: torch threads per process; 1 keeps many processes from fighting over cores.
     torch_num_threads: Annotated[int, Gt(0), Le(256)] = 1
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import hmac
+import json
 import logging
 import signal
 import threading
@@ -20,6 +21,9 @@ from flask import Flask, Response, current_app, g, jsonify, request
 from requests.adapters import HTTPAdapter
 from tenacity import RetryCallState, wait_random_exponential
 from urllib3.util.retry import Retry
+from waitress.channel import HTTPChannel
+from waitress.server import create_server as waitress_server
+from waitress.task import ErrorTask
 from werkzeug.exceptions import HTTPException
 
 from common.errors import ApiError, bad_request
@@ -27,6 +31,7 @@ from common.messages import MessageError, dump, dump_json, parse
 from common.storage import PathError
 
 T = TypeVar("T")
+F = TypeVar("F", bound=Callable[..., Any])
 log = logging.getLogger(__name__)
 
 PUBLIC_PATHS = frozenset({"/healthz", "/readyz", "/openapi.json"})
@@ -45,36 +50,102 @@ def error_response(err: ApiError) -> Response:
     return resp
 
 
+@dataclasses.dataclass(frozen=True)
+class Caller:
+    """Who sent a request.
+
+    An operator holds the cluster token (users, `drover` commands); a registrar holds
+    the registration secret and may only register; a worker holds its own credential
+    and may do only its role's work, for its own tasks.
+    """
+
+    kind: str  # "operator" | "registrar" | "worker"
+    worker_id: str | None = None
+    role: str | None = None  # a worker's role: "collector" | "learner"
+
+    @property
+    def name(self) -> str:
+        """The role a route's `allow` list names: the worker's role, or the kind."""
+        return self.role if self.kind == "worker" and self.role else self.kind
+
+
+OPERATOR = Caller("operator")
+REGISTRAR = Caller("registrar")
+
+
+def allow(*roles: str) -> Callable[[F], F]:
+    """Let callers other than operators use a route: `@allow("collector", "learner")`.
+
+    Routes are operator-only unless they say otherwise (deny by default). Place it
+    under the route decorator, so the registered view carries the mark.
+    """
+
+    def mark(view: F) -> F:
+        view.__drover_allow__ = frozenset(roles)  # type: ignore[attr-defined]
+        return view
+
+    return mark
+
+
 def install_http_basics(
-    app: Flask, token: str, *, worker_credential: Callable[[str], str | None] | None = None
+    app: Flask,
+    tokens: str | list[str],
+    *,
+    registration_token: str | None = None,
+    worker_credential: Callable[[str], Caller | None] | None = None,
 ) -> None:
-    """JSON error handlers, a body-size limit and bearer-token auth for `app`.
+    """JSON error handlers, a body-size limit and bearer-token auth with roles for `app`.
 
     Args:
-        token: the cluster token (operators, registration).
-        worker_credential: maps a worker's own credential to its worker id (the
-            coordinator); such callers are then held to acting as themselves.
+        tokens: the operator tokens (the cluster token; on a slave also the secret it
+            gave the coordinator at registration).
+        registration_token: a secret that may only register workers (optional).
+        worker_credential: maps a worker's own credential to its `Caller` (the
+            coordinator); such callers are then held to their role's routes.
     """
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
-    token_bytes = token.encode()
+    # `/api//v1/jobs` is a wrong path (404 JSON), not a redirect to an HTML page.
+    app.url_map.merge_slashes = False
+    operator_tokens = [t.encode() for t in ([tokens] if isinstance(tokens, str) else tokens) if t]
+    registrar_token = registration_token.encode() if registration_token else None
+
+    def identify(header: str) -> Caller | None:
+        scheme, _, given = header.partition(" ")
+        if scheme != "Bearer" or not given:
+            return None
+        raw = given.encode()
+        # Constant-time comparisons: no timing hint about how much of a token matched.
+        if any(hmac.compare_digest(raw, t) for t in operator_tokens):
+            return OPERATOR
+        if registrar_token is not None and hmac.compare_digest(raw, registrar_token):
+            return REGISTRAR
+        return worker_credential(given) if worker_credential is not None else None
 
     @app.before_request
     def _authenticate() -> Response | None:
         g.caller = None
         if request.path in PUBLIC_PATHS:
             return None
-        header = request.headers.get("Authorization", "")
-        scheme, _, given = header.partition(" ")
-        # Constant-time comparison: no timing hint about how much of a token matched.
-        if scheme == "Bearer" and hmac.compare_digest(given.encode(), token_bytes):
+        who = identify(request.headers.get("Authorization", ""))
+        if who is None:
+            return error_response(
+                ApiError(401, "unauthorized", "send 'Authorization: Bearer <DROVER_TOKEN>'")
+            )
+        g.caller = who
+        if who.kind == "operator":
             return None
-        worker_id = worker_credential(given) if worker_credential and scheme == "Bearer" else None
-        if worker_id is not None:
-            g.caller = worker_id
-            return None
-        return error_response(
-            ApiError(401, "unauthorized", "send 'Authorization: Bearer <DROVER_TOKEN>'")
-        )
+        view = app.view_functions.get(request.endpoint or "")
+        if view is None:
+            return None  # no such route: Flask answers 404 or 405
+        if who.name not in getattr(view, "__drover_allow__", frozenset()):
+            return error_response(
+                ApiError(
+                    403,
+                    "forbidden",
+                    f"a {who.name} credential may not {request.method} {request.path}",
+                )
+            )
+        return None
 
     @app.errorhandler(ApiError)
     def _api_error(err: ApiError) -> Response:
@@ -115,7 +186,8 @@ def reply(message: Any, status: int = 200) -> tuple[Response, int]:
 def caller() -> str | None:
     """The worker making this request (by its own credential); None for an operator
     holding the cluster token."""
-    return g.get("caller")
+    who = g.get("caller")
+    return who.worker_id if who is not None else None
 
 
 def extension(name: str) -> Any:
@@ -274,12 +346,35 @@ def _error_from(resp: requests.Response) -> ApiError:
 # --- serving ---------------------------------------------------------------------
 
 
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ServerLimits:
+    """How much one server lets its clients hold (waitress's own limits).
+
+    A client that opens many connections and sends a request slowly (slowloris) holds
+    a connection, not a thread: waitress reads requests on its event loop and hands
+    only complete ones to the worker threads. So the defence is many cheap
+    connections and a deadline on idle ones, not a few threads.
+    """
+
+    threads: int = 16
+    #: Open connections at once; past it, new ones wait in the listen backlog.
+    connection_limit: int = 1000
+    #: A connection with no complete request for this long is closed (a half-sent
+    #: request included); long-polls are complete requests and are not cut.
+    channel_timeout_s: float = 30.0
+    #: How often idle connections are looked for.
+    cleanup_interval_s: float = 5.0
+    #: Bodies over this are refused from their Content-Length, before any is read.
+    max_body_bytes: int = MAX_BODY_BYTES
+    max_header_bytes: int = 64 * 1024
+
+
 def serve(
     app: Flask,
     host: str,
     port: int,
     *,
-    threads: int = 16,
+    limits: ServerLimits | None = None,
     on_stop: Callable[[], None],
     on_listening: Callable[[], None] | None = None,
 ) -> None:
@@ -290,9 +385,7 @@ def serve(
     `on_stop` runs first (the service stops its work and says goodbye to the
     coordinator), then the serving loop ends and this returns.
     """
-    from waitress.server import create_server
-
-    server = create_server(app, host=host, port=port, threads=threads, ident="drover")
+    server = create_server(app, host, port, limits or ServerLimits())
 
     def _stop(signum: int, _frame: Any) -> None:
         # Runs in the main thread, inside waitress's loop: leaving by an exception is
@@ -315,6 +408,43 @@ def serve(
     finally:
         server.close()
     log.info("stopped")
+
+
+def create_server(app: Flask, host: str, port: int, limits: ServerLimits) -> Any:
+    """A waitress server for `app` with `limits`, whose own error answers (a body over
+    the limit, a malformed request line) are JSON like every other answer."""
+    server = waitress_server(
+        app,
+        host=host,
+        port=port,
+        threads=limits.threads,
+        connection_limit=limits.connection_limit,
+        channel_timeout=limits.channel_timeout_s,
+        cleanup_interval=limits.cleanup_interval_s,
+        max_request_body_size=limits.max_body_bytes,
+        max_request_header_size=limits.max_header_bytes,
+        ident="drover",
+    )
+    server.channel_class = _JsonErrorChannel
+    return server
+
+
+class _JsonErrorTask(ErrorTask):
+    """waitress's own error answers (413, 400 for a malformed request), as JSON."""
+
+    def execute(self) -> None:
+        error = self.request.error
+        code = error.reason.lower().replace(" ", "_")
+        data = json.dumps({"error": code, "message": str(error.body)}).encode()
+        self.status = f"{error.code} {error.reason}"
+        self.response_headers.append(("Content-Type", "application/json"))
+        self.set_close_on_finish()
+        self.content_length = len(data)
+        self.write(data)
+
+
+class _JsonErrorChannel(HTTPChannel):
+    error_task_class = _JsonErrorTask
 
 
 class _Stopped(Exception):

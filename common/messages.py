@@ -32,9 +32,34 @@ MAX_NUM_BATCHES = 256
 MAX_WAIT_S = 60.0
 MAX_SEGMENTS_PER_INSERT = 256
 MAX_KEYS_PER_UPDATE = MAX_BATCH_SIZE * 64
+#: Items one sample request may take (batch_size x num_batches): three such replies
+#: must not cost a server much memory.
+MAX_SAMPLE_ITEMS = 65_536
+#: Priorities above this are refused: one huge value would pin the sampler's maximum
+#: (which every new item gets) for the rest of the job. Learners clip to it.
+MAX_PRIORITY = 1e6
+#: Policy versions and other counters stored as int32 columns.
+MAX_INT32 = 2**31 - 1
+#: Rows of one segment file; env steps and episode lengths of one segment.
+MAX_SEGMENT_ROWS = 1 << 20
+#: Returns, losses and other reported floats: finite, and within this magnitude.
+MAX_ABS_FLOAT = 1e15
 
 NonNegInt = Annotated[int, Ge(0)]
 PosInt = Annotated[int, Gt(0)]
+#: Counters kept as int32 columns (policy versions) or summed into int64 ones.
+Version = Annotated[int, Ge(0), Le(MAX_INT32)]
+Count = Annotated[int, Ge(0), Le(2**53)]
+SegmentRows = Annotated[int, Gt(0), Le(MAX_SEGMENT_ROWS)]
+SegmentCount = Annotated[int, Ge(0), Le(MAX_SEGMENT_ROWS)]
+#: A reported number (returns, losses, progress): finite (NaN and inf are refused for
+#: every float by MESSAGE_CONFIG) and of a magnitude any sum of them can hold.
+Number = Annotated[float, Ge(-MAX_ABS_FLOAT), Le(MAX_ABS_FLOAT)]
+ItemKey = Annotated[int, Ge(0), Le(2**63 - 1)]
+Priority = Annotated[float, Ge(0), Le(MAX_PRIORITY)]
+ShortText = Annotated[str, MaxLen(256)]
+#: A worker's progress report: a few named numbers.
+Progress = Annotated[dict[Annotated[str, MinLen(1), MaxLen(64)], Number], MaxLen(64)]
 WaitSeconds = Annotated[float, Ge(0), Le(MAX_WAIT_S)]
 RelPath = Annotated[str, MinLen(1), MaxLen(1024)]
 Ident = Annotated[str, MinLen(1), MaxLen(128)]
@@ -51,7 +76,7 @@ class MessageError(ValueError):
 
 # strict: a JSON string is never silently turned into a number (int -> float is still
 # accepted, as JSON writers produce it freely); extra: an unknown field is an error.
-MESSAGE_CONFIG = ConfigDict(strict=True, extra="forbid")
+MESSAGE_CONFIG = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)
 
 
 def message(cls: type[T]) -> type[T]:
@@ -112,8 +137,16 @@ def dump(obj: Any) -> Any:
 @message
 class WorkerRegistration:
     role: WorkerRole
+    #: Where the coordinator reaches this worker: http(s)://host[:port], checked.
     url: Annotated[str, MinLen(1), MaxLen(512)]
-    resources: dict[str, Any] = field(default_factory=dict)
+    #: The secret the coordinator sends to this worker's routes (`Authorization:
+    #: Bearer`): the worker's own, so the cluster token never leaves the coordinator.
+    slave_token: Annotated[str, MinLen(32), MaxLen(256)]
+    #: What the worker offers (devices, cores): a few named scalars.
+    resources: Annotated[
+        dict[Annotated[str, MinLen(1), MaxLen(64)], ShortText | Count | Number | bool | None],
+        MaxLen(32),
+    ] = field(default_factory=dict)
 
 
 @message
@@ -130,14 +163,14 @@ class Registered:
 class TaskProgress:
     task_id: Ident
     state: Literal["running", "done", "failed"]
-    progress: dict[str, float] = field(default_factory=dict)
+    progress: Progress = field(default_factory=dict)
     #: Segment files the task could not use (corrupt, truncated, missing columns).
     unusable_segments: Annotated[list[RelPath], MaxLen(100)] = field(default_factory=list)
 
 
 @message
 class Heartbeat:
-    tasks: list[TaskProgress] = field(default_factory=list)
+    tasks: Annotated[list[TaskProgress], MaxLen(64)] = field(default_factory=list)
 
 
 @message
@@ -163,7 +196,7 @@ class WorkerInfo:
 
 @message
 class CollectSpec:
-    seed: int
+    seed: Count
     num_envs: PosInt
     #: Sync workflow: env steps this collector contributes to each round.
     round_steps: PosInt | None = None
@@ -171,18 +204,20 @@ class CollectSpec:
 
 @message
 class EvaluateSpec:
-    seed: int
+    seed: Count
     num_envs: PosInt
     episodes: PosInt
     #: What acts: a policy file, a learner checkpoint (its online network), or random.
     source: Literal["policy", "checkpoint", "random"] = "policy"
-    policy_version: NonNegInt = 0
+    policy_version: Version = 0
     policy_path: RelPath | None = None
+    #: The policy file's digest as announced: the evaluator checks the file against it.
+    policy_sha256: Annotated[str, MinLen(64), MaxLen(64)] | None = None
 
 
 @message
 class LearnSpec:
-    seed: int
+    seed: Count
 
 
 SPEC_TYPES: dict[str, type] = {
@@ -209,9 +244,9 @@ class TaskAssignment:
 
 @message
 class EvalResult:
-    policy_version: NonNegInt
-    returns: Annotated[list[float], MinLen(1)]
-    lengths: list[int]
+    policy_version: Version
+    returns: Annotated[list[Number], MinLen(1), MaxLen(100_000)]
+    lengths: Annotated[list[Count], MaxLen(100_000)]
 
 
 @message
@@ -232,13 +267,16 @@ class SegmentRef:
     """A step-data file written by a collector, and what it holds."""
 
     path: RelPath
-    rows: PosInt
-    env_steps: NonNegInt
-    policy_version: NonNegInt
-    episode_returns: list[float] = field(default_factory=list)
-    episode_lengths: list[int] = field(default_factory=list)
+    #: Items in the file: checked against the file's own header on insert.
+    rows: SegmentRows
+    env_steps: SegmentCount
+    policy_version: Version
+    episode_returns: Annotated[list[Number], MaxLen(MAX_SEGMENT_ROWS)] = field(default_factory=list)
+    episode_lengths: Annotated[list[Count], MaxLen(MAX_SEGMENT_ROWS)] = field(default_factory=list)
     #: For episode buffers: (first row, length) of each whole episode in the segment.
-    episodes: list[tuple[NonNegInt, PosInt]] = field(default_factory=list)
+    episodes: Annotated[list[tuple[SegmentCount, SegmentRows]], MaxLen(MAX_SEGMENT_ROWS)] = field(
+        default_factory=list
+    )
 
 
 @message
@@ -260,9 +298,17 @@ class InsertReply:
 
 @message
 class SampleRequest:
+    """`batch_size` x `num_batches` is at most MAX_SAMPLE_ITEMS. A learner names its
+    learn task: items of a consuming (fifo) buffer are then held for that task until
+    it acknowledges them with a later request, and go back to the buffer if the task
+    ends first (a crashed or cancelled learner loses nothing)."""
+
     batch_size: Annotated[int, Gt(0), Le(MAX_BATCH_SIZE)]
     num_batches: Annotated[int, Gt(0), Le(MAX_NUM_BATCHES)] = 1
     timeout_s: WaitSeconds = 10.0
+    task_id: Ident | None = None
+    #: Holds (`SampleReply.hold_id`) whose items this learner has trained on.
+    acknowledge: Annotated[list[Ident], MaxLen(64)] = field(default_factory=list)
 
 
 @bulk_message
@@ -288,20 +334,24 @@ class SampledBatch:
 @message
 class SampleReply:
     batches: list[SampledBatch]
+    #: Set when the items are held for the requesting task until acknowledged.
+    hold_id: str | None = None
 
 
 @message
 class PriorityUpdate:
-    keys: Annotated[list[int], MaxLen(MAX_KEYS_PER_UPDATE)]
-    priorities: Annotated[list[Annotated[float, Ge(0)]], MaxLen(MAX_KEYS_PER_UPDATE)]
+    keys: Annotated[list[ItemKey], MaxLen(MAX_KEYS_PER_UPDATE)]
+    priorities: Annotated[list[Priority], MaxLen(MAX_KEYS_PER_UPDATE)]
+    #: The learn task the update comes from (a learner must name it).
+    task_id: Ident | None = None
 
 
 @message
 class PolicyRef:
-    version: NonNegInt
+    version: Version
     path: RelPath
     sha256: Annotated[str, MinLen(64), MaxLen(64)]
-    train_iter: NonNegInt = 0
+    train_iter: Count = 0
 
 
 @message
@@ -309,10 +359,10 @@ class PolicyAnnounce:
     """A learner announces a version it wrote (`task_id`: its learn task, so a learner
     whose task was reassigned cannot publish)."""
 
-    version: NonNegInt
+    version: Version
     path: RelPath
     sha256: Annotated[str, MinLen(64), MaxLen(64)]
-    train_iter: NonNegInt = 0
+    train_iter: Count = 0
     task_id: Ident | None = None
 
     def ref(self) -> PolicyRef:

@@ -38,8 +38,12 @@ def documented(
     status: int = 200,
     content_type: str = "application/json",
     query: dict[str, dict[str, Any]] | None = None,
+    no_content: str | None = None,
 ) -> Callable[[F], F]:
-    """Declare a view's request body and answer for the OpenAPI document."""
+    """Declare a view's request body and answer for the OpenAPI document.
+
+    `no_content`: when the view may also answer 204 with no body, what that means.
+    """
 
     def mark(view: F) -> F:
         view.__openapi__ = {  # type: ignore[attr-defined]
@@ -49,6 +53,7 @@ def documented(
             "status": status,
             "content_type": content_type,
             "query": query or {},
+            "no_content": no_content,
         }
         return view
 
@@ -112,6 +117,8 @@ def openapi_document(app: Flask, title: str, version: str = "1") -> dict[str, An
             elif doc["content_type"] != "application/json":
                 answer["content"] = {doc["content_type"]: {"schema": {"type": "string"}}}
             operation["responses"][str(doc["status"])] = answer
+            if doc["no_content"]:
+                operation["responses"]["204"] = {"description": doc["no_content"]}
             if rule.rule not in PUBLIC_PATHS:
                 operation["security"] = [{"bearer": []}]
             paths.setdefault(path, {})[method.lower()] = operation

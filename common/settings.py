@@ -45,17 +45,22 @@ def env_float(env: Mapping[str, str], name: str, default: float) -> float:
         raise SettingsError(f"{name}={raw!r} is not a number") from None
 
 
-def read_token(env: Mapping[str, str] | None = None) -> str:
-    """The shared API token: `DROVER_TOKEN`, or the contents of `DROVER_TOKEN_FILE`
-    (for Kubernetes and compose secrets)."""
-    env = os.environ if env is None else env
-    token = env.get("DROVER_TOKEN", "")
-    path = env.get("DROVER_TOKEN_FILE", "")
-    if not token and path:
+def read_secret(env: Mapping[str, str], name: str) -> str:
+    """A secret from `NAME`, or the contents of the file `NAME_FILE` (Kubernetes and
+    compose secrets); empty when neither is set."""
+    secret = env.get(name, "")
+    path = env.get(f"{name}_FILE", "")
+    if not secret and path:
         try:
-            token = Path(path).read_text().strip()
+            secret = Path(path).read_text().strip()
         except OSError as exc:
-            raise SettingsError(f"DROVER_TOKEN_FILE={path}: {exc.strerror}") from None
+            raise SettingsError(f"{name}_FILE={path}: {exc.strerror}") from None
+    return secret
+
+
+def read_token(env: Mapping[str, str] | None = None) -> str:
+    """The cluster API token: `DROVER_TOKEN`, or the contents of `DROVER_TOKEN_FILE`."""
+    token = read_secret(os.environ if env is None else env, "DROVER_TOKEN")
     if not token:
         raise SettingsError("set DROVER_TOKEN or DROVER_TOKEN_FILE (the API token)")
     return token
@@ -81,18 +86,23 @@ class SlaveSettings:
     advertise_url: str
     coordinator_url: str
     shared_dir: Path
+    #: The cluster token; may be empty when a registration secret is given (then
+    #: this process never holds the cluster token).
     token: str
+    registration_token: str = ""
 
     @classmethod
     def from_env(cls, default_port: int, env: Mapping[str, str] | None = None) -> SlaveSettings:
         env = os.environ if env is None else env
         host = env_str(env, "DROVER_HOST", "127.0.0.1")
         port = env_int(env, "DROVER_PORT", default_port)
+        registration = read_secret(env, "DROVER_REGISTRATION_TOKEN")
         return cls(
             host=host,
             port=port,
             advertise_url=env.get("DROVER_ADVERTISE_URL") or default_advertise_url(host, port),
             coordinator_url=env_str(env, "DROVER_COORDINATOR_URL", "http://127.0.0.1:8000"),
             shared_dir=Path(env_str(env, "DROVER_SHARED_DIR", "runs")),
-            token=read_token(env),
+            token=read_secret(env, "DROVER_TOKEN") if registration else read_token(env),
+            registration_token=registration,
         )

@@ -13,16 +13,24 @@ A service supplies a `TaskRunner` (its core); `Slave` does the rest::
 from __future__ import annotations
 
 import logging
+import math
+import secrets
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from flask import Blueprint, Flask, Response
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
-from tenacity import RetryCallState, RetryError, Retrying, retry_if_exception
+from tenacity import (
+    RetryCallState,
+    RetryError,
+    Retrying,
+    retry_if_exception,
+)
 
 from common.http import (
     ApiError,
@@ -35,13 +43,25 @@ from common.http import (
     reply,
     retry_wait_s,
 )
-from common.messages import Health, SlaveStatus, SlaveTask, TaskAck, TaskAssignment, TaskProgress
+from common.messages import (
+    MAX_ABS_FLOAT,
+    Health,
+    SlaveStatus,
+    SlaveTask,
+    TaskAck,
+    TaskAssignment,
+    TaskProgress,
+)
 from common.openapi import documented, install_openapi
 from common.settings import SlaveSettings
 from services.coordinator.client import CoordinatorClient
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 EXTENSION = "drover.slave"
+#: How long a worker keeps trying to reach a restarting coordinator for one call that
+#: must not be lost (a task's result, a learner's resume or publish).
+REPORT_PATIENCE_S = 60.0
 
 
 @dataclass
@@ -96,6 +116,9 @@ class Slave:
         self.advertise_url = advertise_url
         self.shared_root = shared_root
         self.resources = resources or {}
+        #: What the coordinator must send to this slave's routes: our own secret, so
+        #: no credential of the coordinator's ever reaches whoever runs a "worker".
+        self.slave_token = secrets.token_urlsafe(32)
         self.metrics = CollectorRegistry()
         self._tasks_total = Counter(
             "drover_tasks_total",
@@ -189,12 +212,14 @@ class Slave:
                 outcome = "cancelled"
             else:
                 outcome = "completed"
-                self.coordinator.complete_task(task.task_id, result)
+                self._report(self.coordinator.complete_task, task.task_id, result)
         except Exception as exc:
             outcome = "failed"
             log.error("task %s failed:\n%s", task.task_id, traceback.format_exc())
             try:
-                self.coordinator.fail_task(task.task_id, f"{type(exc).__name__}: {exc}")
+                self._report(
+                    self.coordinator.fail_task, task.task_id, f"{type(exc).__name__}: {exc}"
+                )
             except (ApiError, ServiceUnavailable) as report_exc:
                 log.warning("could not report the failure: %s", report_exc)
         finally:
@@ -203,11 +228,18 @@ class Slave:
         self._tasks_total.labels(task.kind, outcome).inc()
         log.info("task %s %s", task.task_id, outcome)
 
+    def _report(self, call: Callable[..., Any], *args: Any) -> None:
+        """A task's result, sent again while the coordinator restarts."""
+        patiently(self._closed, call, *args)
+
     def status(self) -> SlaveStatus:
         with self._lock:
             tasks = [
                 SlaveTask(
-                    task_id=t, job_id=c.task.job_id, kind=c.task.kind, progress=dict(c.progress)
+                    task_id=t,
+                    job_id=c.task.job_id,
+                    kind=c.task.kind,
+                    progress=reportable(c.progress),
                 )
                 for t, (c, _) in self._running.items()
             ]
@@ -249,7 +281,9 @@ class Slave:
         log.warning("coordinator unreachable (%s); attempt %d", exc, state.attempt_number)
 
     def _register(self) -> None:
-        reg = self.coordinator.register(self.role, self.advertise_url, self.resources)
+        reg = self.coordinator.register(
+            self.role, self.advertise_url, self.resources, slave_token=self.slave_token
+        )
         self._heartbeat_interval_s = reg.heartbeat_interval_s
         self.coordinator.credential = reg.credential
         self._worker_id = reg.worker_id
@@ -264,7 +298,7 @@ class Slave:
                 TaskProgress(
                     task_id=t,
                     state="running",
-                    progress=dict(c.progress),
+                    progress=reportable(c.progress),
                     unusable_segments=sorted(c.unusable_segments)[:100],
                 )
                 for t, (c, _) in self._running.items()
@@ -288,6 +322,37 @@ class Slave:
         for task_id in answer.cancel:
             if self.cancel(task_id):
                 log.info("coordinator cancelled task %s", task_id)
+
+
+def patiently(stop: threading.Event, call: Callable[..., T], *args: Any) -> T:
+    """`call(*args)`, tried again while the coordinator is unreachable or restarting
+    (jittered backoff, or its Retry-After), for at most `REPORT_PATIENCE_S` or until
+    `stop` is set; then the last error is raised. For calls whose loss would cost a
+    task: its result, a learner's resume or publish."""
+    retrying = Retrying(
+        retry=retry_if_exception(is_transient),
+        wait=retry_wait_s,
+        stop=lambda state: stop.is_set() or (state.seconds_since_start or 0.0) > REPORT_PATIENCE_S,
+        sleep=stop.wait,
+        before_sleep=_log_waiting,
+        reraise=True,
+    )
+    return retrying(call, *args)
+
+
+def _log_waiting(state: RetryCallState) -> None:
+    exc = state.outcome.exception() if state.outcome is not None else None
+    log.warning("coordinator unreachable (%s); trying again", exc)
+
+
+def reportable(progress: dict[str, float]) -> dict[str, float]:
+    """The progress values a heartbeat can carry: finite numbers within the bound the
+    coordinator accepts (a NaN loss is left out, not a reason to lose the lease)."""
+    return {
+        k: float(v)
+        for k, v in list(progress.items())[:64]
+        if isinstance(v, int | float) and math.isfinite(v) and abs(v) <= MAX_ABS_FLOAT
+    }
 
 
 # --- HTTP --------------------------------------------------------------------------
@@ -346,10 +411,14 @@ def metrics() -> Response:
     return Response(generate_latest(_slave().metrics), mimetype=CONTENT_TYPE_LATEST)
 
 
-def create_slave_app(name: str, slave: Slave, token: str) -> Flask:
-    """A collector's or learner's Flask app: the task and health blueprints."""
+def create_slave_app(name: str, slave: Slave, token: str = "") -> Flask:
+    """A collector's or learner's Flask app: the task and health blueprints.
+
+    Its routes take the secret the slave gave the coordinator at registration, and
+    the cluster `token` when this process has it (operators).
+    """
     app = Flask(name)
-    install_http_basics(app, token)
+    install_http_basics(app, [slave.slave_token, token])
     app.extensions[EXTENSION] = slave
     app.register_blueprint(tasks_bp)
     app.register_blueprint(health_bp)
@@ -366,6 +435,10 @@ class SlaveClient(ServiceClient):
     def cancel(self, task_id: str) -> None:
         self.call("DELETE", f"/v1/tasks/{task_id}", timeout_s=5.0)
 
+    def _report(self, call: Callable[..., Any], *args: Any) -> None:
+        """A task's result, sent again while the coordinator restarts."""
+        patiently(self._closed, call, *args)
+
     def status(self) -> SlaveStatus:
         return self.call_as(SlaveStatus, "GET", "/v1/status")
 
@@ -375,7 +448,11 @@ def build_slave(role: str, runner: TaskRunner, settings: SlaveSettings) -> Slave
     return Slave(
         role=role,
         runner=runner,
-        coordinator=CoordinatorClient(settings.coordinator_url, settings.token),
+        coordinator=CoordinatorClient(
+            settings.coordinator_url,
+            settings.token,
+            registration_token=settings.registration_token,
+        ),
         advertise_url=settings.advertise_url,
         shared_root=Path(settings.shared_dir).resolve(),
     )

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from flask import Flask
 
-from common.http import serve
+from common.http import ServerLimits, serve
 from common.logs import setup_logging
 from common.settings import SettingsError, SlaveSettings
 from common.slave import EXTENSION, Slave
@@ -26,7 +26,7 @@ def run_slave(role: str, default_port: int, create_app: Callable[[SlaveSettings]
         app,
         settings.host,
         settings.port,
-        threads=8,
+        limits=ServerLimits(threads=8, connection_limit=200),
         on_stop=slave.close,
         on_listening=slave.start,
     )

@@ -35,6 +35,7 @@ class Service:
     port: int
     log_path: Path
     env: dict[str, str]
+    cwd: Path | None = None
     process: subprocess.Popen | None = None
     restarts: int = 0
     _log: IO[bytes] | None = None
@@ -48,6 +49,7 @@ class Service:
         self.process = subprocess.Popen(
             [sys.executable, "-m", self.module],
             env=self.env,
+            cwd=self.cwd,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             # Its own session: Ctrl-C reaches only the launcher, which then stops the
@@ -96,6 +98,8 @@ class LocalCluster:
     num_collectors: int = 2
     num_learners: int = 1
     token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
+    #: What collectors and learners register with: they never hold the cluster token.
+    registration_token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     extra_env: dict[str, str] = field(default_factory=dict)
     services: list[Service] = field(default_factory=list)
 
@@ -117,18 +121,27 @@ class LocalCluster:
         self.client = CoordinatorClient(self.coordinator_url, self.token, timeout_s=10.0)
 
     def _service(self, name: str, module: str, port: int) -> Service:
+        inherited = {
+            k: v for k, v in os.environ.items() if not k.startswith(("DROVER_TOKEN", "DROVER_REG"))
+        }
         env = {
-            **os.environ,
+            **inherited,
             "DROVER_HOST": "127.0.0.1",
             "DROVER_PORT": str(port),
             "DROVER_ADVERTISE_URL": f"http://127.0.0.1:{port}",
             "DROVER_COORDINATOR_URL": getattr(self, "coordinator_url", ""),
             "DROVER_SHARED_DIR": str(self.shared_dir),
-            "DROVER_TOKEN": self.token,
+            "DROVER_REGISTRATION_TOKEN": self.registration_token,
+            # Nothing in the working directory (the shared root) is importable.
+            "PYTHONSAFEPATH": "1",
             "PYTHONUNBUFFERED": "1",
             **self.extra_env,
         }
-        service = Service(name, module, port, self.log_dir / f"{name}.log", env)
+        if module == "services.coordinator":
+            env["DROVER_TOKEN"] = self.token
+        # Services run in the shared root, as they would in a container whose volume is
+        # its working directory: what workers write there must never become code.
+        service = Service(name, module, port, self.log_dir / f"{name}.log", env, self.shared_dir)
         self.services.append(service)
         return service
 

@@ -18,7 +18,9 @@ class FakeCoordinator:
         self.cancel_next: list[str] = []
         self.credential: str | None = None
 
-    def register(self, role: str, url: str, resources: dict[str, Any]) -> Registered:
+    def register(
+        self, role: str, url: str, resources: dict[str, Any], *, slave_token: str
+    ) -> Registered:
         return Registered(
             worker_id=f"{role}-fake",
             heartbeat_interval_s=0.05,
@@ -41,8 +43,8 @@ class FakeCoordinator:
 
 
 class BlockingRunner:
-    """Runs until stopped, or returns at once when the spec's seed is negative;
-    fails when the seed is 13."""
+    """Runs until stopped, or returns at once when the spec's seed is 7; fails when the
+    seed is 13."""
 
     kinds = frozenset({"collect", "evaluate"})
 
@@ -50,7 +52,7 @@ class BlockingRunner:
         seed = ctx.task.spec.get("seed", 0)
         if seed == 13:
             raise RuntimeError("unlucky")
-        if seed >= 0:
+        if seed != 7:
             ctx.stop.wait(30)
         return {"seed": seed}
 

@@ -78,6 +78,21 @@ class _Segment:
     last_sampled_s: float = float("-inf")
 
 
+@dataclass
+class _Hold:
+    """Items a consuming sampler handed to one task, kept until it acknowledges them:
+    out of the table, but still counted in their segments (whose files stay)."""
+
+    holder: str
+    segment: np.ndarray
+    row: np.ndarray
+    length: np.ndarray
+    version: np.ndarray
+
+
+_HOLD_COLUMNS = ("segment", "row", "length", "version")
+
+
 @dataclass(frozen=True)
 class InsertResult:
     accepted: int
@@ -115,6 +130,8 @@ class BufferStats:
     waiting_inserters: int
     live_segments: int
     released_segments: int
+    #: Items handed to a learner's task and not yet acknowledged (fifo buffers).
+    held_items: int = 0
 
 
 @dataclass
@@ -168,6 +185,8 @@ class ReplayBuffer:
         self._lag_counts = np.zeros(LAG_BUCKETS + 1, dtype=np.int64)
         self._counters = _Counters()
         self._waiting = {"sample": 0, "insert": 0}
+        self._holds: dict[str, _Hold] = {}
+        self._next_hold = 0
 
     @property
     def size(self) -> int:
@@ -192,14 +211,23 @@ class ReplayBuffer:
         parsed = [(ref, self._parse_path(ref.path), self._item_spans(ref)) for ref in refs]
         deadline = self._clock() + timeout_s
         with self._cond:
-            fresh = {
-                ref.path: (ref, key, spans)
-                for ref, key, spans in parsed
-                if not self._is_duplicate(*key, ref.path)
-            }
+
+            def fresh_refs() -> dict[str, tuple[SegmentRef, tuple[str, int], Any]]:
+                return {
+                    ref.path: (ref, key, spans)
+                    for ref, key, spans in parsed
+                    if not self._is_duplicate(*key, ref.path)
+                }
+
+            fresh = fresh_refs()
             num_items = sum(len(spans[0]) for _, _, spans in fresh.values())
-            if not force:
+            if not force and fresh:
                 self._wait("insert", lambda: self.limiter.can_insert(num_items), deadline)
+                # Waiting let go of the lock: another insert, or the orphan sweep, may
+                # have indexed some of these since. Decide again, in this same hold
+                # of the lock as the index update, so no file is ever indexed twice.
+                fresh = fresh_refs()
+                num_items = sum(len(spans[0]) for _, _, spans in fresh.values())
             for ref, (worker, seq), (rows, lengths) in fresh.values():
                 self._add_segment(ref, rows, lengths)
                 self._last_seq[worker] = max(seq, self._last_seq.get(worker, -1))
@@ -300,12 +328,7 @@ class ReplayBuffer:
             return
         table = self.table
         self._counters.evictions[reason] += len(slots)
-        segment_ids, counts = np.unique(table.segment[slots], return_counts=True)
-        for sid, count in zip(segment_ids.tolist(), counts.tolist(), strict=True):
-            entry = self._segments[sid]
-            entry.live_items -= count
-            if entry.live_items == 0:
-                self._dead.add(sid)
+        self._unref_segments(table.segment[slots])
         if tell_sampler:
             self.sampler.removed(slots)
         table.remove(slots)
@@ -319,6 +342,15 @@ class ReplayBuffer:
             SampleTimeout: not enough data, or the limiter held sampling back.
             BufferClosed: the job has ended.
         """
+        return self.sample_for(None, batch_size, num_batches, timeout_s=timeout_s)[0]
+
+    def sample_for(
+        self, holder: str | None, batch_size: int, num_batches: int, *, timeout_s: float
+    ) -> tuple[list[SampledBatch], str | None]:
+        """`sample` on behalf of `holder` (a learn task): the items a consuming sampler
+        hands out are held for it until `acknowledge`, and go back to the buffer with
+        `give_back` if it never trains on them. Returns the batches and the hold's id
+        (None when nothing is held: a non-consuming sampler, or no holder)."""
         num_items = batch_size * num_batches
         need = num_items if self.sampler.consumes else batch_size
         deadline = self._clock() + timeout_s
@@ -331,13 +363,96 @@ class ReplayBuffer:
                 ),
                 deadline,
             )
-            batches = self._draw(batch_size, num_batches)
+            hold_id = None
+            if holder is not None and self.sampler.consumes:
+                hold_id = f"hold-{self._next_hold}"
+                self._next_hold += 1
+            batches = self._draw(batch_size, num_batches, hold_id, holder)
             self.limiter.sampled += num_items
             self._counters.sample_requests += 1
             self._cond.notify_all()
-        return batches
+        return batches, hold_id
 
-    def _draw(self, batch_size: int, num_batches: int) -> list[SampledBatch]:
+    def acknowledge(self, holder: str, hold_ids: list[str]) -> int:
+        """`holder` trained on these holds: their items leave for good. Unknown ids, or
+        another holder's, are ignored (an acknowledgement may be sent twice).
+
+        Returns:
+            How many items were acknowledged.
+        """
+        with self._cond:
+            done = 0
+            for hold_id in hold_ids:
+                hold = self._holds.get(hold_id)
+                if hold is None or hold.holder != holder:
+                    continue
+                del self._holds[hold_id]
+                self._counters.evictions["max_use"] += len(hold.segment)
+                self._unref_segments(hold.segment)
+                done += len(hold.segment)
+            self._release_dead()
+            return done
+
+    def give_back(self, holder: str) -> int:
+        """Every item still held for `holder` returns to the buffer (its task ended
+        before training on them), so nothing a collector delivered is lost.
+
+        Returns:
+            How many items came back.
+        """
+        with self._cond:
+            ids = [h for h, hold in self._holds.items() if hold.holder == holder]
+            returned = 0
+            for hold_id in ids:
+                hold = self._holds.pop(hold_id)
+                returned += self._readd(hold.segment, hold.row, hold.length, hold.version)
+            if returned:
+                self._cond.notify_all()
+            return returned
+
+    def _readd(
+        self, segment: np.ndarray, row: np.ndarray, length: np.ndarray, version: np.ndarray
+    ) -> int:
+        """Put held items back as new items (the newest), undoing their sample."""
+        n = len(segment)
+        if n == 0:
+            return 0
+        if n > self.capacity:
+            self._unref_segments(segment[: n - self.capacity])
+            segment, row, length, version = (
+                a[-self.capacity :] for a in (segment, row, length, version)
+            )
+            n = self.capacity
+        shortfall = n - self.table.free_count
+        if shortfall > 0:
+            self._remove(self.remover.select(shortfall, self.table, self._rng), "capacity")
+        slots, _ = self.table.add(n)
+        self.table.segment[slots] = segment
+        self.table.row[slots] = row
+        self.table.length[slots] = length
+        self.table.version[slots] = version
+        self.table.priority[slots] = getattr(self.sampler, "max_priority", 1.0)
+        self.sampler.inserted(slots)
+        self.limiter.sampled = max(0, self.limiter.sampled - n)
+        if self.config.max_staleness is not None:
+            # Items the learner has moved past while they were held leave as stale.
+            limit = self._learner_version - self.config.max_staleness
+            self._remove(slots[self.table.version[slots] < limit], "staleness")
+            self._release_dead()
+        return n
+
+    def _unref_segments(self, segment_ids: np.ndarray) -> None:
+        """Items of these segments left the buffer: a segment with none left is dead."""
+        ids, counts = np.unique(segment_ids, return_counts=True)
+        for sid, count in zip(ids.tolist(), counts.tolist(), strict=True):
+            entry = self._segments[sid]
+            entry.live_items -= count
+            if entry.live_items == 0:
+                self._dead.add(sid)
+
+    def _draw(
+        self, batch_size: int, num_batches: int, hold_id: str | None = None, holder: str = ""
+    ) -> list[SampledBatch]:
         """All of a request's items in one vectorized draw, then split into batches."""
         table = self.table
         slots, weights = self.sampler.sample(batch_size * num_batches, table, self._rng)
@@ -358,7 +473,14 @@ class ReplayBuffer:
             self._segments[sid].last_sampled_s = now
         used, times = np.unique(slots, return_counts=True)
         table.uses[used] += times.astype(np.int32)
-        if self.sampler.consumes:
+        if hold_id is not None:
+            table = self.table
+            self._holds[hold_id] = _Hold(
+                holder, *(getattr(table, c)[slots].copy() for c in _HOLD_COLUMNS)
+            )
+            self.sampler.removed(slots)
+            table.remove(slots)
+        elif self.sampler.consumes:
             self._remove(slots, "max_use")
         elif self.config.max_use is not None:
             self._remove(used[table.uses[used] >= self.config.max_use], "max_use")
@@ -445,7 +567,9 @@ class ReplayBuffer:
         cutoff = self._clock() - (self._release_grace_s if grace_s is None else grace_s)
         for sid in [s for s in self._dead if self._segments[s].last_sampled_s <= cutoff]:
             entry = self._segments.pop(sid)
-            del self._segment_ids[entry.path]
+            # Total: the path leaves the index only if it still names this segment.
+            if self._segment_ids.get(entry.path) == sid:
+                del self._segment_ids[entry.path]
             self._dead.discard(sid)
             self._files.delete(entry.path)
             self._counters.released_segments += 1
@@ -465,6 +589,7 @@ class ReplayBuffer:
         """After the job: delete every segment file the buffer still references."""
         with self._cond:
             self._closed = True
+            self._holds.clear()
             self._dead.update(self._segments)
             self._release_dead(grace_s=float("-inf"))
             self._cond.notify_all()
@@ -505,6 +630,7 @@ class ReplayBuffer:
                 waiting_inserters=self._waiting["insert"],
                 live_segments=len(self._segments) - len(self._dead),
                 released_segments=self._counters.released_segments,
+                held_items=sum(len(h.segment) for h in self._holds.values()),
             )
 
     # --- persistence -----------------------------------------------------------------
@@ -515,6 +641,15 @@ class ReplayBuffer:
         with self._cond:
             # Copies, so serialising happens outside the lock while inserts go on.
             arrays = {k: np.ascontiguousarray(v).copy() for k, v in self.table.arrays().items()}
+            # Held items are saved as items to give back: a restored coordinator has
+            # no tasks, so nobody will acknowledge them.
+            holds = list(self._holds.values())
+            for column in _HOLD_COLUMNS:
+                parts = [getattr(h, column) for h in holds]
+                dtype = getattr(self.table, column).dtype
+                arrays[f"held_{column}"] = (
+                    np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
+                )
             meta = {
                 "job_id": self.job_id,
                 "capacity": self.capacity,
@@ -572,6 +707,9 @@ class ReplayBuffer:
                 released_segments=int(counters["released_segments"]),
             )
             self._rng.bit_generator.state = meta["rng"]
+            self._holds = {}
+            if "held_segment" in arrays:
+                self._readd(*(arrays[f"held_{c}"] for c in _HOLD_COLUMNS))
 
     def save(self, files: SegmentFiles, prefix: str) -> None:
         """Write the state as `<prefix>.safetensors` and `<prefix>.json`."""

@@ -499,7 +499,9 @@ class CollectorRunner:
         if spec.policy_path is None:
             raise ValueError(f"an evaluation of a {spec.source} needs policy_path")
         if spec.source == "policy":
-            policy.load(spec.policy_version, self.store.read_policy(spec.policy_path).tensors)
+            # The digest the learner announced: a file swapped since is refused.
+            policy_file = self.store.read_policy(spec.policy_path, sha256=spec.policy_sha256)
+            policy.load(spec.policy_version, policy_file.tensors)
             return
         data = self.store.read_bytes(spec.policy_path)
         state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from common.envs import setup_env_registry
 from common.http import serve
 from common.logs import setup_logging
 from common.settings import SettingsError
@@ -18,12 +19,13 @@ def main() -> int:
     setup_logging("coordinator")
     try:
         settings = CoordinatorSettings.from_env()
+        setup_env_registry()  # the operator's env modules; nothing a request names
     except SettingsError as exc:
         print(f"drover coordinator: {exc}", file=sys.stderr)
         return 2
     app = create_app(settings)  # restores the jobs found under the shared root
     core = app.extensions[CORE]
-    scheduler = Scheduler(core, settings.token, period_s=settings.scheduler_period_s)
+    scheduler = Scheduler(core, period_s=settings.scheduler_period_s)
     snapshots = Snapshotter(core, settings.snapshot_period_s)
     scheduler.start()
     snapshots.start()
@@ -33,7 +35,7 @@ def main() -> int:
         snapshots.close()
         scheduler.close()
 
-    serve(app, settings.host, settings.port, threads=settings.threads, on_stop=stop)
+    serve(app, settings.host, settings.port, limits=settings.server_limits(), on_stop=stop)
     return 0
 
 

@@ -29,12 +29,19 @@ def create_app(
             lease_timeout_s=settings.lease_timeout_s,
             max_buffer_items=settings.max_buffer_items,
             orphan_grace_s=settings.orphan_grace_s,
+            max_workers=settings.max_workers,
+            worker_hosts=settings.worker_hosts,
         )
         core = Coordinator(SharedStore(settings.shared_dir), limits)
         # A coordinator started over an existing shared root picks its jobs up again.
         core.restore_jobs()
     app = Flask("drover.coordinator")
-    install_http_basics(app, settings.token, worker_credential=core.worker_for_credential)
+    install_http_basics(
+        app,
+        settings.token,
+        registration_token=settings.registration_token or None,
+        worker_credential=core.worker_for_credential,
+    )
     app.extensions[CORE] = core
     for bp in blueprints():
         app.register_blueprint(bp)

@@ -36,6 +36,13 @@ API = "/api/v1"
 
 
 class CoordinatorClient(ServiceClient):
+    """Args (besides ServiceClient's): `registration_token`, a secret that may only
+    register; when given, registering uses it instead of the cluster token."""
+
+    def __init__(self, base_url: str, token: str, *, registration_token: str = "", **kw: Any):
+        super().__init__(base_url, token, **kw)
+        self._registration_token = registration_token
+
     # --- users --------------------------------------------------------------------
 
     def submit_job(self, config: dict[str, Any], name: str | None = None) -> JobCreated:
@@ -65,10 +72,19 @@ class CoordinatorClient(ServiceClient):
 
     # --- workers ------------------------------------------------------------------
 
-    def register(self, role: str, url: str, resources: dict[str, Any]) -> Registered:
-        reg = WorkerRegistration(role=role, url=url, resources=resources)  # type: ignore[arg-type]
-        # Registering takes the cluster token; the answer's credential is used after.
-        return self.call_as(Registered, "POST", f"{API}/workers", reg, auth=self._token)
+    def register(
+        self, role: str, url: str, resources: dict[str, Any], *, slave_token: str
+    ) -> Registered:
+        reg = WorkerRegistration(
+            role=role,  # type: ignore[arg-type]
+            url=url,
+            slave_token=slave_token,
+            resources=resources,
+        )
+        # Registering takes the registration secret (or the cluster token); the
+        # answer's credential is used after.
+        auth = self._registration_token or self._token
+        return self.call_as(Registered, "POST", f"{API}/workers", reg, auth=auth)
 
     def heartbeat(self, worker_id: str, tasks: list[TaskProgress]) -> HeartbeatReply:
         path = f"{API}/workers/{worker_id}/heartbeat"
@@ -102,9 +118,22 @@ class CoordinatorClient(ServiceClient):
         )
 
     def sample(
-        self, job_id: str, *, batch_size: int, num_batches: int, timeout_s: float
+        self,
+        job_id: str,
+        *,
+        batch_size: int,
+        num_batches: int,
+        timeout_s: float,
+        task_id: str | None = None,
+        acknowledge: list[str] | None = None,
     ) -> SampleReply:
-        req = SampleRequest(batch_size=batch_size, num_batches=num_batches, timeout_s=timeout_s)
+        req = SampleRequest(
+            batch_size=batch_size,
+            num_batches=num_batches,
+            timeout_s=timeout_s,
+            task_id=task_id,
+            acknowledge=acknowledge or [],
+        )
         return self.call_as(
             SampleReply,
             "POST",
@@ -113,8 +142,10 @@ class CoordinatorClient(ServiceClient):
             timeout_s=self.timeout_s + timeout_s,
         )
 
-    def update_priorities(self, job_id: str, keys: list[int], priorities: list[float]) -> None:
-        upd = PriorityUpdate(keys=keys, priorities=priorities)
+    def update_priorities(
+        self, job_id: str, keys: list[int], priorities: list[float], *, task_id: str | None = None
+    ) -> None:
+        upd = PriorityUpdate(keys=keys, priorities=priorities, task_id=task_id)
         self.call("POST", f"{API}/jobs/{job_id}/priorities", upd)
 
     def announce_policy(self, job_id: str, ref: PolicyRef, *, task_id: str | None = None) -> None:

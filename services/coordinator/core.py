@@ -32,7 +32,9 @@ from common.config import (
 )
 from common.envs import env_spaces
 from common.errors import ApiError, bad_request, conflict, not_found
+from common.http import Caller
 from common.messages import (
+    MAX_SAMPLE_ITEMS,
     TERMINAL_PHASES,
     CollectSpec,
     EvalResult,
@@ -66,10 +68,13 @@ from services.coordinator.snapshot import (
     as_record,
     eval_from,
     policy_from,
+    read_job_record,
     read_job_snapshot,
     state_path,
+    write_job_record,
     write_job_snapshot,
 )
+from services.coordinator.urls import check_worker_url
 
 log = logging.getLogger(__name__)
 
@@ -100,6 +105,19 @@ class CoordinatorLimits:
     #: Sample long-polls allowed to wait at once; more are answered 503 at once, so
     #: slow or many clients can never hold every server thread.
     max_waiting_samples: int = 16
+    #: ... and at most this many for one job, so one job's empty buffer cannot starve
+    #: the learners of the others.
+    max_waiting_samples_per_job: int = 4
+    #: Registered workers at once (each costs memory and scheduling time).
+    max_workers: int = 1024
+    #: Hosts (names, IPs, CIDRs) workers may advertise; empty: any valid host.
+    worker_hosts: tuple[str, ...] = ()
+    #: A task not confirmed by its worker this long after it was planned is lost (a
+    #: dispatch that never completed), so it is planned again.
+    assigning_timeout_s: float = 30.0
+    #: A worker that failed this many assignments in a row is dropped: its URL does
+    #: not answer, and it should register again when it does.
+    max_dispatch_failures: int = 3
     orphan_sweep_period_s: float = 10.0
     metrics_points: int = 3600
 
@@ -112,6 +130,7 @@ class Task:
     spec: dict[str, Any]
     worker_id: str
     state: str = "assigning"  # assigning -> running -> done | failed | cancelled | lost
+    planned_at_s: float = 0.0
 
     def assignment(self) -> TaskAssignment:
         return TaskAssignment(
@@ -130,9 +149,13 @@ class Worker:
     resources: dict[str, Any]
     last_heartbeat_s: float
     secret: str = ""
+    #: What the coordinator sends to this worker's routes (the worker's own secret).
+    slave_token: str = ""
     task_ids: set[str] = field(default_factory=set)
     #: After a failed assignment, no new one before this time (no retry storm).
     not_before_s: float = float("-inf")
+    #: Assignments in a row this worker failed to take.
+    dispatch_failures: int = 0
     progress: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
@@ -154,6 +177,8 @@ class Job:
     segments_swept: bool = False
     #: A snapshot was written after the job ended (no more are needed).
     final_snapshot: bool = False
+    #: The job's terminal phase is on disk (record.json): its segments may go.
+    terminal_durable: bool = False
     #: The evaluate workflow: per-episode results so far, and episodes handed out.
     evaluation: list[dict[str, Any]] = field(default_factory=list)
     evaluation_assigned: int = 0
@@ -177,6 +202,9 @@ class Dispatch:
     """One call the scheduler must make to a slave."""
 
     url: str
+    #: The worker's own secret for its routes (never the cluster token).
+    auth: str
+    worker_id: str
     task: TaskAssignment | None = None  # assign this task
     cancel_task_id: str | None = None  # or cancel this one
 
@@ -208,6 +236,7 @@ class Coordinator:
         self._snapshot_gen = 0
         self._closing = False
         self._waiting_samples = 0
+        self._waiting_by_job: collections.Counter[str] = collections.Counter()
 
     # --- jobs ----------------------------------------------------------------------
 
@@ -237,6 +266,9 @@ class Coordinator:
         )
         for warning in warnings:
             log.warning("job %s config: %s", job_id, warning)
+        # Durable before it is answered: a coordinator that dies right after the 201
+        # finds the job again.
+        write_job_record(self.store, job_id, self._job_record(job))
         with self._lock:
             self.jobs[job_id] = job
             self._notify()
@@ -312,20 +344,40 @@ class Coordinator:
             return self._status(job)
 
     def _finish(self, job: Job, phase: str, reason: str) -> None:
-        """End a job: wake its buffer's waiters and cancel every task of it."""
+        """End a job: make its end durable, wake its buffer's waiters, cancel every
+        task of it, and only then delete its step data."""
         job.phase, job.reason, job.finished_at = phase, reason, self._wall()
-        # Step data is only for training: a finished job keeps policies, checkpoints,
-        # evaluations and logs, not segments.
-        job.buffer.release_all()
+        job.buffer.close()  # no more data in or out, whatever follows
+        self._make_terminal_durable(job)
         for task in self.tasks.values():
             if task.job_id == job.job_id and task.state in ACTIVE:
                 worker = self.workers.get(task.worker_id)
                 self._end_task(task, "cancelled")
                 if worker is not None:
-                    self._cancels.append(Dispatch(url=worker.url, cancel_task_id=task.task_id))
+                    self._cancels.append(self._cancel_dispatch(worker, task.task_id))
         self.store.write_json(f"{job.job_id}/summary.json", dump(self._status(job)))
         log.info("job %s %s: %s", job.job_id, phase, reason)
         self._notify()
+
+    def _make_terminal_durable(self, job: Job) -> None:
+        """Write the ended job's record; then (and only then) delete its segments.
+
+        A small JSON file, written with fsync under the lock: rare, and it must come
+        before anyone can see the job as ended. When it cannot be written, the
+        segments stay and the snapshot thread tries again.
+        """
+        try:
+            write_job_record(self.store, job.job_id, self._job_record(job))
+        except OSError as exc:
+            log.error("job %s: cannot record its end yet (%s); will retry", job.job_id, exc)
+            return
+        job.terminal_durable = True
+        # Step data is only for training: a finished job keeps policies, checkpoints,
+        # evaluations and logs, not segments.
+        try:
+            job.buffer.release_all()
+        except Exception:
+            log.exception("job %s: releasing its segments failed", job.job_id)
 
     def job_status(self, job_id: str) -> JobStatus:
         with self._lock:
@@ -371,12 +423,20 @@ class Coordinator:
         worker = Worker(
             worker_id=new_id(reg.role),
             role=reg.role,
-            url=reg.url,
+            url=check_worker_url(reg.url, self.limits.worker_hosts),
             resources=reg.resources,
             last_heartbeat_s=self._clock(),
             secret=secrets.token_urlsafe(32),
+            slave_token=reg.slave_token,
         )
         with self._lock:
+            if len(self.workers) >= self.limits.max_workers:
+                raise ApiError(
+                    503,
+                    "too_many_workers",
+                    f"this coordinator has its limit of {self.limits.max_workers} workers",
+                    retry_after_s=self.limits.lease_timeout_s,
+                )
             self.workers[worker.worker_id] = worker
             self._notify()
         log.info("worker %s registered at %s", worker.worker_id, worker.url)
@@ -387,14 +447,14 @@ class Coordinator:
             credential=f"{worker.worker_id}.{worker.secret}",
         )
 
-    def worker_for_credential(self, credential: str) -> str | None:
+    def worker_for_credential(self, credential: str) -> Caller | None:
         """The worker a credential belongs to (None if it is no live worker's)."""
         worker_id, _, secret = credential.rpartition(".")
         with self._lock:
             worker = self.workers.get(worker_id)
         if worker is None or not hmac.compare_digest(secret.encode(), worker.secret.encode()):
             return None
-        return worker_id
+        return Caller("worker", worker_id=worker_id, role=worker.role)
 
     @staticmethod
     def _must_be(caller: str | None, worker_id: str, what: str) -> None:
@@ -422,8 +482,9 @@ class Coordinator:
                 if len(job.unusable_segments) < 1000:
                     job.unusable_segments.update(report.unusable_segments)
                 train_iter = report.progress.get("train_iter")
-                if train_iter is not None:
-                    job = self.jobs[task.job_id]
+                # Only the job's learner counts training; the number is a report, not
+                # a budget a collector could spend.
+                if task.kind == "learn" and train_iter is not None:
                     job.train_iters = max(job.train_iters, int(train_iter))
             return cancel
 
@@ -487,13 +548,18 @@ class Coordinator:
 
     def _end_task(self, task: Task, state: str) -> None:
         job = self.jobs.get(task.job_id)
-        if (
-            state in ("failed", "lost")
-            and task.kind == "evaluate"
-            and job is not None
-            and job.config.system.workflow == "evaluate"
-        ):
-            job.evaluation_assigned -= int(task.spec["episodes"])  # they go out again
+        if task.kind == "learn" and job is not None and state != "done":
+            # Items handed to this task that it never acknowledged go back.
+            returned = job.buffer.give_back(task.task_id)
+            if returned:
+                log.info("task %s ended (%s): %d held items back", task.task_id, state, returned)
+        if state in ("failed", "lost") and task.kind == "evaluate" and job is not None:
+            if job.config.system.workflow == "evaluate":
+                job.evaluation_assigned -= int(task.spec["episodes"])  # they go out again
+            else:
+                # Whatever ended it (a refused dispatch, a failure, a lost lease), the
+                # evaluation is due again at the next pass, not a whole eval_freq later.
+                job.eval_requested_iter = job.evals[-1].train_iter if job.evals else 0
         task.state = state
         worker = self.workers.get(task.worker_id)
         if worker is not None:
@@ -528,8 +594,6 @@ class Coordinator:
             self._end_task(task, "failed")
             job.task_failures += 1
             log.warning("task %s (%s) of job %s failed: %s", task_id, task.kind, job.job_id, error)
-            if task.kind == "evaluate":
-                job.eval_requested_iter = job.evals[-1].train_iter if job.evals else 0
             if job.task_failures >= self.limits.max_task_failures and job.phase == "running":
                 self._finish(
                     job, "failed", f"{job.task_failures} tasks failed; last: {error[:500]}"
@@ -586,19 +650,15 @@ class Coordinator:
             self._check_sender(job_id, insert.task_id, "collect", caller)
         segments_dir = f"{job_id}/segments"
         if caller is not None:
-            # A collector's own folders are named "<its worker id>.<task id>".
-            own = f"{segments_dir}/{caller}."
+            # A collector's own folder is named "<its worker id>.<task id>".
+            own = f"{segments_dir}/{caller}.{insert.task_id}/"
             for i, ref in enumerate(insert.segments):
                 if not ref.path.startswith(own):
                     raise ApiError(
                         403, "forbidden", f"segments.{i}.path: not in {caller}'s own folder"
                     )
         for i, ref in enumerate(insert.segments):
-            try:
-                if not self.store.resolve(ref.path, under=segments_dir).is_file():
-                    raise bad_request(f"segments.{i}.path", f"no file at '{ref.path}'")
-            except PathError as exc:
-                raise bad_request(f"segments.{i}.path", str(exc)) from None
+            self._check_segment_file(job_id, ref, f"segments.{i}")
         try:
             result = job.buffer.insert(insert.segments, timeout_s=insert.timeout_s)
         except ValueError as exc:
@@ -611,6 +671,22 @@ class Coordinator:
             return InsertReply(
                 accepted=result.accepted, duplicates=result.duplicates, env_steps=job.env_steps
             )
+
+    def _check_segment_file(self, job_id: str, ref: SegmentRef, field: str) -> None:
+        """A reference must describe its file: inside the job's segments folder, a
+        regular file, and as many rows as its header says (a declared size is never
+        trusted: it decides what the buffer evicts). Reads the header only."""
+        try:
+            self.store.resolve(ref.path, under=f"{job_id}/segments")
+            rows = self.store.segment_rows(ref.path)
+        except PathError as exc:
+            raise bad_request(f"{field}.path", str(exc)) from None
+        except FileNotFoundError:
+            raise bad_request(f"{field}.path", f"no file at '{ref.path}'") from None
+        except (OSError, CorruptFileError) as exc:
+            raise bad_request(f"{field}.path", f"not a readable segment: {exc}") from None
+        if rows != ref.rows:
+            raise bad_request(f"{field}.rows", f"{ref.rows} declared, the file holds {rows}")
 
     def _account(self, job: Job, refs: list[SegmentRef]) -> None:
         """Count newly indexed segments into the job; end it at `max_env_step`."""
@@ -628,20 +704,30 @@ class Coordinator:
         else:
             self._finish(job, "failed", f"{what} before stop_value {job.config.env.stop_value}")
 
-    def sample(self, job_id: str, request: SampleRequest) -> SampleReply:
+    def sample(
+        self, job_id: str, request: SampleRequest, *, caller: str | None = None
+    ) -> SampleReply:
+        items = request.batch_size * request.num_batches
+        if items > MAX_SAMPLE_ITEMS:
+            raise bad_request(
+                "num_batches",
+                f"batch_size x num_batches = {items} exceeds {MAX_SAMPLE_ITEMS} items",
+            )
         with self._lock:
             job = self._running_job(job_id)
-            if request.timeout_s > 0 and self._waiting_samples >= self.limits.max_waiting_samples:
-                raise ApiError(
-                    503,
-                    "too_many_waiting",
-                    f"{self._waiting_samples} sample requests are already waiting",
-                    retry_after_s=1.0,
-                )
+            self._check_sender(job_id, request.task_id, "learn", caller)
+            if request.timeout_s > 0:
+                self._check_waiting(job_id)
             self._waiting_samples += 1
+            self._waiting_by_job[job_id] += 1
         try:
-            batches = job.buffer.sample(
-                request.batch_size, request.num_batches, timeout_s=request.timeout_s
+            if request.task_id is not None and request.acknowledge:
+                job.buffer.acknowledge(request.task_id, list(request.acknowledge))
+            batches, hold_id = job.buffer.sample_for(
+                request.task_id,
+                request.batch_size,
+                request.num_batches,
+                timeout_s=request.timeout_s,
             )
         except BufferClosed:
             self._raise_if_closing()
@@ -649,7 +735,29 @@ class Coordinator:
         finally:
             with self._lock:
                 self._waiting_samples -= 1
-        return SampleReply(batches=batches)
+                self._waiting_by_job[job_id] -= 1
+        with self._lock:
+            task = self.tasks.get(request.task_id or "")
+            if hold_id is not None and (task is None or task.state not in ACTIVE):
+                # The task ended while this request waited: nobody will train on them.
+                job.buffer.give_back(request.task_id or "")
+                raise conflict("task_not_active", f"task {request.task_id} has ended")
+        return SampleReply(batches=batches, hold_id=hold_id)
+
+    def _check_waiting(self, job_id: str) -> None:
+        """Bound the long-polls waiting at once, in all and per job (503 at once)."""
+        if self._waiting_samples >= self.limits.max_waiting_samples:
+            waiting, scope = self._waiting_samples, "in all"
+        elif self._waiting_by_job[job_id] >= self.limits.max_waiting_samples_per_job:
+            waiting, scope = self._waiting_by_job[job_id], f"for job {job_id}"
+        else:
+            return
+        raise ApiError(
+            503,
+            "too_many_waiting",
+            f"{waiting} sample requests are already waiting {scope}",
+            retry_after_s=1.0,
+        )
 
     def _raise_if_closing(self) -> None:
         if self._closing:
@@ -666,9 +774,12 @@ class Coordinator:
             job = self._job(job_id)
         return job.buffer.stats()
 
-    def update_priorities(self, job_id: str, update: PriorityUpdate) -> int:
+    def update_priorities(
+        self, job_id: str, update: PriorityUpdate, *, caller: str | None = None
+    ) -> int:
         with self._lock:
-            job = self._job(job_id)
+            job = self._running_job(job_id)
+            self._check_sender(job_id, update.task_id, "learn", caller)
         try:
             return job.buffer.update_priorities(update.keys, update.priorities)
         except ValueError as exc:
@@ -721,9 +832,20 @@ class Coordinator:
             self.store.delete(self.store.policy_path(job.job_id, version))
         job.policy_versions = [v for v in job.policy_versions if v in keep]
 
-    def latest_policy(self, job_id: str) -> PolicyRef | None:
+    def latest_policy(self, job_id: str, *, caller: str | None = None) -> PolicyRef | None:
         with self._lock:
-            return self._job(job_id).policy
+            job = self._job(job_id)
+            if caller is not None and not any(
+                self.tasks[t].job_id == job_id for t in self._worker(caller).task_ids
+            ):
+                raise ApiError(403, "forbidden", f"worker {caller} has no task in job {job_id}")
+            return job.policy
+
+    def _worker(self, worker_id: str) -> Worker:
+        worker = self.workers.get(worker_id)
+        if worker is None:
+            raise ApiError(404, "unknown_worker", f"worker {worker_id} is not registered")
+        return worker
 
     def policy_path(self, job_id: str, version: int | None) -> str:
         """The file of a policy version (the latest by default)."""
@@ -752,17 +874,44 @@ class Coordinator:
             self._dirty = False
 
     def plan(self) -> list[Dispatch]:
-        """Decide assignments and cancellations; the caller makes the HTTP calls."""
+        """Decide assignments and cancellations; the caller makes the HTTP calls.
+
+        Each job is planned on its own: an error in one job's planning (bad data that
+        slipped through) is logged and undone for that job alone, so it never stops
+        the scheduling of the others, nor leaves half-planned tasks behind.
+        """
         with self._lock:
             self._expire_leases()
+            self._expire_assignments()
             plan, self._cancels = self._cancels, []
             for job in sorted(self.jobs.values(), key=lambda j: j.started_at):
-                if job.phase == "running":
+                if job.phase != "running":
+                    continue
+                before = set(self.tasks)
+                try:
                     plan.extend(self._plan_job(job))
-                    if self._clock() - job.last_orphan_sweep_s >= self.limits.orphan_sweep_period_s:
+                except Exception:
+                    log.exception("planning job %s failed; its new tasks are dropped", job.job_id)
+                    for task_id in set(self.tasks) - before:
+                        self._end_task(self.tasks[task_id], "lost")
+                if self._clock() - job.last_orphan_sweep_s >= self.limits.orphan_sweep_period_s:
+                    try:
                         self._sweep_orphans(job, self.limits.orphan_grace_s)
-            self._sample_metrics()
+                    except Exception:
+                        log.exception("sweeping job %s's segment files failed", job.job_id)
+            try:
+                self._sample_metrics()
+            except Exception:
+                log.exception("sampling metrics failed")
             return plan
+
+    def _expire_assignments(self) -> None:
+        """A task whose dispatch never completed (neither taken nor refused) is lost."""
+        deadline = self._clock() - self.limits.assigning_timeout_s
+        for task in [t for t in self.tasks.values() if t.state == "assigning"]:
+            if task.planned_at_s < deadline:
+                log.warning("task %s was never confirmed by its worker", task.task_id)
+                self._end_task(task, "lost")
 
     def _plan_job(self, job: Job) -> list[Dispatch]:
         if job.config.system.workflow == "evaluate":
@@ -778,7 +927,7 @@ class Coordinator:
                 w
                 for w in self.workers.values()
                 if w.role == role
-                and w.not_before_s <= now
+                and self._can_take(w, now)
                 and not any(self.tasks[t].kind == kind for t in w.task_ids)
             ]
 
@@ -809,10 +958,18 @@ class Coordinator:
                     episodes=job.config.env.n_evaluator_episode,
                     policy_version=job.policy.version,
                     policy_path=job.policy.path,
+                    policy_sha256=job.policy.sha256,
                 )
                 job.eval_requested_iter = job.policy.train_iter
                 plan.append(self._assign(job, worker, "evaluate", spec))
         return plan
+
+    def _can_take(self, worker: Worker, now: float) -> bool:
+        """Not backing off, and no assignment to it still in flight: a worker that
+        does not answer holds at most one dispatch thread, never the scheduler."""
+        return worker.not_before_s <= now and not any(
+            self.tasks[t].state == "assigning" for t in worker.task_ids
+        )
 
     def _evaluation_episodes(self, job: Job) -> int:
         return job.config.system.evaluate.episodes or job.config.env.n_evaluator_episode
@@ -824,7 +981,7 @@ class Coordinator:
             w
             for w in self.workers.values()
             if w.role == "collector"
-            and w.not_before_s <= now
+            and self._can_take(w, now)
             and not any(self.tasks[t].kind == "evaluate" for t in w.task_ids)
         ]
         left = self._evaluation_episodes(job) - len(job.evaluation) - job.evaluation_assigned
@@ -921,16 +1078,34 @@ class Coordinator:
             kind=kind,
             spec=dump(spec),
             worker_id=worker.worker_id,
+            planned_at_s=self._clock(),
         )
         self.tasks[task.task_id] = task
         worker.task_ids.add(task.task_id)
-        return Dispatch(url=worker.url, task=task.assignment())
+        return Dispatch(
+            url=worker.url,
+            auth=worker.slave_token,
+            worker_id=worker.worker_id,
+            task=task.assignment(),
+        )
+
+    @staticmethod
+    def _cancel_dispatch(worker: Worker, task_id: str) -> Dispatch:
+        return Dispatch(
+            url=worker.url,
+            auth=worker.slave_token,
+            worker_id=worker.worker_id,
+            cancel_task_id=task_id,
+        )
 
     def dispatched(self, task_id: str) -> None:
         with self._lock:
             task = self.tasks.get(task_id)
             if task is not None and task.state == "assigning":
                 task.state = "running"
+                worker = self.workers.get(task.worker_id)
+                if worker is not None:
+                    worker.dispatch_failures = 0
 
     def dispatch_failed(self, task_id: str, error: str) -> None:
         """The slave refused or could not be reached: the task is planned again."""
@@ -940,12 +1115,17 @@ class Coordinator:
                 return
             log.warning("could not assign %s to %s: %s", task_id, task.worker_id, error)
             worker = self.workers.get(task.worker_id)
-            if worker is not None:
-                worker.not_before_s = self._clock() + self.limits.dispatch_backoff_s
             self._end_task(task, "lost")
-            if task.kind == "evaluate":
-                job = self.jobs[task.job_id]
-                job.eval_requested_iter = job.evals[-1].train_iter if job.evals else 0
+            if worker is not None:
+                worker.dispatch_failures += 1
+                if worker.dispatch_failures >= self.limits.max_dispatch_failures:
+                    self._drop_worker(
+                        worker.worker_id, f"failed {worker.dispatch_failures} assignments"
+                    )
+                else:
+                    # Exponential backoff: a slow worker is asked less and less often.
+                    backoff_s = self.limits.dispatch_backoff_s * 2 ** (worker.dispatch_failures - 1)
+                    worker.not_before_s = self._clock() + backoff_s
 
     def _expire_leases(self) -> None:
         deadline = self._clock() - self.limits.lease_timeout_s
@@ -996,11 +1176,12 @@ class Coordinator:
                         ref = parse(SegmentRef, self.store.read_segment_header(path))
                         if ref.path != path:
                             raise ValueError(f"header names {ref.path}")
+                        self._check_segment_file(job.job_id, ref, "header")
                         result = job.buffer.insert([ref], force=True)
                         self._account(job, result.accepted_refs)
                         indexed += result.accepted
                         continue
-                except (ValueError, OSError, CorruptFileError, MessageError) as exc:
+                except (ValueError, OSError, CorruptFileError, MessageError, ApiError) as exc:
                     log.warning("segment %s is unusable (%s): deleting it", path, exc)
                 except BufferClosed:
                     return indexed
@@ -1015,6 +1196,9 @@ class Coordinator:
         """Write every running job's state (and each finished job's once)."""
         with self._snapshot_lock:
             with self._lock:
+                for job in self.jobs.values():
+                    if job.phase in TERMINAL_PHASES and not job.terminal_durable:
+                        self._make_terminal_durable(job)
                 todo = [
                     (job, self._job_record(job))
                     for job in self.jobs.values()
@@ -1062,14 +1246,12 @@ class Coordinator:
         """
         restored = []
         for job_id in self.store.list_dir(""):
-            if not self.store.exists(state_path(job_id)):
-                continue
             try:
-                record, data, buffer_meta = read_job_snapshot(self.store, job_id)
-                job = self._job_from_record(record)
-                job.buffer.restore_snapshot(data, buffer_meta)
+                job = self._restore_job(job_id)
             except (ValueError, KeyError, TypeError, OSError, CorruptFileError) as exc:
                 log.error("cannot restore job %s: %s", job_id, exc)
+                continue
+            if job is None:
                 continue
             with self._lock:
                 self.jobs[job.job_id] = job
@@ -1078,7 +1260,7 @@ class Coordinator:
                     self._sweep_orphans(job, grace_s=0.0)
                 else:
                     job.buffer.close()
-                    job.final_snapshot = True
+                    job.final_snapshot = job.terminal_durable = True
                     self._sweep_segments(job, now=True)
                 self._notify()
             restored.append(job.job_id)
@@ -1090,6 +1272,20 @@ class Coordinator:
                 job.buffer.size,
             )
         return restored
+
+    def _restore_job(self, job_id: str) -> Job | None:
+        """A job from its folder: ended if its durable record says so; else as its
+        newest snapshot left it; else (a job submitted just before a crash) fresh.
+        None for a folder that holds no job."""
+        record = read_job_record(self.store, job_id)
+        if record is not None and record["phase"] in TERMINAL_PHASES:
+            return self._job_from_record(record)
+        if self.store.exists(state_path(job_id)):
+            snapshot, data, buffer_meta = read_job_snapshot(self.store, job_id)
+            job = self._job_from_record(snapshot)
+            job.buffer.restore_snapshot(data, buffer_meta)
+            return job
+        return self._job_from_record(record) if record is not None else None
 
     def _recover_policy_pointer(self, job: Job) -> None:
         """Point at the newest valid policy file, also one written after the snapshot
@@ -1151,7 +1347,7 @@ class Coordinator:
     def _sweep_segments(self, job: Job, *, now: bool = False) -> None:
         """Remove what collectors wrote around the end of a job, once they had time to
         notice it ended (each deletes a segment its insert could not place)."""
-        if job.segments_swept or job.finished_at is None:
+        if job.segments_swept or job.finished_at is None or not job.terminal_durable:
             return
         if now or self._wall() - job.finished_at >= self.limits.segment_sweep_delay_s:
             self.store.delete_tree(f"{job.job_id}/segments")

@@ -1,7 +1,9 @@
 """The scheduler thread: turns the core's plan into HTTP calls to the slaves.
 
-Calls go through a small thread pool so one slow or dead slave (each call has a
-timeout) never holds up assignments to the others.
+Calls go through a thread pool so one slow or dead slave (each call has a timeout)
+never holds up assignments to the others: the core plans at most one assignment at a
+time per worker, and drops a worker that fails several in a row. Each call carries
+the worker's own secret, never the cluster token.
 """
 
 from __future__ import annotations
@@ -19,12 +21,11 @@ log = logging.getLogger(__name__)
 
 
 class Scheduler:
-    def __init__(self, core: Coordinator, token: str, *, period_s: float = 0.5) -> None:
+    def __init__(self, core: Coordinator, *, period_s: float = 0.5, threads: int = 32) -> None:
         self.core = core
-        self.token = token
         self.period_s = period_s
         self._stop = threading.Event()
-        self._pool = ThreadPoolExecutor(max_workers=8, thread_name_prefix="dispatch")
+        self._pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="dispatch")
         self._thread = threading.Thread(target=self._loop, name="scheduler", daemon=True)
 
     def start(self) -> None:
@@ -46,7 +47,7 @@ class Scheduler:
             self.core.wait_for_change(self.period_s)
 
     def _send(self, dispatch: Dispatch) -> None:
-        client = SlaveClient(dispatch.url, self.token, timeout_s=5.0, connect_retries=1)
+        client = SlaveClient(dispatch.url, dispatch.auth, timeout_s=5.0, connect_retries=1)
         try:
             if dispatch.task is not None:
                 client.assign(dispatch.task)

@@ -5,6 +5,11 @@ next request while it trains on the current one; reads the sampled rows from the
 segment files (caching them: segments are immutable); trains; every
 `publish_every_iters` writes a new policy version and announces it; every
 `checkpoint_every_iters` writes a checkpoint, from which a restarted learner resumes.
+
+Segment files are written by other machines and trusted for nothing: each is checked
+against the job's `SegmentSchema` before any row of it is trained on, and one that
+does not fit costs its rows, never the task. Non-finite weights are never published
+or checkpointed, and everything reported (progress, priorities) is finite.
 """
 
 from __future__ import annotations
@@ -12,19 +17,21 @@ from __future__ import annotations
 import collections
 import io
 import logging
+import math
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import numpy as np
 import torch
 
-from common.config import JobConfig, read_job_config
+from common.config import JobConfig, PolicyConfig, read_job_config
 from common.errors import ApiError
 from common.http import ServiceUnavailable
-from common.messages import PolicyRef, SampledBatch, SampleReply
+from common.messages import MAX_ABS_FLOAT, MAX_PRIORITY, PolicyRef, SampledBatch, SampleReply
 from common.models import load_numpy_state, state_to_numpy
-from common.slave import TaskContext
+from common.slave import TaskContext, patiently
 from common.storage import CorruptFileError, SharedStore
 from services.learner.algorithms.dqn import DQN
 from services.learner.algorithms.impala import Impala
@@ -40,30 +47,156 @@ class JobOver(Exception):
     """The job ended (or was forgotten): the task stops."""
 
 
-class SegmentCache:
-    """Recently read segments, by path. Segments never change, so no invalidation.
+class NonFiniteWeights(RuntimeError):
+    """Training produced NaN or inf weights: they are neither published nor saved."""
 
-    A segment that cannot be read, or lacks the columns the algorithm trains on, costs
-    its rows, not the job: it is skipped, counted, and not read again.
+
+#: Columns of observations: [rows, obs_shape].
+OBS_COLUMNS = frozenset({"obs", "next_obs", "bootstrap_obs"})
+#: Columns of episode-end flags: bool, or numbers that are 0 or 1.
+FLAG_COLUMNS = frozenset({"done", "terminated", "ended"})
+#: Columns with one value per item even when an item is an unroll of steps.
+PER_ITEM_COLUMNS = frozenset({"bootstrap_obs"})
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    """What one column of a segment must hold.
+
+    `float`: a floating dtype, every value finite. `index`: an integer dtype, every
+    value in `[0, high)` (discrete actions). `flag`: bool or numeric, every value 0 or 1.
+    """
+
+    kind: Literal["float", "index", "flag"]
+    #: The shape of one row (the column's shape without its first, rows, dimension).
+    shape: tuple[int, ...]
+    #: The dtype training uses; the column is cast to it once checked.
+    dtype: type[np.generic]
+    high: int = 0
+
+
+@dataclass(frozen=True)
+class SegmentSchema:
+    """The columns an algorithm trains on, each with its kind, row shape and dtype,
+    built from the job config; `check` holds a segment to them.
+
+    Usage::
+
+        schema = SegmentSchema.for_policy(config.policy, DQN.COLUMNS)
+        columns = schema.check(store.read_segment(path))   # or CorruptFileError
+    """
+
+    columns: dict[str, ColumnSpec]
+
+    @classmethod
+    def for_policy(cls, policy: PolicyConfig, names: tuple[str, ...]) -> SegmentSchema:
+        """The schema of `names` for a job's policy: observations are `obs_shape` wide;
+        actions are ids below `action_shape` (discrete) or `action_shape` floats
+        (continuous); every other column is one number a row. IMPALA's rows are
+        unrolls, so its per-step columns have a time axis of `unroll_len` first."""
+        model = policy.model
+        if model.obs_shape is None or model.action_shape is None:
+            raise ValueError("the job config lacks policy.model.obs_shape or action_shape")
+        steps = (policy.collect.unroll_len,) if policy.type == "impala" else ()
+        specs: dict[str, ColumnSpec] = {}
+        for name in names:
+            row = () if name in PER_ITEM_COLUMNS else steps
+            if name in OBS_COLUMNS:
+                specs[name] = ColumnSpec("float", (*row, model.obs_shape), np.float32)
+            elif name == "action" and model.action_space == "continuous":
+                specs[name] = ColumnSpec("float", (*row, model.action_shape), np.float32)
+            elif name == "action":
+                specs[name] = ColumnSpec("index", row, np.int64, high=model.action_shape)
+            elif name in FLAG_COLUMNS:
+                specs[name] = ColumnSpec("flag", row, np.float32)
+            else:
+                specs[name] = ColumnSpec("float", row, np.float32)
+        return cls(specs)
+
+    def check(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The schema's columns of a segment, checked and cast to their training dtypes
+        (other columns are dropped).
+
+        Raises:
+            CorruptFileError: a column is missing, or of the wrong kind, shape or
+                length, or holds a value out of range (NaN, inf, an unknown action).
+        """
+        missing = [name for name in self.columns if name not in columns]
+        if missing:
+            raise CorruptFileError(f"no column {', '.join(missing)}")
+        checked = {
+            name: _check_column(name, columns[name], spec) for name, spec in self.columns.items()
+        }
+        lengths = {name: len(array) for name, array in checked.items()}
+        if len(set(lengths.values())) > 1:
+            raise CorruptFileError(f"columns differ in length: {lengths}")
+        return checked
+
+
+def _check_column(name: str, array: np.ndarray, spec: ColumnSpec) -> np.ndarray:
+    if array.ndim != 1 + len(spec.shape) or array.shape[1:] != spec.shape:
+        expected = ", ".join(["rows", *map(str, spec.shape)])
+        raise CorruptFileError(f"{name} has shape {list(array.shape)}, not [{expected}]")
+    kind = array.dtype.kind
+    if spec.kind == "float":
+        if kind != "f":
+            raise CorruptFileError(f"{name} is {array.dtype}, not floating point")
+        with np.errstate(over="ignore"):  # a float64 can overflow float32: inf, refused
+            cast = array.astype(spec.dtype, copy=False)
+        if not np.isfinite(cast).all():
+            raise CorruptFileError(f"{name} holds NaN or infinite values")
+        return cast
+    if spec.kind == "index":
+        if kind not in "iu":
+            raise CorruptFileError(f"{name} is {array.dtype}, not integer (discrete actions)")
+        if array.size and (array.min() < 0 or array.max() >= spec.high):
+            raise CorruptFileError(f"{name} holds values outside [0, {spec.high})")
+        return array.astype(spec.dtype, copy=False)
+    if kind not in "biuf":
+        raise CorruptFileError(f"{name} is {array.dtype}, not bool or numeric")
+    if not ((array == 0) | (array == 1)).all():
+        raise CorruptFileError(f"{name} holds values other than 0 and 1")
+    return array.astype(spec.dtype, copy=False)
+
+
+#: What reading and checking a segment raises for a bad file (PathError and
+#: CorruptFileError are ValueErrors).
+_UNUSABLE = (OSError, ValueError, TypeError, KeyError, OverflowError)
+
+
+class SegmentCache:
+    """Recently read segments, by path, checked against the job's `SegmentSchema`.
+    Segments never change, so no invalidation.
+
+    A segment that cannot be read, or does not fit the schema, costs its rows, not the
+    job: it is skipped, listed in `unusable`, and not read again.
     """
 
     def __init__(
         self,
         store: SharedStore,
         job_id: str,
-        columns: tuple[str, ...],
+        schema: SegmentSchema,
         max_segments: int = 4096,
         unusable: set[str] | None = None,
     ) -> None:
         self.store = store
         self.job_id = job_id
-        self.columns = columns
+        self.schema = schema
+        self.columns = tuple(schema.columns)
         self.max_segments = max_segments
         #: Paths skipped (shared with the task context, which reports them).
         self.unusable: set[str] = unusable if unusable is not None else set()
         self._cache: collections.OrderedDict[str, dict[str, np.ndarray]] = collections.OrderedDict()
 
+    def skip(self, path: str, reason: object) -> None:
+        """List a segment as unusable: none of its rows is used from now on."""
+        self._cache.pop(path, None)
+        self.unusable.add(path)
+        log.warning("skipping unusable segment %s: %s", path, reason)
+
     def get(self, path: str) -> dict[str, np.ndarray] | None:
+        """The segment's checked columns; None when it is unusable."""
         columns = self._cache.get(path)
         if columns is not None:
             self._cache.move_to_end(path)
@@ -72,15 +205,9 @@ class SegmentCache:
             return None
         try:
             self.store.resolve(path, under=f"{self.job_id}/segments")
-            columns = self.store.read_segment(path)
-            missing = [c for c in self.columns if c not in columns]
-            if missing:
-                raise CorruptFileError(f"no column {', '.join(missing)}")
-            if len({len(columns[c]) for c in self.columns}) != 1:
-                raise CorruptFileError("columns differ in length")
-        except (OSError, CorruptFileError, ValueError) as exc:
-            self.unusable.add(path)
-            log.warning("skipping unusable segment %s: %s", path, exc)
+            columns = self.schema.check(self.store.read_segment(path))
+        except _UNUSABLE as exc:
+            self.skip(path, exc)
             return None
         self._cache[path] = columns
         if len(self._cache) > self.max_segments:
@@ -88,28 +215,80 @@ class SegmentCache:
         return columns
 
     def gather(self, batch: SampledBatch) -> tuple[dict[str, np.ndarray], np.ndarray, list[int]]:
-        """The batch's rows as columns, with their weights and keys (rows of unreadable
-        segments left out)."""
+        """The batch's rows as columns, with their weights and keys (rows of unusable
+        segments left out). Never raises for what a file holds."""
+        items = sum(len(segment.rows) for segment in batch.segments)
+        if len(batch.keys) != items or len(batch.weights) != items:
+            log.warning(
+                "sampled batch of %d rows has %d keys, %d weights: skipped",
+                items,
+                len(batch.keys),
+                len(batch.weights),
+            )
+            return {}, np.zeros(0, np.float32), []
         parts: list[dict[str, np.ndarray]] = []
         keep: list[bool] = []
         for segment in batch.segments:
             columns = self.get(segment.path)
-            keep.extend([columns is not None] * len(segment.rows))
+            rows = None
             if columns is not None:
-                rows = np.asarray(segment.rows)
-                if rows.size and (rows.min() < 0 or rows.max() >= len(columns[self.columns[0]])):
-                    keep[-len(segment.rows) :] = [False] * len(segment.rows)
-                    self.unusable.add(segment.path)
-                    log.warning("rows out of range in %s: skipped", segment.path)
-                    continue
-                parts.append({k: columns[k][rows] for k in self.columns})
+                rows = _row_index(segment.rows, len(columns[self.columns[0]]))
+                if rows is None:
+                    self.skip(segment.path, "sampled rows out of range")
+                else:
+                    parts.append({k: columns[k][rows] for k in self.columns})
+            keep.extend([rows is not None] * len(segment.rows))
         if not parts:
-            return {}, np.zeros(0, dtype=np.float32), []
-        mask = np.asarray(keep)
-        joined = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+            return {}, np.zeros(0, np.float32), []
+        mask = np.asarray(keep, dtype=bool)
+        joined = {k: np.concatenate([p[k] for p in parts]) for k in self.columns}
         weights = np.asarray(batch.weights, dtype=np.float32)[mask]
         keys = [k for k, kept in zip(batch.keys, keep, strict=True) if kept]
         return joined, weights, keys
+
+
+def _row_index(rows: list[int], length: int) -> np.ndarray | None:
+    """`rows` as an index into a segment of `length` rows; None when one is outside."""
+    try:
+        index = np.asarray(rows, dtype=np.int64)
+    except (OverflowError, TypeError, ValueError):
+        return None
+    if index.ndim != 1 or (index.size and (index.min() < 0 or index.max() >= length)):
+        return None
+    return index
+
+
+def _finite(state: Any) -> bool:
+    """Whether every floating value in a (nested) state dict, tensor or array is finite."""
+    if isinstance(state, torch.Tensor):
+        return not state.is_floating_point() or bool(torch.isfinite(state).all())
+    if isinstance(state, np.ndarray):
+        return state.dtype.kind != "f" or bool(np.isfinite(state).all())
+    if isinstance(state, dict):
+        return all(_finite(value) for value in state.values())
+    if isinstance(state, list | tuple):
+        return all(_finite(value) for value in state)
+    if isinstance(state, float):
+        return math.isfinite(state)
+    return True
+
+
+def set_progress(progress: dict[str, float], **values: float) -> None:
+    """Put values into a task's progress, which heartbeats carry as JSON: a value that
+    is not finite or beyond `MAX_ABS_FLOAT` is left out (and an older one removed)."""
+    for key, value in values.items():
+        if math.isfinite(value) and abs(value) <= MAX_ABS_FLOAT:
+            progress[key] = value
+        else:
+            progress.pop(key, None)
+
+
+def priorities_of(td_abs: np.ndarray) -> list[float]:
+    """TD errors as priorities the coordinator accepts: in `[0, MAX_PRIORITY]`, with a
+    non-finite error (a diverging update) given the highest priority."""
+    values = np.asarray(td_abs, dtype=np.float64)
+    values = np.where(np.isfinite(values), values, MAX_PRIORITY)
+    return np.clip(values, 0.0, MAX_PRIORITY).tolist()
 
 
 class LearnerRunner:
@@ -150,6 +329,8 @@ class LearnerRunner:
             try:
                 data = self.store.read_bytes(f"{folder}/{name}")
                 state = torch.load(io.BytesIO(data), map_location=dqn.device, weights_only=True)
+                if not _finite(state["model"]):
+                    raise NonFiniteWeights("non-finite weights")
                 dqn.load_state_dict(state["model"])
                 version = int(state["policy_version"])
                 log.info("resumed from %s at train_iter %d", name, dqn.train_iter)
@@ -157,12 +338,14 @@ class LearnerRunner:
             except Exception as exc:  # a damaged checkpoint: try the one before it
                 log.warning("checkpoint %s unusable: %s", name, exc)
         try:
-            latest = ctx.coordinator.latest_policy(job_id)
+            latest = patiently(ctx.stop, ctx.coordinator.latest_policy, job_id)
         except (ApiError, ServiceUnavailable) as exc:
             raise JobOver(f"cannot read the newest policy version: {exc}") from exc
         if latest is not None and latest.train_iter > dqn.train_iter:
             try:
                 policy = self.store.read_policy(latest.path, sha256=latest.sha256)
+                if not _finite(policy.tensors):
+                    raise CorruptFileError(f"{latest.path}: non-finite weights")
                 load_numpy_state(dqn.online, policy.tensors)
                 if isinstance(dqn, DQN):
                     dqn.target.load_state_dict(dqn.online.state_dict())
@@ -192,8 +375,11 @@ class _LearnSession:
         self.dqn = dqn
         self.version = version
         self.job_id = ctx.task.job_id
-        self.cache = SegmentCache(store, self.job_id, dqn.COLUMNS, unusable=ctx.unusable_segments)
+        schema = SegmentSchema.for_policy(config.policy, dqn.COLUMNS)
+        self.cache = SegmentCache(store, self.job_id, schema, unusable=ctx.unusable_segments)
         self.sample_timeouts = 0
+        #: Holds (fifo items kept for this task) trained on and not yet acknowledged.
+        self.trained_holds: list[str] = []
         self.prioritized = config.policy.other.replay_buffer.type == "prioritized"
 
     def run(self) -> dict[str, Any]:
@@ -225,15 +411,19 @@ class _LearnSession:
                     if dqn.train_iter % learn.checkpoint_every_iters == 0:
                         self.checkpoint()
                     elapsed = time.monotonic() - started
-                    ctx.progress.update(
+                    set_progress(
+                        ctx.progress,
                         train_iter=dqn.train_iter,
                         train_iters_per_s=round((dqn.train_iter - start_iter) / elapsed, 1),
                         loss=round(info.loss, 5),
                         q_mean=round(info.q_mean, 4),
                         unusable_segments=len(self.cache.unusable),
+                        skipped_updates=dqn.skipped_updates,
                     )
                 if self.prioritized and keys:
                     priorities.submit(self.send_priorities, keys, np.concatenate(td_abs))
+                if reply is not None and reply.hold_id is not None:
+                    self.trained_holds.append(reply.hold_id)
         except JobOver as exc:
             log.info("learning stops: %s", exc)
             ctx.stop.set()
@@ -248,51 +438,86 @@ class _LearnSession:
         return self.sample(learn.batch_size, learn.num_batches)
 
     def sample(self, batch_size: int, num_batches: int) -> SampleReply | None:
-        """One long-poll for data; None when there was none in time (or no coordinator)."""
+        """One long-poll for data; None when there was none in time (or no coordinator).
+
+        It acknowledges the holds this session has trained on since the last request:
+        items of a fifo buffer are held for this task until then, and go back to the
+        buffer if the task ends first.
+        """
+        acknowledge, self.trained_holds = self.trained_holds, []
         try:
             return self.ctx.coordinator.sample(
                 self.job_id,
                 batch_size=batch_size,
                 num_batches=num_batches,
                 timeout_s=self.config.policy.learn.sample_timeout_s,
+                task_id=self.ctx.task.task_id,
+                acknowledge=acknowledge,
             )
         except ApiError as exc:
             if exc.status == 503:  # sample_timeout, or a coordinator restarting
                 self.sample_timeouts += 1
+                self.trained_holds = acknowledge + self.trained_holds  # say it again
                 return None
             if exc.status in (401, 403, 404, 409):  # the job ended, or this task did
                 raise JobOver(exc.message) from exc
             raise
         except ServiceUnavailable as exc:
+            self.trained_holds = acknowledge + self.trained_holds
             log.warning("sampling failed (%s); retrying", exc)
             self.ctx.stop.wait(1.0)
             return None
 
     def send_priorities(self, keys: list[int], td_abs: np.ndarray) -> None:
         try:
-            self.ctx.coordinator.update_priorities(self.job_id, keys, td_abs.tolist())
+            self.ctx.coordinator.update_priorities(
+                self.job_id, keys, priorities_of(td_abs), task_id=self.ctx.task.task_id
+            )
         except (ApiError, ServiceUnavailable) as exc:
             # Stale priorities only make sampling a little less sharp: carry on.
             log.warning("priority update failed: %s", exc)
 
     def publish(self) -> None:
-        """Write the next policy version and announce it to the coordinator."""
+        """Write the next policy version and announce it to the coordinator.
+
+        Raises:
+            NonFiniteWeights: a weight is NaN or inf; nothing is written or announced.
+        """
+        tensors = state_to_numpy(self.dqn.online)
+        if not _finite(tensors):
+            raise NonFiniteWeights(f"non-finite weights after train_iter {self.dqn.train_iter}")
         self.version += 1
         path, sha = self.store.write_policy(
-            self.job_id, self.version, self.dqn.train_iter, "dqn", state_to_numpy(self.dqn.online)
+            self.job_id, self.version, self.dqn.train_iter, "dqn", tensors
         )
         ref = PolicyRef(version=self.version, path=path, sha256=sha, train_iter=self.dqn.train_iter)
         try:
-            self.ctx.coordinator.announce_policy(self.job_id, ref, task_id=self.ctx.task.task_id)
+            # Patient: a coordinator restarting must not cost this task (the version is
+            # on disk either way, and a restored coordinator adopts it).
+            patiently(
+                self.ctx.stop,
+                lambda: self.ctx.coordinator.announce_policy(
+                    self.job_id, ref, task_id=self.ctx.task.task_id
+                ),
+            )
         except ApiError as exc:
             if exc.code in ("job_finished", "task_not_active") or exc.status in (401, 403, 404):
                 raise JobOver(exc.message) from exc
             raise
-        self.ctx.progress["policy_version"] = self.version
+        set_progress(self.ctx.progress, policy_version=self.version)
 
     def checkpoint(self) -> None:
+        """Write a checkpoint and keep the newest `KEEP_CHECKPOINTS`.
+
+        Raises:
+            NonFiniteWeights: a weight (or optimizer moment) is NaN or inf: a learner
+                resuming from it could never train again, so nothing is written.
+        """
+        state = self.dqn.state_dict()
+        if not _finite(state):
+            raise NonFiniteWeights(f"non-finite weights after train_iter {self.dqn.train_iter}")
         buffer = io.BytesIO()
-        torch.save({"model": self.dqn.state_dict(), "policy_version": self.version}, buffer)
+        torch.save({"model": state, "policy_version": self.version}, buffer)
         folder = f"{self.job_id}/checkpoints"
         path = self.store.checkpoint_path(self.job_id, self.dqn.train_iter)
         self.store.write_bytes(path, buffer.getvalue())
@@ -312,7 +537,8 @@ class _RoundSession(_LearnSession):
         self, ctx: TaskContext, config: JobConfig, store: SharedStore, ppo: PPO, version: int
     ) -> None:
         super().__init__(ctx, config, store, ppo, version)  # type: ignore[arg-type]
-        self.cache = SegmentCache(store, self.job_id, PPO.COLUMNS, unusable=ctx.unusable_segments)
+        schema = SegmentSchema.for_policy(config.policy, PPO.COLUMNS)
+        self.cache = SegmentCache(store, self.job_id, schema, unusable=ctx.unusable_segments)
 
     def run(self) -> dict[str, Any]:
         ctx, ppo = self.ctx, self.dqn
@@ -325,25 +551,35 @@ class _RoundSession(_LearnSession):
                 if reply is None:
                     continue
                 columns, versions = self.round_data(reply)
-                if set(versions) != {self.version}:
+                if columns and set(versions) != {self.version}:
                     # The buffer evicts older data; this guards the promise itself.
                     raise RuntimeError(f"round of version {self.version} held {set(versions)}")
-                info = ppo.train_round(columns)
-                previous = ppo.train_iter - info.updates
+                previous = ppo.train_iter
+                # A round of unusable segments only trains nothing, but the collectors
+                # wait for the next version all the same.
+                info = ppo.train_round(columns) if columns else None
                 self.publish()
+                if reply.hold_id is not None:
+                    self.trained_holds.append(reply.hold_id)
                 if (
                     ppo.train_iter // learn.checkpoint_every_iters
                     > previous // learn.checkpoint_every_iters
                 ):
                     self.checkpoint()
-                ctx.progress.update(
+                set_progress(
+                    ctx.progress,
                     train_iter=ppo.train_iter,
                     train_iters_per_s=round(ppo.train_iter / (time.monotonic() - started), 1),
-                    loss=round(info.loss, 5),
-                    entropy=round(info.entropy, 4),
-                    approx_kl=round(info.approx_kl, 5),
                     unusable_segments=len(self.cache.unusable),
+                    skipped_updates=ppo.skipped_updates,
                 )
+                if info is not None:
+                    set_progress(
+                        ctx.progress,
+                        loss=round(info.loss, 5),
+                        entropy=round(info.entropy, 4),
+                        approx_kl=round(info.approx_kl, 5),
+                    )
         except JobOver as exc:
             log.info("learning stops: %s", exc)
             ctx.stop.set()
@@ -354,9 +590,17 @@ class _RoundSession(_LearnSession):
         return self.sample(self.config.policy.collect.n_sample, 1)
 
     def round_data(self, reply: SampleReply) -> tuple[dict[str, np.ndarray], list[int]]:
+        """The round's usable rows, and the policy versions of the segments they come
+        from (a segment whose header cannot be read is skipped like any unusable one)."""
         (batch,) = reply.batches
+        versions: dict[str, int] = {}
+        for segment in batch.segments:
+            if segment.path in self.cache.unusable:
+                continue
+            try:
+                header = self.store.read_segment_header(segment.path) or {}
+                versions[segment.path] = int(header["policy_version"])
+            except _UNUSABLE as exc:  # KeyError: no version recorded
+                self.cache.skip(segment.path, f"unreadable header: {exc!r}")
         columns, _, _ = self.cache.gather(batch)
-        versions = [
-            int(self.store.read_segment_header(s.path)["policy_version"]) for s in batch.segments
-        ]
-        return columns, versions
+        return columns, [v for path, v in versions.items() if path not in self.cache.unusable]

@@ -28,7 +28,11 @@ def test_one_image_a_service_per_role_and_a_shared_volume(compose):
         env = service["environment"]
         assert "shared:/shared" in service["volumes"], name
         assert env["DROVER_SHARED_DIR"] == "/shared", name
-        assert env["DROVER_TOKEN"], name
+        if name in ("collector", "learner"):
+            # Workers register with the registration secret, never hold the token.
+            assert "DROVER_TOKEN" not in env and env["DROVER_REGISTRATION_TOKEN"], name
+        else:
+            assert env["DROVER_TOKEN"], name
         if name != "coordinator":
             assert env["DROVER_COORDINATOR_URL"] == "http://coordinator:8000", name
             assert service["depends_on"]["coordinator"]["condition"] == "service_healthy"

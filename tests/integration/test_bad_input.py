@@ -5,12 +5,18 @@ running job loses nothing: it keeps collecting and training, and its buffer neve
 shrinks in inserts.
 """
 
+import concurrent.futures
+import http.server
 import os
+import socket
+import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 import requests
+from safetensors.numpy import load as safetensors_load
 
 from common.config import deep_merge, load_config_file
 from common.storage import SharedStore
@@ -26,7 +32,12 @@ CONFIG = deep_merge(
 
 @pytest.fixture(scope="module")
 def running(tmp_path_factory):
-    with LocalCluster(tmp_path_factory.mktemp("bad") / "run", num_collectors=2) as cluster:
+    with LocalCluster(
+        tmp_path_factory.mktemp("bad") / "run",
+        num_collectors=2,
+        # Short enough for the catalogue to watch idle connections being closed.
+        extra_env={"DROVER_CHANNEL_TIMEOUT_S": "3"},
+    ) as cluster:
         cluster.wait_for_workers()
         job_id = cluster.client.submit_job(CONFIG).job_id
         deadline = time.monotonic() + 60
@@ -58,7 +69,7 @@ def test_bad_requests_get_their_answers_and_the_job_loses_nothing(running):
             "POST",
             "/api/v1/workers",
             token=token,
-            json={"role": "collector", "url": "http://127.0.0.1:9"},
+            json={"role": "collector", "url": "http://127.0.0.1:9", "slave_token": "s" * 32},
         ).json()
         for _ in range(2)
     )
@@ -172,6 +183,15 @@ def test_bad_requests_get_their_answers_and_the_job_loses_nothing(running):
             400,
             "invalid",
         ),
+        (
+            "a file that is no segment",
+            "POST",
+            f"/api/v1/jobs/{job_id}/segments",
+            token,
+            insert(garbage),
+            400,
+            "invalid",
+        ),
         ("wrong method", "PUT", f"/api/v1/jobs/{job_id}", token, {}, 405, "method_not_allowed"),
         ("unknown job", "GET", "/api/v1/jobs/job-000000000000", token, {}, 404, "not_found"),
         (
@@ -200,25 +220,368 @@ def test_bad_requests_get_their_answers_and_the_job_loses_nothing(running):
         body = resp.json()  # always JSON, never an HTML page
         assert body["error"] == code and body["message"], (what, body)
 
-    # A corrupted segment is taken in (its file exists), then skipped by the learner
-    # and reported with its path; the job goes on.
-    resp = send(
-        cluster,
-        "POST",
-        f"/api/v1/jobs/{job_id}/segments",
-        token=token,
-        **insert(garbage, timeout_s=8),  # waits for the rate limiter, as a collector would
-    )
-    assert resp.status_code == 200, resp.text
-    deadline = time.monotonic() + 60
-    while garbage not in cluster.client.metrics(job_id)["unusable_segments"]:
-        assert time.monotonic() < deadline, "the corrupted segment was never reported"
-        time.sleep(0.5)
-
     # Nothing was lost: the job runs on and keeps collecting.
     time.sleep(1.0)
     status = cluster.client.job(job_id)
     assert status.phase == "running"
     assert status.env_steps > steps_before
     assert cluster.client.buffer_stats(job_id)["inserts"] >= before
+    assert not cluster.dead_services()
+
+
+# --- the attack catalogue: each finding, through the real services -------------------------
+
+
+def columns(rows=64, **override):
+    """A DQN segment's columns for CartPole (obs width 4, 2 actions)."""
+    cols = {
+        "obs": np.zeros((rows, 4), np.float32),
+        "action": np.zeros(rows, np.int64),
+        "reward": np.ones(rows, np.float32),
+        "next_obs": np.zeros((rows, 4), np.float32),
+        "done": np.zeros(rows, np.float32),
+        "discount": np.full(rows, 0.99, np.float32),
+    }
+    return {**cols, **override}
+
+
+def operator_insert(cluster, job_id, path, rows=64, **ref):
+    body = {"path": path, "rows": rows, "env_steps": rows, "policy_version": 0, **ref}
+    return send(
+        cluster,
+        "POST",
+        f"/api/v1/jobs/{job_id}/segments",
+        token=cluster.token,
+        json={"segments": [body], "timeout_s": 8},
+    )
+
+
+class Recorder(http.server.BaseHTTPRequestHandler):
+    """A "worker" at a URL of an attacker's choice: it records what it is sent."""
+
+    seen: list[str] = []
+
+    def do_POST(self):  # noqa: N802 - the handler's name is http.server's
+        Recorder.seen.append(self.headers.get("Authorization", ""))
+        self.send_response(503)
+        self.end_headers()
+
+    def log_message(self, *args):
+        pass
+
+
+def test_a_worker_credential_never_leads_to_the_cluster_token(running):
+    cluster, job_id = running
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_port}"
+        own_secret = "a" * 40
+        reg = {"role": "collector", "url": url, "slave_token": own_secret}
+        worker = send(cluster, "POST", "/api/v1/workers", token=cluster.token, json=reg).json()
+        credential = worker["credential"]
+        # With a worker's credential nobody registers further "workers" ...
+        forged = send(cluster, "POST", "/api/v1/workers", token=credential, json=reg)
+        assert forged.status_code == 403 and forged.json()["error"] == "forbidden"
+        # ... nor does anything an operator does.
+        for method, path, body in [
+            ("GET", "/api/v1/jobs", None),
+            ("GET", "/api/v1/workers", None),
+            ("POST", "/api/v1/jobs", {"config": CONFIG}),
+            ("DELETE", f"/api/v1/jobs/{job_id}", None),
+            ("GET", f"/api/v1/jobs/{job_id}/policy", None),
+            ("GET", f"/api/v1/jobs/{job_id}/metrics", None),
+            ("GET", f"/api/v1/jobs/{job_id}/buffer", None),
+            ("POST", f"/api/v1/jobs/{job_id}/samples", {"batch_size": 8, "timeout_s": 0}),
+            ("POST", f"/api/v1/jobs/{job_id}/priorities", {"keys": [1], "priorities": [9.0]}),
+            ("GET", "/metrics", None),
+        ]:
+            resp = send(cluster, method, path, token=credential, json=body)
+            assert resp.status_code == 403, (method, path, resp.text[:200])
+        # The scheduler calls the URL with the secret the worker gave, never the token.
+        deadline = time.monotonic() + 20
+        while not Recorder.seen:
+            assert time.monotonic() < deadline, "the scheduler never called the worker"
+            time.sleep(0.1)
+        assert set(Recorder.seen) == {f"Bearer {own_secret}"}
+        # Advertised URLs are checked before anything is sent to them.
+        for bad in ("http://169.254.169.254", "file:///etc/passwd", "http://u:p@127.0.0.1:1"):
+            resp = send(
+                cluster, "POST", "/api/v1/workers", token=cluster.token, json={**reg, "url": bad}
+            )
+            assert resp.status_code == 400 and resp.json()["message"].startswith("url"), bad
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_env_ids_from_a_request_never_run_code(running):
+    cluster, _ = running
+    marker = cluster.run_dir.parent / "planted-ran"
+    # Planted where the services run (their working directory is the shared root).
+    (cluster.shared_dir / "planted_env.py").write_text(
+        f"open({str(marker)!r}, 'w').write('ran')\nclass Env: pass\n"
+    )
+    bad_envs = [
+        ({"env_id": "planted_env:Env"}, "config.env.env_id"),
+        ({"env_id": "this:CartPole-v1"}, "config.env.env_id"),
+        ({"env_id": "os:system"}, "config.env.env_id"),
+        ({"env_id": "no_such_module_xyz:Env-v0"}, "config.env.env_id"),
+        ({"env_id": "a:b:c"}, "config.env.env_id"),
+        ({"env_id": "phys2d/CartPole-v1"}, "config.env.env_id"),  # needs jax
+        ({"env_id": "CartPole-v7"}, "config.env.env_id"),
+        ({"env_kwargs": {"max_episode_steps": 0}}, "config.env.env_kwargs"),
+        ({"env_kwargs": {"render_mode": 5}}, "config.env.env_kwargs"),
+        ({"env_kwargs": {"render_mode": "human"}}, "config.env.env_kwargs"),
+        ({"env_kwargs": {"entry_point": "os:system"}}, "config.env.env_kwargs"),
+    ]
+    for env, field in bad_envs:
+        config = deep_merge(CONFIG, {"env": env})
+        started = time.monotonic()
+        resp = send(cluster, "POST", "/api/v1/jobs", token=cluster.token, json={"config": config})
+        assert resp.status_code == 400, (env, resp.status_code, resp.text[:300])
+        assert resp.json()["message"].startswith(field), (env, resp.json())
+        assert time.monotonic() - started < 5, env
+    assert not marker.exists(), "a module named by a request was imported"
+
+
+def test_declared_sizes_are_checked_against_the_file(running):
+    cluster, job_id = running
+    store = SharedStore(cluster.shared_dir)
+    path = store.segment_path(job_id, "sizes", 0)
+    store.write_segment(path, columns(64))
+    raw = f"/api/v1/jobs/{job_id}/segments"
+    for ref, field in [
+        ({"rows": 16_384}, "segments.0.rows"),  # a 64-row file declared large
+        ({"rows": 10**12}, "segments.0.rows"),
+        ({"policy_version": 2**31}, "segments.0.policy_version"),
+        ({"env_steps": 10**400}, "segments.0.env_steps"),
+        ({"episode_returns": [1e308]}, "segments.0.episode_returns.0"),
+    ]:
+        body = {"path": path, "rows": 64, "env_steps": 64, "policy_version": 0, **ref}
+        resp = send(cluster, "POST", raw, token=cluster.token, json={"segments": [body]})
+        assert resp.status_code == 400, (ref, resp.text[:300])
+        assert resp.json()["message"].startswith(field), (ref, resp.json())
+    nan = (
+        b'{"segments": [{"path": "%s", "rows": 64, "env_steps": 64, "policy_version": 0, '
+        b'"episode_returns": [NaN]}]}' % path.encode()
+    )
+    resp = send(
+        cluster,
+        "POST",
+        raw,
+        token=cluster.token,
+        data=nan,
+        headers={"Content-Type": "application/json"},
+    )
+    assert resp.status_code == 400
+    # Metrics still render for every job.
+    assert send(cluster, "GET", "/metrics", token=cluster.token).status_code == 200
+
+
+def test_poisoned_segments_are_skipped_and_listed_never_trained_on(running):
+    cluster, job_id = running
+    store = SharedStore(cluster.shared_dir)
+    poisoned = {
+        "nan reward": columns(reward=np.full(64, np.nan, np.float32)),
+        "inf obs": columns(obs=np.full((64, 4), np.inf, np.float32)),
+        "wrong width": columns(obs=np.zeros((64, 7), np.float32)),
+        "action out of range": columns(action=np.full(64, 5, np.int64)),
+        "negative action": columns(action=np.full(64, -1, np.int64)),
+        "float actions": columns(action=np.zeros(64, np.float32)),
+    }
+    paths = {}
+    for seq, (what, cols) in enumerate(poisoned.items()):
+        paths[what] = store.segment_path(job_id, "poison", seq)
+        store.write_segment(paths[what], cols)
+        assert operator_insert(cluster, job_id, paths[what]).status_code == 200, what
+    # A file that is swapped for a FIFO after its insert must not block the learner.
+    fifo = store.segment_path(job_id, "poison", len(poisoned))
+    store.write_segment(fifo, columns())
+    assert operator_insert(cluster, job_id, fifo).status_code == 200
+    store.resolve(fifo).unlink()
+    os.mkfifo(store.resolve(fifo))
+    # A huge sparse file with a valid header is refused by size, not read whole.
+    sparse = store.segment_path(job_id, "poison", len(poisoned) + 1)
+    store.write_segment(sparse, columns())
+    assert operator_insert(cluster, job_id, sparse).status_code == 200
+    with open(store.resolve(sparse), "r+b") as f:
+        f.truncate(1 << 40)
+    paths.update(fifo=fifo, sparse=sparse)
+
+    deadline = time.monotonic() + 90
+    while not set(paths.values()) <= set(cluster.client.metrics(job_id)["unusable_segments"]):
+        listed = set(cluster.client.metrics(job_id)["unusable_segments"])
+        missing = [w for w, p in paths.items() if p not in listed]
+        assert time.monotonic() < deadline, f"never reported unusable: {missing}"
+        time.sleep(0.5)
+    status = cluster.client.job(job_id)
+    assert status.phase == "running", status.reason
+    # Training went on, and what it publishes is finite.
+    before = status.train_iters
+    deadline = time.monotonic() + 30
+    while cluster.client.job(job_id).train_iters <= before:
+        assert time.monotonic() < deadline, "the learner stopped training"
+        time.sleep(0.2)
+    weights = safetensors_load(cluster.client.policy_bytes(job_id))
+    assert all(np.isfinite(w).all() for w in weights.values())
+
+
+def test_bad_numbers_in_messages_are_refused_not_500(running):
+    cluster, job_id = running
+    reg = {"role": "learner", "url": "http://127.0.0.1:9", "slave_token": "b" * 32}
+    worker = send(cluster, "POST", "/api/v1/workers", token=cluster.token, json=reg).json()
+    as_worker = worker["credential"]
+    json_body = {"Content-Type": "application/json"}
+    cases = [
+        (
+            "NaN progress",
+            f"/api/v1/workers/{worker['worker_id']}/heartbeat",
+            as_worker,
+            b'{"tasks": [{"task_id": "t", "state": "running", "progress": {"loss": NaN}}]}',
+        ),
+        (
+            "huge progress",
+            f"/api/v1/workers/{worker['worker_id']}/heartbeat",
+            as_worker,
+            b'{"tasks": [{"task_id": "t", "state": "running", "progress": {"x": 1e400}}]}',
+        ),
+        (
+            "priority 1e300",
+            f"/api/v1/jobs/{job_id}/priorities",
+            cluster.token,
+            b'{"keys": [1], "priorities": [1e300]}',
+        ),
+        (
+            "huge priority key",
+            f"/api/v1/jobs/{job_id}/priorities",
+            cluster.token,
+            b'{"keys": [100000000000000000000000], "priorities": [1.0]}',
+        ),
+        (
+            "NaN priority",
+            f"/api/v1/jobs/{job_id}/priorities",
+            cluster.token,
+            b'{"keys": [1], "priorities": [NaN]}',
+        ),
+        (
+            "sample too large",
+            f"/api/v1/jobs/{job_id}/samples",
+            cluster.token,
+            b'{"batch_size": 8192, "num_batches": 256, "timeout_s": 0}',
+        ),
+        (
+            "eval result NaN",
+            "/api/v1/tasks/evaluate-nothing/complete",
+            cluster.token,
+            b'{"result": {"policy_version": 1, "returns": [NaN], "lengths": [1]}}',
+        ),
+    ]
+    for what, path, token, data in cases:
+        resp = send(cluster, "POST", path, token=token, data=data, headers=dict(json_body))
+        assert 400 <= resp.status_code < 500, (what, resp.status_code, resp.text[:300])
+        assert resp.json()["error"], what
+    for version in ("99999999999", "1" * 5000, "1e3"):
+        resp = send(
+            cluster, "GET", f"/api/v1/jobs/{job_id}/policy?version={version}", token=cluster.token
+        )
+        assert resp.status_code == 400, version
+    big = {**reg, "resources": {f"k{i}": "x" * 200 for i in range(5000)}}
+    resp = send(cluster, "POST", "/api/v1/workers", token=cluster.token, json=big)
+    assert resp.status_code == 400
+    resp = send(cluster, "GET", "/api//v1/jobs", token=cluster.token, allow_redirects=False)
+    assert resp.status_code == 404 and resp.headers["Content-Type"] == "application/json"
+
+
+def test_slow_and_half_open_clients_cannot_block_the_server(running):
+    cluster, job_id = running
+    port = int(cluster.coordinator_url.rsplit(":", 1)[1])
+    socks = []
+    try:
+        # 200 clients that start a request and never finish it (slowloris).
+        for _ in range(200):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+            sock.sendall(b"POST /api/v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Le")
+            socks.append(sock)
+        started = time.monotonic()
+        assert cluster.client.job(job_id).phase == "running"
+        assert time.monotonic() - started < 3, "a normal client waited behind them"
+        # An unauthenticated client announcing a huge body is refused from its header,
+        # before any of the body is read.
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as big:
+            big.sendall(
+                b"POST /api/v1/jobs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                b"Content-Length: 1073741824\r\n\r\n{"
+            )
+            answer = big.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:100]
+        assert b'"error": "request_entity_too_large"' in answer
+        # The half-open connections are closed once idle past the channel timeout.
+        socks[0].settimeout(20)
+        assert socks[0].recv(1024) == b"", "a half-sent request was kept open"
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def test_one_jobs_long_polls_cannot_starve_another_jobs_learner(running):
+    cluster, job_id = running
+    other = cluster.client.submit_job(deep_merge(CONFIG, {"exp_name": "starved"})).job_id
+    try:
+        before = cluster.client.job(job_id).train_iters
+
+        def poll(_):
+            return send(
+                cluster,
+                "POST",
+                f"/api/v1/jobs/{other}/samples",
+                token=cluster.token,
+                json={"batch_size": 8, "timeout_s": 4},
+            ).json()["error"]
+
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            codes = list(pool.map(poll, range(16)))
+            during = cluster.client.job(job_id).train_iters
+        # The other job's empty buffer holds 4 requests; the rest are told at once.
+        assert codes.count("too_many_waiting") == 12 and codes.count("sample_timeout") == 4
+        assert during > before
+    finally:
+        cluster.client.stop_job(other)
+
+
+def test_workers_that_never_answer_do_not_hold_up_assignments(running):
+    cluster, job_id = running
+    holes = []
+    for _ in range(12):
+        hole = socket.socket()
+        hole.bind(("127.0.0.1", 0))
+        hole.listen(64)  # connections complete in the kernel; nobody ever answers
+        holes.append(hole)
+    try:
+        evals_before = len(cluster.client.metrics(job_id)["evals"])
+        ids = set()
+        for hole in holes:
+            reg = {
+                "role": "collector",
+                "url": f"http://127.0.0.1:{hole.getsockname()[1]}",
+                "slave_token": "h" * 32,
+            }
+            resp = send(cluster, "POST", "/api/v1/workers", token=cluster.token, json=reg)
+            ids.add(resp.json()["worker_id"])
+        deadline = time.monotonic() + 90
+        while ids & {w.worker_id for w in cluster.client.workers()}:
+            assert time.monotonic() < deadline, "workers that never answer were kept"
+            time.sleep(0.5)
+        # Meanwhile the live job went on evaluating.
+        assert len(cluster.client.metrics(job_id)["evals"]) > evals_before
+    finally:
+        for hole in holes:
+            hole.close()
+
+
+def test_the_job_trained_and_evaluated_throughout(running):
+    cluster, job_id = running
+    status = cluster.client.job(job_id)
+    assert status.phase == "running" and status.train_iters > 500
+    assert len(cluster.client.metrics(job_id)["evals"]) >= 2
     assert not cluster.dead_services()

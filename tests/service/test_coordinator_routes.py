@@ -42,6 +42,15 @@ def get(client, path, **kw):
     return client.get(path, headers=AUTH, **kw)
 
 
+SLAVE_TOKEN = "s" * 32
+
+
+def register(client, role, url):
+    """A worker's registration, with the secret the coordinator would call it with."""
+    body = {"role": role, "url": url, "slave_token": SLAVE_TOKEN}
+    return post(client, "/api/v1/workers", body)
+
+
 def submit(client, config=CONFIG):
     resp = post(client, "/api/v1/jobs", {"config": config, "name": "t"})
     assert resp.status_code == 201, resp.json
@@ -155,9 +164,9 @@ def test_job_lifecycle(client, core):
 
 
 def test_workers_register_heartbeat_and_leave(client, core):
-    bad = post(client, "/api/v1/workers", {"role": "boss", "url": "http://x"})
+    bad = register(client, "boss", "http://x")
     assert bad.status_code == 400 and bad.json["message"].startswith("role")
-    reg = post(client, "/api/v1/workers", {"role": "collector", "url": "http://127.0.0.1:1"})
+    reg = register(client, "collector", "http://127.0.0.1:1")
     assert reg.status_code == 201
     worker_id = reg.json["worker_id"]
     assert reg.json["lease_timeout_s"] > reg.json["heartbeat_interval_s"] > 0
@@ -179,8 +188,8 @@ def test_workers_register_heartbeat_and_leave(client, core):
 
 def test_scheduler_plans_collect_and_learn_tasks(client, core):
     job_id = submit(client)
-    c = post(client, "/api/v1/workers", {"role": "collector", "url": "http://c"}).json
-    learner = post(client, "/api/v1/workers", {"role": "learner", "url": "http://l"}).json
+    c = register(client, "collector", "http://c").json
+    learner = register(client, "learner", "http://l").json
     plan = core.plan()
     kinds = sorted((d.url, d.task.kind) for d in plan)
     assert kinds == [("http://c", "collect"), ("http://l", "learn")]
@@ -197,7 +206,7 @@ def test_scheduler_plans_collect_and_learn_tasks(client, core):
     assert beat.json == {"cancel": []}
     # a worker that leaves hands its task back: the next plan gives it to another
     client.delete(f"/api/v1/workers/{c['worker_id']}", headers=AUTH)
-    post(client, "/api/v1/workers", {"role": "collector", "url": "http://c2"})
+    register(client, "collector", "http://c2")
     assert [(d.url, d.task.kind) for d in core.plan()] == [("http://c2", "collect")]
     assert learner["worker_id"].startswith("learner-")
 
@@ -294,8 +303,9 @@ def test_policy_versions_are_monotonic_and_served(client, core):
 
 def test_evaluation_result_reaching_stop_value_succeeds_the_job(client, core):
     job_id = submit(client)
-    c = post(client, "/api/v1/workers", {"role": "collector", "url": "http://c"}).json
-    core.plan()
+    c = register(client, "collector", "http://c").json
+    for dispatch in core.plan():
+        core.dispatched(dispatch.task.task_id)  # the collector took its collect task
     path, sha = core.store.write_policy(job_id, 1, 10, "dqn", {"w": np.ones(2, np.float32)})
     post(
         client,
@@ -334,7 +344,7 @@ def test_evaluation_result_reaching_stop_value_succeeds_the_job(client, core):
 def test_repeated_task_failures_fail_the_job(client, core):
     job_id = submit(client)
     for i in range(core.limits.max_task_failures):
-        post(client, "/api/v1/workers", {"role": "learner", "url": f"http://l{i}"})
+        register(client, "learner", f"http://l{i}")
         learn = next(d.task for d in core.plan() if d.task and d.task.kind == "learn")
         assert (
             post(client, f"/api/v1/tasks/{learn.task_id}/fail", {"error": "boom"}).status_code
@@ -460,8 +470,8 @@ def evaluate_job(client, core, **evaluate):
 
 def test_evaluate_workflow_shares_episodes_and_writes_results(client, core):
     for i in range(3):
-        post(client, "/api/v1/workers", {"role": "collector", "url": f"http://c{i}"})
-    post(client, "/api/v1/workers", {"role": "learner", "url": "http://l"})
+        register(client, "collector", f"http://c{i}")
+    register(client, "learner", "http://l")
     job_id = evaluate_job(client, core)
     plan = core.plan()
     assert sorted(d.task.spec["episodes"] for d in plan) == [3, 3, 4]
@@ -502,24 +512,34 @@ def test_evaluate_workflow_refuses_missing_sources(client, core, evaluate, words
     assert words in resp.json["message"]
 
 
-def test_waiting_long_polls_are_bounded_and_counted(client, core):
+def test_waiting_long_polls_are_bounded_per_job_and_in_all(client, core):
     import threading
 
-    job_id = submit(client)
-    url = f"/api/v1/jobs/{job_id}/samples"
-    limit = core.limits.max_waiting_samples
-    apps = [client.application.test_client() for _ in range(limit)]
+    per_job, limit = core.limits.max_waiting_samples_per_job, core.limits.max_waiting_samples
+    jobs = [submit(client) for _ in range(limit // per_job + 1)]
+
+    def poll(c, job_id):
+        return post(c, f"/api/v1/jobs/{job_id}/samples", {"batch_size": 4, "timeout_s": 3.0})
+
     waiting = [
-        threading.Thread(target=lambda c=c: post(c, url, {"batch_size": 4, "timeout_s": 2.0}))
-        for c in apps
+        threading.Thread(target=lambda j=j: poll(client.application.test_client(), j))
+        for j in jobs[:-1]
+        for _ in range(per_job)
     ]
-    for thread in waiting:
+    for thread in waiting[:per_job]:
+        thread.start()
+    wait_until(lambda: core.waiting_samples == per_job, what="one job's long-polls waiting")
+    # One job's empty buffer takes its share of waiting requests, not the server's.
+    resp = poll(client, jobs[0])
+    assert resp.status_code == 503 and resp.json["error"] == "too_many_waiting"
+    assert f"for job {jobs[0]}" in resp.json["message"] and "Retry-After" in resp.headers
+    for thread in waiting[per_job:]:
         thread.start()
     wait_until(lambda: core.waiting_samples == limit, what="all long-polls waiting")
-    resp = post(client, url, {"batch_size": 4, "timeout_s": 2.0})
-    assert resp.status_code == 503 and resp.json["error"] == "too_many_waiting"
-    assert "Retry-After" in resp.headers
-    client.delete(f"/api/v1/jobs/{job_id}", headers=AUTH)  # wakes them all
+    resp = poll(client, jobs[-1])
+    assert resp.status_code == 503 and "in all" in resp.json["message"]
+    for job_id in jobs:
+        client.delete(f"/api/v1/jobs/{job_id}", headers=AUTH)  # wakes them all
     for thread in waiting:
         thread.join(5)
     assert core.waiting_samples == 0
@@ -527,9 +547,9 @@ def test_waiting_long_polls_are_bounded_and_counted(client, core):
 
 def test_each_worker_has_its_own_credential_and_acts_only_as_itself(client, core):
     job_id = submit(client)
-    a = post(client, "/api/v1/workers", {"role": "collector", "url": "http://a"}).json
-    b = post(client, "/api/v1/workers", {"role": "collector", "url": "http://b"}).json
-    learner = post(client, "/api/v1/workers", {"role": "learner", "url": "http://l"}).json
+    a = register(client, "collector", "http://a").json
+    b = register(client, "collector", "http://b").json
+    learner = register(client, "learner", "http://l").json
     assert a["credential"] != b["credential"] and a["credential"].startswith(a["worker_id"])
     as_a = {"Authorization": f"Bearer {a['credential']}"}
     tasks = {d.url: d.task for d in core.plan()}

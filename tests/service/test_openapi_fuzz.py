@@ -5,6 +5,7 @@ every answer must match what the document says."""
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
@@ -37,13 +38,38 @@ FUZZ = settings(
     deadline=None,
     suppress_health_check=list(HealthCheck),
 )
+# The routes a probe of a live cluster once made answer 500 (numbers out of range,
+# NaN, huge sizes): fuzzed harder, against a real job and a real worker.
+FUZZ_MORE = settings(FUZZ, max_examples=150)
+HARDER = {
+    "POST /api/v1/workers",
+    "POST /api/v1/workers/{worker_id}/heartbeat",
+    "POST /api/v1/jobs/{job_id}/segments",
+    "POST /api/v1/jobs/{job_id}/samples",
+    "POST /api/v1/jobs/{job_id}/priorities",
+    "POST /api/v1/jobs/{job_id}/policies",
+    "POST /api/v1/tasks/{task_id}/complete",
+    "GET /api/v1/jobs/{job_id}/policy",
+    "GET /metrics",
+}
 
 
 @pytest.fixture(scope="module")
 def coordinator_app(tmp_path_factory):
     root = tmp_path_factory.mktemp("fuzz")
     core = Coordinator(SharedStore(root), CoordinatorLimits(max_buffer_items=10_000))
-    return create_app(CoordinatorSettings(shared_dir=root, token=TOKEN), core=core)
+    app = create_app(CoordinatorSettings(shared_dir=root, token=TOKEN), core=core)
+    client = app.test_client()
+    buffer = {"replay_buffer_size": 100, "min_size_to_sample": 10}
+    config = {"policy": {"other": {"replay_buffer": buffer}}}
+    job = client.post("/api/v1/jobs", json={"config": config}, headers=AUTH).json
+    worker = client.post(
+        "/api/v1/workers",
+        json={"role": "learner", "url": "http://127.0.0.1:1", "slave_token": "f" * 32},
+        headers=AUTH,
+    ).json
+    app.config["FUZZ_IDS"] = {"job_id": job["job_id"], "worker_id": worker["worker_id"]}
+    return app
 
 
 @pytest.fixture(scope="module")
@@ -80,17 +106,22 @@ def fuzz(app, limit_waits=False):
     """Every operation of the app's document, with generated requests: no 5xx, and
     every answer as documented. Returns the operations exercised."""
     document = schemathesis.openapi.from_wsgi("/openapi.json", app)
+    real_ids = app.config.get("FUZZ_IDS", {})
     exercised = []
     for result in document.get_all_operations():
         operation = result.ok()
 
-        @given(case=operation.as_strategy())
-        @FUZZ
-        def run(case):
+        @given(case=operation.as_strategy(), real=st.booleans())
+        @(FUZZ_MORE if operation.label in HARDER else FUZZ)
+        def run(case, real):
             # Long-polls are bounded; here they need not wait at all.
             wait = case.body.get("timeout_s") if isinstance(case.body, dict) else None
             if limit_waits and isinstance(wait, int | float):
                 case.body["timeout_s"] = min(wait, 0.05)
+            if real:  # half the time at a real job and worker, past the 404s
+                for name, value in real_ids.items():
+                    if name in (case.path_parameters or {}):
+                        case.path_parameters[name] = value
             case.call_and_validate(headers=AUTH, checks=CHECKS)
 
         run()

@@ -48,6 +48,9 @@ def test_health_ready_auth(setup):
         == 401
     )
     assert client.get("/v1/status", headers=AUTH).json["worker_id"] == "collector-fake"
+    # The coordinator calls with the secret this slave gave it, never the cluster token.
+    own = {"Authorization": f"Bearer {setup[1].slave_token}"}
+    assert client.get("/v1/status", headers=own).status_code == 200
     assert b"drover_tasks_total" in client.get("/metrics", headers=AUTH).data
 
 
@@ -65,7 +68,7 @@ def test_assign_busy_cancel(setup):
             json=task(
                 "evaluate-1",
                 "evaluate",
-                seed=-1,
+                seed=7,
                 episodes=1,
                 policy_version=0,
                 policy_path="job-1/policies/x",
@@ -75,7 +78,7 @@ def test_assign_busy_cancel(setup):
         == 202
     )
     wait_until(lambda: coordinator.completed, what="evaluate completion")
-    assert coordinator.completed[0] == ("evaluate-1", {"seed": -1})
+    assert coordinator.completed[0] == ("evaluate-1", {"seed": 7})
     tasks = client.get("/v1/status", headers=AUTH).json["tasks"]
     assert [t["task_id"] for t in tasks] == ["collect-1"]
     assert client.delete("/v1/tasks/collect-1", headers=AUTH).status_code == 202

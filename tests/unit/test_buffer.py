@@ -161,3 +161,27 @@ def test_segment_larger_than_capacity_keeps_newest_rows():
     rows = sorted(r for b in buf.sample(8, 4, timeout_s=0) for s in b.segments for r in s.rows)
     assert set(rows) <= set(range(12, 20))
     assert np.unique(rows).size > 1
+
+
+def test_a_file_indexed_while_its_insert_waits_counts_once():
+    # The interleaving a chaos run found: an insert waits in the limiter; meanwhile the
+    # orphan sweep indexes the same file (force); then the insert goes through.
+    buf, files = make(capacity=1000, min_size=10, spi=1.0, error_buffer=15.0)
+    buf.insert([ref(0)])
+    buf.insert([ref(1)])
+    waiting = []
+    t = threading.Thread(target=lambda: waiting.append(buf.insert([ref(2)], timeout_s=5)))
+    t.start()
+    deadline = time.monotonic() + 5
+    while buf.stats().waiting_inserters == 0:
+        assert time.monotonic() < deadline, "the insert never waited"
+        time.sleep(0.01)
+    swept = buf.insert([ref(2)], force=True)  # the sweep finds the file on disk
+    assert swept.accepted == 1
+    buf.sample(30, 1, timeout_s=0)  # lets the waiting insert go on
+    t.join(5)
+    assert waiting and waiting[0].accepted == 0 and waiting[0].duplicates == 1
+    stats = buf.stats()
+    assert stats.inserts == 30 and stats.live_segments == 3
+    buf.release_all()  # releasing is total: every file once, no error
+    assert sorted(files.deleted) == sorted(ref(i).path for i in range(3))

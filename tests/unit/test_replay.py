@@ -290,3 +290,51 @@ def test_sampled_lag_histogram():
     assert sum(histogram) == 200
     assert histogram[1] > 0 and histogram[3] > 0  # lag 1 (version 2) and 3 (version 0)
     assert histogram[0] == histogram[2] == 0
+
+
+# --- items held for a learner's task ------------------------------------------------------
+
+
+def test_fifo_items_held_for_a_task_come_back_when_it_ends_without_training():
+    files = DeletedFiles()
+    buf = make(files, type="fifo", replay_buffer_size=100)
+    for seq in range(2):
+        buf.insert([ref(seq)])
+    batches, hold = buf.sample_for("learn-1", 10, 1, timeout_s=0)
+    assert hold is not None and buf.size == 10 and buf.stats().held_items == 10
+    taken = {(p, r) for _, p, r, _ in items(batches[0])}
+    assert files.deleted == []  # a held item keeps its segment's file
+    assert buf.give_back("learn-1") == 10
+    assert buf.size == 20 and buf.stats().held_items == 0
+    again = {(p, r) for b in buf.sample(10, 2, timeout_s=0) for _, p, r, _ in items(b)}
+    assert taken <= again  # the learner that takes over trains on them
+
+
+def test_acknowledged_holds_leave_for_good_and_release_their_segments():
+    files = DeletedFiles()
+    buf = make(files, type="fifo", replay_buffer_size=100)
+    buf.insert([ref(0)])
+    _, hold = buf.sample_for("learn-1", 10, 1, timeout_s=0)
+    assert buf.acknowledge("learn-2", [hold]) == 0  # another task's ack is ignored
+    assert buf.acknowledge("learn-1", [hold]) == 10
+    assert buf.acknowledge("learn-1", [hold]) == 0  # said twice: counted once
+    assert buf.give_back("learn-1") == 0 and buf.size == 0
+    assert files.deleted == ["job-1/segments/w/00000000.safetensors"]
+
+
+def test_held_items_survive_a_snapshot_as_items_to_train_on(tmp_path):
+    store = SharedStore(tmp_path)
+    buf = make(store, type="fifo", replay_buffer_size=100)
+    buf.insert([ref(0)])
+    buf.sample_for("learn-1", 4, 1, timeout_s=0)
+    buf.save(store, "job-1/b")
+    copy = make(store, type="fifo", replay_buffer_size=100)
+    copy.restore(store, "job-1/b")
+    assert copy.size == 10 and copy.stats().held_items == 0  # nobody holds them now
+
+
+def test_non_consuming_samplers_hold_nothing():
+    buf = make(type="uniform", replay_buffer_size=100)
+    buf.insert([ref(0)])
+    _, hold = buf.sample_for("learn-1", 4, 1, timeout_s=0)
+    assert hold is None and buf.size == 10

@@ -5,7 +5,7 @@ from typing import Any
 from flask import Blueprint
 
 from common.errors import bad_request
-from common.http import body, extension, reply
+from common.http import allow, body, caller, extension, reply
 from common.messages import PrioritiesUpdated, PriorityUpdate
 from common.openapi import documented
 from services.buffer.api import HOST
@@ -14,6 +14,7 @@ bp = Blueprint("priorities", __name__, url_prefix="/api/v1/jobs/<job_id>/priorit
 
 
 @bp.post("")
+@allow("learner")
 @documented(summary="New priorities by key", body=PriorityUpdate, reply=PrioritiesUpdated)
 def update(job_id: str) -> Any:
     update = body(PriorityUpdate)
@@ -21,4 +22,5 @@ def update(job_id: str) -> Any:
         raise bad_request(
             "priorities", f"{len(update.priorities)} values for {len(update.keys)} keys"
         )
-    return reply(PrioritiesUpdated(updated=extension(HOST).update_priorities(job_id, update)))
+    updated = extension(HOST).update_priorities(job_id, update, caller=caller())
+    return reply(PrioritiesUpdated(updated=updated))

@@ -4,7 +4,7 @@ from typing import Any
 
 from flask import Blueprint
 
-from common.http import body, caller, extension, reply
+from common.http import allow, body, caller, extension, reply
 from common.messages import InsertReply, SegmentInsert
 from common.openapi import documented
 from services.buffer.api import HOST
@@ -13,6 +13,7 @@ bp = Blueprint("segments", __name__, url_prefix="/api/v1/jobs/<job_id>/segments"
 
 
 @bp.post("")
+@allow("collector")
 @documented(
     summary="Index segments a collector wrote (idempotent by path; 429 when ahead)",
     body=SegmentInsert,

@@ -6,7 +6,7 @@ from flask import Blueprint, request, send_file
 
 from common.errors import bad_request
 from common.http import body, reply
-from common.messages import JobCreated, JobList, JobMetrics, JobStatus, JobSubmit
+from common.messages import MAX_INT32, JobCreated, JobList, JobMetrics, JobStatus, JobSubmit
 from common.openapi import documented
 from services.coordinator.api import core
 
@@ -51,8 +51,10 @@ def metrics(job_id: str) -> Any:
 )
 def policy_file(job_id: str) -> Any:
     raw = request.args.get("version")
-    if raw is not None and not (raw.isdigit() and raw.isascii()):
-        raise bad_request("version", f"'{raw}' is not a non-negative integer")
+    if raw is not None and not (
+        raw.isascii() and raw.isdigit() and len(raw) <= 10 and int(raw) <= MAX_INT32
+    ):
+        raise bad_request("version", f"'{raw[:32]}' is not an integer from 0 to {MAX_INT32}")
     coordinator = core()
     path = coordinator.policy_path(job_id, int(raw) if raw is not None else None)
     return send_file(

@@ -2,9 +2,9 @@
 
 from typing import Any
 
-from flask import Blueprint
+from flask import Blueprint, Response
 
-from common.http import body, caller, reply
+from common.http import allow, body, caller, reply
 from common.messages import PolicyAnnounce, PolicyRef
 from common.openapi import documented
 from services.coordinator.api import core
@@ -13,6 +13,7 @@ bp = Blueprint("policies", __name__, url_prefix="/api/v1/jobs/<job_id>/policies"
 
 
 @bp.post("")
+@allow("learner")
 @documented(summary="Announce a policy version", body=PolicyAnnounce, reply=PolicyRef, status=201)
 def announce(job_id: str) -> Any:
     announce = body(PolicyAnnounce)
@@ -21,9 +22,15 @@ def announce(job_id: str) -> Any:
 
 
 @bp.get("/latest")
-@documented(summary="The newest policy version (204 when none yet)", reply=PolicyRef)
+@allow("collector", "learner")
+@documented(
+    summary="The newest policy version",
+    reply=PolicyRef,
+    no_content="no version published yet (collectors act at random until then)",
+)
 def latest(job_id: str) -> Any:
-    ref = core().latest_policy(job_id)
+    ref = core().latest_policy(job_id, caller=caller())
     if ref is None:
-        return "", 204  # none published yet: collectors act randomly until then
+        # None published yet: collectors act randomly until then.
+        return Response(status=204)
     return reply(ref)

@@ -4,7 +4,7 @@ from typing import Any
 
 from flask import Blueprint
 
-from common.http import body, caller, reply
+from common.http import allow, body, caller, reply
 from common.messages import (
     Heartbeat,
     HeartbeatReply,
@@ -20,6 +20,7 @@ bp = Blueprint("workers", __name__, url_prefix="/api/v1/workers")
 
 
 @bp.post("")
+@allow("registrar")
 @documented(summary="Register a worker", body=WorkerRegistration, reply=Registered, status=201)
 def register() -> Any:
     return reply(core().register_worker(body(WorkerRegistration)), 201)
@@ -32,6 +33,7 @@ def list_workers() -> Any:
 
 
 @bp.post("/<worker_id>/heartbeat")
+@allow("collector", "learner")
 @documented(summary="Renew a worker's lease", body=Heartbeat, reply=HeartbeatReply)
 def heartbeat(worker_id: str) -> Any:
     cancel = core().heartbeat(worker_id, body(Heartbeat), caller=caller())
@@ -39,6 +41,7 @@ def heartbeat(worker_id: str) -> Any:
 
 
 @bp.delete("/<worker_id>")
+@allow("collector", "learner")
 @documented(summary="Leave: the worker's tasks go to others at once", reply=WorkerAck, status=202)
 def leave(worker_id: str) -> Any:
     core().leave(worker_id, caller=caller())
