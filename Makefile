@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= examples/cartpole_dqn.yaml
 
-.PHONY: install run test lint format bench bench-learning up down clean
+.PHONY: install run test lint format bench bench-learning bench-chaos up down clean
 
 # The stamp is refreshed whenever pyproject.toml changes, so `make test` on a fresh
 # clone installs once and later runs start at once.
@@ -36,6 +36,9 @@ bench: install
 
 bench-learning: install
 	$(BIN)/python bench/learning.py
+
+bench-chaos: install
+	$(BIN)/python bench/chaos.py --seeds 10
 
 up:
 	docker compose up --build

@@ -1,7 +1,15 @@
 """The coordinator's snapshots: each job's state in its own folder of the shared root.
 
+    <job_id>/coordinator/record.json                the job's record, written at once on
+                                                    submission and on every phase change
     <job_id>/coordinator/state.json                 the job's record + the buffer's record
     <job_id>/coordinator/buffer-<generation>.safetensors   the buffer's arrays
+
+`record.json` makes what the coordinator answers durable before it answers: a job
+answered `201` exists after any crash, and a job that ended stays ended (its segments
+are deleted only after its terminal record is on disk). `state.json` adds the buffer,
+every few seconds; inserts acknowledged since the last one are on disk as segment
+files whose headers carry their references, and are indexed again on restore.
 
 A snapshot writes a new arrays file first, then `state.json` naming it (and its
 digest), then removes older arrays files; every write is atomic. A crash at any point
@@ -21,11 +29,32 @@ from common.storage import SharedStore
 log = logging.getLogger(__name__)
 
 STATE = "coordinator/state.json"
+RECORD = "coordinator/record.json"
 FORMAT_VERSION = 1
 
 
 def state_path(job_id: str) -> str:
     return f"{job_id}/{STATE}"
+
+
+def record_path(job_id: str) -> str:
+    """The job's record alone (no buffer): small, so it is written synchronously
+    whenever the job's existence or phase changes, before that change is answered."""
+    return f"{job_id}/{RECORD}"
+
+
+def write_job_record(store: SharedStore, job_id: str, record: dict[str, Any]) -> None:
+    store.write_json(record_path(job_id), {"format": FORMAT_VERSION, "job": record})
+
+
+def read_job_record(store: SharedStore, job_id: str) -> dict[str, Any] | None:
+    """The job's durable record, or None when it has none."""
+    if not store.exists(record_path(job_id)):
+        return None
+    state = store.read_json(record_path(job_id))
+    if state.get("format") != FORMAT_VERSION:
+        raise ValueError(f"{job_id}: record format {state.get('format')} is not supported")
+    return state["job"]
 
 
 def write_job_snapshot(

@@ -1,0 +1,90 @@
+"""Randomized fault rounds over many seeds (tests/chaos.py), as a table.
+
+Each round starts a coordinator, 3 collectors and a learner on 127.0.0.1, submits a
+DQN CartPole job, kills the coordinator right after the submission, injects random
+faults into every role until the job ends (kill -9, SIGTERM, SIGSTOP past the 3 s
+lease, coordinator and learner killed together), and kills the coordinator again
+right after the end.
+
+    python bench/chaos.py --seeds 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.chaos import chaos_round  # noqa: E402
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--first-seed", type=int, default=1)
+    parser.add_argument("--faults", type=int, default=8, help="random faults per round")
+    args = parser.parse_args()
+    table = Table(title="drover under random faults")
+    for column in (
+        "seed",
+        "faults",
+        "restarts",
+        "phase",
+        "successes",
+        "inserts lost",
+        "env steps lost",
+        "500s",
+        "summary kept",
+        "wall s",
+    ):
+        table.add_column(column, justify="right")
+    results = []
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
+        with tempfile.TemporaryDirectory() as tmp:
+            result = chaos_round(Path(tmp) / "run", seed, max_faults=args.faults)
+        results.append(result)
+        table.add_row(
+            str(seed),
+            str(len(result.faults)),
+            str(result.restarts),
+            result.phase,
+            str(result.successes),
+            str(result.inserts_lost),
+            str(result.env_steps_lost),
+            str(result.server_errors),
+            "yes" if result.summary_unchanged else "NO",
+            f"{result.wall_s:.0f}",
+        )
+        print(f"seed {seed}: {'; '.join(result.faults)}", file=sys.stderr)
+    table.add_row(
+        "all",
+        str(sum(len(r.faults) for r in results)),
+        str(sum(r.restarts for r in results)),
+        f"{sum(r.phase == 'succeeded' for r in results)}/{len(results)} succeeded",
+        str(sum(r.successes for r in results)),
+        str(sum(r.inserts_lost for r in results)),
+        str(sum(r.env_steps_lost for r in results)),
+        str(sum(r.server_errors for r in results)),
+        f"{sum(r.summary_unchanged for r in results)}/{len(results)}",
+        f"{sum(r.wall_s for r in results):.0f}",
+    )
+    Console().print(table)
+    ok = all(
+        r.phase == "succeeded"
+        and r.successes == 1
+        and r.inserts_lost == r.env_steps_lost == r.server_errors == 0
+        and r.summary_unchanged
+        for r in results
+    )
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
