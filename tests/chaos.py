@@ -95,9 +95,7 @@ def _restart_dead(cluster: LocalCluster) -> None:
         cluster.wait_ready(30)
 
 
-def _fault(
-    cluster: LocalCluster, victim: Service, rng: random.Random, result: ChaosResult
-) -> None:
+def _fault(cluster: LocalCluster, victim: Service, rng: random.Random, result: ChaosResult) -> None:
     kind = rng.choice(["kill", "kill", "term", "stop", "coordinator+learner"])
     if kind == "coordinator+learner":
         for service in (cluster.coordinator, *cluster.learners):
