@@ -131,6 +131,8 @@ class Task:
     worker_id: str
     state: str = "assigning"  # assigning -> running -> done | failed | cancelled | lost
     planned_at_s: float = 0.0
+    #: The scheduling pass that planned it.
+    planned_in_pass: int = 0
 
     def assignment(self) -> TaskAssignment:
         return TaskAssignment(
@@ -237,6 +239,7 @@ class Coordinator:
         self._closing = False
         self._waiting_samples = 0
         self._waiting_by_job: collections.Counter[str] = collections.Counter()
+        self._pass = 0
 
     # --- jobs ----------------------------------------------------------------------
 
@@ -881,6 +884,7 @@ class Coordinator:
         the scheduling of the others, nor leaves half-planned tasks behind.
         """
         with self._lock:
+            self._pass += 1
             self._expire_leases()
             self._expire_assignments()
             plan, self._cancels = self._cancels, []
@@ -965,10 +969,12 @@ class Coordinator:
         return plan
 
     def _can_take(self, worker: Worker, now: float) -> bool:
-        """Not backing off, and no assignment to it still in flight: a worker that
-        does not answer holds at most one dispatch thread, never the scheduler."""
+        """Not backing off, and no assignment of an earlier pass still in flight: a
+        worker that does not answer holds at most one pass's dispatches, never the
+        scheduler."""
         return worker.not_before_s <= now and not any(
-            self.tasks[t].state == "assigning" for t in worker.task_ids
+            self.tasks[t].state == "assigning" and self.tasks[t].planned_in_pass < self._pass
+            for t in worker.task_ids
         )
 
     def _evaluation_episodes(self, job: Job) -> int:
@@ -1079,6 +1085,7 @@ class Coordinator:
             spec=dump(spec),
             worker_id=worker.worker_id,
             planned_at_s=self._clock(),
+            planned_in_pass=self._pass,
         )
         self.tasks[task.task_id] = task
         worker.task_ids.add(task.task_id)

@@ -13,6 +13,7 @@ from tests.service.test_coordinator_routes import (
     CONFIG,
     SLAVE_TOKEN,
     TOKEN,
+    insert_segments,
     post,
     register,
     submit,
@@ -279,13 +280,7 @@ def test_items_held_for_a_learner_that_leaves_go_back_to_the_buffer(client, core
         },
     }
     job_id = submit(client, fifo)
-    for seq in range(2):
-        resp = post(
-            client,
-            f"/api/v1/jobs/{job_id}/segments",
-            {"segments": [write_segment(core, job_id, seq)]},
-        )
-        assert resp.status_code == 200, resp.json
+    insert_segments(client, core, job_id, 2)
 
     def learner_takes(url):
         learner = register(client, "learner", url).json
@@ -313,3 +308,23 @@ def test_items_held_for_a_learner_that_leaves_go_back_to_the_buffer(client, core
         headers=bearer(second["credential"]),
     )
     assert got.status_code == 200 and len(got.json["batches"][0]["keys"]) == 20
+
+
+def test_an_evaluation_lost_with_its_worker_is_requested_again_at_once(client, core):
+    job_id = submit(client)
+    first = register(client, "collector", "http://127.0.0.1:8101").json
+    for dispatch in core.plan():
+        core.dispatched(dispatch.task.task_id)
+    path, sha = core.store.write_policy(job_id, 1, 10, "dqn", {"w": np.ones(2, np.float32)})
+    post(
+        client,
+        f"/api/v1/jobs/{job_id}/policies",
+        {"version": 1, "path": path, "sha256": sha, "train_iter": 10},
+    )
+    (evaluate,) = [d for d in core.plan() if d.task and d.task.kind == "evaluate"]
+    core.dispatched(evaluate.task.task_id)
+    # Its collector leaves (or loses its lease) before reporting.
+    client.delete(f"/api/v1/workers/{first['worker_id']}", headers=AUTH)
+    register(client, "collector", "http://127.0.0.1:8102")
+    again = [d.task for d in core.plan() if d.task and d.task.kind == "evaluate"]
+    assert len(again) == 1 and again[0].spec["policy_version"] == 1
