@@ -255,7 +255,7 @@ class Slave:
                 wait=retry_wait_s,
                 stop=lambda _: self._closed.is_set(),
                 sleep=self._closed.wait,
-                before_sleep=self._log_unreachable,
+                before_sleep=_log_waiting,
             )
             try:
                 for attempt in retrying:
@@ -274,11 +274,6 @@ class Slave:
             self._register()
         else:
             self._heartbeat()
-
-    def _log_unreachable(self, state: RetryCallState) -> None:
-        exc = state.outcome.exception() if state.outcome is not None else None
-        # The coordinator may be starting or restarting: a worker outlives that.
-        log.warning("coordinator unreachable (%s); attempt %d", exc, state.attempt_number)
 
     def _register(self) -> None:
         reg = self.coordinator.register(
@@ -342,7 +337,8 @@ def patiently(stop: threading.Event, call: Callable[..., T], *args: Any) -> T:
 
 def _log_waiting(state: RetryCallState) -> None:
     exc = state.outcome.exception() if state.outcome is not None else None
-    log.warning("coordinator unreachable (%s); trying again", exc)
+    # The coordinator may be starting or restarting: a worker outlives that.
+    log.warning("coordinator unreachable (%s); attempt %d", exc, state.attempt_number)
 
 
 def reportable(progress: dict[str, float]) -> dict[str, float]:
