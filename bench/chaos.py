@@ -75,7 +75,7 @@ def main() -> int:
         f"{sum(r.summary_unchanged for r in results)}/{len(results)}",
         f"{sum(r.wall_s for r in results):.0f}",
     )
-    Console().print(table)
+    Console(width=160).print(table)
     ok = all(
         r.phase == "succeeded"
         and r.successes == 1
