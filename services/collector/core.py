@@ -84,6 +84,10 @@ class PolicyFollower:
             log.warning("policy version %d refused: %s", ref.version, exc)
 
 
+class UploadFailed(RuntimeError):
+    """The uploader thread stopped on an error: the collect task fails with it."""
+
+
 @dataclass
 class _Pending:
     columns: dict[str, np.ndarray]
@@ -112,15 +116,24 @@ class SegmentUploader:
         self.rows_acknowledged = 0
         #: Time the stepping loop spent waiting for room (the rate limiter's doing).
         self.waited_s = 0.0
+        #: Why the uploader thread stopped, when an error stopped it.
+        self.error: str | None = None
         self._queue: queue.Queue[_Pending | None] = queue.Queue(maxsize=max_pending)
         self._thread = threading.Thread(target=self._loop, name="uploader", daemon=True)
         self._thread.start()
 
     def put(self, pending: _Pending) -> None:
-        """Queue a segment; blocks while the queue is full (the learner is behind)."""
+        """Queue a segment; blocks while the queue is full (the learner is behind).
+
+        Raises:
+            UploadFailed: the uploader thread stopped on an error; the task fails with it
+                instead of waiting forever for room that will never come.
+        """
         started = time.monotonic()
         try:
             while not self.ctx.stopped():
+                if self.error is not None:
+                    raise UploadFailed(self.error)
                 try:
                     self._queue.put(pending, timeout=0.2)
                     return
@@ -139,10 +152,14 @@ class SegmentUploader:
             item = self._queue.get()
             if item is None:
                 return
-            if self.ctx.stopped():
+            if self.ctx.stopped() or self.error is not None:
                 continue  # drain without writing: the task is over
-            self.store.write_segment(item.ref.path, item.columns, header=dump(item.ref))
-            self._insert(item.ref)
+            try:
+                self.store.write_segment(item.ref.path, item.columns, header=dump(item.ref))
+                self._insert(item.ref)
+            except Exception as exc:  # a full disk, a refusal no retry can fix
+                log.exception("uploading %s failed", item.ref.path)
+                self.error = f"uploading {item.ref.path} failed: {type(exc).__name__}: {exc}"
 
     def _insert(self, ref: SegmentRef) -> None:
         ctx = self.ctx

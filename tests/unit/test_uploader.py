@@ -1,0 +1,77 @@
+"""A collector's uploader thread that stops on an error fails its task, never hangs it."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from common.errors import ApiError
+from common.messages import InsertReply, SegmentRef, TaskAssignment
+from services.collector.core import SegmentUploader, UploadFailed, _Pending
+
+
+class Ctx:
+    def __init__(self, coordinator):
+        self.task = TaskAssignment(task_id="collect-1", job_id="job-1", kind="collect", spec={})
+        self.coordinator = coordinator
+        self.stop = threading.Event()
+
+    def stopped(self):
+        return self.stop.is_set()
+
+
+class FullDisk:
+    def write_segment(self, *args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+
+class Store:
+    def write_segment(self, *args, **kwargs):
+        return 0
+
+
+class Refusing:
+    def insert_segments(self, *args, **kwargs):
+        raise ApiError(400, "invalid", "segments.0.rows: 64 declared, the file holds 8")
+
+
+class Accepting:
+    def insert_segments(self, *args, **kwargs):
+        return InsertReply(accepted=1, duplicates=0, env_steps=8)
+
+
+def pending(seq):
+    ref = SegmentRef(
+        path=f"job-1/segments/w.collect-1/{seq:08d}.safetensors",
+        rows=8,
+        env_steps=8,
+        policy_version=0,
+    )
+    return _Pending(columns={"obs": np.zeros((8, 4), np.float32)}, ref=ref)
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize(
+    ("store", "coordinator", "reason"),
+    [(FullDisk(), Accepting(), "No space left"), (Store(), Refusing(), "64 declared")],
+    ids=["full disk", "insert refused for good"],
+)
+def test_a_dead_uploader_fails_the_task_with_its_reason(store, coordinator, reason):
+    ctx = Ctx(coordinator)
+    uploader = SegmentUploader(ctx, store, insert_timeout_s=0.0, max_pending=1)
+    started = time.monotonic()
+    with pytest.raises(UploadFailed, match=reason):
+        for seq in range(100):  # the queue would fill and block forever before
+            uploader.put(pending(seq))
+    assert time.monotonic() - started < 10
+    uploader.close(timeout_s=2)
+
+
+def test_a_working_uploader_acknowledges_every_segment():
+    ctx = Ctx(Accepting())
+    uploader = SegmentUploader(ctx, Store(), insert_timeout_s=0.0)
+    for seq in range(5):
+        uploader.put(pending(seq))
+    uploader.close()
+    assert uploader.segments_sent == 5 and uploader.error is None
