@@ -488,7 +488,7 @@ class _LearnSession:
             raise NonFiniteWeights(f"non-finite weights after train_iter {self.dqn.train_iter}")
         self.version += 1
         path, sha = self.store.write_policy(
-            self.job_id, self.version, self.dqn.train_iter, "dqn", tensors
+            self.job_id, self.version, self.dqn.train_iter, self.config.policy.type, tensors
         )
         ref = PolicyRef(version=self.version, path=path, sha256=sha, train_iter=self.dqn.train_iter)
         try:

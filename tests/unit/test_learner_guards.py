@@ -211,3 +211,16 @@ def test_a_round_keeps_the_rows_and_versions_of_its_usable_segments(tmp_path):
     round_columns, versions = learn.round_data(SampleReply(batches=[batch]))
     assert round_columns["adv"].tolist() == [0.0, 1.0, 2.0] and versions == [1]
     assert ctx.unusable_segments == {fifo, nan}
+
+
+@pytest.mark.parametrize("algo", ["dqn", "sac", "ppo"])
+def test_a_policy_file_names_the_algorithm_that_wrote_it(tmp_path, algo):
+    config = config_of(algo)
+    store = SharedStore(tmp_path)
+    if algo == "ppo":
+        learn = _RoundSession(context(), config, store, PPO(config.policy), 0)
+    else:
+        learner = {"dqn": DQN, "sac": SAC}[algo](config.policy)
+        learn = _LearnSession(context(), config, store, learner, 0)
+    learn.publish()
+    assert store.read_policy(store.policy_path(JOB, 1)).algo == algo
