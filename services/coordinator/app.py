@@ -9,7 +9,7 @@ from common.http import install_http_basics
 from common.openapi import install_openapi
 from common.storage import SharedStore
 from services.coordinator.api import CORE, blueprints
-from services.coordinator.core import Coordinator, CoordinatorLimits
+from services.coordinator.core import Coordinator
 from services.coordinator.settings import CoordinatorSettings
 
 
@@ -24,15 +24,7 @@ def create_app(
     """
     settings = settings or CoordinatorSettings.from_env()
     if core is None:
-        limits = CoordinatorLimits(
-            heartbeat_interval_s=settings.heartbeat_interval_s,
-            lease_timeout_s=settings.lease_timeout_s,
-            max_buffer_items=settings.max_buffer_items,
-            orphan_grace_s=settings.orphan_grace_s,
-            max_workers=settings.max_workers,
-            worker_hosts=settings.worker_hosts,
-        )
-        core = Coordinator(SharedStore(settings.shared_dir), limits)
+        core = Coordinator(SharedStore(settings.shared_dir), settings.limits)
         # A coordinator started over an existing shared root picks its jobs up again.
         core.restore_jobs()
     app = Flask("drover.coordinator")

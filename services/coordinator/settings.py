@@ -1,14 +1,44 @@
-"""Coordinator settings, from `DROVER_*` environment variables."""
+"""Coordinator settings, from `DROVER_*` environment variables.
+
+Every field of `CoordinatorLimits` is settable as `DROVER_<FIELD>` (upper case), e.g.
+`DROVER_LEASE_TIMEOUT_S=3` or `DROVER_WORKER_HOSTS=10.0.0.0/8,collector-0`; the
+README's table lists them all.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.http import ServerLimits
-from common.settings import env_float, env_int, env_str, read_secret, read_token
+from common.settings import SettingsError, env_float, env_int, env_str, read_secret, read_token
+from services.coordinator.core import CoordinatorLimits
+
+
+def limit_variable(name: str) -> str:
+    """The environment variable of a `CoordinatorLimits` field."""
+    return f"DROVER_{name.upper()}"
+
+
+def limits_from_env(env: Mapping[str, str]) -> CoordinatorLimits:
+    """`CoordinatorLimits` with each field read from its variable when set."""
+    values: dict[str, object] = {}
+    for spec in dataclasses.fields(CoordinatorLimits):
+        name, default = limit_variable(spec.name), spec.default
+        if not env.get(name):
+            continue
+        if isinstance(default, tuple):
+            values[spec.name] = tuple(h.strip() for h in env[name].split(",") if h.strip())
+        elif isinstance(default, int):
+            values[spec.name] = env_int(env, name, default)
+        else:
+            values[spec.name] = env_float(env, name, default)
+        if isinstance(values[spec.name], int | float) and values[spec.name] < 0:  # type: ignore[operator]
+            raise SettingsError(f"{name}={env[name]!r} must not be negative")
+    return CoordinatorLimits(**values)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -17,22 +47,17 @@ class CoordinatorSettings:
     port: int = 8000
     shared_dir: Path = Path("runs")
     token: str
-    heartbeat_interval_s: float = 1.0
-    lease_timeout_s: float = 10.0
-    scheduler_period_s: float = 0.5
-    max_buffer_items: int = 10_000_000
-    threads: int = 32
-    snapshot_period_s: float = 2.0
-    orphan_grace_s: float = 30.0
     #: A secret that may only register workers (slaves can then run without the
     #: cluster token); empty: workers register with the cluster token.
     registration_token: str = ""
-    #: Hosts workers may advertise (names, IPs, CIDRs); empty: any valid host.
-    worker_hosts: tuple[str, ...] = ()
-    max_workers: int = 1024
+    scheduler_period_s: float = 0.5
+    threads: int = 32
+    snapshot_period_s: float = 2.0
     #: Idle or half-sent connections are closed after this long.
     channel_timeout_s: float = 30.0
     connection_limit: int = 1000
+    #: What workers and jobs may ask of this coordinator (leases, sizes, bounds).
+    limits: CoordinatorLimits = field(default_factory=CoordinatorLimits)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> CoordinatorSettings:
@@ -42,20 +67,13 @@ class CoordinatorSettings:
             port=env_int(env, "DROVER_PORT", 8000),
             shared_dir=Path(env_str(env, "DROVER_SHARED_DIR", "runs")),
             token=read_token(env),
-            heartbeat_interval_s=env_float(env, "DROVER_HEARTBEAT_INTERVAL_S", 1.0),
-            lease_timeout_s=env_float(env, "DROVER_LEASE_TIMEOUT_S", 10.0),
+            registration_token=read_secret(env, "DROVER_REGISTRATION_TOKEN"),
             scheduler_period_s=env_float(env, "DROVER_SCHEDULER_PERIOD_S", 0.5),
-            max_buffer_items=env_int(env, "DROVER_MAX_BUFFER_ITEMS", 10_000_000),
             threads=env_int(env, "DROVER_THREADS", 32),
             snapshot_period_s=env_float(env, "DROVER_SNAPSHOT_PERIOD_S", 2.0),
-            orphan_grace_s=env_float(env, "DROVER_ORPHAN_GRACE_S", 30.0),
-            registration_token=read_secret(env, "DROVER_REGISTRATION_TOKEN"),
-            worker_hosts=tuple(
-                h.strip() for h in env.get("DROVER_WORKER_HOSTS", "").split(",") if h.strip()
-            ),
-            max_workers=env_int(env, "DROVER_MAX_WORKERS", 1024),
             channel_timeout_s=env_float(env, "DROVER_CHANNEL_TIMEOUT_S", 30.0),
             connection_limit=env_int(env, "DROVER_CONNECTION_LIMIT", 1000),
+            limits=limits_from_env(env),
         )
 
     def server_limits(self) -> ServerLimits:

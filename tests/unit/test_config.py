@@ -1,5 +1,6 @@
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -106,3 +107,22 @@ def test_configs_nested_too_deep_or_too_large_are_refused():
         resolve_job_config({"env": {"env_kwargs": deep}})
     with pytest.raises(ConfigError, match="more than"):
         resolve_job_config({"env": {"env_kwargs": {"big": list(range(20_000))}}})
+
+
+def test_every_coordinator_limit_is_settable_and_documented():
+    from services.coordinator.core import CoordinatorLimits
+    from services.coordinator.settings import CoordinatorSettings, limit_variable
+
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    env = {"DROVER_TOKEN": "t"}
+    expected = {}
+    for i, spec in enumerate(dataclasses.fields(CoordinatorLimits)):
+        name = limit_variable(spec.name)
+        assert f"`{name}`" in readme, f"{name} is not in the README"
+        if isinstance(spec.default, tuple):
+            env[name], expected[spec.name] = "10.0.0.0/8, host-a", ("10.0.0.0/8", "host-a")
+        else:
+            value = type(spec.default)(spec.default + i + 1)
+            env[name], expected[spec.name] = str(value), value
+    limits = CoordinatorSettings.from_env(env).limits
+    assert dataclasses.asdict(limits) == {**dataclasses.asdict(CoordinatorLimits()), **expected}
