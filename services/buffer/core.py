@@ -42,6 +42,9 @@ from services.buffer.selectors import make_remover, make_sampler
 from services.buffer.table import ItemTable
 
 LAG_BUCKETS = 32
+#: Live items over which `stats` computes its means and extremes exactly; above it,
+#: that many drawn at random.
+STATS_SAMPLE = 65_536
 _SEGMENT = re.compile(r"^(?P<job>[^/]+)/segments/(?P<worker>[^/]+)/(?P<seq>\d{1,12})\.safetensors$")
 
 
@@ -595,9 +598,19 @@ class ReplayBuffer:
             self._cond.notify_all()
 
     def stats(self) -> BufferStats:
+        """Counters, and use, staleness and priority over the live items: exact up to
+        `STATS_SAMPLE` items, estimated from that many drawn at random above it, so
+        reading stats never holds the buffer for time that grows with its size."""
         with self._cond:
             table = self.table
-            live = table.live_slots()
+            if table.size <= STATS_SAMPLE:
+                live = table.live_slots()
+            else:
+                # A fixed seed: stats never move the sampler's random state.
+                drawn = np.random.default_rng(table.counter).integers(
+                    0, table.capacity, 2 * STATS_SAMPLE
+                )
+                live = drawn[table.key[drawn] >= 0][:STATS_SAMPLE]
             uses = table.uses[live]
             lag = self._learner_version - table.version[live]
             priority = table.priority[live]

@@ -412,13 +412,21 @@ class Coordinator:
     def job_metrics(self, job_id: str) -> JobMetrics:
         with self._lock:
             job = self._job(job_id)
-            return JobMetrics(
-                job_id=job_id,
-                points=list(job.metrics),
-                evals=list(job.evals),
-                buffer=dump(job.buffer.stats()),
-                unusable_segments=sorted(job.unusable_segments),
-            )
+            points, evals = list(job.metrics), list(job.evals)
+            unusable = sorted(job.unusable_segments)
+        # The buffer's stats take its own lock, never the coordinator's.
+        return JobMetrics(
+            job_id=job_id,
+            points=points,
+            evals=evals,
+            buffer=dump(job.buffer.stats()),
+            unusable_segments=unusable,
+        )
+
+    def buffer_sizes(self) -> dict[str, int]:
+        """Each job's buffer size (cheap: no stats are computed)."""
+        with self._lock:
+            return {job_id: job.buffer.size for job_id, job in self.jobs.items()}
 
     # --- workers -------------------------------------------------------------------
 
@@ -1151,14 +1159,13 @@ class Coordinator:
                 self._sweep_segments(job)
                 continue
             job.buffer.collect_garbage()
-            stats = job.buffer.stats()
             recent = list(job.episode_returns)
             job.metrics.append(
                 {
                     "t": round(self._wall(), 3),
                     "env_steps": job.env_steps,
                     "train_iters": job.train_iters,
-                    "buffer_size": stats.size,
+                    "buffer_size": job.buffer.size,
                     "policy_version": job.policy.version if job.policy else 0,
                     "collect_return_mean": statistics.fmean(recent) if recent else None,
                 }

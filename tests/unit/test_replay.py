@@ -338,3 +338,17 @@ def test_non_consuming_samplers_hold_nothing():
     buf.insert([ref(0)])
     _, hold = buf.sample_for("learn-1", 4, 1, timeout_s=0)
     assert hold is None and buf.size == 10
+
+
+def test_stats_of_a_large_buffer_are_estimated_from_a_sample_quickly():
+    from services.buffer.core import STATS_SAMPLE
+
+    rows = 50_000
+    buf = make(replay_buffer_size=4 * STATS_SAMPLE)
+    for seq in range(5):  # 250,000 items, versions 0..4
+        buf.insert([ref(seq, rows=rows, version=seq)])
+    buf.set_learner_version(4)
+    stats = buf.stats()
+    assert stats.size == 5 * rows  # counters stay exact
+    assert stats.staleness_mean == pytest.approx(2.0, abs=0.05)  # exact: 2.0
+    assert stats.staleness_max == 4

@@ -42,13 +42,12 @@ def metrics() -> Response:
             ("buffer_size", "Items in the replay buffer"),
         )
     }
+    sizes = coordinator.buffer_sizes()
     for status in coordinator.list_jobs():
         gauges["env_steps"].labels(status.job_id).set(status.env_steps)
         gauges["train_iters"].labels(status.job_id).set(status.train_iters)
         gauges["policy_version"].labels(status.job_id).set(status.policy_version)
-        gauges["buffer_size"].labels(status.job_id).set(
-            coordinator.job_metrics(status.job_id).buffer["size"]
-        )
+        gauges["buffer_size"].labels(status.job_id).set(sizes.get(status.job_id, 0))
     Gauge("drover_workers", "Registered workers", registry=registry).set(
         len(coordinator.list_workers())
     )
