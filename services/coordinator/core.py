@@ -10,7 +10,6 @@ lock so one waiting learner never holds up the rest.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import hmac
 import logging
 import secrets
@@ -36,17 +35,14 @@ from common.http import Caller
 from common.messages import (
     MAX_SAMPLE_ITEMS,
     TERMINAL_PHASES,
-    CollectSpec,
     EvalResult,
     EvalSummary,
-    EvaluateSpec,
     Heartbeat,
     InsertReply,
     JobCreated,
     JobMetrics,
     JobStatus,
     JobSubmit,
-    LearnSpec,
     MessageError,
     PolicyRef,
     PriorityUpdate,
@@ -75,6 +71,7 @@ from services.coordinator.snapshot import (
     write_job_snapshot,
 )
 from services.coordinator.urls import check_worker_url
+from services.coordinator.workflows import WORKFLOWS, Workflow
 
 log = logging.getLogger(__name__)
 
@@ -257,7 +254,7 @@ class Coordinator:
         except ConfigError as exc:
             raise bad_request(f"config.{exc.field}", exc.message) from None
         self._check_limits(config)
-        self._check_evaluate_source(config)
+        self._workflow(config).admit(config, self)
         job_id = new_id("job")
         self.store.write_json(f"{job_id}/job.json", to_dict(config))
         job = Job(
@@ -278,39 +275,18 @@ class Coordinator:
         log.info("job %s (%s) submitted: %s", job_id, job.name, config.env.env_id)
         return JobCreated(job_id=job_id, phase=job.phase, warnings=warnings)
 
+    @staticmethod
+    def _workflow(config: JobConfig) -> Workflow:
+        return WORKFLOWS[config.system.workflow]
+
     def _new_buffer(self, job_id: str, config: JobConfig) -> ReplayBuffer:
-        replay = config.policy.other.replay_buffer
-        if config.system.workflow == "evaluate":
-            # Nothing is replayed: keep a token index instead of the configured one.
-            replay = dataclasses.replace(replay, replay_buffer_size=1, min_size_to_sample=1)
-        lag = config.system.max_policy_lag
-        if lag is not None:
-            # The async bound on policy lag is enforced where data is sampled.
-            bound = lag if replay.max_staleness is None else min(lag, replay.max_staleness)
-            replay = dataclasses.replace(replay, max_staleness=bound)
+        replay = self._workflow(config).replay(config)
         error_buffer = replay.error_buffer or 2 * min_error_buffer(config)
         return ReplayBuffer(
             job_id, replay, self.store, error_buffer=error_buffer, seed=config.system.seed
         )
 
-    def _check_evaluate_source(self, config: JobConfig) -> None:
-        evaluate = config.system.evaluate
-        if config.system.workflow != "evaluate" or evaluate.source == "random":
-            return
-        field = "config.system.evaluate.path"
-        try:
-            if not self.store.resolve(str(evaluate.path)).is_file():
-                raise bad_request(field, f"no file at '{evaluate.path}' under the shared root")
-        except PathError as exc:
-            raise bad_request(field, str(exc)) from None
-
     def _check_limits(self, config: JobConfig) -> None:
-        size = config.policy.other.replay_buffer.replay_buffer_size
-        if config.system.workflow != "evaluate" and size > self.limits.max_buffer_items:
-            raise bad_request(
-                "config.policy.other.replay_buffer.replay_buffer_size",
-                f"{size} exceeds this coordinator's limit of {self.limits.max_buffer_items}",
-            )
         collectors = config.system.collector_num
         if collectors is not None and collectors > self.limits.max_collectors_per_job:
             raise bad_request(
@@ -564,13 +540,8 @@ class Coordinator:
             returned = job.buffer.give_back(task.task_id)
             if returned:
                 log.info("task %s ended (%s): %d held items back", task.task_id, state, returned)
-        if state in ("failed", "lost") and task.kind == "evaluate" and job is not None:
-            if job.config.system.workflow == "evaluate":
-                job.evaluation_assigned -= int(task.spec["episodes"])  # they go out again
-            else:
-                # Whatever ended it (a refused dispatch, a failure, a lost lease), the
-                # evaluation is due again at the next pass, not a whole eval_freq later.
-                job.eval_requested_iter = job.evals[-1].train_iter if job.evals else 0
+        if state in ("failed", "lost") and job is not None:
+            self._workflow(job.config).task_ended(job, task, state)
         task.state = state
         worker = self.workers.get(task.worker_id)
         if worker is not None:
@@ -585,17 +556,15 @@ class Coordinator:
             task = self._task(task_id)
             self._must_be(caller, task.worker_id, f"report on task {task_id}")
             job = self.jobs[task.job_id]
+            outcome = None
             if task.kind == "evaluate":
                 try:
                     outcome = parse(EvalResult, result)
                 except MessageError as exc:
                     raise bad_request(f"result.{exc.field}", exc.message) from None
-                if job.config.system.workflow == "evaluate":
-                    self._end_task(task, "done")
-                    self._record_evaluation(job, task, outcome)
-                    return
-                self._record_eval(job, outcome)
             self._end_task(task, "done")
+            if outcome is not None:
+                self._workflow(job.config).evaluated(job, task, outcome, self)
 
     def fail_task(self, task_id: str, error: str, *, caller: str | None = None) -> None:
         with self._lock:
@@ -609,47 +578,6 @@ class Coordinator:
                 self._finish(
                     job, "failed", f"{job.task_failures} tasks failed; last: {error[:500]}"
                 )
-
-    def _record_eval(self, job: Job, outcome: EvalResult) -> None:
-        returns = outcome.returns
-        train_iter = job.train_iters
-        if job.policy is not None and job.policy.version == outcome.policy_version:
-            train_iter = job.policy.train_iter
-        summary = EvalSummary(
-            return_mean=statistics.fmean(returns),
-            return_std=statistics.pstdev(returns),
-            episodes=len(returns),
-            policy_version=outcome.policy_version,
-            train_iter=train_iter,
-            env_steps=job.env_steps,
-        )
-        job.evals.append(summary)
-        log.info(
-            "job %s eval of version %d: %.1f ± %.1f over %d episodes",
-            job.job_id,
-            summary.policy_version,
-            summary.return_mean,
-            summary.return_std,
-            summary.episodes,
-        )
-        if job.best_eval is None or summary.return_mean > job.best_eval.return_mean:
-            job.best_eval = summary
-            self.store.write_json(
-                f"{job.job_id}/policies/best.json",
-                {
-                    "version": summary.policy_version,
-                    "path": self.store.policy_path(job.job_id, summary.policy_version),
-                    "return_mean": summary.return_mean,
-                },
-            )
-        stop_value = job.config.env.stop_value
-        if job.phase == "running" and stop_value is not None and summary.return_mean >= stop_value:
-            self._finish(
-                job,
-                "succeeded",
-                f"eval return {summary.return_mean:.1f} >= stop_value {stop_value} "
-                f"(policy version {summary.policy_version})",
-            )
 
     # --- data plane ----------------------------------------------------------------
 
@@ -926,55 +854,36 @@ class Coordinator:
                 self._end_task(task, "lost")
 
     def _plan_job(self, job: Job) -> list[Dispatch]:
-        if job.config.system.workflow == "evaluate":
-            return self._plan_evaluation(job)
-        active = [t for t in self.tasks.values() if t.job_id == job.job_id and t.state in ACTIVE]
-        kinds = collections.Counter(t.kind for t in active)
-        plan: list[Dispatch] = []
+        return self._workflow(job.config).plan(job, self)
 
+    # The Planner a workflow uses (services/coordinator/workflows/base.py).
+
+    def free_workers(self, role: str, kind: str) -> list[Worker]:
         now = self._clock()
+        return [
+            w
+            for w in self.workers.values()
+            if w.role == role
+            and self._can_take(w, now)
+            and not any(self.tasks[t].kind == kind for t in w.task_ids)
+        ]
 
-        def free(role: str, kind: str) -> list[Worker]:
-            return [
-                w
-                for w in self.workers.values()
-                if w.role == role
-                and self._can_take(w, now)
-                and not any(self.tasks[t].kind == kind for t in w.task_ids)
-            ]
+    def active_kinds(self, job: Job) -> dict[str, int]:
+        return collections.Counter(
+            t.kind for t in self.tasks.values() if t.job_id == job.job_id and t.state in ACTIVE
+        )
 
-        if kinds["learn"] < job.config.system.learner_num:
-            learners = [w for w in free("learner", "learn") if not w.task_ids]
-            if learners:
-                plan.append(
-                    self._assign(job, learners[0], "learn", LearnSpec(seed=self._seed(job)))
-                )
-        wanted = job.config.system.collector_num or len(self.workers)
-        collectors = free("collector", "collect")
-        for worker in collectors[: max(0, wanted - kinds["collect"])]:
-            spec = CollectSpec(
-                seed=self._seed(job),
-                num_envs=job.config.env.collector_env_num,
-                round_steps=self._round_share(job),
-            )
-            plan.append(self._assign(job, worker, "collect", spec))
-        if kinds["evaluate"] == 0 and self._eval_due(job):
-            evaluators = free("collector", "evaluate")
-            if evaluators:
-                assert job.policy is not None
-                # The least busy collector evaluates, so collection slows the least.
-                worker = min(evaluators, key=lambda w: len(w.task_ids))
-                spec = EvaluateSpec(
-                    seed=self._seed(job),
-                    num_envs=job.config.env.evaluator_env_num,
-                    episodes=job.config.env.n_evaluator_episode,
-                    policy_version=job.policy.version,
-                    policy_path=job.policy.path,
-                    policy_sha256=job.policy.sha256,
-                )
-                job.eval_requested_iter = job.policy.train_iter
-                plan.append(self._assign(job, worker, "evaluate", spec))
-        return plan
+    def role_count(self, role: str) -> int:
+        return sum(w.role == role for w in self.workers.values())
+
+    def assign(self, job: Job, worker: Worker, kind: str, spec: Any) -> Dispatch:
+        return self._assign(job, worker, kind, spec)
+
+    def seed(self, job: Job) -> int:
+        return self._seed(job)
+
+    def finish(self, job: Job, phase: str, reason: str) -> None:
+        self._finish(job, phase, reason)
 
     def _can_take(self, worker: Worker, now: float) -> bool:
         """Not backing off, and no assignment of an earlier pass still in flight: a
@@ -984,102 +893,6 @@ class Coordinator:
             self.tasks[t].state == "assigning" and self.tasks[t].planned_in_pass < self._pass
             for t in worker.task_ids
         )
-
-    def _evaluation_episodes(self, job: Job) -> int:
-        return job.config.system.evaluate.episodes or job.config.env.n_evaluator_episode
-
-    def _plan_evaluation(self, job: Job) -> list[Dispatch]:
-        """The evaluate workflow: share the episodes still to run among free collectors."""
-        now = self._clock()
-        free = [
-            w
-            for w in self.workers.values()
-            if w.role == "collector"
-            and self._can_take(w, now)
-            and not any(self.tasks[t].kind == "evaluate" for t in w.task_ids)
-        ]
-        left = self._evaluation_episodes(job) - len(job.evaluation) - job.evaluation_assigned
-        plan = []
-        evaluate = job.config.system.evaluate
-        for i, worker in enumerate(free):
-            if left <= 0:
-                break
-            share = -(-left // (len(free) - i))  # ceil: what is left, over who is left
-            spec = EvaluateSpec(
-                seed=self._seed(job),
-                num_envs=min(job.config.env.evaluator_env_num, share),
-                episodes=share,
-                source=evaluate.source,
-                policy_path=evaluate.path,
-            )
-            job.evaluation_assigned += share
-            left -= share
-            plan.append(self._assign(job, worker, "evaluate", spec))
-        return plan
-
-    def _record_evaluation(self, job: Job, task: Task, outcome: EvalResult) -> None:
-        job.evaluation_assigned -= int(task.spec["episodes"])
-        for ret, length in zip(outcome.returns, outcome.lengths, strict=False):
-            job.evaluation.append(
-                {
-                    "return": ret,
-                    "length": length,
-                    "task_id": task.task_id,
-                    "seed": task.spec["seed"],
-                }
-            )
-        wanted = self._evaluation_episodes(job)
-        if len(job.evaluation) < wanted or job.phase != "running":
-            return
-        episodes = job.evaluation[:wanted]
-        returns = [e["return"] for e in episodes]
-        summary = EvalSummary(
-            return_mean=statistics.fmean(returns),
-            return_std=statistics.pstdev(returns),
-            episodes=len(episodes),
-            policy_version=0,
-            train_iter=0,
-            env_steps=sum(e["length"] for e in episodes),
-        )
-        job.evals.append(summary)
-        job.env_steps = summary.env_steps
-        source = job.config.system.evaluate
-        self.store.write_json(
-            f"{job.job_id}/eval/results.json",
-            {
-                "source": source.source,
-                "path": source.path,
-                "summary": dump(summary),
-                "episodes": episodes,
-            },
-        )
-        rows = ["episode,return,length,task_id,seed"] + [
-            f"{i},{e['return']},{e['length']},{e['task_id']},{e['seed']}"
-            for i, e in enumerate(episodes)
-        ]
-        self.store.write_bytes(f"{job.job_id}/eval/results.csv", ("\n".join(rows) + "\n").encode())
-        self._finish(
-            job,
-            "succeeded",
-            f"evaluated {len(episodes)} episodes of {source.source}: return "
-            f"{summary.return_mean:.1f} ± {summary.return_std:.1f}",
-        )
-
-    def _round_share(self, job: Job) -> int | None:
-        """Sync workflow: each collector's env steps per round (n_sample split evenly
-        over the collectors the job expects)."""
-        if job.config.system.workflow != "sync":
-            return None
-        expected = job.config.system.collector_num or max(
-            1, sum(w.role == "collector" for w in self.workers.values())
-        )
-        return -(-job.config.policy.collect.n_sample // expected)
-
-    def _eval_due(self, job: Job) -> bool:
-        if job.policy is None or job.policy.version == 0:
-            return False
-        eval_freq = job.config.policy.eval.evaluator.eval_freq
-        return job.policy.train_iter - job.eval_requested_iter >= eval_freq
 
     def _seed(self, job: Job) -> int:
         job.tasks_created += 1

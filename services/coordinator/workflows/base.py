@@ -1,0 +1,78 @@
+"""The contract between the coordinator and a workflow."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+from common.config import JobConfig, ReplayBufferConfig
+from common.messages import EvalResult
+
+if TYPE_CHECKING:
+    from common.storage import SharedStore
+    from services.coordinator.core import CoordinatorLimits, Dispatch, Job, Task, Worker
+
+
+class Planner(Protocol):
+    """What the coordinator offers a workflow while it holds the coordinator's lock.
+
+    A workflow reads and changes its job's fields, and creates tasks only through
+    `assign`, so leases, credentials and dispatching stay the coordinator's.
+    """
+
+    store: SharedStore
+    limits: CoordinatorLimits
+
+    def free_workers(self, role: str, kind: str) -> list[Worker]:
+        """Workers of `role` that can take a task of `kind` now."""
+        ...
+
+    def active_kinds(self, job: Job) -> dict[str, int]:
+        """How many of the job's tasks of each kind are assigned or running."""
+        ...
+
+    def role_count(self, role: str) -> int:
+        """Registered workers of `role`."""
+        ...
+
+    def assign(self, job: Job, worker: Worker, kind: str, spec: Any) -> Dispatch:
+        """Create a task of the job for `worker`; the scheduler sends it."""
+        ...
+
+    def seed(self, job: Job) -> int:
+        """A fresh seed for one of the job's tasks."""
+        ...
+
+    def finish(self, job: Job, phase: str, reason: str) -> None:
+        """End the job (durably; its tasks are cancelled)."""
+        ...
+
+
+class Workflow(Protocol):
+    """A kind of job. Usage, by the coordinator::
+
+    replay = workflow.replay(config)           # the buffer the job gets
+    workflow.admit(config, planner)            # at submission: ApiError when not
+    dispatches = workflow.plan(job, planner)   # each scheduling pass
+    workflow.evaluated(job, task, result, planner)   # an evaluate task's result
+    workflow.task_ended(job, task, state)      # a task failed or was lost
+    """
+
+    def replay(self, config: JobConfig) -> ReplayBufferConfig:
+        """The job's replay buffer settings, from its config."""
+        ...
+
+    def admit(self, config: JobConfig, planner: Planner) -> None:
+        """Refuse (ApiError 400) what this workflow cannot run on this coordinator."""
+        ...
+
+    def plan(self, job: Job, planner: Planner) -> list[Dispatch]:
+        """Assignments for free workers (the coordinator sends them)."""
+        ...
+
+    def evaluated(self, job: Job, task: Task, result: EvalResult, planner: Planner) -> None:
+        """An evaluate task of the job completed with `result`."""
+        ...
+
+    def task_ended(self, job: Job, task: Task, state: str) -> None:
+        """A task of the job ended `failed` or `lost` (before its result)."""
+        ...

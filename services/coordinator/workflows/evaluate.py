@@ -1,0 +1,117 @@
+"""The evaluate workflow: run a given policy file, a learner checkpoint or random
+actions for `episodes` episodes, shared among the free collectors; write the results
+(JSON and CSV) and succeed. Nothing is trained or replayed."""
+
+from __future__ import annotations
+
+import dataclasses
+import statistics
+from typing import TYPE_CHECKING
+
+from common.config import JobConfig, ReplayBufferConfig
+from common.errors import bad_request
+from common.messages import EvalResult, EvalSummary, EvaluateSpec, dump
+from common.storage import PathError
+from services.coordinator.workflows.base import Planner
+
+if TYPE_CHECKING:
+    from services.coordinator.core import Dispatch, Job, Task
+
+
+class Evaluate:
+    def replay(self, config: JobConfig) -> ReplayBufferConfig:
+        # Nothing is replayed: a token index instead of the configured one.
+        return dataclasses.replace(
+            config.policy.other.replay_buffer, replay_buffer_size=1, min_size_to_sample=1
+        )
+
+    def admit(self, config: JobConfig, planner: Planner) -> None:
+        evaluate = config.system.evaluate
+        if evaluate.source == "random":
+            return
+        field = "config.system.evaluate.path"
+        try:
+            if not planner.store.resolve(str(evaluate.path)).is_file():
+                raise bad_request(field, f"no file at '{evaluate.path}' under the shared root")
+        except PathError as exc:
+            raise bad_request(field, str(exc)) from None
+
+    @staticmethod
+    def episodes(job: Job) -> int:
+        return job.config.system.evaluate.episodes or job.config.env.n_evaluator_episode
+
+    def plan(self, job: Job, planner: Planner) -> list[Dispatch]:
+        """Share the episodes still to run among the free collectors."""
+        free = planner.free_workers("collector", "evaluate")
+        left = self.episodes(job) - len(job.evaluation) - job.evaluation_assigned
+        plan = []
+        evaluate = job.config.system.evaluate
+        for i, worker in enumerate(free):
+            if left <= 0:
+                break
+            share = -(-left // (len(free) - i))  # ceil: what is left, over who is left
+            spec = EvaluateSpec(
+                seed=planner.seed(job),
+                num_envs=min(job.config.env.evaluator_env_num, share),
+                episodes=share,
+                source=evaluate.source,
+                policy_path=evaluate.path,
+            )
+            job.evaluation_assigned += share
+            left -= share
+            plan.append(planner.assign(job, worker, "evaluate", spec))
+        return plan
+
+    def evaluated(self, job: Job, task: Task, result: EvalResult, planner: Planner) -> None:
+        job.evaluation_assigned -= int(task.spec["episodes"])
+        for ret, length in zip(result.returns, result.lengths, strict=False):
+            job.evaluation.append(
+                {
+                    "return": ret,
+                    "length": length,
+                    "task_id": task.task_id,
+                    "seed": task.spec["seed"],
+                }
+            )
+        wanted = self.episodes(job)
+        if len(job.evaluation) < wanted or job.phase != "running":
+            return
+        episodes = job.evaluation[:wanted]
+        returns = [e["return"] for e in episodes]
+        summary = EvalSummary(
+            return_mean=statistics.fmean(returns),
+            return_std=statistics.pstdev(returns),
+            episodes=len(episodes),
+            policy_version=0,
+            train_iter=0,
+            env_steps=sum(e["length"] for e in episodes),
+        )
+        job.evals.append(summary)
+        job.env_steps = summary.env_steps
+        source = job.config.system.evaluate
+        planner.store.write_json(
+            f"{job.job_id}/eval/results.json",
+            {
+                "source": source.source,
+                "path": source.path,
+                "summary": dump(summary),
+                "episodes": episodes,
+            },
+        )
+        rows = ["episode,return,length,task_id,seed"] + [
+            f"{i},{e['return']},{e['length']},{e['task_id']},{e['seed']}"
+            for i, e in enumerate(episodes)
+        ]
+        planner.store.write_bytes(
+            f"{job.job_id}/eval/results.csv", ("\n".join(rows) + "\n").encode()
+        )
+        planner.finish(
+            job,
+            "succeeded",
+            f"evaluated {len(episodes)} episodes of {source.source}: return "
+            f"{summary.return_mean:.1f} ± {summary.return_std:.1f}",
+        )
+
+    def task_ended(self, job: Job, task: Task, state: str) -> None:
+        if task.kind == "evaluate":
+            job.evaluation_assigned -= int(task.spec["episodes"])  # they go out again

@@ -1,0 +1,143 @@
+"""Training workflows: collectors collect, one learner trains, an evaluation runs every
+`eval_freq` train iterations, and the job succeeds at `stop_value`.
+
+`async`: collectors run freely with the newest policy they have (DQN, SAC, IMPALA
+with a bound on policy lag). `sync`: rounds of exactly `n_sample` items with one
+policy version, split evenly over the collectors the job expects (PPO).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import statistics
+from typing import TYPE_CHECKING
+
+from common.config import JobConfig, ReplayBufferConfig
+from common.errors import bad_request
+from common.messages import CollectSpec, EvalResult, EvalSummary, EvaluateSpec, LearnSpec
+from services.coordinator.workflows.base import Planner
+
+if TYPE_CHECKING:
+    from services.coordinator.core import Dispatch, Job, Task
+
+log = logging.getLogger(__name__)
+
+
+class AsyncTraining:
+    def replay(self, config: JobConfig) -> ReplayBufferConfig:
+        replay = config.policy.other.replay_buffer
+        lag = config.system.max_policy_lag
+        if lag is not None:
+            # The bound on policy lag is enforced where data is sampled.
+            bound = lag if replay.max_staleness is None else min(lag, replay.max_staleness)
+            replay = dataclasses.replace(replay, max_staleness=bound)
+        return replay
+
+    def admit(self, config: JobConfig, planner: Planner) -> None:
+        size = config.policy.other.replay_buffer.replay_buffer_size
+        if size > planner.limits.max_buffer_items:
+            raise bad_request(
+                "config.policy.other.replay_buffer.replay_buffer_size",
+                f"{size} exceeds this coordinator's limit of {planner.limits.max_buffer_items}",
+            )
+
+    def round_steps(self, job: Job, planner: Planner) -> int | None:
+        """Env steps each collector contributes to a round (None: no rounds)."""
+        return None
+
+    def plan(self, job: Job, planner: Planner) -> list[Dispatch]:
+        kinds = planner.active_kinds(job)
+        plan: list[Dispatch] = []
+        if kinds.get("learn", 0) < job.config.system.learner_num:
+            learners = [w for w in planner.free_workers("learner", "learn") if not w.task_ids]
+            if learners:
+                spec = LearnSpec(seed=planner.seed(job))
+                plan.append(planner.assign(job, learners[0], "learn", spec))
+        wanted = job.config.system.collector_num or planner.role_count("collector")
+        collectors = planner.free_workers("collector", "collect")
+        for worker in collectors[: max(0, wanted - kinds.get("collect", 0))]:
+            spec = CollectSpec(
+                seed=planner.seed(job),
+                num_envs=job.config.env.collector_env_num,
+                round_steps=self.round_steps(job, planner),
+            )
+            plan.append(planner.assign(job, worker, "collect", spec))
+        if kinds.get("evaluate", 0) == 0 and self._eval_due(job):
+            evaluators = planner.free_workers("collector", "evaluate")
+            if evaluators:
+                assert job.policy is not None
+                # The least busy collector evaluates, so collection slows the least.
+                worker = min(evaluators, key=lambda w: len(w.task_ids))
+                spec = EvaluateSpec(
+                    seed=planner.seed(job),
+                    num_envs=job.config.env.evaluator_env_num,
+                    episodes=job.config.env.n_evaluator_episode,
+                    policy_version=job.policy.version,
+                    policy_path=job.policy.path,
+                    policy_sha256=job.policy.sha256,
+                )
+                job.eval_requested_iter = job.policy.train_iter
+                plan.append(planner.assign(job, worker, "evaluate", spec))
+        return plan
+
+    @staticmethod
+    def _eval_due(job: Job) -> bool:
+        if job.policy is None or job.policy.version == 0:
+            return False
+        eval_freq = job.config.policy.eval.evaluator.eval_freq
+        return job.policy.train_iter - job.eval_requested_iter >= eval_freq
+
+    def evaluated(self, job: Job, task: Task, result: EvalResult, planner: Planner) -> None:
+        returns = result.returns
+        train_iter = job.train_iters
+        if job.policy is not None and job.policy.version == result.policy_version:
+            train_iter = job.policy.train_iter
+        summary = EvalSummary(
+            return_mean=statistics.fmean(returns),
+            return_std=statistics.pstdev(returns),
+            episodes=len(returns),
+            policy_version=result.policy_version,
+            train_iter=train_iter,
+            env_steps=job.env_steps,
+        )
+        job.evals.append(summary)
+        log.info(
+            "job %s eval of version %d: %.1f ± %.1f over %d episodes",
+            job.job_id,
+            summary.policy_version,
+            summary.return_mean,
+            summary.return_std,
+            summary.episodes,
+        )
+        if job.best_eval is None or summary.return_mean > job.best_eval.return_mean:
+            job.best_eval = summary
+            planner.store.write_json(
+                f"{job.job_id}/policies/best.json",
+                {
+                    "version": summary.policy_version,
+                    "path": planner.store.policy_path(job.job_id, summary.policy_version),
+                    "return_mean": summary.return_mean,
+                },
+            )
+        stop_value = job.config.env.stop_value
+        if job.phase == "running" and stop_value is not None and summary.return_mean >= stop_value:
+            planner.finish(
+                job,
+                "succeeded",
+                f"eval return {summary.return_mean:.1f} >= stop_value {stop_value} "
+                f"(policy version {summary.policy_version})",
+            )
+
+    def task_ended(self, job: Job, task: Task, state: str) -> None:
+        if task.kind == "evaluate":
+            # Whatever ended it (a refused dispatch, a failure, a lost lease), the
+            # evaluation is due again at the next pass, not a whole eval_freq later.
+            job.eval_requested_iter = job.evals[-1].train_iter if job.evals else 0
+
+
+class SyncTraining(AsyncTraining):
+    def round_steps(self, job: Job, planner: Planner) -> int | None:
+        """n_sample split evenly over the collectors the job expects (rounded up)."""
+        expected = job.config.system.collector_num or max(1, planner.role_count("collector"))
+        return -(-job.config.policy.collect.n_sample // expected)
