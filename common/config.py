@@ -298,6 +298,16 @@ ALGORITHM_DEFAULTS["impala"] = {
     "system": {"workflow": "async", "max_policy_lag": 8},
 }
 
+#: What one item of each algorithm's step data is: a transition, an unroll of
+#: `unroll_len` steps, or a step of an on-policy round (collectors and learners run
+#: the matching loop; the task spec carries it).
+COLLECT_UNITS: dict[str, Literal["transitions", "unrolls", "rounds"]] = {
+    "dqn": "transitions",
+    "ppo": "rounds",
+    "impala": "unrolls",
+    "sac": "transitions",
+}
+
 #: The workflows each algorithm can run.
 WORKFLOWS = {
     "dqn": {"async", "evaluate"},

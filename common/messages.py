@@ -198,7 +198,10 @@ class WorkerInfo:
 class CollectSpec:
     seed: Count
     num_envs: PosInt
-    #: Sync workflow: env steps this collector contributes to each round.
+    #: The loop the collector runs: n-step transitions, fixed-length unrolls, or
+    #: rounds of exactly `round_steps` env steps with one policy version.
+    mode: Literal["transitions", "unrolls", "rounds"] = "transitions"
+    #: Rounds: env steps this collector contributes to each round.
     round_steps: PosInt | None = None
 
 
@@ -218,6 +221,8 @@ class EvaluateSpec:
 @message
 class LearnSpec:
     seed: Count
+    #: Batches sampled as they come, or whole on-policy rounds (one version each).
+    mode: Literal["batches", "rounds"] = "batches"
 
 
 SPEC_TYPES: dict[str, type] = {

@@ -248,13 +248,15 @@ class CollectorRunner:
         config = read_job_config(self.store, ctx.task.job_id)
         torch.set_num_threads(config.system.torch_num_threads)
         spec = ctx.task.typed_spec()
-        if isinstance(spec, CollectSpec) and config.system.workflow == "sync":
-            return self.collect_rounds(ctx, config, spec)
-        if isinstance(spec, CollectSpec) and config.policy.type == "impala":
-            return self.collect_unrolls(ctx, config, spec)
-        if isinstance(spec, CollectSpec):
-            return self.collect(ctx, config, spec)
-        return self.evaluate(ctx, config, spec)
+        if not isinstance(spec, CollectSpec):
+            return self.evaluate(ctx, config, spec)
+        # The task says which loop: the coordinator's workflow chose it.
+        loops = {
+            "transitions": self.collect,
+            "unrolls": self.collect_unrolls,
+            "rounds": self.collect_rounds,
+        }
+        return loops[spec.mode](ctx, config, spec)
 
     def _actor_critic_rig(
         self, ctx: TaskContext, config: JobConfig, spec: CollectSpec

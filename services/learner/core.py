@@ -26,7 +26,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
-from common.config import JobConfig, PolicyConfig, read_job_config
+from common.config import COLLECT_UNITS, JobConfig, PolicyConfig, read_job_config
 from common.errors import ApiError
 from common.http import ServiceUnavailable
 from common.messages import MAX_ABS_FLOAT, MAX_PRIORITY, PolicyRef, SampledBatch, SampleReply
@@ -41,6 +41,10 @@ from services.learner.algorithms.sac import SAC
 log = logging.getLogger(__name__)
 
 KEEP_CHECKPOINTS = 2
+
+
+#: Each algorithm's learning side, by `policy.type`.
+LEARNERS: dict[str, Any] = {"dqn": DQN, "ppo": PPO, "impala": Impala, "sac": SAC}
 
 
 class JobOver(Exception):
@@ -97,7 +101,8 @@ class SegmentSchema:
         model = policy.model
         if model.obs_shape is None or model.action_shape is None:
             raise ValueError("the job config lacks policy.model.obs_shape or action_shape")
-        steps = (policy.collect.unroll_len,) if policy.type == "impala" else ()
+        unrolls = COLLECT_UNITS[policy.type] == "unrolls"
+        steps = (policy.collect.unroll_len,) if unrolls else ()
         specs: dict[str, ColumnSpec] = {}
         for name in names:
             row = () if name in PER_ITEM_COLUMNS else steps
@@ -306,14 +311,11 @@ class LearnerRunner:
         spec = ctx.task.typed_spec()
         torch.manual_seed(spec.seed)
         device = torch.device(config.policy.torch_device)
-        if config.policy.type == "ppo":
-            ppo = PPO(config.policy, device)
-            version = self._resume(job_id, ppo, ctx)
-            return _RoundSession(ctx, config, self.store, ppo, version).run()
-        algorithms = {"dqn": DQN, "impala": Impala, "sac": SAC}
-        algo = algorithms[config.policy.type](config.policy, device)
+        algo = LEARNERS[config.policy.type](config.policy, device)
         version = self._resume(job_id, algo, ctx)
-        return _LearnSession(ctx, config, self.store, algo, version).run()
+        # The task says how to learn: the coordinator's workflow chose it.
+        session = _RoundSession if spec.mode == "rounds" else _LearnSession
+        return session(ctx, config, self.store, algo, version).run()
 
     def _resume(self, job_id: str, dqn: DQN | PPO | Impala | SAC, ctx: TaskContext) -> int:
         """Continue where the job's last learner stopped; return the newest policy

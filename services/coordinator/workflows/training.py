@@ -11,9 +11,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import statistics
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
-from common.config import JobConfig, ReplayBufferConfig
+from common.config import COLLECT_UNITS, JobConfig, ReplayBufferConfig
 from common.errors import bad_request
 from common.messages import CollectSpec, EvalResult, EvalSummary, EvaluateSpec, LearnSpec
 from services.coordinator.workflows.base import Planner
@@ -42,6 +42,13 @@ class AsyncTraining:
                 f"{size} exceeds this coordinator's limit of {planner.limits.max_buffer_items}",
             )
 
+    #: What the learner runs: batches sampled as they come.
+    learn_mode: Literal["batches", "rounds"] = "batches"
+
+    def collect_mode(self, job: Job) -> Literal["transitions", "unrolls", "rounds"]:
+        """The collector's loop: the algorithm's unit of step data."""
+        return COLLECT_UNITS[job.config.policy.type]
+
     def round_steps(self, job: Job, planner: Planner) -> int | None:
         """Env steps each collector contributes to a round (None: no rounds)."""
         return None
@@ -52,7 +59,7 @@ class AsyncTraining:
         if kinds.get("learn", 0) < job.config.system.learner_num:
             learners = [w for w in planner.free_workers("learner", "learn") if not w.task_ids]
             if learners:
-                spec = LearnSpec(seed=planner.seed(job))
+                spec = LearnSpec(seed=planner.seed(job), mode=self.learn_mode)
                 plan.append(planner.assign(job, learners[0], "learn", spec))
         wanted = job.config.system.collector_num or planner.role_count("collector")
         collectors = planner.free_workers("collector", "collect")
@@ -60,6 +67,7 @@ class AsyncTraining:
             spec = CollectSpec(
                 seed=planner.seed(job),
                 num_envs=job.config.env.collector_env_num,
+                mode=self.collect_mode(job),
                 round_steps=self.round_steps(job, planner),
             )
             plan.append(planner.assign(job, worker, "collect", spec))
@@ -137,6 +145,11 @@ class AsyncTraining:
 
 
 class SyncTraining(AsyncTraining):
+    learn_mode: Literal["batches", "rounds"] = "rounds"
+
+    def collect_mode(self, job: Job) -> Literal["transitions", "unrolls", "rounds"]:
+        return "rounds"
+
     def round_steps(self, job: Job, planner: Planner) -> int | None:
         """n_sample split evenly over the collectors the job expects (rounded up)."""
         expected = job.config.system.collector_num or max(1, planner.role_count("collector"))
