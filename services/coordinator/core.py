@@ -10,13 +10,14 @@ lock so one waiting learner never holds up the rest.
 from __future__ import annotations
 
 import collections
+import contextlib
 import hmac
 import logging
 import secrets
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -178,6 +179,9 @@ class Job:
     final_snapshot: bool = False
     #: The job's terminal phase is on disk (record.json): its segments may go.
     terminal_durable: bool = False
+    #: (phase, reason, finished_at) of an end being written to disk: the job takes no
+    #: more data or tasks, and shows the phase once it is durable.
+    ending: tuple[str, str, float] | None = None
     #: The evaluate workflow: per-episode results so far, and episodes handed out.
     evaluation: list[dict[str, Any]] = field(default_factory=list)
     evaluation_assigned: int = 0
@@ -195,6 +199,11 @@ class Job:
     )
     metrics: collections.deque = field(default_factory=collections.deque)
 
+    @property
+    def running(self) -> bool:
+        """Takes data and tasks: running, and not ending."""
+        return self.phase == "running" and self.ending is None
+
 
 @dataclass(frozen=True)
 class Dispatch:
@@ -206,6 +215,25 @@ class Dispatch:
     worker_id: str
     task: TaskAssignment | None = None  # assign this task
     cancel_task_id: str | None = None  # or cancel this one
+
+
+class _DeferredDeletes:
+    """The buffer's segment files: a file released while the coordinator's lock is held
+    is deleted once the lock is let go."""
+
+    def __init__(self, store: SharedStore, defer: Callable[[Callable[[], Any]], None]) -> None:
+        self._store = store
+        self._defer = defer
+
+    def delete(self, rel: str) -> bool:
+        self._defer(lambda: self._store.delete(rel))
+        return True
+
+    def write_bytes(self, rel: str, data: bytes) -> Any:
+        return self._store.write_bytes(rel, data)
+
+    def read_bytes(self, rel: str) -> bytes:
+        return self._store.read_bytes(rel)
 
 
 class Coordinator:
@@ -224,6 +252,8 @@ class Coordinator:
         self._clock = clock
         self._wall = wall_clock
         self._lock = threading.RLock()
+        #: Per thread: how deep in `_changing` it is, and the disk work it deferred.
+        self._local = threading.local()
         self._changed = threading.Condition(self._lock)
         self._dirty = False
         self.jobs: dict[str, Job] = {}
@@ -237,6 +267,37 @@ class Coordinator:
         self._waiting_samples = 0
         self._waiting_by_job: collections.Counter[str] = collections.Counter()
         self._pass = 0
+
+    # --- the lock and what waits for it ----------------------------------------------
+
+    @contextlib.contextmanager
+    def _changing(self) -> Iterator[None]:
+        """Hold the lock for a change of state. Disk work the change needs (`_defer`)
+        runs after the lock is released, in order, in this thread: before the caller
+        answers, and never while another request waits for the lock."""
+        depth = getattr(self._local, "depth", 0)
+        if depth == 0:
+            self._local.effects = []
+        self._local.depth = depth + 1
+        try:
+            with self._lock:
+                yield
+        finally:
+            self._local.depth = depth
+            if depth == 0:
+                effects, self._local.effects = self._local.effects, []
+                for effect in effects:
+                    try:
+                        effect()
+                    except Exception:
+                        log.exception("deferred disk work failed")
+
+    def _defer(self, effect: Callable[[], Any]) -> None:
+        """Run `effect` once the current change releases the lock (now, outside one)."""
+        if getattr(self._local, "depth", 0):
+            self._local.effects.append(effect)
+        else:
+            effect()
 
     # --- jobs ----------------------------------------------------------------------
 
@@ -269,7 +330,7 @@ class Coordinator:
         # Durable before it is answered: a coordinator that dies right after the 201
         # finds the job again.
         write_job_record(self.store, job_id, self._job_record(job))
-        with self._lock:
+        with self._changing():
             self.jobs[job_id] = job
             self._notify()
         log.info("job %s (%s) submitted: %s", job_id, job.name, config.env.env_id)
@@ -283,7 +344,11 @@ class Coordinator:
         replay = self._workflow(config).replay(config)
         error_buffer = replay.error_buffer or 2 * min_error_buffer(config)
         return ReplayBuffer(
-            job_id, replay, self.store, error_buffer=error_buffer, seed=config.system.seed
+            job_id,
+            replay,
+            _DeferredDeletes(self.store, self._defer),
+            error_buffer=error_buffer,
+            seed=config.system.seed,
         )
 
     def _check_limits(self, config: JobConfig) -> None:
@@ -311,46 +376,60 @@ class Coordinator:
     def _running_job(self, job_id: str) -> Job:
         self._raise_if_closing()
         job = self._job(job_id)
-        if job.phase in TERMINAL_PHASES:
-            raise conflict("job_finished", f"job {job_id} is {job.phase}: {job.reason}")
+        if not job.running:
+            phase, reason = job.ending[:2] if job.ending else (job.phase, job.reason)
+            raise conflict("job_finished", f"job {job_id} is {phase}: {reason}")
         return job
 
     def stop_job(self, job_id: str) -> JobStatus:
-        with self._lock:
+        with self._changing():
             job = self._job(job_id)
-            if job.phase not in TERMINAL_PHASES:
+            if job.running:
                 self._finish(job, "stopped", "stopped by request")
-            return self._status(job)
+        # The end is on disk now (the change's deferred work ran): answer with it.
+        return self.job_status(job_id)
 
     def _finish(self, job: Job, phase: str, reason: str) -> None:
-        """End a job: make its end durable, wake its buffer's waiters, cancel every
-        task of it, and only then delete its step data."""
-        job.phase, job.reason, job.finished_at = phase, reason, self._wall()
+        """End a job: stop its data and its tasks now; its new phase shows once it is
+        on disk (`_complete_end`, run when the lock is let go), and its step data is
+        deleted only after that."""
+        if not job.running:
+            return  # already ending
+        job.ending = (phase, reason, self._wall())
         job.buffer.close()  # no more data in or out, whatever follows
-        self._make_terminal_durable(job)
         for task in self.tasks.values():
             if task.job_id == job.job_id and task.state in ACTIVE:
                 worker = self.workers.get(task.worker_id)
                 self._end_task(task, "cancelled")
                 if worker is not None:
                     self._cancels.append(self._cancel_dispatch(worker, task.task_id))
-        self.store.write_json(f"{job.job_id}/summary.json", dump(self._status(job)))
+        record = {**self._job_record(job), "phase": phase, "reason": reason}
+        record["finished_at"] = job.ending[2]
+        self._defer(lambda: self._complete_end(job, record))
         log.info("job %s %s: %s", job.job_id, phase, reason)
         self._notify()
 
-    def _make_terminal_durable(self, job: Job) -> None:
-        """Write the ended job's record; then (and only then) delete its segments.
+    def _complete_end(self, job: Job, record: dict[str, Any]) -> None:
+        """Write the ending job's record; then show its end; then delete its segments.
 
-        A small JSON file, written with fsync under the lock: rare, and it must come
-        before anyone can see the job as ended. When it cannot be written, the
-        segments stay and the snapshot thread tries again.
+        Nobody sees a job as ended before its end is on disk, so a coordinator killed
+        at any moment never brings back as running a job it reported as ended. When
+        the record cannot be written, the job stays ending and the snapshot thread
+        tries again.
         """
         try:
-            write_job_record(self.store, job.job_id, self._job_record(job))
+            write_job_record(self.store, job.job_id, record)
         except OSError as exc:
             log.error("job %s: cannot record its end yet (%s); will retry", job.job_id, exc)
             return
-        job.terminal_durable = True
+        with self._changing():
+            if job.terminal_durable or job.ending is None:
+                return
+            job.phase, job.reason, job.finished_at = job.ending
+            job.terminal_durable = True
+            summary = dump(self._status(job))
+            self._notify()
+        self.store.write_json(f"{job.job_id}/summary.json", summary)
         # Step data is only for training: a finished job keeps policies, checkpoints,
         # evaluations and logs, not segments.
         try:
@@ -359,11 +438,11 @@ class Coordinator:
             log.exception("job %s: releasing its segments failed", job.job_id)
 
     def job_status(self, job_id: str) -> JobStatus:
-        with self._lock:
+        with self._changing():
             return self._status(self._job(job_id))
 
     def list_jobs(self) -> list[JobStatus]:
-        with self._lock:
+        with self._changing():
             return [self._status(j) for j in self.jobs.values()]
 
     def _status(self, job: Job) -> JobStatus:
@@ -386,7 +465,7 @@ class Coordinator:
         )
 
     def job_metrics(self, job_id: str) -> JobMetrics:
-        with self._lock:
+        with self._changing():
             job = self._job(job_id)
             points, evals = list(job.metrics), list(job.evals)
             unusable = sorted(job.unusable_segments)
@@ -401,7 +480,7 @@ class Coordinator:
 
     def buffer_sizes(self) -> dict[str, int]:
         """Each job's buffer size (cheap: no stats are computed)."""
-        with self._lock:
+        with self._changing():
             return {job_id: job.buffer.size for job_id, job in self.jobs.items()}
 
     # --- workers -------------------------------------------------------------------
@@ -416,7 +495,7 @@ class Coordinator:
             secret=secrets.token_urlsafe(32),
             slave_token=reg.slave_token,
         )
-        with self._lock:
+        with self._changing():
             if len(self.workers) >= self.limits.max_workers:
                 raise ApiError(
                     503,
@@ -437,7 +516,7 @@ class Coordinator:
     def worker_for_credential(self, credential: str) -> Caller | None:
         """The worker a credential belongs to (None if it is no live worker's)."""
         worker_id, _, secret = credential.rpartition(".")
-        with self._lock:
+        with self._changing():
             worker = self.workers.get(worker_id)
         if worker is None or not hmac.compare_digest(secret.encode(), worker.secret.encode()):
             return None
@@ -452,7 +531,7 @@ class Coordinator:
     def heartbeat(self, worker_id: str, beat: Heartbeat, *, caller: str | None = None) -> list[str]:
         """Renew the worker's lease; returns the ids of tasks it must stop."""
         self._must_be(caller, worker_id, "send the heartbeats")
-        with self._lock:
+        with self._changing():
             worker = self.workers.get(worker_id)
             if worker is None:
                 raise ApiError(404, "unknown_worker", f"worker {worker_id} is not registered")
@@ -477,7 +556,7 @@ class Coordinator:
 
     def leave(self, worker_id: str, *, caller: str | None = None) -> None:
         self._must_be(caller, worker_id, "end the registration")
-        with self._lock:
+        with self._changing():
             if worker_id not in self.workers:
                 raise not_found(f"worker {worker_id}")
             self._drop_worker(worker_id, "left")
@@ -491,7 +570,7 @@ class Coordinator:
 
     def list_workers(self) -> list[WorkerInfo]:
         now = self._clock()
-        with self._lock:
+        with self._changing():
             return [
                 WorkerInfo(
                     worker_id=w.worker_id,
@@ -535,8 +614,9 @@ class Coordinator:
 
     def _end_task(self, task: Task, state: str) -> None:
         job = self.jobs.get(task.job_id)
-        if task.kind == "learn" and job is not None and state != "done":
-            # Items handed to this task that it never acknowledged go back.
+        if task.kind == "learn" and job is not None and job.running and state != "done":
+            # Items handed to this task that it never acknowledged go back (to a job
+            # that still trains: an ended one has nobody to give them to).
             returned = job.buffer.give_back(task.task_id)
             if returned:
                 log.info("task %s ended (%s): %d held items back", task.task_id, state, returned)
@@ -552,7 +632,7 @@ class Coordinator:
     def complete_task(
         self, task_id: str, result: dict[str, Any], *, caller: str | None = None
     ) -> None:
-        with self._lock:
+        with self._changing():
             task = self._task(task_id)
             self._must_be(caller, task.worker_id, f"report on task {task_id}")
             job = self.jobs[task.job_id]
@@ -567,14 +647,14 @@ class Coordinator:
                 self._workflow(job.config).evaluated(job, task, outcome, self)
 
     def fail_task(self, task_id: str, error: str, *, caller: str | None = None) -> None:
-        with self._lock:
+        with self._changing():
             task = self._task(task_id)
             self._must_be(caller, task.worker_id, f"report on task {task_id}")
             job = self.jobs[task.job_id]
             self._end_task(task, "failed")
             job.task_failures += 1
             log.warning("task %s (%s) of job %s failed: %s", task_id, task.kind, job.job_id, error)
-            if job.task_failures >= self.limits.max_task_failures and job.phase == "running":
+            if job.task_failures >= self.limits.max_task_failures and job.running:
                 self._finish(
                     job, "failed", f"{job.task_failures} tasks failed; last: {error[:500]}"
                 )
@@ -584,7 +664,7 @@ class Coordinator:
     def insert_segments(
         self, job_id: str, insert: SegmentInsert, *, caller: str | None = None
     ) -> InsertReply:
-        with self._lock:
+        with self._changing():
             job = self._running_job(job_id)
             self._check_sender(job_id, insert.task_id, "collect", caller)
         segments_dir = f"{job_id}/segments"
@@ -605,7 +685,7 @@ class Coordinator:
         except BufferClosed:
             self._raise_if_closing()
             raise
-        with self._lock:
+        with self._changing():
             self._account(job, result.accepted_refs)
             return InsertReply(
                 accepted=result.accepted, duplicates=result.duplicates, env_steps=job.env_steps
@@ -633,7 +713,7 @@ class Coordinator:
             job.env_steps += ref.env_steps
             job.episode_returns.extend(ref.episode_returns)
         max_env_step = job.config.system.max_env_step
-        if job.phase == "running" and max_env_step and job.env_steps >= max_env_step:
+        if job.running and max_env_step and job.env_steps >= max_env_step:
             self._finish_at_limit(job, f"max_env_step {max_env_step} reached")
 
     def _finish_at_limit(self, job: Job, what: str) -> None:
@@ -652,7 +732,7 @@ class Coordinator:
                 "num_batches",
                 f"batch_size x num_batches = {items} exceeds {MAX_SAMPLE_ITEMS} items",
             )
-        with self._lock:
+        with self._changing():
             job = self._running_job(job_id)
             self._check_sender(job_id, request.task_id, "learn", caller)
             if request.timeout_s > 0:
@@ -672,10 +752,10 @@ class Coordinator:
             self._raise_if_closing()
             raise
         finally:
-            with self._lock:
+            with self._changing():
                 self._waiting_samples -= 1
                 self._waiting_by_job[job_id] -= 1
-        with self._lock:
+        with self._changing():
             task = self.tasks.get(request.task_id or "")
             if hold_id is not None and (task is None or task.state not in ACTIVE):
                 # The task ended while this request waited: nobody will train on them.
@@ -709,14 +789,14 @@ class Coordinator:
         return self._waiting_samples
 
     def buffer_stats(self, job_id: str) -> BufferStats:
-        with self._lock:
+        with self._changing():
             job = self._job(job_id)
         return job.buffer.stats()
 
     def update_priorities(
         self, job_id: str, update: PriorityUpdate, *, caller: str | None = None
     ) -> int:
-        with self._lock:
+        with self._changing():
             job = self._running_job(job_id)
             self._check_sender(job_id, update.task_id, "learn", caller)
         try:
@@ -734,14 +814,14 @@ class Coordinator:
         task_id: str | None = None,
         caller: str | None = None,
     ) -> None:
-        with self._lock:
+        expected = self.store.policy_path(job_id, ref.version)
+        if ref.path != expected:
+            raise bad_request("path", f"version {ref.version} must live at '{expected}'")
+        if not self.store.resolve(ref.path).is_file():
+            raise bad_request("path", f"no file at '{ref.path}'")
+        with self._changing():
             job = self._running_job(job_id)
             self._check_sender(job_id, task_id, "learn", caller)
-            expected = self.store.policy_path(job_id, ref.version)
-            if ref.path != expected:
-                raise bad_request("path", f"version {ref.version} must live at '{expected}'")
-            if not self.store.resolve(ref.path).is_file():
-                raise bad_request("path", f"no file at '{ref.path}'")
             if job.policy is not None and ref.version <= job.policy.version:
                 raise conflict(
                     "stale_version",
@@ -751,7 +831,7 @@ class Coordinator:
             job.policy_versions.append(ref.version)
             job.buffer.set_learner_version(ref.version)
             job.train_iters = max(job.train_iters, ref.train_iter)
-            self.store.write_json(f"{job_id}/policies/latest.json", dump(ref))
+            self._defer(lambda: self.store.write_json(f"{job_id}/policies/latest.json", dump(ref)))
             self._prune_policies(job)
             max_train_iter = job.config.system.max_train_iter
             if max_train_iter and job.train_iters >= max_train_iter:
@@ -766,13 +846,13 @@ class Coordinator:
         for task in self.tasks.values():
             if task.job_id == job.job_id and task.kind == "evaluate" and task.state in ACTIVE:
                 keep.add(int(task.spec["policy_version"]))
-        old = [v for v in job.policy_versions if v not in keep]
-        for version in old:
-            self.store.delete(self.store.policy_path(job.job_id, version))
+        for version in [v for v in job.policy_versions if v not in keep]:
+            path = self.store.policy_path(job.job_id, version)
+            self._defer(lambda path=path: self.store.delete(path))
         job.policy_versions = [v for v in job.policy_versions if v in keep]
 
     def latest_policy(self, job_id: str, *, caller: str | None = None) -> PolicyRef | None:
-        with self._lock:
+        with self._changing():
             job = self._job(job_id)
             if caller is not None and not any(
                 self.tasks[t].job_id == job_id for t in self._worker(caller).task_ids
@@ -788,16 +868,16 @@ class Coordinator:
 
     def policy_path(self, job_id: str, version: int | None) -> str:
         """The file of a policy version (the latest by default)."""
-        with self._lock:
+        with self._changing():
             job = self._job(job_id)
             if version is None:
                 if job.policy is None:
                     raise not_found(f"a policy of job {job_id}")
                 version = job.policy.version
-            path = self.store.policy_path(job_id, version)
-            if not self.store.resolve(path).is_file():
-                raise not_found(f"policy version {version} of job {job_id}")
-            return path
+        path = self.store.policy_path(job_id, version)
+        if not self.store.resolve(path).is_file():
+            raise not_found(f"policy version {version} of job {job_id}")
+        return path
 
     # --- scheduling ----------------------------------------------------------------
 
@@ -819,13 +899,13 @@ class Coordinator:
         slipped through) is logged and undone for that job alone, so it never stops
         the scheduling of the others, nor leaves half-planned tasks behind.
         """
-        with self._lock:
+        with self._changing():
             self._pass += 1
             self._expire_leases()
             self._expire_assignments()
             plan, self._cancels = self._cancels, []
             for job in sorted(self.jobs.values(), key=lambda j: j.started_at):
-                if job.phase != "running":
+                if not job.running:
                     continue
                 before = set(self.tasks)
                 try:
@@ -835,10 +915,10 @@ class Coordinator:
                     for task_id in set(self.tasks) - before:
                         self._end_task(self.tasks[task_id], "lost")
                 if self._clock() - job.last_orphan_sweep_s >= self.limits.orphan_sweep_period_s:
-                    try:
-                        self._sweep_orphans(job, self.limits.orphan_grace_s)
-                    except Exception:
-                        log.exception("sweeping job %s's segment files failed", job.job_id)
+                    job.last_orphan_sweep_s = self._clock()
+                    self._defer(
+                        lambda job=job: self._sweep_orphans(job, self.limits.orphan_grace_s)
+                    )
             try:
                 self._sample_metrics()
             except Exception:
@@ -885,6 +965,9 @@ class Coordinator:
     def finish(self, job: Job, phase: str, reason: str) -> None:
         self._finish(job, phase, reason)
 
+    def defer(self, effect: Callable[[], Any]) -> None:
+        self._defer(effect)
+
     def _can_take(self, worker: Worker, now: float) -> bool:
         """Not backing off, and no assignment of an earlier pass still in flight: a
         worker that does not answer holds at most one pass's dispatches, never the
@@ -927,7 +1010,7 @@ class Coordinator:
         )
 
     def dispatched(self, task_id: str) -> None:
-        with self._lock:
+        with self._changing():
             task = self.tasks.get(task_id)
             if task is not None and task.state == "assigning":
                 task.state = "running"
@@ -937,7 +1020,7 @@ class Coordinator:
 
     def dispatch_failed(self, task_id: str, error: str) -> None:
         """The slave refused or could not be reached: the task is planned again."""
-        with self._lock:
+        with self._changing():
             task = self.tasks.get(task_id)
             if task is None or task.state not in ACTIVE:
                 return
@@ -989,8 +1072,10 @@ class Coordinator:
     def _sweep_orphans(self, job: Job, grace_s: float) -> int:
         """Index segment files no insert claimed (a collector died between writing and
         inserting, or the coordinator restarted after acknowledging them); delete the
-        stale or unreadable ones. Returns how many were indexed."""
-        job.last_orphan_sweep_s = self._clock()
+        stale or unreadable ones. Returns how many were indexed.
+
+        Disk work, done without the coordinator's lock; it is taken only to count what
+        was indexed."""
         root, indexed = f"{job.job_id}/segments", 0
         for folder in self.store.list_dir(root):
             for name in self.store.list_dir(f"{root}/{folder}"):
@@ -1005,7 +1090,8 @@ class Coordinator:
                             raise ValueError(f"header names {ref.path}")
                         self._check_segment_file(job.job_id, ref, "header")
                         result = job.buffer.insert([ref], force=True)
-                        self._account(job, result.accepted_refs)
+                        with self._changing():
+                            self._account(job, result.accepted_refs)
                         indexed += result.accepted
                         continue
                 except (ValueError, OSError, CorruptFileError, MessageError, ApiError) as exc:
@@ -1022,10 +1108,13 @@ class Coordinator:
     def snapshot_jobs(self) -> None:
         """Write every running job's state (and each finished job's once)."""
         with self._snapshot_lock:
-            with self._lock:
+            with self._changing():
                 for job in self.jobs.values():
-                    if job.phase in TERMINAL_PHASES and not job.terminal_durable:
-                        self._make_terminal_durable(job)
+                    if job.ending is not None and not job.terminal_durable:
+                        phase, reason, finished_at = job.ending
+                        record = {**self._job_record(job), "phase": phase, "reason": reason}
+                        record["finished_at"] = finished_at
+                        self._defer(lambda job=job, record=record: self._complete_end(job, record))
                 todo = [
                     (job, self._job_record(job))
                     for job in self.jobs.values()
@@ -1080,15 +1169,16 @@ class Coordinator:
                 continue
             if job is None:
                 continue
-            with self._lock:
+            # The job is not published yet: its disk work needs no lock.
+            if job.phase == "running":
+                self._recover_policy_pointer(job)
+                self._sweep_orphans(job, grace_s=0.0)
+            else:
+                job.buffer.close()
+                job.final_snapshot = job.terminal_durable = True
+                self._sweep_segments(job, now=True)
+            with self._changing():
                 self.jobs[job.job_id] = job
-                if job.phase == "running":
-                    self._recover_policy_pointer(job)
-                    self._sweep_orphans(job, grace_s=0.0)
-                else:
-                    job.buffer.close()
-                    job.final_snapshot = job.terminal_durable = True
-                    self._sweep_segments(job, now=True)
                 self._notify()
             restored.append(job.job_id)
             log.info(
@@ -1177,19 +1267,19 @@ class Coordinator:
         if job.segments_swept or job.finished_at is None or not job.terminal_durable:
             return
         if now or self._wall() - job.finished_at >= self.limits.segment_sweep_delay_s:
-            self.store.delete_tree(f"{job.job_id}/segments")
             job.segments_swept = True
+            self._defer(lambda: self.store.delete_tree(f"{job.job_id}/segments"))
 
     def begin_shutdown(self) -> None:
         """Stop taking data (answers say: retry later) and wake every waiting request."""
-        with self._lock:
+        with self._changing():
             self._closing = True
             for job in self.jobs.values():
                 job.buffer.close()
             self._notify()
 
     def close(self) -> None:
-        with self._lock:
+        with self._changing():
             self._closing = True
             for job in self.jobs.values():
                 job.buffer.close()

@@ -159,7 +159,12 @@ def test_learner_killed_resumes_from_checkpoint(tmp_path):
         def resumed():
             for worker in cluster.client.workers():
                 for task_id, progress in worker.progress.items():
-                    if task_id.startswith("learn-") and worker.worker_id != old_id:
+                    # (its first report may come before its first train iteration)
+                    if (
+                        task_id.startswith("learn-")
+                        and worker.worker_id != old_id
+                        and "train_iter" in progress
+                    ):
                         return progress
             return None
 

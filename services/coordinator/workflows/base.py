@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from common.config import JobConfig, ReplayBufferConfig
@@ -44,6 +45,10 @@ class Planner(Protocol):
 
     def finish(self, job: Job, phase: str, reason: str) -> None:
         """End the job (durably; its tasks are cancelled)."""
+        ...
+
+    def defer(self, effect: Callable[[], Any]) -> None:
+        """Run disk work once the coordinator's lock is released (never under it)."""
         ...
 
 

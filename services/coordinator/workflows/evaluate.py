@@ -74,7 +74,7 @@ class Evaluate:
                 }
             )
         wanted = self.episodes(job)
-        if len(job.evaluation) < wanted or job.phase != "running":
+        if len(job.evaluation) < wanted or not job.running:
             return
         episodes = job.evaluation[:wanted]
         returns = [e["return"] for e in episodes]
@@ -89,22 +89,19 @@ class Evaluate:
         job.evals.append(summary)
         job.env_steps = summary.env_steps
         source = job.config.system.evaluate
-        planner.store.write_json(
-            f"{job.job_id}/eval/results.json",
-            {
-                "source": source.source,
-                "path": source.path,
-                "summary": dump(summary),
-                "episodes": episodes,
-            },
-        )
+        results = {
+            "source": source.source,
+            "path": source.path,
+            "summary": dump(summary),
+            "episodes": episodes,
+        }
         rows = ["episode,return,length,task_id,seed"] + [
             f"{i},{e['return']},{e['length']},{e['task_id']},{e['seed']}"
             for i, e in enumerate(episodes)
         ]
-        planner.store.write_bytes(
-            f"{job.job_id}/eval/results.csv", ("\n".join(rows) + "\n").encode()
-        )
+        csv = ("\n".join(rows) + "\n").encode()
+        planner.defer(lambda: planner.store.write_json(f"{job.job_id}/eval/results.json", results))
+        planner.defer(lambda: planner.store.write_bytes(f"{job.job_id}/eval/results.csv", csv))
         planner.finish(
             job,
             "succeeded",

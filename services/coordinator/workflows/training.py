@@ -120,16 +120,16 @@ class AsyncTraining:
         )
         if job.best_eval is None or summary.return_mean > job.best_eval.return_mean:
             job.best_eval = summary
-            planner.store.write_json(
-                f"{job.job_id}/policies/best.json",
-                {
-                    "version": summary.policy_version,
-                    "path": planner.store.policy_path(job.job_id, summary.policy_version),
-                    "return_mean": summary.return_mean,
-                },
+            best = {
+                "version": summary.policy_version,
+                "path": planner.store.policy_path(job.job_id, summary.policy_version),
+                "return_mean": summary.return_mean,
+            }
+            planner.defer(
+                lambda: planner.store.write_json(f"{job.job_id}/policies/best.json", best)
             )
         stop_value = job.config.env.stop_value
-        if job.phase == "running" and stop_value is not None and summary.return_mean >= stop_value:
+        if job.running and stop_value is not None and summary.return_mean >= stop_value:
             planner.finish(
                 job,
                 "succeeded",
