@@ -4,9 +4,9 @@ import sys
 
 from common.envs import setup_env_registry
 from common.settings import SettingsError
-from common.slave_main import run_slave
 from services.collector.app import create_app
 from services.collector.settings import DEFAULT_PORT
+from services.slave.main import run_slave
 
 
 def main() -> int:

@@ -29,7 +29,6 @@ from common.envs import make_vector_env
 from common.errors import ApiError
 from common.http import ServiceUnavailable, is_transient, retry_wait_s
 from common.messages import CollectSpec, EvalResult, EvaluateSpec, SegmentRef, dump
-from common.slave import TaskContext
 from common.storage import CorruptFileError, SharedStore
 from services.collector.actors import (
     ActorCriticPolicy,
@@ -41,6 +40,7 @@ from services.collector.actors import (
     make_policy,
 )
 from services.coordinator.client import CoordinatorClient
+from services.slave.core import TaskContext
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 from common.errors import ApiError
 from common.http import ServiceUnavailable
-from common.slave import SlaveClient
 from services.coordinator.core import Coordinator, Dispatch
+from services.slave.client import SlaveClient
 
 log = logging.getLogger(__name__)
 

@@ -1,6 +1,6 @@
 """The learner's Flask app factory.
 
-A learner serves the routes every slave shares (`common.slave`: `/v1/tasks`,
+A learner serves the routes every slave shares (`services/slave/`: `/v1/tasks`,
 `/v1/status`, `/healthz`, `/readyz`, `/metrics`); its own logic is `core.py`.
 """
 
@@ -9,10 +9,11 @@ from __future__ import annotations
 from flask import Flask
 
 from common.settings import SlaveSettings
-from common.slave import Slave, build_slave, create_slave_app
 from common.storage import SharedStore
 from services.learner import settings as learner_settings
 from services.learner.core import LearnerRunner
+from services.slave.app import create_slave_app
+from services.slave.core import Slave, build_slave
 
 
 def create_app(settings: SlaveSettings | None = None, *, core: Slave | None = None) -> Flask:

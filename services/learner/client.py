@@ -1,5 +1,5 @@
 """Typed client for a learner's routes: the routes every slave shares."""
 
-from common.slave import SlaveClient as LearnerClient
+from services.slave.client import SlaveClient as LearnerClient
 
 __all__ = ["LearnerClient"]

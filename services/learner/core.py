@@ -31,12 +31,12 @@ from common.errors import ApiError
 from common.http import ServiceUnavailable
 from common.messages import MAX_ABS_FLOAT, MAX_PRIORITY, PolicyRef, SampledBatch, SampleReply
 from common.models import load_numpy_state, state_to_numpy
-from common.slave import TaskContext, patiently
 from common.storage import CorruptFileError, SharedStore
 from services.learner.algorithms.dqn import DQN
 from services.learner.algorithms.impala import Impala
 from services.learner.algorithms.ppo import PPO
 from services.learner.algorithms.sac import SAC
+from services.slave.core import TaskContext, patiently
 
 log = logging.getLogger(__name__)
 

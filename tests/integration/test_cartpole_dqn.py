@@ -10,8 +10,8 @@ import pytest
 
 from common.config import load_config_file
 from common.errors import ApiError
-from common.slave import SlaveClient
 from drover.local import LocalCluster
+from services.slave.client import SlaveClient
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "cartpole_dqn.yaml"

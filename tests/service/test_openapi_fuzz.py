@@ -14,11 +14,12 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from common.slave import Slave, create_slave_app
 from common.storage import SharedStore
 from services.coordinator.app import create_app
 from services.coordinator.core import Coordinator, CoordinatorLimits
 from services.coordinator.settings import CoordinatorSettings
+from services.slave.app import create_slave_app
+from services.slave.core import Slave
 from tests.fakes import BlockingRunner, FakeCoordinator, wait_until
 
 # No 5xx, and every answer as the document says (status, content type, body). A job's

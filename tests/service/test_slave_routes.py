@@ -1,6 +1,7 @@
 import pytest
 
-from common.slave import Slave, create_slave_app
+from services.slave.app import create_slave_app
+from services.slave.core import Slave
 from tests.fakes import BlockingRunner, FakeCoordinator, wait_until
 
 TOKEN = "slave-token"

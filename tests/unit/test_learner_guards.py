@@ -18,7 +18,6 @@ from common.messages import (
     SampleReply,
     TaskAssignment,
 )
-from common.slave import TaskContext
 from common.storage import SharedStore
 from services.learner.algorithms.dqn import DQN
 from services.learner.algorithms.ppo import PPO
@@ -31,6 +30,7 @@ from services.learner.core import (
     priorities_of,
     set_progress,
 )
+from services.slave.core import TaskContext
 
 JOB = "job-1"
 

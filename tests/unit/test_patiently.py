@@ -6,7 +6,7 @@ import pytest
 
 from common.errors import ApiError
 from common.http import ServiceUnavailable
-from common.slave import patiently
+from services.slave.core import patiently
 
 
 def flaky(failures):

@@ -1,5 +1,6 @@
-"""What collectors and learners share: registration, heartbeats, task threads, and the
-`/v1` routes through which the coordinator assigns and cancels tasks.
+"""The slave framework: what collectors and learners share: registration, heartbeats
+and task threads (the `/v1` routes through which the coordinator assigns and cancels
+tasks are in `app.py`).
 
 A service supplies a `TaskRunner` (its core); `Slave` does the rest::
 
@@ -23,8 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from flask import Blueprint, Flask, Response
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, generate_latest
+from prometheus_client import CollectorRegistry, Counter
 from tenacity import (
     RetryCallState,
     RetryError,
@@ -34,25 +34,17 @@ from tenacity import (
 
 from common.http import (
     ApiError,
-    ServiceClient,
     ServiceUnavailable,
-    body,
-    extension,
-    install_http_basics,
     is_transient,
-    reply,
     retry_wait_s,
 )
 from common.messages import (
     MAX_ABS_FLOAT,
-    Health,
     SlaveStatus,
     SlaveTask,
-    TaskAck,
     TaskAssignment,
     TaskProgress,
 )
-from common.openapi import documented, install_openapi
 from common.settings import SlaveSettings
 from services.coordinator.client import CoordinatorClient
 
@@ -349,94 +341,6 @@ def reportable(progress: dict[str, float]) -> dict[str, float]:
         for k, v in list(progress.items())[:64]
         if isinstance(v, int | float) and math.isfinite(v) and abs(v) <= MAX_ABS_FLOAT
     }
-
-
-# --- HTTP --------------------------------------------------------------------------
-
-tasks_bp = Blueprint("tasks", __name__, url_prefix="/v1/tasks")
-health_bp = Blueprint("health", __name__)
-
-
-def _slave() -> Slave:
-    return extension(EXTENSION)
-
-
-@tasks_bp.post("")
-@documented(
-    summary="Assign a task (409 when one of its kind runs)",
-    body=TaskAssignment,
-    reply=TaskAck,
-    status=202,
-)
-def assign_task() -> Any:
-    task = body(TaskAssignment)
-    _slave().assign(task)
-    return reply(TaskAck(task_id=task.task_id), 202)
-
-
-@tasks_bp.delete("/<task_id>")
-@documented(summary="Cancel a task", reply=TaskAck, status=202)
-def cancel_task(task_id: str) -> Any:
-    if not _slave().cancel(task_id):
-        raise ApiError(404, "not_found", f"task {task_id} is not running here")
-    return reply(TaskAck(task_id=task_id), 202)
-
-
-@health_bp.get("/v1/status")
-@documented(summary="This worker's tasks and their progress", reply=SlaveStatus)
-def status() -> Any:
-    return reply(_slave().status())
-
-
-@health_bp.get("/healthz")
-@documented(summary="Liveness", reply=Health)
-def healthz() -> Any:
-    return reply(Health(ok=True))
-
-
-@health_bp.get("/readyz")
-@documented(summary="Readiness: shared root mounted, registered", reply=Health)
-def readyz() -> Any:
-    ok, why = _slave().ready()
-    return reply(Health(ok=ok, reason=why), 200 if ok else 503)
-
-
-@health_bp.get("/metrics")
-@documented(summary="Prometheus metrics", content_type="text/plain")
-def metrics() -> Response:
-    return Response(generate_latest(_slave().metrics), mimetype=CONTENT_TYPE_LATEST)
-
-
-def create_slave_app(name: str, slave: Slave, token: str = "") -> Flask:
-    """A collector's or learner's Flask app: the task and health blueprints.
-
-    Its routes take the secret the slave gave the coordinator at registration, and
-    the cluster `token` when this process has it (operators).
-    """
-    app = Flask(name)
-    install_http_basics(app, [slave.slave_token, token])
-    app.extensions[EXTENSION] = slave
-    app.register_blueprint(tasks_bp)
-    app.register_blueprint(health_bp)
-    install_openapi(app, f"drover {slave.role}")
-    return app
-
-
-class SlaveClient(ServiceClient):
-    """Typed client for a slave's `/v1` routes (used by the coordinator and tests)."""
-
-    def assign(self, task: TaskAssignment) -> None:
-        self.call("POST", "/v1/tasks", task, timeout_s=5.0)
-
-    def cancel(self, task_id: str) -> None:
-        self.call("DELETE", f"/v1/tasks/{task_id}", timeout_s=5.0)
-
-    def _report(self, call: Callable[..., Any], *args: Any) -> None:
-        """A task's result, sent again while the coordinator restarts."""
-        patiently(self._closed, call, *args)
-
-    def status(self) -> SlaveStatus:
-        return self.call_as(SlaveStatus, "GET", "/v1/status")
 
 
 def build_slave(role: str, runner: TaskRunner, settings: SlaveSettings) -> Slave:

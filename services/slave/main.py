@@ -10,7 +10,7 @@ from flask import Flask
 from common.http import ServerLimits, serve
 from common.logs import setup_logging
 from common.settings import SettingsError, SlaveSettings
-from common.slave import EXTENSION, Slave
+from services.slave.core import EXTENSION, Slave
 
 
 def run_slave(role: str, default_port: int, create_app: Callable[[SlaveSettings], Flask]) -> int:

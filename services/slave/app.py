@@ -1,0 +1,97 @@
+"""A slave's Flask app: the `/v1/tasks` routes the coordinator assigns and cancels
+through, and status, health, readiness and Prometheus metrics."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from flask import Blueprint, Flask, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from common.http import (
+    ApiError,
+    body,
+    extension,
+    install_http_basics,
+    reply,
+)
+from common.messages import (
+    Health,
+    SlaveStatus,
+    TaskAck,
+    TaskAssignment,
+)
+from common.openapi import documented, install_openapi
+from services.slave.core import EXTENSION, Slave
+
+log = logging.getLogger(__name__)
+
+
+tasks_bp = Blueprint("tasks", __name__, url_prefix="/v1/tasks")
+health_bp = Blueprint("health", __name__)
+
+
+def _slave() -> Slave:
+    return extension(EXTENSION)
+
+
+@tasks_bp.post("")
+@documented(
+    summary="Assign a task (409 when one of its kind runs)",
+    body=TaskAssignment,
+    reply=TaskAck,
+    status=202,
+)
+def assign_task() -> Any:
+    task = body(TaskAssignment)
+    _slave().assign(task)
+    return reply(TaskAck(task_id=task.task_id), 202)
+
+
+@tasks_bp.delete("/<task_id>")
+@documented(summary="Cancel a task", reply=TaskAck, status=202)
+def cancel_task(task_id: str) -> Any:
+    if not _slave().cancel(task_id):
+        raise ApiError(404, "not_found", f"task {task_id} is not running here")
+    return reply(TaskAck(task_id=task_id), 202)
+
+
+@health_bp.get("/v1/status")
+@documented(summary="This worker's tasks and their progress", reply=SlaveStatus)
+def status() -> Any:
+    return reply(_slave().status())
+
+
+@health_bp.get("/healthz")
+@documented(summary="Liveness", reply=Health)
+def healthz() -> Any:
+    return reply(Health(ok=True))
+
+
+@health_bp.get("/readyz")
+@documented(summary="Readiness: shared root mounted, registered", reply=Health)
+def readyz() -> Any:
+    ok, why = _slave().ready()
+    return reply(Health(ok=ok, reason=why), 200 if ok else 503)
+
+
+@health_bp.get("/metrics")
+@documented(summary="Prometheus metrics", content_type="text/plain")
+def metrics() -> Response:
+    return Response(generate_latest(_slave().metrics), mimetype=CONTENT_TYPE_LATEST)
+
+
+def create_slave_app(name: str, slave: Slave, token: str = "") -> Flask:
+    """A collector's or learner's Flask app: the task and health blueprints.
+
+    Its routes take the secret the slave gave the coordinator at registration, and
+    the cluster `token` when this process has it (operators).
+    """
+    app = Flask(name)
+    install_http_basics(app, [slave.slave_token, token])
+    app.extensions[EXTENSION] = slave
+    app.register_blueprint(tasks_bp)
+    app.register_blueprint(health_bp)
+    install_openapi(app, f"drover {slave.role}")
+    return app
