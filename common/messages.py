@@ -388,7 +388,7 @@ class JobSubmit:
 @message
 class JobCreated:
     job_id: str
-    phase: str
+    phase: JobPhase
     warnings: list[str]
 
 
@@ -406,7 +406,7 @@ class EvalSummary:
 class JobStatus:
     job_id: str
     name: str
-    phase: str
+    phase: JobPhase
     algo: str
     env_id: str
     env_steps: int

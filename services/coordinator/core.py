@@ -19,6 +19,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any
 
 from common.config import (
@@ -76,7 +77,19 @@ from services.coordinator.workflows import WORKFLOWS, Workflow
 
 log = logging.getLogger(__name__)
 
-ACTIVE = frozenset({"assigning", "running"})
+
+class TaskState(StrEnum):
+    """A task's life: planned, confirmed by its worker, then ended one way."""
+
+    ASSIGNING = "assigning"  # planned; the scheduler is sending it
+    RUNNING = "running"  # its worker took it (or reports it)
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"  # its job ended
+    LOST = "lost"  # its worker went away, or never took it: it is planned again
+
+
+ACTIVE = frozenset({TaskState.ASSIGNING, TaskState.RUNNING})
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -127,7 +140,7 @@ class Task:
     kind: str
     spec: dict[str, Any]
     worker_id: str
-    state: str = "assigning"  # assigning -> running -> done | failed | cancelled | lost
+    state: TaskState = TaskState.ASSIGNING
     planned_at_s: float = 0.0
     #: The scheduling pass that planned it.
     planned_in_pass: int = 0
@@ -400,7 +413,7 @@ class Coordinator:
         for task in self.tasks.values():
             if task.job_id == job.job_id and task.state in ACTIVE:
                 worker = self.workers.get(task.worker_id)
-                self._end_task(task, "cancelled")
+                self._end_task(task, TaskState.CANCELLED)
                 if worker is not None:
                     self._cancels.append(self._cancel_dispatch(worker, task.task_id))
         record = {**self._job_record(job), "phase": phase, "reason": reason}
@@ -542,7 +555,7 @@ class Coordinator:
                 if task is None or task.worker_id != worker_id or task.state not in ACTIVE:
                     cancel.append(report.task_id)
                     continue
-                task.state = "running"
+                task.state = TaskState.RUNNING
                 worker.progress[task.task_id] = dict(report.progress)
                 job = self.jobs[task.job_id]
                 if len(job.unusable_segments) < 1000:
@@ -564,7 +577,7 @@ class Coordinator:
     def _drop_worker(self, worker_id: str, why: str) -> None:
         worker = self.workers.pop(worker_id)
         for task_id in list(worker.task_ids):
-            self._end_task(self.tasks[task_id], "lost")
+            self._end_task(self.tasks[task_id], TaskState.LOST)
         log.info("worker %s %s; its tasks go back to the queue", worker_id, why)
         self._notify()
 
@@ -612,15 +625,15 @@ class Coordinator:
             raise conflict("task_not_active", f"task {task_id} is {task.state}")
         self._must_be(caller, task.worker_id, f"act for task {task_id}")
 
-    def _end_task(self, task: Task, state: str) -> None:
+    def _end_task(self, task: Task, state: TaskState) -> None:
         job = self.jobs.get(task.job_id)
-        if task.kind == "learn" and job is not None and job.running and state != "done":
+        if task.kind == "learn" and job is not None and job.running and state != TaskState.DONE:
             # Items handed to this task that it never acknowledged go back (to a job
             # that still trains: an ended one has nobody to give them to).
             returned = job.buffer.give_back(task.task_id)
             if returned:
                 log.info("task %s ended (%s): %d held items back", task.task_id, state, returned)
-        if state in ("failed", "lost") and job is not None:
+        if state in (TaskState.FAILED, TaskState.LOST) and job is not None:
             self._workflow(job.config).task_ended(job, task, state)
         task.state = state
         worker = self.workers.get(task.worker_id)
@@ -642,7 +655,7 @@ class Coordinator:
                     outcome = parse(EvalResult, result)
                 except MessageError as exc:
                     raise bad_request(f"result.{exc.field}", exc.message) from None
-            self._end_task(task, "done")
+            self._end_task(task, TaskState.DONE)
             if outcome is not None:
                 self._workflow(job.config).evaluated(job, task, outcome, self)
 
@@ -651,7 +664,7 @@ class Coordinator:
             task = self._task(task_id)
             self._must_be(caller, task.worker_id, f"report on task {task_id}")
             job = self.jobs[task.job_id]
-            self._end_task(task, "failed")
+            self._end_task(task, TaskState.FAILED)
             job.task_failures += 1
             log.warning("task %s (%s) of job %s failed: %s", task_id, task.kind, job.job_id, error)
             if job.task_failures >= self.limits.max_task_failures and job.running:
@@ -913,7 +926,7 @@ class Coordinator:
                 except Exception:
                     log.exception("planning job %s failed; its new tasks are dropped", job.job_id)
                     for task_id in set(self.tasks) - before:
-                        self._end_task(self.tasks[task_id], "lost")
+                        self._end_task(self.tasks[task_id], TaskState.LOST)
                 if self._clock() - job.last_orphan_sweep_s >= self.limits.orphan_sweep_period_s:
                     job.last_orphan_sweep_s = self._clock()
                     self._defer(
@@ -928,10 +941,10 @@ class Coordinator:
     def _expire_assignments(self) -> None:
         """A task whose dispatch never completed (neither taken nor refused) is lost."""
         deadline = self._clock() - self.limits.assigning_timeout_s
-        for task in [t for t in self.tasks.values() if t.state == "assigning"]:
+        for task in [t for t in self.tasks.values() if t.state == TaskState.ASSIGNING]:
             if task.planned_at_s < deadline:
                 log.warning("task %s was never confirmed by its worker", task.task_id)
-                self._end_task(task, "lost")
+                self._end_task(task, TaskState.LOST)
 
     def _plan_job(self, job: Job) -> list[Dispatch]:
         return self._workflow(job.config).plan(job, self)
@@ -973,7 +986,8 @@ class Coordinator:
         worker that does not answer holds at most one pass's dispatches, never the
         scheduler."""
         return worker.not_before_s <= now and not any(
-            self.tasks[t].state == "assigning" and self.tasks[t].planned_in_pass < self._pass
+            self.tasks[t].state == TaskState.ASSIGNING
+            and self.tasks[t].planned_in_pass < self._pass
             for t in worker.task_ids
         )
 
@@ -1012,8 +1026,8 @@ class Coordinator:
     def dispatched(self, task_id: str) -> None:
         with self._changing():
             task = self.tasks.get(task_id)
-            if task is not None and task.state == "assigning":
-                task.state = "running"
+            if task is not None and task.state == TaskState.ASSIGNING:
+                task.state = TaskState.RUNNING
                 worker = self.workers.get(task.worker_id)
                 if worker is not None:
                     worker.dispatch_failures = 0
@@ -1026,7 +1040,7 @@ class Coordinator:
                 return
             log.warning("could not assign %s to %s: %s", task_id, task.worker_id, error)
             worker = self.workers.get(task.worker_id)
-            self._end_task(task, "lost")
+            self._end_task(task, TaskState.LOST)
             if worker is not None:
                 worker.dispatch_failures += 1
                 if worker.dispatch_failures >= self.limits.max_dispatch_failures:

@@ -10,7 +10,7 @@ from common.messages import EvalResult
 
 if TYPE_CHECKING:
     from common.storage import SharedStore
-    from services.coordinator.core import CoordinatorLimits, Dispatch, Job, Task, Worker
+    from services.coordinator.core import CoordinatorLimits, Dispatch, Job, Task, TaskState, Worker
 
 
 class Planner(Protocol):
@@ -78,6 +78,6 @@ class Workflow(Protocol):
         """An evaluate task of the job completed with `result`."""
         ...
 
-    def task_ended(self, job: Job, task: Task, state: str) -> None:
+    def task_ended(self, job: Job, task: Task, state: TaskState) -> None:
         """A task of the job ended `failed` or `lost` (before its result)."""
         ...

@@ -15,7 +15,7 @@ from common.storage import PathError
 from services.coordinator.workflows.base import Planner
 
 if TYPE_CHECKING:
-    from services.coordinator.core import Dispatch, Job, Task
+    from services.coordinator.core import Dispatch, Job, Task, TaskState
 
 
 class Evaluate:
@@ -109,6 +109,6 @@ class Evaluate:
             f"{summary.return_mean:.1f} ± {summary.return_std:.1f}",
         )
 
-    def task_ended(self, job: Job, task: Task, state: str) -> None:
+    def task_ended(self, job: Job, task: Task, state: TaskState) -> None:
         if task.kind == "evaluate":
             job.evaluation_assigned -= int(task.spec["episodes"])  # they go out again

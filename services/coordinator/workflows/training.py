@@ -19,7 +19,7 @@ from common.messages import CollectSpec, EvalResult, EvalSummary, EvaluateSpec, 
 from services.coordinator.workflows.base import Planner
 
 if TYPE_CHECKING:
-    from services.coordinator.core import Dispatch, Job, Task
+    from services.coordinator.core import Dispatch, Job, Task, TaskState
 
 log = logging.getLogger(__name__)
 
@@ -137,7 +137,7 @@ class AsyncTraining:
                 f"(policy version {summary.policy_version})",
             )
 
-    def task_ended(self, job: Job, task: Task, state: str) -> None:
+    def task_ended(self, job: Job, task: Task, state: TaskState) -> None:
         if task.kind == "evaluate":
             # Whatever ended it (a refused dispatch, a failure, a lost lease), the
             # evaluation is due again at the next pass, not a whole eval_freq later.
