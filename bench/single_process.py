@@ -34,7 +34,7 @@ from common.config import (  # noqa: E402
     resolve_job_config,
     with_spaces,
 )
-from common.envs import env_spaces, make_vector_env  # noqa: E402
+from common.envs import env_spaces, make_env  # noqa: E402
 from common.messages import SegmentRef  # noqa: E402
 from common.models import state_to_numpy  # noqa: E402
 from services.buffer.core import ReplayBuffer  # noqa: E402
@@ -74,14 +74,15 @@ def evaluate(config: JobConfig, policy, seed: int) -> float:  # noqa: ANN001
     num_envs = min(num_envs, episodes)
     quota = np.full(num_envs, episodes // num_envs)
     quota[: episodes % num_envs] += 1
-    env = make_vector_env(config.env, num_envs)
-    obs, _ = env.reset(seed=seed)
+    env = make_env(config.env, num_envs)
+    obs = env.reset(seed=seed)
     rng = np.random.default_rng(seed)
     done, total, returns = np.zeros(num_envs, int), np.zeros(num_envs), []
     while (done < quota).any():
-        obs, reward, term, trunc, _ = env.step(policy.greedy(obs, rng))
-        total += reward
-        for i in np.flatnonzero(term | trunc):
+        step = env.step(policy.greedy(obs, rng))
+        obs = step.obs
+        total += step.reward
+        for i in np.flatnonzero(step.ended):
             if done[i] < quota[i]:
                 returns.append(total[i])
                 done[i] += 1
@@ -104,8 +105,8 @@ def dqn_run(config: JobConfig, seed: int, max_steps: int) -> tuple[bool, int]:
         config.env.collector_env_num, policy_cfg.nstep, policy_cfg.discount_factor
     )
     epsilon = EpsilonSchedule(policy_cfg.other.eps)
-    env = make_vector_env(config.env, config.env.collector_env_num)
-    obs, _ = env.reset(seed=seed)
+    env = make_env(config.env, config.env.collector_env_num)
+    obs = env.reset(seed=seed)
     rng = np.random.default_rng(seed)
     steps, seq, debt = 0, 0, 0.0
     spi = replay.samples_per_insert or 1.0
@@ -113,13 +114,9 @@ def dqn_run(config: JobConfig, seed: int, max_steps: int) -> tuple[bool, int]:
     next_eval = policy_cfg.eval.evaluator.eval_freq
     while steps < max_steps:
         actions = actor.act(obs, epsilon(steps), rng)
-        next_obs, reward, term, trunc, info = env.step(actions)
-        true_next = next_obs.copy()
-        ended = term | trunc
-        if ended.any():
-            true_next[ended] = np.stack(info["final_obs"][ended])
-        builder.add(obs, actions, reward, true_next, term, trunc)
-        obs, steps = next_obs, steps + config.env.collector_env_num
+        step = env.step(actions)
+        builder.add(obs, actions, step.reward, step.final_obs, step.terminated, step.truncated)
+        obs, steps = step.obs, steps + config.env.collector_env_num
         if len(builder) < policy_cfg.collect.n_sample:
             continue
         columns = builder.take()
@@ -158,8 +155,8 @@ def ppo_run(config: JobConfig, seed: int, max_steps: int) -> tuple[bool, int]:
     ppo = PPO(policy_cfg)
     actor = ActorCriticPolicy(policy_cfg.model, "cpu")
     num_envs = config.env.collector_env_num
-    env = make_vector_env(config.env, num_envs)
-    obs, _ = env.reset(seed=seed)
+    env = make_env(config.env, num_envs)
+    obs = env.reset(seed=seed)
     steps = 0
     next_eval = policy_cfg.eval.evaluator.eval_freq
     rounds_steps = -(-policy_cfg.collect.n_sample // num_envs)
@@ -180,23 +177,19 @@ def ppo_run(config: JobConfig, seed: int, max_steps: int) -> tuple[bool, int]:
         }
         for _ in range(rounds_steps):
             action, logp, value = actor.sample(obs)
-            next_obs, reward, term, trunc, info = env.step(actor.env_action(action))
-            ended = term | trunc
-            true_next = next_obs.copy()
-            if ended.any():
-                true_next[ended] = np.stack(info["final_obs"][ended])
+            step = env.step(actor.env_action(action))
             for k, v in (
                 ("obs", obs),
                 ("action", action),
                 ("logp", logp),
                 ("value", value),
-                ("reward", reward),
-                ("terminated", term),
-                ("ended", ended),
-                ("next_value", actor.value(true_next)),
+                ("reward", step.reward),
+                ("terminated", step.terminated),
+                ("ended", step.ended),
+                ("next_value", actor.value(step.final_obs)),
             ):
                 rec[k].append(v)
-            obs, steps = next_obs, steps + num_envs
+            obs, steps = step.obs, steps + num_envs
         ppo.train_round(round_columns(rec, policy_cfg))
         if ppo.train_iter >= next_eval:
             next_eval += policy_cfg.eval.evaluator.eval_freq

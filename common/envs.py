@@ -27,9 +27,10 @@ import os
 import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import gymnasium as gym
+import numpy as np
 from gymnasium.envs.registration import ENV_ID_RE, load_env_creator
 from gymnasium.vector import AutoresetMode
 
@@ -337,6 +338,82 @@ def make_vector_env(config: EnvConfig, num_envs: int) -> gym.vector.VectorEnv:
         )
     except Exception as exc:
         raise _creation_error(config, exc) from None
+
+
+@dataclass(frozen=True)
+class VectorStep:
+    """One step of every env of a vector env.
+
+    `obs` is what each env shows next: for an env whose episode just ended, the first
+    observation of its next episode (envs reset in the same step, so no action is
+    wasted on a reset). `final_obs` is what each env showed at the end of this step,
+    the same as `obs` where no episode ended: n-step targets and bootstrapping need it.
+    """
+
+    obs: np.ndarray
+    reward: np.ndarray
+    terminated: np.ndarray
+    truncated: np.ndarray
+    final_obs: np.ndarray
+
+    @property
+    def ended(self) -> np.ndarray:
+        return self.terminated | self.truncated
+
+
+class VectorEnvAdapter(Protocol):
+    """The envs one collector task steps together. Usage::
+
+    envs = make_env(config.env, num_envs=8)
+    obs = envs.reset(seed=0)
+    step = envs.step(actions)        # a VectorStep
+    envs.close()
+    """
+
+    num_envs: int
+
+    def reset(self, seed: int) -> np.ndarray: ...
+
+    def step(self, actions: np.ndarray) -> VectorStep: ...
+
+    def close(self) -> None: ...
+
+
+class GymnasiumVector:
+    """gymnasium's synchronous vector env, with same-step autoreset."""
+
+    def __init__(self, config: EnvConfig, num_envs: int) -> None:
+        self.num_envs = num_envs
+        self._env = make_vector_env(config, num_envs)
+
+    def reset(self, seed: int) -> np.ndarray:
+        obs, _ = self._env.reset(seed=seed)
+        return obs
+
+    def step(self, actions: np.ndarray) -> VectorStep:
+        obs, reward, terminated, truncated, info = self._env.step(actions)
+        ended = terminated | truncated
+        final_obs = obs
+        if ended.any():
+            # gymnasium keeps an ended env's last observation in info["final_obs"].
+            final_obs = obs.copy()
+            final_obs[ended] = np.stack(info["final_obs"][ended])
+        return VectorStep(obs, reward, terminated, truncated, final_obs)
+
+    def close(self) -> None:
+        self._env.close()
+
+
+#: How collectors step envs. One entry today; room for gymnasium's async (subprocess)
+#: vectors, envpool, or multi-agent games, each behind `VectorEnvAdapter`.
+ENV_ADAPTERS: dict[str, Callable[[EnvConfig, int], VectorEnvAdapter]] = {
+    "gymnasium": GymnasiumVector,
+}
+
+
+def make_env(config: EnvConfig, num_envs: int) -> VectorEnvAdapter:
+    """The envs of one collector task (checked as `check_env` does)."""
+    return ENV_ADAPTERS["gymnasium"](config, num_envs)
 
 
 @dataclass(frozen=True)

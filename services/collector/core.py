@@ -25,7 +25,7 @@ from tenacity import RetryCallState, RetryError, Retrying, retry_if_exception
 
 from common.advantages import gae
 from common.config import JobConfig, PolicyConfig, read_job_config
-from common.envs import make_vector_env
+from common.envs import make_env
 from common.errors import ApiError
 from common.http import ServiceUnavailable, is_transient, retry_wait_s
 from common.messages import CollectSpec, EvalResult, EvaluateSpec, SegmentRef, dump
@@ -269,7 +269,7 @@ class CollectorRunner:
             policy, self.store, ctx.coordinator, ctx.task.job_id, policy_cfg.collect.policy_poll_s
         )
         torch.manual_seed(spec.seed)
-        env = make_vector_env(config.env, spec.num_envs)
+        env = make_env(config.env, spec.num_envs)
         uploader = SegmentUploader(ctx, self.store, policy_cfg.collect.insert_timeout_s)
         return policy, follower, env, uploader, f"{ctx.worker_id}.{ctx.task.task_id}"
 
@@ -315,7 +315,7 @@ class CollectorRunner:
         unroll per env, with the behaviour log-probabilities V-trace needs."""
         policy_cfg = config.policy
         policy, follower, env, uploader, worker_dir = self._actor_critic_rig(ctx, config, spec)
-        obs, _ = env.reset(seed=spec.seed)
+        obs = env.reset(seed=spec.seed)
         episodes = EpisodeTracker(spec.num_envs)
         env_steps = seq = 0
         started = time.monotonic()
@@ -331,18 +331,17 @@ class CollectorRunner:
                 }
                 for _ in range(policy_cfg.collect.unroll_len):
                     action, logp, _ = policy.sample(obs)
-                    next_obs, reward, terminated, truncated, _ = env.step(policy.env_action(action))
-                    ended = terminated | truncated
+                    step = env.step(policy.env_action(action))
                     for key, item in (
                         ("obs", obs),
                         ("action", action),
-                        ("reward", reward),
+                        ("reward", step.reward),
                         ("logp", logp),
-                        ("done", ended),
+                        ("done", step.ended),
                     ):
                         record[key].append(item)
-                    episodes.step(reward, ended)
-                    obs = next_obs
+                    episodes.step(step.reward, step.ended)
+                    obs = step.obs
                 # [T, envs, ...] -> one unroll per env: [envs, T, ...]
                 columns = {k: np.stack(v, axis=1) for k, v in record.items()}
                 for key in ("obs", "reward", "logp", "done"):
@@ -381,7 +380,7 @@ class CollectorRunner:
         policy, follower, env, uploader, worker_dir = self._actor_critic_rig(ctx, config, spec)
         round_steps = spec.round_steps or policy_cfg.collect.n_sample
         steps = -(-round_steps // spec.num_envs)  # vector steps per round, rounded up
-        obs, _ = env.reset(seed=spec.seed)
+        obs = env.reset(seed=spec.seed)
         episodes = EpisodeTracker(spec.num_envs)
         last_version, env_steps, seq = 0, 0, 0
         started = time.monotonic()
@@ -396,27 +395,20 @@ class CollectorRunner:
                 record: dict[str, list] = {k: [] for k in ROUND_COLUMNS}
                 for _ in range(steps):
                     action, logp, value = policy.sample(obs)
-                    next_obs, reward, terminated, truncated, info = env.step(
-                        policy.env_action(action)
-                    )
-                    ended = terminated | truncated
-                    true_next = next_obs
-                    if ended.any():
-                        true_next = next_obs.copy()
-                        true_next[ended] = np.stack(info["final_obs"][ended])
+                    step = env.step(policy.env_action(action))
                     for key, item in (
                         ("obs", obs),
                         ("action", action),
                         ("logp", logp),
                         ("value", value),
-                        ("reward", reward),
-                        ("terminated", terminated),
-                        ("ended", ended),
-                        ("next_value", policy.value(true_next)),
+                        ("reward", step.reward),
+                        ("terminated", step.terminated),
+                        ("ended", step.ended),
+                        ("next_value", policy.value(step.final_obs)),
                     ):
                         record[key].append(item)
-                    episodes.step(reward, ended)
-                    obs = next_obs
+                    episodes.step(step.reward, step.ended)
+                    obs = step.obs
                 columns = round_columns(record, policy_cfg)
                 env_steps += self._ship(
                     ctx,
@@ -440,7 +432,7 @@ class CollectorRunner:
     def collect(self, ctx: TaskContext, config: JobConfig, spec: CollectSpec) -> dict[str, Any]:
         job_id = ctx.task.job_id
         policy_cfg = config.policy
-        env = make_vector_env(config.env, spec.num_envs)
+        env = make_env(config.env, spec.num_envs)
         rng = np.random.default_rng(spec.seed)
         policy = make_policy(policy_cfg)
         follower = PolicyFollower(
@@ -452,7 +444,7 @@ class CollectorRunner:
         # Segment names carry this worker's id and the task's id, so two tasks (or a
         # task reassigned after a restart) never write the same file.
         worker_dir = f"{ctx.worker_id}.{ctx.task.task_id}"
-        obs, _ = env.reset(seed=spec.seed)
+        obs = env.reset(seed=spec.seed)
         episodes = EpisodeTracker(spec.num_envs)
         env_steps = segment_steps = seq = 0
         started = time.monotonic()
@@ -466,19 +458,14 @@ class CollectorRunner:
                 if isinstance(policy, SquashedGaussianPolicy):
                     policy.env_steps = job_env_steps
                 actions = policy.act(obs, eps, rng)
-                next_obs, rewards, terminated, truncated, info = env.step(
-                    policy.env_action(actions)
+                step = env.step(policy.env_action(actions))
+                builder.add(
+                    obs, actions, step.reward, step.final_obs, step.terminated, step.truncated
                 )
-                ended = terminated | truncated
-                true_next = next_obs
-                if ended.any():
-                    true_next = next_obs.copy()
-                    true_next[ended] = np.stack(info["final_obs"][ended])
-                builder.add(obs, actions, rewards, true_next, terminated, truncated)
-                obs = next_obs
+                obs = step.obs
                 env_steps += spec.num_envs
                 segment_steps += spec.num_envs
-                episodes.step(rewards, ended)
+                episodes.step(step.reward, step.ended)
                 if len(builder) >= policy_cfg.collect.n_sample:
                     columns = builder.take()
                     path = self.store.segment_path(job_id, worker_dir, seq)
@@ -538,17 +525,18 @@ class CollectorRunner:
         num_envs = min(spec.num_envs, spec.episodes)
         quota = np.full(num_envs, spec.episodes // num_envs)
         quota[: spec.episodes % num_envs] += 1
-        env = make_vector_env(config.env, num_envs)
+        env = make_env(config.env, num_envs)
         rng = np.random.default_rng(spec.seed)
-        obs, _ = env.reset(seed=spec.seed)
+        obs = env.reset(seed=spec.seed)
         episodes = EpisodeTracker(num_envs)
         done_count = np.zeros(num_envs, dtype=np.int64)
         returns: list[float] = []
         lengths: list[int] = []
         try:
             while (done_count < quota).any() and not ctx.stopped():
-                obs, rewards, terminated, truncated, _ = env.step(policy.greedy(obs, rng))
-                for i, ret, length in episodes.step(rewards, terminated | truncated):
+                step = env.step(policy.greedy(obs, rng))
+                obs = step.obs
+                for i, ret, length in episodes.step(step.reward, step.ended):
                     if done_count[i] < quota[i]:  # each env's quota was fixed up front
                         returns.append(ret)
                         lengths.append(length)

@@ -6,6 +6,7 @@ import textwrap
 import uuid
 
 import gymnasium as gym
+import numpy as np
 import pytest
 
 from common.config import ConfigError, EnvConfig
@@ -258,3 +259,23 @@ def test_an_operator_module_that_fails_on_import_is_a_startup_error(
         setup_env_registry({ENV_MODULES_VAR: unique_module_name})
     assert ENV_MODULES_VAR in str(err.value)
     assert "broken package" in str(err.value)
+
+
+def test_the_gymnasium_adapter_reports_final_and_next_observations():
+    from common.envs import make_env
+
+    config = EnvConfig(env_id="CartPole-v1", env_kwargs={"max_episode_steps": 3})
+    envs = make_env(config, 2)
+    try:
+        obs = envs.reset(seed=0)
+        assert obs.shape == (2, 4) and envs.num_envs == 2
+        for _ in range(2):
+            step = envs.step(np.zeros(2, dtype=np.int64))
+            assert not step.ended.any() and (step.final_obs == step.obs).all()
+        step = envs.step(np.zeros(2, dtype=np.int64))  # the 3rd step truncates both
+        assert step.truncated.all() and step.ended.all()
+        # the next episode's first observation, and the one this episode ended with
+        assert not np.allclose(step.final_obs, step.obs)
+        assert np.abs(step.obs).max() <= 0.05  # CartPole resets near 0
+    finally:
+        envs.close()
