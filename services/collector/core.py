@@ -64,12 +64,29 @@ class PolicyFollower:
         self._next_poll_s = 0.0
 
     def refresh(self) -> None:
+        """Take the newest version if one is out; asks at most every `poll_s`."""
         now = time.monotonic()
         if now < self._next_poll_s:
             return
         self._next_poll_s = now + self.poll_s
+        self._take_latest()
+
+    def wait_newer(self, timeout_s: float) -> None:
+        """Block until a version newer than the one held is loaded, or `timeout_s`:
+        the coordinator answers as soon as the learner announces one (a long-poll,
+        not a sleep loop)."""
+        held = self.policy.version if self.policy.loaded else 0
+        started = time.monotonic()
+        self._take_latest(newer_than=held, timeout_s=timeout_s)
+        # A refused or unreachable answer comes at once: keep to the time asked for.
+        if self.policy.version <= held and time.monotonic() - started < timeout_s / 2:
+            time.sleep(min(self.poll_s, timeout_s))
+
+    def _take_latest(self, *, newer_than: int | None = None, timeout_s: float = 0.0) -> None:
         try:
-            ref = self.coordinator.latest_policy(self.job_id)
+            ref = self.coordinator.latest_policy(
+                self.job_id, newer_than=newer_than, timeout_s=timeout_s
+            )
         except (ApiError, ServiceUnavailable) as exc:
             log.warning("could not ask for the newest policy: %s", exc)
             return
@@ -323,7 +340,7 @@ class CollectorRunner:
             while not ctx.stopped():
                 follower.refresh()
                 if not policy.loaded:  # the learner publishes its first version at start
-                    ctx.stop.wait(0.02)
+                    follower.wait_newer(timeout_s=1.0)
                     continue
                 version = policy.version
                 record: dict[str, list] = {
@@ -387,8 +404,7 @@ class CollectorRunner:
         try:
             while not ctx.stopped():
                 while not ctx.stopped() and not (policy.loaded and policy.version > last_version):
-                    follower.refresh()
-                    ctx.stop.wait(0.01)
+                    follower.wait_newer(timeout_s=1.0)
                 if ctx.stopped():
                     break
                 version = policy.version

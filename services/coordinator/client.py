@@ -158,6 +158,17 @@ class CoordinatorClient(ServiceClient):
         )
         self.call("POST", f"{API}/jobs/{job_id}/policies", announce)
 
-    def latest_policy(self, job_id: str) -> PolicyRef | None:
-        data = self.call("GET", f"{API}/jobs/{job_id}/policies/latest")
+    def latest_policy(
+        self, job_id: str, *, newer_than: int | None = None, timeout_s: float = 0.0
+    ) -> PolicyRef | None:
+        """The newest version; with `newer_than`, waits up to `timeout_s` for a newer one."""
+        params = None
+        if newer_than is not None:
+            params = {"newer_than": newer_than, "timeout_s": round(timeout_s, 3)}
+        data = self.call(
+            "GET",
+            f"{API}/jobs/{job_id}/policies/latest",
+            params=params,
+            timeout_s=self.timeout_s + timeout_s,
+        )
         return parse(PolicyRef, data) if data else None

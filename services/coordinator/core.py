@@ -119,6 +119,9 @@ class CoordinatorLimits:
     #: ... and at most this many for one job, so one job's empty buffer cannot starve
     #: the learners of the others.
     max_waiting_samples_per_job: int = 4
+    #: Collectors waiting at once for a newer policy version (each holds a server
+    #: thread); past it they are answered at once and poll instead.
+    max_waiting_policy_polls: int = 8
     #: Registered workers at once (each costs memory and scheduling time).
     max_workers: int = 1024
     #: Hosts (names, IPs, CIDRs) workers may advertise; empty: any valid host.
@@ -279,6 +282,7 @@ class Coordinator:
         self._closing = False
         self._waiting_samples = 0
         self._waiting_by_job: collections.Counter[str] = collections.Counter()
+        self._waiting_policy_polls = 0
         self._pass = 0
 
     # --- the lock and what waits for it ----------------------------------------------
@@ -864,13 +868,40 @@ class Coordinator:
             self._defer(lambda path=path: self.store.delete(path))
         job.policy_versions = [v for v in job.policy_versions if v in keep]
 
-    def latest_policy(self, job_id: str, *, caller: str | None = None) -> PolicyRef | None:
+    def latest_policy(
+        self,
+        job_id: str,
+        *,
+        caller: str | None = None,
+        newer_than: int | None = None,
+        timeout_s: float = 0.0,
+    ) -> PolicyRef | None:
+        """The job's newest policy version. With `newer_than`, wait up to `timeout_s`
+        for a version past it (a collector between rounds waits on this instead of
+        polling); past `max_waiting_policy_polls` waiting at once, answer at once."""
         with self._changing():
             job = self._job(job_id)
             if caller is not None and not any(
                 self.tasks[t].job_id == job_id for t in self._worker(caller).task_ids
             ):
                 raise ApiError(403, "forbidden", f"worker {caller} has no task in job {job_id}")
+            if (
+                newer_than is not None
+                and timeout_s > 0
+                and self._waiting_policy_polls < self.limits.max_waiting_policy_polls
+            ):
+                self._waiting_policy_polls += 1
+                try:
+                    self._changed.wait_for(
+                        lambda: (
+                            self._closing
+                            or not job.running
+                            or (job.policy is not None and job.policy.version > newer_than)
+                        ),
+                        timeout_s,
+                    )
+                finally:
+                    self._waiting_policy_polls -= 1
             return job.policy
 
     def _worker(self, worker_id: str) -> Worker:

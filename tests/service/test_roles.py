@@ -328,3 +328,36 @@ def test_an_evaluation_lost_with_its_worker_is_requested_again_at_once(client, c
     register(client, "collector", "http://127.0.0.1:8102")
     again = [d.task for d in core.plan() if d.task and d.task.kind == "evaluate"]
     assert len(again) == 1 and again[0].spec["policy_version"] == 1
+
+
+def test_a_collector_waits_for_a_newer_policy_instead_of_polling(client, core):
+    import threading
+    import time
+
+    job_id, collector, learner, tasks = running_job(client, core)
+    latest = f"/api/v1/jobs/{job_id}/policies/latest"
+    as_collector = bearer(collector["credential"])
+    learn_task = tasks[learner["worker_id"]].task_id
+    path, sha = core.store.write_policy(job_id, 1, 10, "dqn", {"w": np.ones(2, np.float32)})
+    announce = {"version": 1, "path": path, "sha256": sha, "train_iter": 10, "task_id": learn_task}
+
+    def publish_soon():
+        time.sleep(0.3)
+        client.application.test_client().post(
+            f"/api/v1/jobs/{job_id}/policies",
+            json=announce,
+            headers=bearer(learner["credential"]),
+        )
+
+    threading.Thread(target=publish_soon).start()
+    started = time.monotonic()
+    got = client.get(f"{latest}?newer_than=0&timeout_s=5", headers=as_collector)
+    waited = time.monotonic() - started
+    assert got.status_code == 200 and got.json["version"] == 1
+    assert 0.2 < waited < 3  # answered when the version came, not at the timeout
+    # nothing newer: the wait ends at its timeout with the current version
+    started = time.monotonic()
+    same = client.get(f"{latest}?newer_than=1&timeout_s=0.3", headers=as_collector)
+    assert same.json["version"] == 1 and time.monotonic() - started >= 0.25
+    for bad in ("newer_than=-1", "newer_than=1&timeout_s=61", "newer_than=x", "timeout_s=nan"):
+        assert client.get(f"{latest}?{bad}", headers=as_collector).status_code == 400, bad

@@ -16,7 +16,7 @@ class Pointer:
     def __init__(self):
         self.latest = None
 
-    def latest_policy(self, job_id):
+    def latest_policy(self, job_id, **_):
         return self.latest
 
 

@@ -2,14 +2,37 @@
 
 from typing import Any
 
-from flask import Blueprint, Response
+from flask import Blueprint, Response, request
 
+from common.errors import bad_request
 from common.http import allow, body, caller, reply
-from common.messages import PolicyAnnounce, PolicyRef
+from common.messages import MAX_INT32, MAX_WAIT_S, PolicyAnnounce, PolicyRef
 from common.openapi import documented
 from services.coordinator.api import core
 
 bp = Blueprint("policies", __name__, url_prefix="/api/v1/jobs/<job_id>/policies")
+
+
+def _version_arg(name: str) -> int | None:
+    raw = request.args.get(name)
+    if raw is None:
+        return None
+    if not (raw.isascii() and raw.isdigit() and len(raw) <= 10 and int(raw) <= MAX_INT32):
+        raise bad_request(name, f"'{raw[:32]}' is not an integer from 0 to {MAX_INT32}")
+    return int(raw)
+
+
+def _seconds_arg(name: str) -> float:
+    raw = request.args.get(name)
+    if raw is None:
+        return 0.0
+    try:
+        value = float(raw) if len(raw) <= 16 else -1.0
+    except ValueError:
+        value = -1.0
+    if not 0.0 <= value <= MAX_WAIT_S:
+        raise bad_request(name, f"'{raw[:32]}' is not a number of seconds from 0 to {MAX_WAIT_S}")
+    return value
 
 
 @bp.post("")
@@ -24,12 +47,18 @@ def announce(job_id: str) -> Any:
 @bp.get("/latest")
 @allow("collector", "learner")
 @documented(
-    summary="The newest policy version",
+    summary="The newest policy version (with newer_than: waits up to timeout_s for one)",
     reply=PolicyRef,
     no_content="no version published yet (collectors act at random until then)",
+    query={
+        "newer_than": {"type": "string", "pattern": "^[0-9]{1,10}$"},
+        "timeout_s": {"type": "string", "pattern": "^[0-9]{1,2}(\\.[0-9]{1,3})?$"},
+    },
 )
 def latest(job_id: str) -> Any:
-    ref = core().latest_policy(job_id, caller=caller())
+    newer_than = _version_arg("newer_than")
+    timeout_s = _seconds_arg("timeout_s")
+    ref = core().latest_policy(job_id, caller=caller(), newer_than=newer_than, timeout_s=timeout_s)
     if ref is None:
         # None published yet: collectors act randomly until then.
         return Response(status=204)
