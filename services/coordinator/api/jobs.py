@@ -2,13 +2,12 @@
 
 from typing import Any
 
-from flask import Blueprint, request, send_file
+from flask import Blueprint, send_file
 
-from common.errors import bad_request
 from common.http import body, reply
-from common.messages import MAX_INT32, JobCreated, JobList, JobMetrics, JobStatus, JobSubmit
+from common.messages import JobCreated, JobList, JobMetrics, JobStatus, JobSubmit
 from common.openapi import documented
-from services.coordinator.api import core
+from services.coordinator.api import core, version_query
 
 bp = Blueprint("jobs", __name__, url_prefix="/api/v1/jobs")
 
@@ -50,13 +49,8 @@ def metrics(job_id: str) -> Any:
     query={"version": {"type": "string", "pattern": "^[0-9]+$"}},
 )
 def policy_file(job_id: str) -> Any:
-    raw = request.args.get("version")
-    if raw is not None and not (
-        raw.isascii() and raw.isdigit() and len(raw) <= 10 and int(raw) <= MAX_INT32
-    ):
-        raise bad_request("version", f"'{raw[:32]}' is not an integer from 0 to {MAX_INT32}")
     coordinator = core()
-    path = coordinator.policy_path(job_id, int(raw) if raw is not None else None)
+    path = coordinator.policy_path(job_id, version_query("version"))
     return send_file(
         coordinator.store.resolve(path),
         mimetype="application/octet-stream",

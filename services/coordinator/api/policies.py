@@ -6,20 +6,11 @@ from flask import Blueprint, Response, request
 
 from common.errors import bad_request
 from common.http import allow, body, caller, reply
-from common.messages import MAX_INT32, MAX_WAIT_S, PolicyAnnounce, PolicyRef
+from common.messages import MAX_WAIT_S, PolicyAnnounce, PolicyRef
 from common.openapi import documented
-from services.coordinator.api import core
+from services.coordinator.api import core, version_query
 
 bp = Blueprint("policies", __name__, url_prefix="/api/v1/jobs/<job_id>/policies")
-
-
-def _version_arg(name: str) -> int | None:
-    raw = request.args.get(name)
-    if raw is None:
-        return None
-    if not (raw.isascii() and raw.isdigit() and len(raw) <= 10 and int(raw) <= MAX_INT32):
-        raise bad_request(name, f"'{raw[:32]}' is not an integer from 0 to {MAX_INT32}")
-    return int(raw)
 
 
 def _seconds_arg(name: str) -> float:
@@ -56,7 +47,7 @@ def announce(job_id: str) -> Any:
     },
 )
 def latest(job_id: str) -> Any:
-    newer_than = _version_arg("newer_than")
+    newer_than = version_query("newer_than")
     timeout_s = _seconds_arg("timeout_s")
     ref = core().latest_policy(job_id, caller=caller(), newer_than=newer_than, timeout_s=timeout_s)
     if ref is None:
