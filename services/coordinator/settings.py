@@ -15,7 +15,7 @@ from pathlib import Path
 
 from common.http import ServerLimits
 from common.settings import SettingsError, env_float, env_int, env_str, read_secret, read_token
-from services.coordinator.core import CoordinatorLimits
+from services.coordinator.state import CoordinatorLimits
 
 
 def limit_variable(name: str) -> str:

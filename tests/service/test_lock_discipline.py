@@ -141,13 +141,13 @@ def test_a_job_shows_its_end_only_once_it_is_on_disk(tmp_path, stop):
     config = {**CONFIG, "system": {"max_env_step": 10}}
     job_id = ok(client.post("/api/v1/jobs", json={"config": config}, headers=AUTH), 201)["job_id"]
     seen = []
-    real = core._complete_end
+    real = core.job_book.complete_end
 
     def complete_end(job, record):
         seen.append(core.job_status(job_id).phase)  # the record is not written yet
         real(job, record)
 
-    core._complete_end = complete_end
+    core.job_book.complete_end = complete_end
     if stop == "delete":
         answer = ok(client.delete(f"/api/v1/jobs/{job_id}", headers=AUTH), 202)
         assert answer["phase"] == "stopped"  # answered once durable

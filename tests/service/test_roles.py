@@ -199,7 +199,7 @@ def test_registrations_are_bounded(tmp_path):
 def test_a_failing_job_does_not_stop_the_others(client, core, monkeypatch):
     bad, good = submit(client), submit(client)
     register(client, "collector", "http://127.0.0.1:8101")
-    real = core._plan_job
+    real = core.planning.plan_job
 
     def plan_job(job):
         if job.job_id == bad:
@@ -207,7 +207,7 @@ def test_a_failing_job_does_not_stop_the_others(client, core, monkeypatch):
             raise OverflowError("a value no job should hold")
         return real(job)
 
-    monkeypatch.setattr(core, "_plan_job", plan_job)
+    monkeypatch.setattr(core.planning, "plan_job", plan_job)
     plan = core.plan()
     assert {d.task.job_id for d in plan if d.task} == {good}
     # nothing the failed pass created is left waiting for a dispatch

@@ -10,7 +10,7 @@ from common.messages import EvalResult
 
 if TYPE_CHECKING:
     from common.storage import SharedStore
-    from services.coordinator.core import CoordinatorLimits, Dispatch, Job, Task, TaskState, Worker
+    from services.coordinator.state import CoordinatorLimits, Dispatch, Job, Task, TaskState, Worker
 
 
 class Planner(Protocol):

@@ -15,7 +15,7 @@ from common.storage import PathError
 from services.coordinator.workflows.base import Planner
 
 if TYPE_CHECKING:
-    from services.coordinator.core import Dispatch, Job, Task, TaskState
+    from services.coordinator.state import Dispatch, Job, Task, TaskState
 
 
 class Evaluate:

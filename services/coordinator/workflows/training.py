@@ -19,7 +19,7 @@ from common.messages import CollectSpec, EvalResult, EvalSummary, EvaluateSpec, 
 from services.coordinator.workflows.base import Planner
 
 if TYPE_CHECKING:
-    from services.coordinator.core import Dispatch, Job, Task, TaskState
+    from services.coordinator.state import Dispatch, Job, Task, TaskState
 
 log = logging.getLogger(__name__)
 

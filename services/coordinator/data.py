@@ -1,0 +1,209 @@
+"""The data plane: segment inserts, samples, priorities and the buffers' stats, and
+the sweep that indexes segment files no insert claimed.
+
+The blocking buffer calls (long-poll samples, rate-limited inserts) run outside the
+coordinator's lock, so one waiting learner never holds up the rest; how many may wait
+at once is bounded, in all and per job.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+
+from common.errors import ApiError, bad_request, conflict
+from common.messages import (
+    MAX_SAMPLE_ITEMS,
+    InsertReply,
+    MessageError,
+    PriorityUpdate,
+    SampleReply,
+    SampleRequest,
+    SegmentInsert,
+    SegmentRef,
+    parse,
+)
+from common.storage import CorruptFileError, PathError
+from services.buffer.core import BufferClosed, BufferStats
+from services.coordinator.jobs import JobBook
+from services.coordinator.state import CoordinatorState, Job, raise_if_closing
+from services.coordinator.tasks import TaskBoard
+
+log = logging.getLogger(__name__)
+
+
+class DataPlane:
+    def __init__(self, state: CoordinatorState, jobs: JobBook, tasks: TaskBoard) -> None:
+        self.state = state
+        self.jobs = jobs
+        self.tasks = tasks
+        self.waiting_samples = 0
+        self._waiting_by_job: collections.Counter[str] = collections.Counter()
+
+    # --- inserts -------------------------------------------------------------------
+
+    def insert(
+        self, job_id: str, insert: SegmentInsert, *, caller: str | None = None
+    ) -> InsertReply:
+        guard = self.state.guard
+        with guard.changing():
+            job = self.jobs.running(job_id)
+            self.tasks.check_sender(job_id, insert.task_id, "collect", caller)
+        if caller is not None:
+            # A collector's own folder is named "<its worker id>.<task id>".
+            own = f"{job_id}/segments/{caller}.{insert.task_id}/"
+            for i, ref in enumerate(insert.segments):
+                if not ref.path.startswith(own):
+                    raise ApiError(
+                        403, "forbidden", f"segments.{i}.path: not in {caller}'s own folder"
+                    )
+        for i, ref in enumerate(insert.segments):
+            self.check_segment_file(job_id, ref, f"segments.{i}")
+        try:
+            result = job.buffer.insert(insert.segments, timeout_s=insert.timeout_s)
+        except ValueError as exc:
+            raise bad_request("segments", str(exc)) from None
+        except BufferClosed:
+            raise_if_closing(self.state)
+            raise
+        with guard.changing():
+            self.account(job, result.accepted_refs)
+            return InsertReply(
+                accepted=result.accepted, duplicates=result.duplicates, env_steps=job.env_steps
+            )
+
+    def check_segment_file(self, job_id: str, ref: SegmentRef, field: str) -> None:
+        """A reference must describe its file: inside the job's segments folder, a
+        regular file, and as many rows as its header says (a declared size is never
+        trusted: it decides what the buffer evicts). Reads the header only."""
+        store = self.state.store
+        try:
+            store.resolve(ref.path, under=f"{job_id}/segments")
+            rows = store.segment_rows(ref.path)
+        except PathError as exc:
+            raise bad_request(f"{field}.path", str(exc)) from None
+        except FileNotFoundError:
+            raise bad_request(f"{field}.path", f"no file at '{ref.path}'") from None
+        except (OSError, CorruptFileError) as exc:
+            raise bad_request(f"{field}.path", f"not a readable segment: {exc}") from None
+        if rows != ref.rows:
+            raise bad_request(f"{field}.rows", f"{ref.rows} declared, the file holds {rows}")
+
+    def account(self, job: Job, refs: list[SegmentRef]) -> None:
+        """Count newly indexed segments into the job; end it at `max_env_step`."""
+        for ref in refs:
+            job.env_steps += ref.env_steps
+            job.episode_returns.extend(ref.episode_returns)
+        max_env_step = job.config.system.max_env_step
+        if job.running and max_env_step and job.env_steps >= max_env_step:
+            self.jobs.finish_at_limit(job, f"max_env_step {max_env_step} reached")
+
+    def sweep_orphans(self, job: Job, grace_s: float) -> int:
+        """Index segment files no insert claimed (a collector died between writing and
+        inserting, or the coordinator restarted after acknowledging them); delete the
+        stale or unreadable ones. Returns how many were indexed.
+
+        Disk work, done without the coordinator's lock; it is taken only to count what
+        was indexed."""
+        store = self.state.store
+        root, indexed = f"{job.job_id}/segments", 0
+        for folder in store.list_dir(root):
+            for name in store.list_dir(f"{root}/{folder}"):
+                path = f"{root}/{folder}/{name}"
+                try:
+                    kind = job.buffer.classify(path)
+                    if kind == "known" or (kind == "new" and store.age_s(path) < grace_s):
+                        continue
+                    if kind == "new":
+                        ref = parse(SegmentRef, store.read_segment_header(path))
+                        if ref.path != path:
+                            raise ValueError(f"header names {ref.path}")
+                        self.check_segment_file(job.job_id, ref, "header")
+                        result = job.buffer.insert([ref], force=True)
+                        with self.state.guard.changing():
+                            self.account(job, result.accepted_refs)
+                        indexed += result.accepted
+                        continue
+                except (ValueError, OSError, CorruptFileError, MessageError, ApiError) as exc:
+                    log.warning("segment %s is unusable (%s): deleting it", path, exc)
+                except BufferClosed:
+                    return indexed
+                store.delete(path)
+        if indexed:
+            log.info("job %s: indexed %d segment files found on disk", job.job_id, indexed)
+        return indexed
+
+    # --- samples -------------------------------------------------------------------
+
+    def sample(
+        self, job_id: str, request: SampleRequest, *, caller: str | None = None
+    ) -> SampleReply:
+        items = request.batch_size * request.num_batches
+        if items > MAX_SAMPLE_ITEMS:
+            raise bad_request(
+                "num_batches",
+                f"batch_size x num_batches = {items} exceeds {MAX_SAMPLE_ITEMS} items",
+            )
+        guard = self.state.guard
+        with guard.changing():
+            job = self.jobs.running(job_id)
+            self.tasks.check_sender(job_id, request.task_id, "learn", caller)
+            if request.timeout_s > 0:
+                self._check_waiting(job_id)
+            self.waiting_samples += 1
+            self._waiting_by_job[job_id] += 1
+        try:
+            if request.task_id is not None and request.acknowledge:
+                job.buffer.acknowledge(request.task_id, list(request.acknowledge))
+            batches, hold_id = job.buffer.sample_for(
+                request.task_id,
+                request.batch_size,
+                request.num_batches,
+                timeout_s=request.timeout_s,
+            )
+        except BufferClosed:
+            raise_if_closing(self.state)
+            raise
+        finally:
+            with guard.changing():
+                self.waiting_samples -= 1
+                self._waiting_by_job[job_id] -= 1
+        with guard.changing():
+            if hold_id is not None and not self.tasks.is_active(request.task_id):
+                # The task ended while this request waited: nobody will train on them.
+                job.buffer.give_back(request.task_id or "")
+                raise conflict("task_not_active", f"task {request.task_id} has ended")
+        return SampleReply(batches=batches, hold_id=hold_id)
+
+    def _check_waiting(self, job_id: str) -> None:
+        """Bound the long-polls waiting at once, in all and per job (503 at once)."""
+        limits = self.state.limits
+        if self.waiting_samples >= limits.max_waiting_samples:
+            waiting, scope = self.waiting_samples, "in all"
+        elif self._waiting_by_job[job_id] >= limits.max_waiting_samples_per_job:
+            waiting, scope = self._waiting_by_job[job_id], f"for job {job_id}"
+        else:
+            return
+        raise ApiError(
+            503,
+            "too_many_waiting",
+            f"{waiting} sample requests are already waiting {scope}",
+            retry_after_s=1.0,
+        )
+
+    def update_priorities(
+        self, job_id: str, update: PriorityUpdate, *, caller: str | None = None
+    ) -> int:
+        with self.state.guard.changing():
+            job = self.jobs.running(job_id)
+            self.tasks.check_sender(job_id, update.task_id, "learn", caller)
+        try:
+            return job.buffer.update_priorities(update.keys, update.priorities)
+        except ValueError as exc:
+            raise bad_request("priorities", str(exc)) from None
+
+    def stats(self, job_id: str) -> BufferStats:
+        with self.state.guard.changing():
+            job = self.jobs.get(job_id)
+        # The buffer's stats take its own lock, never the coordinator's.
+        return job.buffer.stats()

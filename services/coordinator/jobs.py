@@ -1,0 +1,350 @@
+"""Jobs: admission, their phase and its durable end, status, metrics and records.
+
+A job ends in two steps: `finish` stops its data and tasks at once (under the lock);
+`complete_end` (after the lock is let go) writes its terminal record, then shows the
+phase, then releases its step data. Nobody sees a job as ended before its end is on
+disk, so a coordinator killed at any moment never brings back as running a job it
+reported as ended.
+"""
+
+from __future__ import annotations
+
+import logging
+import statistics
+from typing import Any
+
+from common.config import (
+    ConfigError,
+    JobConfig,
+    from_resolved,
+    min_error_buffer,
+    resolve_job_config,
+    to_dict,
+    with_spaces,
+)
+from common.envs import env_spaces
+from common.errors import bad_request, conflict, not_found
+from common.messages import (
+    EvalSummary,
+    JobCreated,
+    JobMetrics,
+    JobStatus,
+    JobSubmit,
+    dump,
+    new_id,
+    parse,
+)
+from common.storage import SharedStore
+from services.buffer.core import ReplayBuffer
+from services.coordinator.snapshot import as_record, eval_from, policy_from, write_job_record
+from services.coordinator.state import CoordinatorState, Job, raise_if_closing
+from services.coordinator.tasks import TaskBoard
+from services.coordinator.workflows import WORKFLOWS, Planner
+
+log = logging.getLogger(__name__)
+
+
+class JobBook:
+    def __init__(self, state: CoordinatorState, tasks: TaskBoard) -> None:
+        self.state = state
+        self.tasks = tasks
+
+    # --- admission -------------------------------------------------------------------
+
+    def submit(self, submit: JobSubmit, planner: Planner) -> JobCreated:
+        try:
+            config, warnings = resolve_job_config(submit.config)
+            spaces = env_spaces(config.env)
+            config = with_spaces(
+                config,
+                spaces.obs_shape,
+                spaces.action_shape,
+                spaces.action_space,
+                spaces.action_bounds,
+            )
+        except ConfigError as exc:
+            raise bad_request(f"config.{exc.field}", exc.message) from None
+        self._check_limits(config)
+        WORKFLOWS[config.system.workflow].admit(config, planner)
+        job_id = new_id("job")
+        store = self.state.store
+        store.write_json(f"{job_id}/job.json", to_dict(config))
+        job = Job(
+            job_id=job_id,
+            name=submit.name or config.exp_name,
+            config=config,
+            buffer=self.new_buffer(job_id, config),
+            started_at=self.state.wall(),
+        )
+        for warning in warnings:
+            log.warning("job %s config: %s", job_id, warning)
+        # Durable before it is answered: a coordinator that dies right after the 201
+        # finds the job again.
+        write_job_record(store, job_id, job_record(job))
+        with self.state.guard.changing():
+            self.state.jobs[job_id] = job
+            self.state.guard.notify()
+        log.info("job %s (%s) submitted: %s", job_id, job.name, config.env.env_id)
+        return JobCreated(job_id=job_id, phase=job.phase, warnings=warnings)
+
+    def new_buffer(self, job_id: str, config: JobConfig) -> ReplayBuffer:
+        replay = WORKFLOWS[config.system.workflow].replay(config)
+        error_buffer = replay.error_buffer or 2 * min_error_buffer(config)
+        return ReplayBuffer(
+            job_id,
+            replay,
+            DeferredDeletes(self.state.store, self.state.guard.defer),
+            error_buffer=error_buffer,
+            seed=config.system.seed,
+        )
+
+    def _check_limits(self, config: JobConfig) -> None:
+        limits = self.state.limits
+        collectors = config.system.collector_num
+        if collectors is not None and collectors > limits.max_collectors_per_job:
+            raise bad_request(
+                "config.system.collector_num",
+                f"{collectors} exceeds this coordinator's limit of {limits.max_collectors_per_job}",
+            )
+        for key in ("collector_env_num", "evaluator_env_num"):
+            value = getattr(config.env, key)
+            if value > limits.max_envs_per_task:
+                raise bad_request(
+                    f"config.env.{key}",
+                    f"{value} exceeds this coordinator's limit of {limits.max_envs_per_task}",
+                )
+
+    def from_record(self, record: dict[str, Any]) -> Job:
+        """A job (with an empty buffer) from its record (`job_record`)."""
+        config = from_resolved(record["config"])
+        job = Job(
+            job_id=record["job_id"],
+            name=record["name"],
+            config=config,
+            buffer=self.new_buffer(record["job_id"], config),
+            started_at=float(record["started_at"]),
+            phase=record["phase"],
+            reason=record["reason"],
+            finished_at=record["finished_at"],
+            env_steps=int(record["env_steps"]),
+            train_iters=int(record["train_iters"]),
+            policy=policy_from(record["policy"]),
+            policy_versions=[int(v) for v in record["policy_versions"]],
+            evals=[parse(EvalSummary, e) for e in record["evals"]],
+            best_eval=eval_from(record["best_eval"]),
+            eval_requested_iter=int(record["eval_requested_iter"]),
+            tasks_created=int(record["tasks_created"]),
+            task_failures=int(record["task_failures"]),
+            segments_swept=bool(record["segments_swept"]),
+        )
+        job.episode_returns.extend(record["episode_returns"])
+        job.evaluation.extend(record.get("evaluation", []))
+        job.metrics.extend(record["metrics"])
+        return job
+
+    # --- lookups -------------------------------------------------------------------
+
+    def get(self, job_id: str) -> Job:
+        job = self.state.jobs.get(job_id)
+        if job is None:
+            raise not_found(f"job {job_id}")
+        return job
+
+    def running(self, job_id: str) -> Job:
+        """The job, which must still take data and tasks (409 when it ended)."""
+        raise_if_closing(self.state)
+        job = self.get(job_id)
+        if not job.running:
+            phase, reason = job.ending[:2] if job.ending else (job.phase, job.reason)
+            raise conflict("job_finished", f"job {job_id} is {phase}: {reason}")
+        return job
+
+    # --- the end -------------------------------------------------------------------
+
+    def stop(self, job_id: str) -> JobStatus:
+        with self.state.guard.changing():
+            job = self.get(job_id)
+            if job.running:
+                self.finish(job, "stopped", "stopped by request")
+        # The end is on disk now (the change's deferred work ran): answer with it.
+        return self.status(job_id)
+
+    def finish(self, job: Job, phase: str, reason: str) -> None:
+        """End a job: stop its data and its tasks now; its new phase shows once it is
+        on disk (`complete_end`, run when the lock is let go), and its step data is
+        deleted only after that."""
+        if not job.running:
+            return  # already ending
+        job.ending = (phase, reason, self.state.wall())
+        job.buffer.close()  # no more data in or out, whatever follows
+        self.tasks.cancel_job_tasks(job)
+        record = ending_record(job)
+        self.state.guard.defer(lambda: self.complete_end(job, record))
+        log.info("job %s %s: %s", job.job_id, phase, reason)
+        self.state.guard.notify()
+
+    def finish_at_limit(self, job: Job, what: str) -> None:
+        # A budget ran out: that is success only for a job with no return goal.
+        if job.config.env.stop_value is None:
+            self.finish(job, "succeeded", what)
+        else:
+            self.finish(job, "failed", f"{what} before stop_value {job.config.env.stop_value}")
+
+    def complete_end(self, job: Job, record: dict[str, Any]) -> None:
+        """Write the ending job's record; then show its end; then delete its segments.
+        When the record cannot be written, the job stays ending and the snapshot
+        thread tries again."""
+        try:
+            write_job_record(self.state.store, job.job_id, record)
+        except OSError as exc:
+            log.error("job %s: cannot record its end yet (%s); will retry", job.job_id, exc)
+            return
+        with self.state.guard.changing():
+            if job.terminal_durable or job.ending is None:
+                return
+            job.phase, job.reason, job.finished_at = job.ending
+            job.terminal_durable = True
+            summary = dump(status_of(job))
+            self.state.guard.notify()
+        self.state.store.write_json(f"{job.job_id}/summary.json", summary)
+        # Step data is only for training: a finished job keeps policies, checkpoints,
+        # evaluations and logs, not segments.
+        try:
+            job.buffer.release_all()
+        except Exception:
+            log.exception("job %s: releasing its segments failed", job.job_id)
+
+    def sweep_segments(self, job: Job, *, now: bool = False) -> None:
+        """Remove what collectors wrote around the end of a job, once they had time to
+        notice it ended (each deletes a segment its insert could not place)."""
+        if job.segments_swept or job.finished_at is None or not job.terminal_durable:
+            return
+        delay_s = self.state.limits.segment_sweep_delay_s
+        if now or self.state.wall() - job.finished_at >= delay_s:
+            job.segments_swept = True
+            store = self.state.store
+            self.state.guard.defer(lambda: store.delete_tree(f"{job.job_id}/segments"))
+
+    # --- what is shown -------------------------------------------------------------
+
+    def status(self, job_id: str) -> JobStatus:
+        with self.state.guard.changing():
+            return status_of(self.get(job_id))
+
+    def listing(self) -> list[JobStatus]:
+        with self.state.guard.changing():
+            return [status_of(j) for j in self.state.jobs.values()]
+
+    def metrics(self, job_id: str) -> JobMetrics:
+        with self.state.guard.changing():
+            job = self.get(job_id)
+            points, evals = list(job.metrics), list(job.evals)
+            unusable = sorted(job.unusable_segments)
+        # The buffer's stats take its own lock, never the coordinator's.
+        return JobMetrics(
+            job_id=job_id,
+            points=points,
+            evals=evals,
+            buffer=dump(job.buffer.stats()),
+            unusable_segments=unusable,
+        )
+
+    def buffer_sizes(self) -> dict[str, int]:
+        """Each job's buffer size (cheap: no stats are computed)."""
+        with self.state.guard.changing():
+            return {job_id: job.buffer.size for job_id, job in self.state.jobs.items()}
+
+    def sample_metrics(self) -> None:
+        """One metrics point per running job (call under the lock, every period)."""
+        limits = self.state.limits
+        for job in self.state.jobs.values():
+            if job.phase != "running":
+                self.sweep_segments(job)
+                continue
+            job.buffer.collect_garbage()
+            recent = list(job.episode_returns)
+            job.metrics.append(
+                {
+                    "t": round(self.state.wall(), 3),
+                    "env_steps": job.env_steps,
+                    "train_iters": job.train_iters,
+                    "buffer_size": job.buffer.size,
+                    "policy_version": job.policy.version if job.policy else 0,
+                    "collect_return_mean": statistics.fmean(recent) if recent else None,
+                }
+            )
+            while len(job.metrics) > limits.metrics_points:
+                job.metrics.popleft()
+
+
+def status_of(job: Job) -> JobStatus:
+    return JobStatus(
+        job_id=job.job_id,
+        name=job.name,
+        phase=job.phase,  # type: ignore[arg-type]
+        algo=job.config.policy.type,
+        env_id=job.config.env.env_id,
+        env_steps=job.env_steps,
+        train_iters=job.train_iters,
+        policy_version=job.policy.version if job.policy else 0,
+        last_eval=job.evals[-1] if job.evals else None,
+        best_eval_return=job.best_eval.return_mean if job.best_eval else None,
+        best_policy_version=job.best_eval.policy_version if job.best_eval else None,
+        stop_value=job.config.env.stop_value,
+        reason=job.reason,
+        started_at=job.started_at,
+        finished_at=job.finished_at,
+    )
+
+
+def job_record(job: Job) -> dict[str, Any]:
+    """What a job is, as JSON data (its buffer aside): what snapshots and the durable
+    record hold."""
+    return {
+        "job_id": job.job_id,
+        "name": job.name,
+        "config": to_dict(job.config),
+        "started_at": job.started_at,
+        "phase": job.phase,
+        "reason": job.reason,
+        "finished_at": job.finished_at,
+        "env_steps": job.env_steps,
+        "train_iters": job.train_iters,
+        "policy": as_record(job.policy),
+        "policy_versions": list(job.policy_versions),
+        "evals": [dump(e) for e in job.evals],
+        "best_eval": as_record(job.best_eval),
+        "eval_requested_iter": job.eval_requested_iter,
+        "tasks_created": job.tasks_created,
+        "task_failures": job.task_failures,
+        "episode_returns": list(job.episode_returns),
+        "metrics": list(job.metrics)[-600:],
+        "segments_swept": job.segments_swept,
+        "evaluation": list(job.evaluation),
+    }
+
+
+def ending_record(job: Job) -> dict[str, Any]:
+    """The record of a job that is ending, with the phase it ends in."""
+    assert job.ending is not None
+    phase, reason, finished_at = job.ending
+    return {**job_record(job), "phase": phase, "reason": reason, "finished_at": finished_at}
+
+
+class DeferredDeletes:
+    """The buffer's segment files: a file released while the coordinator's lock is held
+    is deleted once the lock is let go."""
+
+    def __init__(self, store: SharedStore, defer: Any) -> None:
+        self._store = store
+        self._defer = defer
+
+    def delete(self, rel: str) -> bool:
+        self._defer(lambda: self._store.delete(rel))
+        return True
+
+    def write_bytes(self, rel: str, data: bytes) -> Any:
+        return self._store.write_bytes(rel, data)
+
+    def read_bytes(self, rel: str) -> bytes:
+        return self._store.read_bytes(rel)

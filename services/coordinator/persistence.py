@@ -1,0 +1,122 @@
+"""Saving and restoring the coordinator's jobs (the file layout is snapshot.py's).
+
+Every running job is snapshotted every few seconds, and each ended job once more;
+at start, every job folder under the shared root is restored: an ended job as its
+durable record says, a running one from its newest snapshot plus the segment files
+and policy versions written after it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+
+from common.messages import TERMINAL_PHASES
+from common.storage import CorruptFileError
+from services.coordinator.data import DataPlane
+from services.coordinator.jobs import JobBook, ending_record, job_record
+from services.coordinator.policies import PolicyPointer
+from services.coordinator.snapshot import (
+    read_job_record,
+    read_job_snapshot,
+    state_path,
+    write_job_snapshot,
+)
+from services.coordinator.state import CoordinatorState, Job
+
+log = logging.getLogger(__name__)
+
+
+class Persistence:
+    def __init__(
+        self, state: CoordinatorState, jobs: JobBook, data: DataPlane, policies: PolicyPointer
+    ) -> None:
+        self.state = state
+        self.jobs = jobs
+        self.data = data
+        self.policies = policies
+        self._generation = 0
+        #: One snapshot at a time (the periodic thread, and the last one at shutdown).
+        self._one_at_a_time = threading.Lock()
+
+    def snapshot_jobs(self) -> None:
+        """Write every running job's state (and each finished job's once)."""
+        with self._one_at_a_time:
+            self._snapshot_jobs()
+
+    def _snapshot_jobs(self) -> None:
+        state = self.state
+        with state.guard.changing():
+            for job in state.jobs.values():
+                if job.ending is not None and not job.terminal_durable:
+                    # Its end could not be written before: try again.
+                    record = ending_record(job)
+                    state.guard.defer(
+                        lambda job=job, record=record: self.jobs.complete_end(job, record)
+                    )
+            todo = [
+                (job, job_record(job))
+                for job in state.jobs.values()
+                if job.phase == "running" or not job.final_snapshot
+            ]
+        for job, record in todo:
+            # Generations only grow, also across restarts: never reuse a file name.
+            self._generation = max(self._generation + 1, int(state.wall() * 1000))
+            write_job_snapshot(
+                state.store, job.job_id, record, job.buffer.snapshot(), self._generation
+            )
+            if record["phase"] != "running":
+                job.final_snapshot = True
+
+    def restore_jobs(self) -> list[str]:
+        """Load every job under the shared root (at start); returns their ids.
+
+        Running jobs continue: their buffers come back as saved, and segment files the
+        snapshot does not know are indexed (or deleted when stale), so nothing that was
+        acknowledged is lost and nothing leaks.
+        """
+        state = self.state
+        restored = []
+        for job_id in state.store.list_dir(""):
+            try:
+                job = self._restore_job(job_id)
+            except (ValueError, KeyError, TypeError, OSError, CorruptFileError) as exc:
+                log.error("cannot restore job %s: %s", job_id, exc)
+                continue
+            if job is None:
+                continue
+            # The job is not published yet: its disk work needs no lock.
+            if job.phase == "running":
+                self.policies.recover(job)
+                self.data.sweep_orphans(job, grace_s=0.0)
+            else:
+                job.buffer.close()
+                job.final_snapshot = job.terminal_durable = True
+                self.jobs.sweep_segments(job, now=True)
+            with state.guard.changing():
+                state.jobs[job.job_id] = job
+                state.guard.notify()
+            restored.append(job.job_id)
+            log.info(
+                "restored job %s (%s): %d env steps, buffer of %d",
+                job.job_id,
+                job.phase,
+                job.env_steps,
+                job.buffer.size,
+            )
+        return restored
+
+    def _restore_job(self, job_id: str) -> Job | None:
+        """A job from its folder: ended if its durable record says so; else as its
+        newest snapshot left it; else (a job submitted just before a crash) fresh.
+        None for a folder that holds no job."""
+        store = self.state.store
+        record = read_job_record(store, job_id)
+        if record is not None and record["phase"] in TERMINAL_PHASES:
+            return self.jobs.from_record(record)
+        if store.exists(state_path(job_id)):
+            snapshot, data, buffer_meta = read_job_snapshot(store, job_id)
+            job = self.jobs.from_record(snapshot)
+            job.buffer.restore_snapshot(data, buffer_meta)
+            return job
+        return self.jobs.from_record(record) if record is not None else None

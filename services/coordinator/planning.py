@@ -1,0 +1,151 @@
+"""Where the coordinator asks each job's workflow what to do: every scheduling pass
+(`plan`) and whenever a task reports its result or its failure. `Planning` is the
+`Planner` a workflow sees (services/coordinator/workflows/base.py)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from common.errors import bad_request
+from common.messages import EvalResult, MessageError, parse
+from common.storage import SharedStore
+from services.coordinator.data import DataPlane
+from services.coordinator.jobs import JobBook
+from services.coordinator.state import (
+    CoordinatorLimits,
+    CoordinatorState,
+    Dispatch,
+    Job,
+    TaskState,
+    Worker,
+    must_be,
+)
+from services.coordinator.tasks import TaskBoard
+from services.coordinator.workers import WorkerRegistry
+from services.coordinator.workflows import WORKFLOWS
+
+log = logging.getLogger(__name__)
+
+
+class Planning:
+    def __init__(
+        self,
+        state: CoordinatorState,
+        jobs: JobBook,
+        tasks: TaskBoard,
+        workers: WorkerRegistry,
+        data: DataPlane,
+    ) -> None:
+        self.state = state
+        self.jobs = jobs
+        self.tasks = tasks
+        self.workers = workers
+        self.data = data
+        self._last_metrics_s = float("-inf")
+
+    # --- the Planner a workflow uses ---------------------------------------------------
+
+    @property
+    def store(self) -> SharedStore:
+        return self.state.store
+
+    @property
+    def limits(self) -> CoordinatorLimits:
+        return self.state.limits
+
+    def free_workers(self, role: str, kind: str) -> list[Worker]:
+        return self.workers.free(role, kind)
+
+    def active_kinds(self, job: Job) -> dict[str, int]:
+        return self.tasks.active_kinds(job)
+
+    def role_count(self, role: str) -> int:
+        return self.workers.count(role)
+
+    def assign(self, job: Job, worker: Worker, kind: str, spec: Any) -> Dispatch:
+        return self.tasks.create(job, worker, kind, spec)
+
+    def seed(self, job: Job) -> int:
+        job.tasks_created += 1
+        return job.config.system.seed * 100_003 + job.tasks_created
+
+    def finish(self, job: Job, phase: str, reason: str) -> None:
+        self.jobs.finish(job, phase, reason)
+
+    def defer(self, effect: Callable[[], Any]) -> None:
+        self.state.guard.defer(effect)
+
+    # --- each pass -------------------------------------------------------------------
+
+    def plan(self) -> list[Dispatch]:
+        """Decide assignments and cancellations; the caller makes the HTTP calls.
+
+        Each job is planned on its own: an error in one job's planning (bad data that
+        slipped through) is logged and undone for that job alone, so it never stops
+        the scheduling of the others, nor leaves half-planned tasks behind.
+        """
+        state, limits = self.state, self.state.limits
+        with state.guard.changing():
+            state.passes += 1
+            self.workers.expire_leases()
+            self.tasks.expire_assignments()
+            plan, state.cancels = state.cancels, []
+            for job in sorted(state.jobs.values(), key=lambda j: j.started_at):
+                if not job.running:
+                    continue
+                before = set(state.tasks)
+                try:
+                    plan.extend(self.plan_job(job))
+                except Exception:
+                    log.exception("planning job %s failed; its new tasks are dropped", job.job_id)
+                    for task_id in set(state.tasks) - before:
+                        self.tasks.end(state.tasks[task_id], TaskState.LOST)
+                if state.clock() - job.last_orphan_sweep_s >= limits.orphan_sweep_period_s:
+                    job.last_orphan_sweep_s = state.clock()
+                    state.guard.defer(
+                        lambda job=job: self.data.sweep_orphans(job, limits.orphan_grace_s)
+                    )
+            if state.clock() - self._last_metrics_s >= limits.metrics_period_s:
+                self._last_metrics_s = state.clock()
+                try:
+                    self.jobs.sample_metrics()
+                except Exception:
+                    log.exception("sampling metrics failed")
+            return plan
+
+    def plan_job(self, job: Job) -> list[Dispatch]:
+        return WORKFLOWS[job.config.system.workflow].plan(job, self)
+
+    # --- task results ----------------------------------------------------------------
+
+    def complete_task(
+        self, task_id: str, result: dict[str, Any], *, caller: str | None = None
+    ) -> None:
+        with self.state.guard.changing():
+            task = self.tasks.active(task_id)
+            must_be(caller, task.worker_id, f"report on task {task_id}")
+            job = self.state.jobs[task.job_id]
+            outcome = None
+            if task.kind == "evaluate":
+                try:
+                    outcome = parse(EvalResult, result)
+                except MessageError as exc:
+                    raise bad_request(f"result.{exc.field}", exc.message) from None
+            self.tasks.end(task, TaskState.DONE)
+            if outcome is not None:
+                WORKFLOWS[job.config.system.workflow].evaluated(job, task, outcome, self)
+
+    def fail_task(self, task_id: str, error: str, *, caller: str | None = None) -> None:
+        with self.state.guard.changing():
+            task = self.tasks.active(task_id)
+            must_be(caller, task.worker_id, f"report on task {task_id}")
+            job = self.state.jobs[task.job_id]
+            self.tasks.end(task, TaskState.FAILED)
+            job.task_failures += 1
+            log.warning("task %s (%s) of job %s failed: %s", task_id, task.kind, job.job_id, error)
+            if job.task_failures >= self.state.limits.max_task_failures and job.running:
+                self.jobs.finish(
+                    job, "failed", f"{job.task_failures} tasks failed; last: {error[:500]}"
+                )

@@ -1,0 +1,150 @@
+"""The policy pointer: each job's newest policy version, which versions stay on disk,
+and a long-poll for collectors waiting on a newer version."""
+
+from __future__ import annotations
+
+import logging
+
+from common.errors import ApiError, bad_request, conflict, not_found
+from common.messages import PolicyRef, dump
+from common.storage import CorruptFileError, sha256_hex
+from services.coordinator.jobs import JobBook
+from services.coordinator.state import CoordinatorState, Job
+from services.coordinator.tasks import TaskBoard
+from services.coordinator.workers import WorkerRegistry
+
+log = logging.getLogger(__name__)
+
+
+class PolicyPointer:
+    def __init__(
+        self, state: CoordinatorState, jobs: JobBook, tasks: TaskBoard, workers: WorkerRegistry
+    ) -> None:
+        self.state = state
+        self.jobs = jobs
+        self.tasks = tasks
+        self.workers = workers
+        self._waiting_polls = 0
+
+    def announce(
+        self, job_id: str, ref: PolicyRef, *, task_id: str | None = None, caller: str | None = None
+    ) -> None:
+        store, guard = self.state.store, self.state.guard
+        expected = store.policy_path(job_id, ref.version)
+        if ref.path != expected:
+            raise bad_request("path", f"version {ref.version} must live at '{expected}'")
+        if not store.resolve(ref.path).is_file():
+            raise bad_request("path", f"no file at '{ref.path}'")
+        with guard.changing():
+            job = self.jobs.running(job_id)
+            self.tasks.check_sender(job_id, task_id, "learn", caller)
+            if job.policy is not None and ref.version <= job.policy.version:
+                raise conflict(
+                    "stale_version",
+                    f"version {ref.version} is not newer than {job.policy.version}",
+                )
+            job.policy = ref
+            job.policy_versions.append(ref.version)
+            job.buffer.set_learner_version(ref.version)
+            job.train_iters = max(job.train_iters, ref.train_iter)
+            guard.defer(lambda: store.write_json(f"{job_id}/policies/latest.json", dump(ref)))
+            self._prune(job)
+            max_train_iter = job.config.system.max_train_iter
+            if max_train_iter and job.train_iters >= max_train_iter:
+                self.jobs.finish_at_limit(job, f"max_train_iter {max_train_iter} reached")
+            guard.notify()
+
+    def _prune(self, job: Job) -> None:
+        """Keep the newest versions, the best one and those being evaluated."""
+        store = self.state.store
+        keep = set(job.policy_versions[-self.state.limits.keep_policies :])
+        if job.best_eval is not None:
+            keep.add(job.best_eval.policy_version)
+        for task in self.tasks.of_job(job, "evaluate"):
+            keep.add(int(task.spec["policy_version"]))
+        for version in [v for v in job.policy_versions if v not in keep]:
+            path = store.policy_path(job.job_id, version)
+            self.state.guard.defer(lambda path=path: store.delete(path))
+        job.policy_versions = [v for v in job.policy_versions if v in keep]
+
+    def latest(
+        self,
+        job_id: str,
+        *,
+        caller: str | None = None,
+        newer_than: int | None = None,
+        timeout_s: float = 0.0,
+    ) -> PolicyRef | None:
+        """The job's newest policy version. With `newer_than`, wait up to `timeout_s`
+        for a version past it (a collector between rounds waits on this instead of
+        polling); past `max_waiting_policy_polls` waiting at once, answer at once."""
+        state = self.state
+        with state.guard.changing():
+            job = self.jobs.get(job_id)
+            if caller is not None and not any(
+                state.tasks[t].job_id == job_id for t in self.workers.get(caller).task_ids
+            ):
+                raise ApiError(403, "forbidden", f"worker {caller} has no task in job {job_id}")
+            if (
+                newer_than is not None
+                and timeout_s > 0
+                and self._waiting_polls < state.limits.max_waiting_policy_polls
+            ):
+                self._waiting_polls += 1
+                try:
+                    state.guard.wait_for(
+                        lambda: (
+                            state.closing
+                            or not job.running
+                            or (job.policy is not None and job.policy.version > newer_than)
+                        ),
+                        timeout_s,
+                    )
+                finally:
+                    self._waiting_polls -= 1
+            return job.policy
+
+    def path(self, job_id: str, version: int | None) -> str:
+        """The file of a policy version (the latest by default)."""
+        with self.state.guard.changing():
+            job = self.jobs.get(job_id)
+            if version is None:
+                if job.policy is None:
+                    raise not_found(f"a policy of job {job_id}")
+                version = job.policy.version
+        path = self.state.store.policy_path(job_id, version)
+        if not self.state.store.resolve(path).is_file():
+            raise not_found(f"policy version {version} of job {job_id}")
+        return path
+
+    def recover(self, job: Job) -> None:
+        """Point a restored job at its newest valid policy file, also one written after
+        its snapshot (policy files are immutable and written atomically: a file is a
+        whole version). Disk work: call before the job is published."""
+        store = self.state.store
+        folder = f"{job.job_id}/policies"
+        current = job.policy.version if job.policy else 0
+        versions = sorted(
+            (
+                int(n.split(".")[0])
+                for n in store.list_dir(folder)
+                if n.endswith(".safetensors") and n.split(".")[0].isdigit()
+            ),
+            reverse=True,
+        )
+        for version in (v for v in versions if v > current):
+            path = store.policy_path(job.job_id, version)
+            try:
+                data = store.read_bytes(path)
+                policy = store.read_policy(path)
+            except (OSError, CorruptFileError) as exc:
+                log.warning("policy file %s unusable: %s", path, exc)
+                continue
+            job.policy = PolicyRef(
+                version=version, path=path, sha256=sha256_hex(data), train_iter=policy.train_iter
+            )
+            job.policy_versions.extend(v for v in sorted(versions) if v > current)
+            job.train_iters = max(job.train_iters, policy.train_iter)
+            job.buffer.set_learner_version(version)
+            log.info("job %s: newest policy on disk is version %d", job.job_id, version)
+            return

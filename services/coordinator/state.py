@@ -1,0 +1,208 @@
+"""The coordinator's state: jobs, workers and tasks as plain dataclasses, the limits
+one coordinator enforces, and `CoordinatorState`, which the coordinator's parts
+(jobs.py, tasks.py, workers.py, policies.py, data.py, planning.py, snapshots.py)
+share. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import collections
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from common.config import JobConfig
+from common.errors import ApiError
+from common.messages import EvalSummary, PolicyRef, TaskAssignment
+from common.storage import SharedStore
+from services.buffer.core import ReplayBuffer
+from services.coordinator.lock import ChangeLock
+
+
+class TaskState(StrEnum):
+    """A task's life: planned, confirmed by its worker, then ended one way."""
+
+    ASSIGNING = "assigning"  # planned; the scheduler is sending it
+    RUNNING = "running"  # its worker took it (or reports it)
+    DONE = "done"
+    FAILED = "failed"
+    CANCELLED = "cancelled"  # its job ended
+    LOST = "lost"  # its worker went away, or never took it: it is planned again
+
+
+ACTIVE = frozenset({TaskState.ASSIGNING, TaskState.RUNNING})
+
+
+@dataclass(frozen=True, kw_only=True)
+class CoordinatorLimits:
+    """What one job may ask of this coordinator."""
+
+    heartbeat_interval_s: float = 1.0
+    lease_timeout_s: float = 10.0
+    max_buffer_items: int = 10_000_000
+    max_envs_per_task: int = 256
+    max_collectors_per_job: int = 256
+    #: A job fails after this many failed tasks (a crash loop, not a blip).
+    max_task_failures: int = 5
+    #: Policy versions kept on disk besides the best one and those being evaluated.
+    keep_policies: int = 10
+    metrics_period_s: float = 1.0
+    #: After a job ends, its segments folder is removed this much later.
+    segment_sweep_delay_s: float = 5.0
+    #: A segment file no insert has claimed for this long is indexed (or deleted when
+    #: stale or unreadable): what a collector killed between write and insert leaves.
+    orphan_grace_s: float = 30.0
+    #: A worker that refused or missed an assignment gets none for this long.
+    dispatch_backoff_s: float = 1.0
+    #: Sample long-polls allowed to wait at once; more are answered 503 at once, so
+    #: slow or many clients can never hold every server thread.
+    max_waiting_samples: int = 16
+    #: ... and at most this many for one job, so one job's empty buffer cannot starve
+    #: the learners of the others.
+    max_waiting_samples_per_job: int = 4
+    #: Collectors waiting at once for a newer policy version (each holds a server
+    #: thread); past it they are answered at once and poll instead.
+    max_waiting_policy_polls: int = 8
+    #: Registered workers at once (each costs memory and scheduling time).
+    max_workers: int = 1024
+    #: Hosts (names, IPs, CIDRs) workers may advertise; empty: any valid host.
+    worker_hosts: tuple[str, ...] = ()
+    #: A task not confirmed by its worker this long after it was planned is lost (a
+    #: dispatch that never completed), so it is planned again.
+    assigning_timeout_s: float = 30.0
+    #: A worker that failed this many assignments in a row is dropped: its URL does
+    #: not answer, and it should register again when it does.
+    max_dispatch_failures: int = 3
+    orphan_sweep_period_s: float = 10.0
+    metrics_points: int = 3600
+
+
+@dataclass
+class Task:
+    task_id: str
+    job_id: str
+    kind: str
+    spec: dict[str, Any]
+    worker_id: str
+    state: TaskState = TaskState.ASSIGNING
+    planned_at_s: float = 0.0
+    #: The scheduling pass that planned it.
+    planned_in_pass: int = 0
+
+    def assignment(self) -> TaskAssignment:
+        return TaskAssignment(
+            task_id=self.task_id,
+            job_id=self.job_id,
+            kind=self.kind,
+            spec=self.spec,  # type: ignore[arg-type]
+        )
+
+
+@dataclass
+class Worker:
+    worker_id: str
+    role: str
+    url: str
+    resources: dict[str, Any]
+    last_heartbeat_s: float
+    secret: str = ""
+    #: What the coordinator sends to this worker's routes (the worker's own secret).
+    slave_token: str = ""
+    task_ids: set[str] = field(default_factory=set)
+    #: After a failed assignment, no new one before this time (no retry storm).
+    not_before_s: float = float("-inf")
+    #: Assignments in a row this worker failed to take.
+    dispatch_failures: int = 0
+    progress: dict[str, dict[str, float]] = field(default_factory=dict)
+
+
+@dataclass
+class Job:
+    job_id: str
+    name: str
+    config: JobConfig
+    buffer: ReplayBuffer
+    started_at: float
+    phase: str = "running"
+    reason: str = ""
+    finished_at: float | None = None
+    env_steps: int = 0
+    train_iters: int = 0
+    policy: PolicyRef | None = None
+    policy_versions: list[int] = field(default_factory=list)
+    #: The segments folder was removed after the job ended (late writes included).
+    segments_swept: bool = False
+    #: A snapshot was written after the job ended (no more are needed).
+    final_snapshot: bool = False
+    #: The job's terminal phase is on disk (record.json): its segments may go.
+    terminal_durable: bool = False
+    #: (phase, reason, finished_at) of an end being written to disk: the job takes no
+    #: more data or tasks, and shows the phase once it is durable.
+    ending: tuple[str, str, float] | None = None
+    #: The evaluate workflow: per-episode results so far, and episodes handed out.
+    evaluation: list[dict[str, Any]] = field(default_factory=list)
+    evaluation_assigned: int = 0
+    #: Segment files a learner reported unusable (their rows were skipped).
+    unusable_segments: set[str] = field(default_factory=set)
+    last_orphan_sweep_s: float = float("-inf")
+    evals: list[EvalSummary] = field(default_factory=list)
+    best_eval: EvalSummary | None = None
+    #: Train iteration of the newest policy sent for evaluation.
+    eval_requested_iter: int = 0
+    tasks_created: int = 0
+    task_failures: int = 0
+    episode_returns: collections.deque = field(
+        default_factory=lambda: collections.deque(maxlen=100)
+    )
+    metrics: collections.deque = field(default_factory=collections.deque)
+
+    @property
+    def running(self) -> bool:
+        """Takes data and tasks: running, and not ending."""
+        return self.phase == "running" and self.ending is None
+
+
+@dataclass(frozen=True)
+class Dispatch:
+    """One call the scheduler must make to a slave."""
+
+    url: str
+    #: The worker's own secret for its routes (never the cluster token).
+    auth: str
+    worker_id: str
+    task: TaskAssignment | None = None  # assign this task
+    cancel_task_id: str | None = None  # or cancel this one
+
+
+@dataclass
+class CoordinatorState:
+    """What every part of the coordinator reads and changes, under `guard`."""
+
+    store: SharedStore
+    limits: CoordinatorLimits
+    #: Monotonic time (leases, timeouts) and wall time (what is shown and saved).
+    clock: Callable[[], float]
+    wall: Callable[[], float]
+    guard: ChangeLock = field(default_factory=ChangeLock)
+    jobs: dict[str, Job] = field(default_factory=dict)
+    workers: dict[str, Worker] = field(default_factory=dict)
+    tasks: dict[str, Task] = field(default_factory=dict)
+    #: Cancellations the next scheduling pass sends.
+    cancels: list[Dispatch] = field(default_factory=list)
+    #: The coordinator is stopping: requests are answered "retry later".
+    closing: bool = False
+    #: Scheduling passes so far.
+    passes: int = 0
+
+
+def must_be(caller: str | None, worker_id: str, what: str) -> None:
+    """A worker acting by its own credential may act only as itself."""
+    if caller is not None and caller != worker_id:
+        raise ApiError(403, "forbidden", f"worker {caller} may not {what} of {worker_id}")
+
+
+def raise_if_closing(state: CoordinatorState) -> None:
+    if state.closing:
+        # Not the job's end: this coordinator is stopping and will be back.
+        raise ApiError(503, "shutting_down", "the coordinator is restarting", retry_after_s=1)

@@ -1,0 +1,135 @@
+"""Tasks: created for a worker, confirmed, ended one way (`TaskState`).
+
+A task that ends without its result gives its job's held replay items back and tells
+its job's workflow (which may plan it again).
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from typing import Any
+
+from common.errors import bad_request, conflict, not_found
+from common.messages import dump, new_id
+from services.coordinator.state import (
+    ACTIVE,
+    CoordinatorState,
+    Dispatch,
+    Job,
+    Task,
+    TaskState,
+    Worker,
+    must_be,
+)
+from services.coordinator.workflows import WORKFLOWS
+
+log = logging.getLogger(__name__)
+
+
+class TaskBoard:
+    def __init__(self, state: CoordinatorState) -> None:
+        self.state = state
+
+    def active(self, task_id: str) -> Task:
+        """The task, which must still be assigned or running."""
+        task = self.state.tasks.get(task_id)
+        if task is None:
+            raise not_found(f"task {task_id}")
+        if task.state not in ACTIVE:
+            # A late message for a task that was reassigned or ended: refuse it, so
+            # nothing is counted twice.
+            raise conflict("task_not_active", f"task {task_id} is {task.state}")
+        return task
+
+    def is_active(self, task_id: str | None) -> bool:
+        task = self.state.tasks.get(task_id or "")
+        return task is not None and task.state in ACTIVE
+
+    def check_sender(
+        self, job_id: str, task_id: str | None, kind: str, caller: str | None = None
+    ) -> None:
+        """Refuse a message sent for a task that is no longer this worker's to run."""
+        if task_id is None:
+            if caller is not None:
+                raise bad_request("task_id", f"a worker sends the {kind} task it acts for")
+            return
+        task = self.state.tasks.get(task_id)
+        if task is None or task.job_id != job_id or task.kind != kind:
+            raise conflict("task_not_active", f"{kind} task {task_id} is not a task of {job_id}")
+        if task.state not in ACTIVE:
+            raise conflict("task_not_active", f"task {task_id} is {task.state}")
+        must_be(caller, task.worker_id, f"act for task {task_id}")
+
+    def end(self, task: Task, state: TaskState) -> None:
+        job = self.state.jobs.get(task.job_id)
+        if task.kind == "learn" and job is not None and job.running and state != TaskState.DONE:
+            # Items handed to this task that it never acknowledged go back (to a job
+            # that still trains: an ended one has nobody to give them to).
+            returned = job.buffer.give_back(task.task_id)
+            if returned:
+                log.info("task %s ended (%s): %d held items back", task.task_id, state, returned)
+        if state in (TaskState.FAILED, TaskState.LOST) and job is not None:
+            WORKFLOWS[job.config.system.workflow].task_ended(job, task, state)
+        task.state = state
+        worker = self.state.workers.get(task.worker_id)
+        if worker is not None:
+            worker.task_ids.discard(task.task_id)
+            worker.progress.pop(task.task_id, None)
+        self.state.guard.notify()
+
+    def cancel_job_tasks(self, job: Job) -> None:
+        """Cancel the job's tasks; their workers are told on the next pass."""
+        for task in self.state.tasks.values():
+            if task.job_id == job.job_id and task.state in ACTIVE:
+                worker = self.state.workers.get(task.worker_id)
+                self.end(task, TaskState.CANCELLED)
+                if worker is not None:
+                    self.state.cancels.append(cancel_dispatch(worker, task.task_id))
+
+    def of_job(self, job: Job, kind: str | None = None) -> list[Task]:
+        """The job's active tasks (of `kind`)."""
+        return [
+            t
+            for t in self.state.tasks.values()
+            if t.job_id == job.job_id and t.state in ACTIVE and kind in (None, t.kind)
+        ]
+
+    def active_kinds(self, job: Job) -> dict[str, int]:
+        return collections.Counter(t.kind for t in self.of_job(job))
+
+    def create(self, job: Job, worker: Worker, kind: str, spec: Any) -> Dispatch:
+        task = Task(
+            task_id=new_id(kind),
+            job_id=job.job_id,
+            kind=kind,
+            spec=dump(spec),
+            worker_id=worker.worker_id,
+            planned_at_s=self.state.clock(),
+            planned_in_pass=self.state.passes,
+        )
+        self.state.tasks[task.task_id] = task
+        worker.task_ids.add(task.task_id)
+        return Dispatch(
+            url=worker.url,
+            auth=worker.slave_token,
+            worker_id=worker.worker_id,
+            task=task.assignment(),
+        )
+
+    def expire_assignments(self) -> None:
+        """A task whose dispatch never completed (neither taken nor refused) is lost."""
+        deadline = self.state.clock() - self.state.limits.assigning_timeout_s
+        for task in [t for t in self.state.tasks.values() if t.state == TaskState.ASSIGNING]:
+            if task.planned_at_s < deadline:
+                log.warning("task %s was never confirmed by its worker", task.task_id)
+                self.end(task, TaskState.LOST)
+
+
+def cancel_dispatch(worker: Worker, task_id: str) -> Dispatch:
+    return Dispatch(
+        url=worker.url,
+        auth=worker.slave_token,
+        worker_id=worker.worker_id,
+        cancel_task_id=task_id,
+    )

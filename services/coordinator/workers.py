@@ -1,0 +1,184 @@
+"""Workers: registration and credentials, heartbeats and leases, and how well they
+take their assignments (a worker that does not answer is asked less often, then
+dropped)."""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import secrets
+
+from common.errors import ApiError, not_found
+from common.http import Caller
+from common.messages import Heartbeat, Registered, WorkerInfo, WorkerRegistration, new_id
+from services.coordinator.state import ACTIVE, CoordinatorState, TaskState, Worker, must_be
+from services.coordinator.tasks import TaskBoard
+from services.coordinator.urls import check_worker_url
+
+log = logging.getLogger(__name__)
+
+
+class WorkerRegistry:
+    def __init__(self, state: CoordinatorState, tasks: TaskBoard) -> None:
+        self.state = state
+        self.tasks = tasks
+
+    def register(self, reg: WorkerRegistration) -> Registered:
+        limits = self.state.limits
+        worker = Worker(
+            worker_id=new_id(reg.role),
+            role=reg.role,
+            url=check_worker_url(reg.url, limits.worker_hosts),
+            resources=reg.resources,
+            last_heartbeat_s=self.state.clock(),
+            secret=secrets.token_urlsafe(32),
+            slave_token=reg.slave_token,
+        )
+        with self.state.guard.changing():
+            if len(self.state.workers) >= limits.max_workers:
+                raise ApiError(
+                    503,
+                    "too_many_workers",
+                    f"this coordinator has its limit of {limits.max_workers} workers",
+                    retry_after_s=limits.lease_timeout_s,
+                )
+            self.state.workers[worker.worker_id] = worker
+            self.state.guard.notify()
+        log.info("worker %s registered at %s", worker.worker_id, worker.url)
+        return Registered(
+            worker_id=worker.worker_id,
+            heartbeat_interval_s=limits.heartbeat_interval_s,
+            lease_timeout_s=limits.lease_timeout_s,
+            credential=f"{worker.worker_id}.{worker.secret}",
+        )
+
+    def for_credential(self, credential: str) -> Caller | None:
+        """The worker a credential belongs to (None if it is no live worker's)."""
+        worker_id, _, secret = credential.rpartition(".")
+        with self.state.guard.changing():
+            worker = self.state.workers.get(worker_id)
+        if worker is None or not hmac.compare_digest(secret.encode(), worker.secret.encode()):
+            return None
+        return Caller("worker", worker_id=worker_id, role=worker.role)
+
+    def get(self, worker_id: str) -> Worker:
+        worker = self.state.workers.get(worker_id)
+        if worker is None:
+            raise ApiError(404, "unknown_worker", f"worker {worker_id} is not registered")
+        return worker
+
+    def heartbeat(self, worker_id: str, beat: Heartbeat, *, caller: str | None = None) -> list[str]:
+        """Renew the worker's lease; returns the ids of tasks it must stop."""
+        must_be(caller, worker_id, "send the heartbeats")
+        with self.state.guard.changing():
+            worker = self.get(worker_id)
+            worker.last_heartbeat_s = self.state.clock()
+            cancel = []
+            for report in beat.tasks:
+                task = self.state.tasks.get(report.task_id)
+                if task is None or task.worker_id != worker_id or task.state not in ACTIVE:
+                    cancel.append(report.task_id)
+                    continue
+                task.state = TaskState.RUNNING
+                worker.progress[task.task_id] = dict(report.progress)
+                job = self.state.jobs[task.job_id]
+                if len(job.unusable_segments) < 1000:
+                    job.unusable_segments.update(report.unusable_segments)
+                train_iter = report.progress.get("train_iter")
+                # Only the job's learner counts training; the number is a report, not
+                # a budget a collector could spend.
+                if task.kind == "learn" and train_iter is not None:
+                    job.train_iters = max(job.train_iters, int(train_iter))
+            return cancel
+
+    def leave(self, worker_id: str, *, caller: str | None = None) -> None:
+        must_be(caller, worker_id, "end the registration")
+        with self.state.guard.changing():
+            if worker_id not in self.state.workers:
+                raise not_found(f"worker {worker_id}")
+            self.drop(worker_id, "left")
+
+    def drop(self, worker_id: str, why: str) -> None:
+        worker = self.state.workers.pop(worker_id)
+        for task_id in list(worker.task_ids):
+            self.tasks.end(self.state.tasks[task_id], TaskState.LOST)
+        log.info("worker %s %s; its tasks go back to the queue", worker_id, why)
+        self.state.guard.notify()
+
+    def expire_leases(self) -> None:
+        timeout_s = self.state.limits.lease_timeout_s
+        deadline = self.state.clock() - timeout_s
+        for worker in [w for w in self.state.workers.values() if w.last_heartbeat_s < deadline]:
+            self.drop(worker.worker_id, f"missed heartbeats for {timeout_s}s")
+
+    def listing(self) -> list[WorkerInfo]:
+        now = self.state.clock()
+        with self.state.guard.changing():
+            return [
+                WorkerInfo(
+                    worker_id=w.worker_id,
+                    role=w.role,
+                    url=w.url,
+                    state="busy" if w.task_ids else "idle",
+                    task_id=min(w.task_ids) if w.task_ids else None,
+                    task_ids=sorted(w.task_ids),
+                    last_heartbeat_s=round(now - w.last_heartbeat_s, 3),
+                    progress={t: p for t, p in w.progress.items() if t in w.task_ids},
+                )
+                for w in self.state.workers.values()
+            ]
+
+    # --- taking assignments --------------------------------------------------------
+
+    def free(self, role: str, kind: str) -> list[Worker]:
+        """Workers of `role` that can take a task of `kind` now."""
+        now = self.state.clock()
+        return [
+            w
+            for w in self.state.workers.values()
+            if w.role == role
+            and self._can_take(w, now)
+            and not any(self.state.tasks[t].kind == kind for t in w.task_ids)
+        ]
+
+    def count(self, role: str) -> int:
+        return sum(w.role == role for w in self.state.workers.values())
+
+    def _can_take(self, worker: Worker, now: float) -> bool:
+        """Not backing off, and no assignment of an earlier pass still in flight: a
+        worker that does not answer holds at most one pass's dispatches, never the
+        scheduler."""
+        return worker.not_before_s <= now and not any(
+            self.state.tasks[t].state == TaskState.ASSIGNING
+            and self.state.tasks[t].planned_in_pass < self.state.passes
+            for t in worker.task_ids
+        )
+
+    def dispatched(self, task_id: str) -> None:
+        with self.state.guard.changing():
+            task = self.state.tasks.get(task_id)
+            if task is not None and task.state == TaskState.ASSIGNING:
+                task.state = TaskState.RUNNING
+                worker = self.state.workers.get(task.worker_id)
+                if worker is not None:
+                    worker.dispatch_failures = 0
+
+    def dispatch_failed(self, task_id: str, error: str) -> None:
+        """The slave refused or could not be reached: the task is planned again."""
+        limits = self.state.limits
+        with self.state.guard.changing():
+            task = self.state.tasks.get(task_id)
+            if task is None or task.state not in ACTIVE:
+                return
+            log.warning("could not assign %s to %s: %s", task_id, task.worker_id, error)
+            worker = self.state.workers.get(task.worker_id)
+            self.tasks.end(task, TaskState.LOST)
+            if worker is None:
+                return
+            worker.dispatch_failures += 1
+            if worker.dispatch_failures >= limits.max_dispatch_failures:
+                self.drop(worker.worker_id, f"failed {worker.dispatch_failures} assignments")
+            else:
+                # Exponential backoff: a slow worker is asked less and less often.
+                backoff_s = limits.dispatch_backoff_s * 2 ** (worker.dispatch_failures - 1)
+                worker.not_before_s = self.state.clock() + backoff_s
