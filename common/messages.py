@@ -16,7 +16,7 @@ from functools import cache
 from typing import Annotated, Any, Literal, TypeVar
 
 from annotated_types import Ge, Gt, Le, MaxLen, MinLen
-from pydantic import ConfigDict, TypeAdapter, ValidationError, with_config
+from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, with_config
 
 T = TypeVar("T")
 
@@ -196,6 +196,7 @@ class WorkerInfo:
 
 @message
 class CollectSpec:
+    kind: Literal["collect"] = "collect"
     seed: Count
     num_envs: PosInt
     #: The loop the collector runs: n-step transitions, fixed-length unrolls, or
@@ -207,6 +208,7 @@ class CollectSpec:
 
 @message
 class EvaluateSpec:
+    kind: Literal["evaluate"] = "evaluate"
     seed: Count
     num_envs: PosInt
     episodes: PosInt
@@ -220,31 +222,25 @@ class EvaluateSpec:
 
 @message
 class LearnSpec:
+    kind: Literal["learn"] = "learn"
     seed: Count
     #: Batches sampled as they come, or whole on-policy rounds (one version each).
     mode: Literal["batches", "rounds"] = "batches"
 
 
-SPEC_TYPES: dict[str, type] = {
-    "collect": CollectSpec,
-    "evaluate": EvaluateSpec,
-    "learn": LearnSpec,
-}
+#: What a task runs, told apart by its `kind`.
+TaskSpec = Annotated[CollectSpec | EvaluateSpec | LearnSpec, Field(discriminator="kind")]
 
 
 @message
 class TaskAssignment:
     task_id: Ident
     job_id: Ident
-    kind: TaskKind
-    spec: dict[str, Any]
+    spec: TaskSpec
 
-    def typed_spec(self) -> Any:
-        """The spec as the dataclass of this task's kind."""
-        try:
-            return parse(SPEC_TYPES[self.kind], self.spec)
-        except MessageError as exc:
-            raise MessageError(f"spec.{exc.field}", exc.message) from None
+    @property
+    def kind(self) -> TaskKind:
+        return self.spec.kind
 
 
 @message
@@ -435,12 +431,72 @@ class WorkerList:
 
 
 @message
+class MetricsPoint:
+    """A running job's counters at one moment (one a second by default)."""
+
+    #: Wall time, in seconds since the epoch.
+    t: float
+    env_steps: Count
+    train_iters: Count
+    buffer_size: Count
+    policy_version: Version
+    #: Mean return of the last (up to 100) collected episodes; None before one ends.
+    collect_return_mean: float | None = None
+
+
+@message
+class RateLimiterState:
+    samples_per_insert: float | None
+    min_size_to_sample: Count
+    error_buffer: float
+    inserted: Count
+    sampled: Count
+
+
+@message
+class BufferStats:
+    """A job's replay buffer: exact counters; use, staleness and priorities over its
+    live items (estimated from a fixed-size random draw above 65,536 items)."""
+
+    size: Count
+    capacity: Count
+    sampler: str
+    eviction: str
+    item: str
+    inserts: Count
+    samples: Count
+    sample_requests: Count
+    #: Items evicted, by why: capacity, max_use, staleness.
+    evictions: dict[str, Count]
+    use_count_mean: float
+    use_count_max: Count
+    learner_version: Version
+    staleness_mean: float
+    staleness_max: int
+    #: Sampled items by policy lag: entry i counts items i versions behind (the last
+    #: entry, that many or more).
+    sampled_lag_histogram: list[Count]
+    priority_min: float | None
+    priority_mean: float | None
+    priority_max: float | None
+    samples_per_insert_ratio: float | None
+    limiter: RateLimiterState
+    can_sample: bool
+    can_insert: bool
+    waiting_samplers: Count
+    waiting_inserters: Count
+    live_segments: Count
+    released_segments: Count
+    #: Items handed to a learner's task and not yet acknowledged (fifo buffers).
+    held_items: Count = 0
+
+
+@message
 class JobMetrics:
     job_id: str
-    #: One point per second: t, env_steps, train_iters, buffer_size, policy_version...
-    points: list[dict[str, Any]]
+    points: list[MetricsPoint]
     evals: list[EvalSummary]
-    buffer: dict[str, Any]
+    buffer: BufferStats
     #: Segment files the learner skipped as unusable: their rows were not trained on.
     unusable_segments: list[str] = field(default_factory=list)
 

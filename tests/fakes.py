@@ -49,7 +49,7 @@ class BlockingRunner:
     kinds = frozenset({"collect", "evaluate"})
 
     def run(self, ctx) -> dict[str, Any]:
-        seed = ctx.task.spec.get("seed", 0)
+        seed = ctx.task.spec.seed
         if seed == 13:
             raise RuntimeError("unlucky")
         if seed != 7:

@@ -36,8 +36,8 @@ from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
 from common.config import ReplayBufferConfig
-from common.messages import SampledBatch, SampledSegment, SegmentRef
-from services.buffer.limiter import RateLimiter, RateLimiterState
+from common.messages import BufferStats, SampledBatch, SampledSegment, SegmentRef
+from services.buffer.limiter import RateLimiter
 from services.buffer.selectors import make_remover, make_sampler
 from services.buffer.table import ItemTable
 
@@ -101,40 +101,6 @@ class InsertResult:
     accepted: int
     duplicates: int
     accepted_refs: list[SegmentRef]
-
-
-@dataclass(frozen=True)
-class BufferStats:
-    size: int
-    capacity: int
-    sampler: str
-    eviction: str
-    item: str
-    inserts: int
-    samples: int
-    sample_requests: int
-    evictions: dict[str, int]
-    use_count_mean: float
-    use_count_max: int
-    learner_version: int
-    staleness_mean: float
-    staleness_max: int
-    #: Sampled items by policy lag: entry i counts items i versions behind (the last
-    #: entry, that many or more).
-    sampled_lag_histogram: list[int]
-    priority_min: float | None
-    priority_mean: float | None
-    priority_max: float | None
-    samples_per_insert_ratio: float | None
-    limiter: RateLimiterState
-    can_sample: bool
-    can_insert: bool
-    waiting_samplers: int
-    waiting_inserters: int
-    live_segments: int
-    released_segments: int
-    #: Items handed to a learner's task and not yet acknowledged (fifo buffers).
-    held_items: int = 0
 
 
 @dataclass

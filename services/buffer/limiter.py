@@ -9,16 +9,7 @@ only `min_size_to_sample` holds sampling back.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-
-@dataclass(frozen=True)
-class RateLimiterState:
-    samples_per_insert: float | None
-    min_size_to_sample: int
-    error_buffer: float
-    inserted: int
-    sampled: int
+from common.messages import RateLimiterState
 
 
 class RateLimiter:

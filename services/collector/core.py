@@ -264,7 +264,7 @@ class CollectorRunner:
     def run(self, ctx: TaskContext) -> dict[str, Any]:
         config = read_job_config(self.store, ctx.task.job_id)
         torch.set_num_threads(config.system.torch_num_threads)
-        spec = ctx.task.typed_spec()
+        spec = ctx.task.spec
         if not isinstance(spec, CollectSpec):
             return self.evaluate(ctx, config, spec)
         # The task says which loop: the coordinator's workflow chose it.

@@ -26,6 +26,7 @@ from typing import Any
 
 from common.http import Caller
 from common.messages import (
+    BufferStats,
     Heartbeat,
     InsertReply,
     JobCreated,
@@ -42,7 +43,6 @@ from common.messages import (
     WorkerRegistration,
 )
 from common.storage import SharedStore
-from services.buffer.core import BufferStats
 from services.coordinator.data import DataPlane
 from services.coordinator.jobs import JobBook
 from services.coordinator.persistence import Persistence

@@ -14,6 +14,7 @@ import logging
 from common.errors import ApiError, bad_request, conflict
 from common.messages import (
     MAX_SAMPLE_ITEMS,
+    BufferStats,
     InsertReply,
     MessageError,
     PriorityUpdate,
@@ -24,7 +25,7 @@ from common.messages import (
     parse,
 )
 from common.storage import CorruptFileError, PathError
-from services.buffer.core import BufferClosed, BufferStats
+from services.buffer.core import BufferClosed
 from services.coordinator.jobs import JobBook
 from services.coordinator.state import CoordinatorState, Job, raise_if_closing
 from services.coordinator.tasks import TaskBoard

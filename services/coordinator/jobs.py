@@ -30,6 +30,7 @@ from common.messages import (
     JobMetrics,
     JobStatus,
     JobSubmit,
+    MetricsPoint,
     dump,
     new_id,
     parse,
@@ -139,7 +140,7 @@ class JobBook:
         )
         job.episode_returns.extend(record["episode_returns"])
         job.evaluation.extend(record.get("evaluation", []))
-        job.metrics.extend(record["metrics"])
+        job.metrics.extend(parse(MetricsPoint, p) for p in record["metrics"])
         return job
 
     # --- lookups -------------------------------------------------------------------
@@ -245,7 +246,7 @@ class JobBook:
             job_id=job_id,
             points=points,
             evals=evals,
-            buffer=dump(job.buffer.stats()),
+            buffer=job.buffer.stats(),
             unusable_segments=unusable,
         )
 
@@ -264,14 +265,14 @@ class JobBook:
             job.buffer.collect_garbage()
             recent = list(job.episode_returns)
             job.metrics.append(
-                {
-                    "t": round(self.state.wall(), 3),
-                    "env_steps": job.env_steps,
-                    "train_iters": job.train_iters,
-                    "buffer_size": job.buffer.size,
-                    "policy_version": job.policy.version if job.policy else 0,
-                    "collect_return_mean": statistics.fmean(recent) if recent else None,
-                }
+                MetricsPoint(
+                    t=round(self.state.wall(), 3),
+                    env_steps=job.env_steps,
+                    train_iters=job.train_iters,
+                    buffer_size=job.buffer.size,
+                    policy_version=job.policy.version if job.policy else 0,
+                    collect_return_mean=statistics.fmean(recent) if recent else None,
+                )
             )
             while len(job.metrics) > limits.metrics_points:
                 job.metrics.popleft()
@@ -318,7 +319,7 @@ def job_record(job: Job) -> dict[str, Any]:
         "tasks_created": job.tasks_created,
         "task_failures": job.task_failures,
         "episode_returns": list(job.episode_returns),
-        "metrics": list(job.metrics)[-600:],
+        "metrics": [dump(p) for p in list(job.metrics)[-600:]],
         "segments_swept": job.segments_swept,
         "evaluation": list(job.evaluation),
     }

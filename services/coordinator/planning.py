@@ -9,7 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from common.errors import bad_request
-from common.messages import EvalResult, MessageError, parse
+from common.messages import EvalResult, MessageError, TaskSpec, parse
 from common.storage import SharedStore
 from services.coordinator.data import DataPlane
 from services.coordinator.jobs import JobBook
@@ -64,8 +64,8 @@ class Planning:
     def role_count(self, role: str) -> int:
         return self.workers.count(role)
 
-    def assign(self, job: Job, worker: Worker, kind: str, spec: Any) -> Dispatch:
-        return self.tasks.create(job, worker, kind, spec)
+    def assign(self, job: Job, worker: Worker, spec: TaskSpec) -> Dispatch:
+        return self.tasks.create(job, worker, spec)
 
     def seed(self, job: Job) -> int:
         job.tasks_created += 1

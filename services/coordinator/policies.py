@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from common.errors import ApiError, bad_request, conflict, not_found
-from common.messages import PolicyRef, dump
+from common.messages import EvaluateSpec, PolicyRef, dump
 from common.storage import CorruptFileError, sha256_hex
 from services.coordinator.jobs import JobBook
 from services.coordinator.state import CoordinatorState, Job
@@ -61,7 +61,8 @@ class PolicyPointer:
         if job.best_eval is not None:
             keep.add(job.best_eval.policy_version)
         for task in self.tasks.of_job(job, "evaluate"):
-            keep.add(int(task.spec["policy_version"]))
+            if isinstance(task.spec, EvaluateSpec):
+                keep.add(task.spec.policy_version)
         for version in [v for v in job.policy_versions if v not in keep]:
             path = store.policy_path(job.job_id, version)
             self.state.guard.defer(lambda path=path: store.delete(path))

@@ -14,7 +14,7 @@ from typing import Any
 
 from common.config import JobConfig
 from common.errors import ApiError
-from common.messages import EvalSummary, PolicyRef, TaskAssignment
+from common.messages import EvalSummary, MetricsPoint, PolicyRef, TaskAssignment, TaskKind, TaskSpec
 from common.storage import SharedStore
 from services.buffer.core import ReplayBuffer
 from services.coordinator.lock import ChangeLock
@@ -82,21 +82,19 @@ class CoordinatorLimits:
 class Task:
     task_id: str
     job_id: str
-    kind: str
-    spec: dict[str, Any]
+    spec: TaskSpec
     worker_id: str
     state: TaskState = TaskState.ASSIGNING
     planned_at_s: float = 0.0
     #: The scheduling pass that planned it.
     planned_in_pass: int = 0
 
+    @property
+    def kind(self) -> TaskKind:
+        return self.spec.kind
+
     def assignment(self) -> TaskAssignment:
-        return TaskAssignment(
-            task_id=self.task_id,
-            job_id=self.job_id,
-            kind=self.kind,
-            spec=self.spec,  # type: ignore[arg-type]
-        )
+        return TaskAssignment(task_id=self.task_id, job_id=self.job_id, spec=self.spec)
 
 
 @dataclass
@@ -155,7 +153,7 @@ class Job:
     episode_returns: collections.deque = field(
         default_factory=lambda: collections.deque(maxlen=100)
     )
-    metrics: collections.deque = field(default_factory=collections.deque)
+    metrics: collections.deque[MetricsPoint] = field(default_factory=collections.deque)
 
     @property
     def running(self) -> bool:

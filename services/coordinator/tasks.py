@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import collections
 import logging
-from typing import Any
 
 from common.errors import bad_request, conflict, not_found
-from common.messages import dump, new_id
+from common.messages import TaskSpec, new_id
 from services.coordinator.state import (
     ACTIVE,
     CoordinatorState,
@@ -98,12 +97,11 @@ class TaskBoard:
     def active_kinds(self, job: Job) -> dict[str, int]:
         return collections.Counter(t.kind for t in self.of_job(job))
 
-    def create(self, job: Job, worker: Worker, kind: str, spec: Any) -> Dispatch:
+    def create(self, job: Job, worker: Worker, spec: TaskSpec) -> Dispatch:
         task = Task(
-            task_id=new_id(kind),
+            task_id=new_id(spec.kind),
             job_id=job.job_id,
-            kind=kind,
-            spec=dump(spec),
+            spec=spec,
             worker_id=worker.worker_id,
             planned_at_s=self.state.clock(),
             planned_in_pass=self.state.passes,

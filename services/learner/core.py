@@ -308,7 +308,7 @@ class LearnerRunner:
         job_id = ctx.task.job_id
         config = read_job_config(self.store, job_id)
         torch.set_num_threads(config.system.torch_num_threads)
-        spec = ctx.task.typed_spec()
+        spec = ctx.task.spec
         torch.manual_seed(spec.seed)
         device = torch.device(config.policy.torch_device)
         algo = LEARNERS[config.policy.type](config.policy, device)

@@ -166,7 +166,6 @@ class Slave:
         """Start `task` in a thread. 409 if a task of its kind already runs."""
         if task.kind not in self.runner.kinds:
             raise ApiError(400, "invalid", f"kind: a {self.role} does not run '{task.kind}' tasks")
-        task.typed_spec()  # refuse a malformed spec now, not in the thread
         # The coordinator may assign a task before our registration's answer arrived.
         self._registered.wait(timeout=2.0)
         with self._lock:

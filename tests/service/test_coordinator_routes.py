@@ -313,7 +313,7 @@ def test_evaluation_result_reaching_stop_value_succeeds_the_job(client, core):
         {"version": 1, "path": path, "sha256": sha, "train_iter": 10},
     )
     evaluate = [d.task for d in core.plan() if d.task and d.task.kind == "evaluate"]
-    assert len(evaluate) == 1 and evaluate[0].spec["policy_version"] == 1
+    assert len(evaluate) == 1 and evaluate[0].spec.policy_version == 1
     task_id = evaluate[0].task_id
     bad = post(client, f"/api/v1/tasks/{task_id}/complete", {"result": {"policy_version": 1}})
     assert bad.status_code == 400 and "result.returns" in bad.json["message"]
@@ -474,16 +474,16 @@ def test_evaluate_workflow_shares_episodes_and_writes_results(client, core):
     register(client, "learner", "http://l")
     job_id = evaluate_job(client, core)
     plan = core.plan()
-    assert sorted(d.task.spec["episodes"] for d in plan) == [3, 3, 4]
+    assert sorted(d.task.spec.episodes for d in plan) == [3, 3, 4]
     assert {d.task.kind for d in plan} == {"evaluate"}  # no learning in this workflow
-    assert all(d.task.spec["source"] == "random" for d in plan)
+    assert all(d.task.spec.source == "random" for d in plan)
     # one collector fails: its episodes are handed out again
     first, second, third = (d.task for d in plan)
     post(client, f"/api/v1/tasks/{first.task_id}/fail", {"error": "crashed"})
     replanned = [d.task for d in core.plan()]
-    assert [t.spec["episodes"] for t in replanned] == [first.spec["episodes"]]
+    assert [t.spec.episodes for t in replanned] == [first.spec.episodes]
     for task in (second, third, replanned[0]):
-        n = task.spec["episodes"]
+        n = task.spec.episodes
         result = {"policy_version": 0, "returns": [10.0] * n, "lengths": [10] * n}
         assert (
             post(client, f"/api/v1/tasks/{task.task_id}/complete", {"result": result}).status_code

@@ -327,7 +327,7 @@ def test_an_evaluation_lost_with_its_worker_is_requested_again_at_once(client, c
     client.delete(f"/api/v1/workers/{first['worker_id']}", headers=AUTH)
     register(client, "collector", "http://127.0.0.1:8102")
     again = [d.task for d in core.plan() if d.task and d.task.kind == "evaluate"]
-    assert len(again) == 1 and again[0].spec["policy_version"] == 1
+    assert len(again) == 1 and again[0].spec.policy_version == 1
 
 
 def test_a_collector_waits_for_a_newer_policy_instead_of_polling(client, core):

@@ -9,12 +9,9 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 def task(task_id="collect-1", kind="collect", seed=0, **spec):
-    return {
-        "task_id": task_id,
-        "job_id": "job-1",
-        "kind": kind,
-        "spec": {"seed": seed, "num_envs": 2, **spec},
-    }
+    if kind != "learn":
+        spec = {"num_envs": 2, **spec}
+    return {"task_id": task_id, "job_id": "job-1", "spec": {"kind": kind, "seed": seed, **spec}}
 
 
 def started_slave(tmp_path):
@@ -93,7 +90,8 @@ def test_bad_assignments(setup):
     learn = client.post("/v1/tasks", json=task(kind="learn"), headers=AUTH)
     assert learn.status_code == 400 and "learn" in learn.json["message"]
     bad_spec = client.post("/v1/tasks", json=task(num_envs=0), headers=AUTH)
-    assert bad_spec.status_code == 400 and bad_spec.json["message"].startswith("spec.num_envs")
+    assert bad_spec.status_code == 400
+    assert bad_spec.json["message"].startswith("spec.collect.num_envs")
     no_kind = client.post("/v1/tasks", json={"task_id": "x", "job_id": "j"}, headers=AUTH)
     assert no_kind.status_code == 400
 

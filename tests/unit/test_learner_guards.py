@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from common.config import resolve_job_config, with_spaces
 from common.messages import (
     MAX_PRIORITY,
+    LearnSpec,
     SampledBatch,
     SampledSegment,
     SampleReply,
@@ -59,7 +60,7 @@ def config_of(algo="dqn"):
 
 def context():
     return TaskContext(
-        task=TaskAssignment(task_id="t-1", job_id=JOB, kind="learn", spec={"seed": 0}),
+        task=TaskAssignment(task_id="t-1", job_id=JOB, spec=LearnSpec(seed=0)),
         worker_id="learner-1",
         coordinator=Coordinator(),  # type: ignore[arg-type]
         metrics=CollectorRegistry(),

@@ -7,13 +7,15 @@ import numpy as np
 import pytest
 
 from common.errors import ApiError
-from common.messages import InsertReply, SegmentRef, TaskAssignment
+from common.messages import CollectSpec, InsertReply, SegmentRef, TaskAssignment
 from services.collector.core import SegmentUploader, UploadFailed, _Pending
 
 
 class Ctx:
     def __init__(self, coordinator):
-        self.task = TaskAssignment(task_id="collect-1", job_id="job-1", kind="collect", spec={})
+        self.task = TaskAssignment(
+            task_id="collect-1", job_id="job-1", spec=CollectSpec(seed=0, num_envs=1)
+        )
         self.coordinator = coordinator
         self.stop = threading.Event()
 

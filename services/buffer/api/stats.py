@@ -6,9 +6,9 @@ from typing import Any
 from flask import Blueprint
 
 from common.http import extension, reply
+from common.messages import BufferStats
 from common.openapi import documented
 from services.buffer.api import HOST
-from services.buffer.core import BufferStats
 
 bp = Blueprint("buffer_stats", __name__, url_prefix="/api/v1/jobs/<job_id>/buffer")
 

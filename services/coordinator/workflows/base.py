@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Protocol
 
 from common.config import JobConfig, ReplayBufferConfig
-from common.messages import EvalResult
+from common.messages import EvalResult, TaskSpec
 
 if TYPE_CHECKING:
     from common.storage import SharedStore
@@ -35,8 +35,8 @@ class Planner(Protocol):
         """Registered workers of `role`."""
         ...
 
-    def assign(self, job: Job, worker: Worker, kind: str, spec: Any) -> Dispatch:
-        """Create a task of the job for `worker`; the scheduler sends it."""
+    def assign(self, job: Job, worker: Worker, spec: TaskSpec) -> Dispatch:
+        """Create a task of the job for `worker` (of `spec.kind`); the scheduler sends it."""
         ...
 
     def seed(self, job: Job) -> int:

@@ -59,18 +59,19 @@ class Evaluate:
             )
             job.evaluation_assigned += share
             left -= share
-            plan.append(planner.assign(job, worker, "evaluate", spec))
+            plan.append(planner.assign(job, worker, spec))
         return plan
 
     def evaluated(self, job: Job, task: Task, result: EvalResult, planner: Planner) -> None:
-        job.evaluation_assigned -= int(task.spec["episodes"])
+        assert isinstance(task.spec, EvaluateSpec)
+        job.evaluation_assigned -= task.spec.episodes
         for ret, length in zip(result.returns, result.lengths, strict=False):
             job.evaluation.append(
                 {
                     "return": ret,
                     "length": length,
                     "task_id": task.task_id,
-                    "seed": task.spec["seed"],
+                    "seed": task.spec.seed,
                 }
             )
         wanted = self.episodes(job)
@@ -110,5 +111,5 @@ class Evaluate:
         )
 
     def task_ended(self, job: Job, task: Task, state: TaskState) -> None:
-        if task.kind == "evaluate":
-            job.evaluation_assigned -= int(task.spec["episodes"])  # they go out again
+        if isinstance(task.spec, EvaluateSpec):
+            job.evaluation_assigned -= task.spec.episodes  # they go out again

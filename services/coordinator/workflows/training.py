@@ -60,7 +60,7 @@ class AsyncTraining:
             learners = [w for w in planner.free_workers("learner", "learn") if not w.task_ids]
             if learners:
                 spec = LearnSpec(seed=planner.seed(job), mode=self.learn_mode)
-                plan.append(planner.assign(job, learners[0], "learn", spec))
+                plan.append(planner.assign(job, learners[0], spec))
         wanted = job.config.system.collector_num or planner.role_count("collector")
         collectors = planner.free_workers("collector", "collect")
         for worker in collectors[: max(0, wanted - kinds.get("collect", 0))]:
@@ -70,7 +70,7 @@ class AsyncTraining:
                 mode=self.collect_mode(job),
                 round_steps=self.round_steps(job, planner),
             )
-            plan.append(planner.assign(job, worker, "collect", spec))
+            plan.append(planner.assign(job, worker, spec))
         if kinds.get("evaluate", 0) == 0 and self._eval_due(job):
             evaluators = planner.free_workers("collector", "evaluate")
             if evaluators:
@@ -86,7 +86,7 @@ class AsyncTraining:
                     policy_sha256=job.policy.sha256,
                 )
                 job.eval_requested_iter = job.policy.train_iter
-                plan.append(planner.assign(job, worker, "evaluate", spec))
+                plan.append(planner.assign(job, worker, spec))
         return plan
 
     @staticmethod
