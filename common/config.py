@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from annotated_types import Ge, Gt, Le, MinLen
+from annotated_types import Ge, Gt, Le, MaxLen, MinLen
 from easydict import EasyDict
 from pydantic import ConfigDict, TypeAdapter, ValidationError, with_config
 
@@ -56,6 +56,8 @@ class ConfigError(ValueError):
 @section
 class EnvConfig:
     env_id: str = "CartPole-v1"
+    #: What makes the envs and reports their spaces (`ENV_ADAPTERS` in common/envs.py).
+    adapter: Annotated[str, MaxLen(64)] = "gymnasium"
     #: Parallel environments in each collector's vector env.
     collector_env_num: Annotated[int, Gt(0), Le(MAX_ENVS_PER_WORKER)] = 8
     #: Parallel environments used by an evaluation task.

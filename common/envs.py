@@ -404,16 +404,17 @@ class GymnasiumVector:
         self._env.close()
 
 
-#: How collectors step envs. One entry today; room for gymnasium's async (subprocess)
-#: vectors, envpool, or multi-agent games, each behind `VectorEnvAdapter`.
-ENV_ADAPTERS: dict[str, Callable[[EnvConfig, int], VectorEnvAdapter]] = {
-    "gymnasium": GymnasiumVector,
-}
+class EnvAdapter(Protocol):
+    """A kind of environment: reports its spaces at submission and makes the envs of
+    each collector task. Registered in `ENV_ADAPTERS` and chosen by `env.adapter`."""
 
+    def spaces(self, config: EnvConfig) -> Spaces:
+        """The observation and action spaces (ConfigError when refused)."""
+        ...
 
-def make_env(config: EnvConfig, num_envs: int) -> VectorEnvAdapter:
-    """The envs of one collector task (checked as `check_env` does)."""
-    return ENV_ADAPTERS["gymnasium"](config, num_envs)
+    def make(self, config: EnvConfig, num_envs: int) -> VectorEnvAdapter:
+        """`num_envs` envs stepped together."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -424,29 +425,61 @@ class Spaces:
     action_bounds: tuple[list[float], list[float]] | None = None
 
 
+class Gymnasium:
+    """gymnasium's registry: flat Box observations, Discrete or flat Box actions, one
+    synchronous vector env per task."""
+
+    def spaces(self, config: EnvConfig) -> Spaces:
+        check_env(config)
+        try:
+            env: Any = gym.make(config.env_id, **config.env_kwargs)
+        except Exception as exc:
+            raise _creation_error(config, exc) from None
+        try:
+            obs, act = env.observation_space, env.action_space
+            if not isinstance(obs, gym.spaces.Box) or len(obs.shape) != 1:
+                raise ConfigError("env.env_id", f"'{config.env_id}' needs a flat Box observation")
+            if isinstance(act, gym.spaces.Discrete):
+                return Spaces(int(obs.shape[0]), int(act.n), "discrete")
+            if isinstance(act, gym.spaces.Box) and len(act.shape) == 1:
+                bounds = (act.low.astype(float).tolist(), act.high.astype(float).tolist())
+                return Spaces(int(obs.shape[0]), int(act.shape[0]), "continuous", bounds)
+            raise ConfigError("env.env_id", f"'{config.env_id}' has an unsupported action space")
+        finally:
+            # A throwaway env: a failure to close it says nothing about the job's config.
+            with contextlib.suppress(Exception):
+                env.close()
+
+    def make(self, config: EnvConfig, num_envs: int) -> VectorEnvAdapter:
+        return GymnasiumVector(config, num_envs)
+
+
+#: The kinds of environment, by `env.adapter`. One today; room for gymnasium's async
+#: (subprocess) vectors, envpool, image observations or multi-agent games, each an
+#: `EnvAdapter` here and a line below.
+ENV_ADAPTERS: dict[str, EnvAdapter] = {
+    "gymnasium": Gymnasium(),
+}
+
+
+def env_adapter(config: EnvConfig) -> EnvAdapter:
+    adapter = ENV_ADAPTERS.get(config.adapter)
+    if adapter is None:
+        known = ", ".join(sorted(ENV_ADAPTERS))
+        raise ConfigError("env.adapter", f"unknown adapter '{config.adapter}' (known: {known})")
+    return adapter
+
+
 def env_spaces(config: EnvConfig) -> Spaces:
-    """The observation size and action space of a flat-Box-observation env.
+    """The spaces of the job's environment, as its adapter reports them.
 
     Raises:
         ConfigError: the env config is refused, the env cannot be made, or its spaces
             are not supported.
     """
-    check_env(config)
-    try:
-        env: Any = gym.make(config.env_id, **config.env_kwargs)
-    except Exception as exc:
-        raise _creation_error(config, exc) from None
-    try:
-        obs, act = env.observation_space, env.action_space
-        if not isinstance(obs, gym.spaces.Box) or len(obs.shape) != 1:
-            raise ConfigError("env.env_id", f"'{config.env_id}' needs a flat Box observation")
-        if isinstance(act, gym.spaces.Discrete):
-            return Spaces(int(obs.shape[0]), int(act.n), "discrete")
-        if isinstance(act, gym.spaces.Box) and len(act.shape) == 1:
-            bounds = (act.low.astype(float).tolist(), act.high.astype(float).tolist())
-            return Spaces(int(obs.shape[0]), int(act.shape[0]), "continuous", bounds)
-        raise ConfigError("env.env_id", f"'{config.env_id}' has an unsupported action space")
-    finally:
-        # A throwaway env: a failure to close it says nothing about the job's config.
-        with contextlib.suppress(Exception):
-            env.close()
+    return env_adapter(config).spaces(config)
+
+
+def make_env(config: EnvConfig, num_envs: int) -> VectorEnvAdapter:
+    """The envs of one collector task, made by the job's adapter."""
+    return env_adapter(config).make(config, num_envs)

@@ -279,3 +279,52 @@ def test_the_gymnasium_adapter_reports_final_and_next_observations():
         assert np.abs(step.obs).max() <= 0.05  # CartPole resets near 0
     finally:
         envs.close()
+
+
+class CountingEnvs:
+    """A vector env that is not gymnasium's: obs are step counts."""
+
+    def __init__(self, num_envs):
+        self.num_envs, self.t = num_envs, 0
+
+    def reset(self, seed):
+        self.t = 0
+        return np.zeros((self.num_envs, 3), dtype=np.float32)
+
+    def step(self, actions):
+        from common.envs import VectorStep
+
+        self.t += 1
+        obs = np.full((self.num_envs, 3), self.t, dtype=np.float32)
+        done = np.zeros(self.num_envs, dtype=bool)
+        return VectorStep(obs, np.ones(self.num_envs), done, done, obs)
+
+    def close(self):
+        pass
+
+
+class CountingAdapter:
+    def spaces(self, config):
+        from common.envs import Spaces
+
+        return Spaces(obs_shape=3, action_shape=2, action_space="discrete")
+
+    def make(self, config, num_envs):
+        return CountingEnvs(num_envs)
+
+
+def test_an_adapter_registered_by_name_reports_spaces_and_makes_the_envs(monkeypatch):
+    from common import envs
+
+    monkeypatch.setitem(envs.ENV_ADAPTERS, "counting", CountingAdapter())
+    config = EnvConfig(env_id="not-in-gymnasium", adapter="counting")
+    assert envs.env_spaces(config).obs_shape == 3
+    made = envs.make_env(config, 4)
+    made.reset(seed=0)
+    assert made.step(np.zeros(4)).obs.shape == (4, 3)
+
+
+def test_an_unknown_adapter_is_refused_naming_the_field():
+    with pytest.raises(ConfigError) as err:
+        env_spaces(EnvConfig(adapter="envpool"))
+    assert err.value.field == "env.adapter" and "gymnasium" in err.value.message
