@@ -27,6 +27,11 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from algorithms.dqn import TRANSITION_COLUMNS  # noqa: E402
+from algorithms.dqn.actor import QPolicy  # noqa: E402
+from algorithms.dqn.learner import DQN  # noqa: E402
+from algorithms.ppo.actor import ActorCriticPolicy  # noqa: E402
+from algorithms.ppo.learner import PPO  # noqa: E402
 from common.config import (  # noqa: E402
     JobConfig,
     deep_merge,
@@ -38,15 +43,8 @@ from common.envs import env_spaces, make_env  # noqa: E402
 from common.messages import SegmentRef  # noqa: E402
 from common.models import state_to_numpy  # noqa: E402
 from services.buffer.core import ReplayBuffer  # noqa: E402
-from services.collector.actors import (  # noqa: E402
-    ActorCriticPolicy,
-    EpsilonSchedule,
-    NStepBuilder,
-    QPolicy,
-)
 from services.collector.core import round_columns  # noqa: E402
-from services.learner.algorithms.dqn import DQN  # noqa: E402
-from services.learner.algorithms.ppo import PPO  # noqa: E402
+from services.collector.step_data import NStepBuilder  # noqa: E402
 
 
 class MemoryFiles:
@@ -100,11 +98,10 @@ def dqn_run(config: JobConfig, seed: int, max_steps: int) -> tuple[bool, int]:
     unlimited = dataclasses.replace(replay, samples_per_insert=None)
     buffer = ReplayBuffer("job-1", unlimited, files, error_buffer=0.0, seed=seed)
     dqn = DQN(policy_cfg)
-    actor = QPolicy(policy_cfg.model, "cpu")
+    actor = QPolicy(policy_cfg)
     builder = NStepBuilder(
         config.env.collector_env_num, policy_cfg.nstep, policy_cfg.discount_factor
     )
-    epsilon = EpsilonSchedule(policy_cfg.other.eps)
     env = make_env(config.env, config.env.collector_env_num)
     obs = env.reset(seed=seed)
     rng = np.random.default_rng(seed)
@@ -113,7 +110,7 @@ def dqn_run(config: JobConfig, seed: int, max_steps: int) -> tuple[bool, int]:
     learn = policy_cfg.learn
     next_eval = policy_cfg.eval.evaluator.eval_freq
     while steps < max_steps:
-        actions = actor.act(obs, epsilon(steps), rng)
+        actions = actor.act(obs, rng, steps)
         step = env.step(actions)
         builder.add(obs, actions, step.reward, step.final_obs, step.terminated, step.truncated)
         obs, steps = step.obs, steps + config.env.collector_env_num
@@ -133,9 +130,10 @@ def dqn_run(config: JobConfig, seed: int, max_steps: int) -> tuple[bool, int]:
             debt -= 1
             (batch,) = buffer.sample(learn.batch_size, 1, timeout_s=0)
             parts = [
-                {k: files.segments[s.path][k][s.rows] for k in DQN.COLUMNS} for s in batch.segments
+                {k: files.segments[s.path][k][s.rows] for k in TRANSITION_COLUMNS}
+                for s in batch.segments
             ]
-            cols = {k: np.concatenate([p[k] for p in parts]) for k in DQN.COLUMNS}
+            cols = {k: np.concatenate([p[k] for p in parts]) for k in TRANSITION_COLUMNS}
             info_ = dqn.learn_batch(cols, np.asarray(batch.weights, np.float32))
             if replay.type == "prioritized":
                 buffer.update_priorities(batch.keys, info_.td_abs.tolist())
@@ -153,7 +151,7 @@ def ppo_run(config: JobConfig, seed: int, max_steps: int) -> tuple[bool, int]:
     torch.manual_seed(seed)
     policy_cfg = config.policy
     ppo = PPO(policy_cfg)
-    actor = ActorCriticPolicy(policy_cfg.model, "cpu")
+    actor = ActorCriticPolicy(policy_cfg)
     num_envs = config.env.collector_env_num
     env = make_env(config.env, num_envs)
     obs = env.reset(seed=seed)

@@ -7,7 +7,8 @@ unknown keys become warnings with a did-you-mean suggestion (errors when
 service passes raw dicts around.
 
 Key names follow DI-engine wherever it has the same knob, so its users can bring
-their configs.
+their configs. What differs per algorithm (defaults, workflows, action spaces) comes
+from its entry in `algorithms.registry`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import difflib
 import json
 import runpy
 import typing
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -25,7 +27,10 @@ from typing import Annotated, Any, Literal
 import yaml
 from annotated_types import Ge, Gt, Le, MaxLen, MinLen
 from easydict import EasyDict
-from pydantic import ConfigDict, TypeAdapter, ValidationError, with_config
+from pydantic import AfterValidator, ConfigDict, TypeAdapter, ValidationError, with_config
+
+from algorithms.base import ActionSpace, Algorithm, CollectUnit
+from algorithms.registry import ALGORITHMS
 
 PosInt = Annotated[int, Gt(0)]
 PosFloat = Annotated[float, Gt(0)]
@@ -78,7 +83,7 @@ class ModelConfig:
     #: the environment when left out.
     action_shape: PosInt | None = None
     #: Filled in from the environment: discrete (Discrete) or continuous (Box) actions.
-    action_space: Literal["discrete", "continuous"] | None = None
+    action_space: ActionSpace | None = None
     #: Continuous actions: the Box's bounds (filled in from the environment).
     action_low: list[float] | None = None
     action_high: list[float] | None = None
@@ -195,9 +200,20 @@ class OtherConfig:
     replay_buffer: ReplayBufferConfig = field(default_factory=ReplayBufferConfig)
 
 
+def _unknown_algorithm(name: object) -> str:
+    return f"unknown algorithm '{name}' (known: {', '.join(sorted(ALGORITHMS))})"
+
+
+def _known_algorithm(name: str) -> str:
+    if name not in ALGORITHMS:
+        raise ValueError(_unknown_algorithm(name))
+    return name
+
+
 @section
 class PolicyConfig:
-    type: Literal["dqn", "ppo", "impala", "sac"] = "dqn"
+    #: The algorithm: a name in `algorithms.registry.ALGORITHMS`.
+    type: Annotated[str, AfterValidator(_known_algorithm)] = "dqn"
     #: Train and act on CUDA when available (DI-engine's key); `device` overrides it.
     cuda: bool = False
     device: Literal["cpu", "cuda"] | None = None
@@ -260,71 +276,28 @@ class JobConfig:
     system: SystemConfig = field(default_factory=SystemConfig)
 
 
-# What differs from the dataclass defaults, per `policy.type`.
-ALGORITHM_DEFAULTS: dict[str, dict[str, Any]] = {
-    "dqn": {},
-    "ppo": {
-        "policy": {
-            "model": {"encoder_hidden_size_list": [64, 64]},
-            "learn": {"batch_size": 64, "learning_rate": 3e-4, "max_grad_norm": 0.5},
-            "collect": {"n_sample": 2048},
-            "other": {
-                # Exactly one round's data, each item used in one round only.
-                "replay_buffer": {
-                    "type": "fifo",
-                    "replay_buffer_size": 16384,
-                    "min_size_to_sample": 1,
-                    "max_staleness": 0,
-                }
-            },
-        },
-        "system": {"workflow": "sync"},
-    },
-}
+def algorithm_of(config: JobConfig) -> Algorithm:
+    """The registry's entry for the job's `policy.type`."""
+    return ALGORITHMS[config.policy.type]
 
-ALGORITHM_DEFAULTS["impala"] = {
-    "policy": {
-        "model": {"encoder_hidden_size_list": [64, 64]},
-        "learn": {
-            "batch_size": 16,  # unrolls per update
-            "num_batches": 1,
-            "learning_rate": 5e-4,
-            "max_grad_norm": 40.0,
-            "entropy_weight": 0.01,
-        },
-        "other": {
-            # Each unroll is used once, oldest first; data too far behind is dropped.
-            "replay_buffer": {"type": "fifo", "replay_buffer_size": 4096, "min_size_to_sample": 1}
-        },
-    },
-    "system": {"workflow": "async", "max_policy_lag": 8},
-}
+
+class _CollectUnits(Mapping[str, CollectUnit]):
+    """Each algorithm's collect unit, by `policy.type`, read from the registry."""
+
+    def __getitem__(self, name: str) -> CollectUnit:
+        return ALGORITHMS[name].collect_unit
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(ALGORITHMS)
+
+    def __len__(self) -> int:
+        return len(ALGORITHMS)
+
 
 #: What one item of each algorithm's step data is: a transition, an unroll of
 #: `unroll_len` steps, or a step of an on-policy round (collectors and learners run
 #: the matching loop; the task spec carries it).
-COLLECT_UNITS: dict[str, Literal["transitions", "unrolls", "rounds"]] = {
-    "dqn": "transitions",
-    "ppo": "rounds",
-    "impala": "unrolls",
-    "sac": "transitions",
-}
-
-#: The workflows each algorithm can run.
-WORKFLOWS = {
-    "dqn": {"async", "evaluate"},
-    "ppo": {"sync", "evaluate"},
-    "impala": {"async", "evaluate"},
-    "sac": {"async", "evaluate"},
-}
-
-ALGORITHM_DEFAULTS["sac"] = {
-    "policy": {
-        "model": {"encoder_hidden_size_list": [256, 256]},
-        "learn": {"batch_size": 256, "learning_rate": 3e-4, "target_theta": 0.005},
-        "other": {"replay_buffer": {"replay_buffer_size": 100_000}},
-    },
-}
+COLLECT_UNITS: Mapping[str, CollectUnit] = _CollectUnits()
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -417,10 +390,9 @@ def resolve_job_config(raw: Any) -> tuple[JobConfig, list[str]]:
     check_shape(raw)
     policy = raw.get("policy", {})
     algo = policy.get("type", "dqn") if isinstance(policy, dict) else "dqn"
-    if algo not in ALGORITHM_DEFAULTS:
-        known = ", ".join(sorted(ALGORITHM_DEFAULTS))
-        raise ConfigError("policy.type", f"unknown algorithm '{algo}' (known: {known})")
-    merged = EasyDict(deep_merge(ALGORITHM_DEFAULTS[algo], raw))
+    if not isinstance(algo, str) or algo not in ALGORITHMS:
+        raise ConfigError("policy.type", _unknown_algorithm(algo))
+    merged = EasyDict(deep_merge(dict(ALGORITHMS[algo].defaults), raw))
     known_keys, warnings = _split_unknown(JobConfig, _plain(merged), "")
     if warnings and merged.get("strict") is True:
         field_path, _, message = warnings[0].partition(": ")
@@ -491,10 +463,11 @@ def check_consistency(config: JobConfig) -> None:
             f"a fifo buffer of {buffer.replay_buffer_size} items can never serve "
             f"{learn.num_batches} batches of {learn.batch_size}",
         )
-    if config.system.workflow not in WORKFLOWS[config.policy.type]:
+    algorithm = algorithm_of(config)
+    if config.system.workflow not in algorithm.workflows:
         raise ConfigError(
             "system.workflow",
-            f"{config.policy.type} runs {' or '.join(sorted(WORKFLOWS[config.policy.type]))}",
+            f"{algorithm.name} runs {' or '.join(sorted(algorithm.workflows))}",
         )
     if config.system.workflow == "sync":
         if buffer.type != "fifo" or buffer.max_staleness != 0:
@@ -517,6 +490,9 @@ def check_consistency(config: JobConfig) -> None:
         raise ConfigError("policy.other.eps.end", f"{eps.end} is above start {eps.start}")
 
 
+_SPACE_NAMES = {"discrete": "discrete", "continuous": "continuous (Box)"}
+
+
 def with_spaces(
     config: JobConfig,
     obs_shape: int,
@@ -533,10 +509,10 @@ def with_spaces(
                 f"policy.model.{name}",
                 f"{given} does not match the environment's {actual}",
             )
-    if config.policy.type == "dqn" and action_space != "discrete":
-        raise ConfigError("env.env_id", "DQN needs discrete actions")
-    if config.policy.type == "sac" and action_space != "continuous":
-        raise ConfigError("env.env_id", "SAC needs continuous (Box) actions")
+    algorithm = algorithm_of(config)
+    if action_space not in algorithm.action_spaces:
+        needs = " or ".join(_SPACE_NAMES[space] for space in sorted(algorithm.action_spaces))
+        raise ConfigError("env.env_id", f"{algorithm.name.upper()} needs {needs} actions")
     low, high = action_bounds if action_bounds is not None else (None, None)
     model = dataclasses.replace(
         model,

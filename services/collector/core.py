@@ -17,40 +17,48 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 from tenacity import RetryCallState, RetryError, Retrying, retry_if_exception
 
+from algorithms.base import Actor, SamplingActor, TransitionActor
 from common.advantages import gae
-from common.config import JobConfig, PolicyConfig, read_job_config
+from common.config import JobConfig, PolicyConfig, algorithm_of, read_job_config
 from common.envs import make_env
 from common.errors import ApiError
 from common.http import ServiceUnavailable, is_transient, retry_wait_s
 from common.messages import CollectSpec, EvalResult, EvaluateSpec, SegmentRef, dump
 from common.storage import CorruptFileError, SharedStore
-from services.collector.actors import (
-    ActorCriticPolicy,
-    EpisodeTracker,
-    EpsilonSchedule,
-    NStepBuilder,
-    QPolicy,
-    SquashedGaussianPolicy,
-    make_policy,
-)
+from services.collector.step_data import EpisodeTracker, NStepBuilder
 from services.coordinator.client import CoordinatorClient
 from services.slave.core import TaskContext
 
 log = logging.getLogger(__name__)
 
+A = TypeVar("A", bound=Actor)
+
+
+def make_actor(config: JobConfig, protocol: type[A]) -> A:
+    """The acting side of the job's algorithm, as the loop that will call it needs it.
+
+    Raises:
+        TypeError: the algorithm's actor lacks what this loop calls (its collect unit
+            and the task's loop disagree).
+    """
+    actor = algorithm_of(config).make_actor(config.policy)
+    if not isinstance(actor, protocol):
+        raise TypeError(f"{config.policy.type}'s actor is no {protocol.__name__}")
+    return actor
+
 
 class PolicyFollower:
-    """Keeps a QPolicy at the coordinator's newest version, polling every `poll_s`."""
+    """Keeps an actor at the coordinator's newest version, polling every `poll_s`."""
 
     def __init__(
         self,
-        policy: QPolicy,
+        policy: Actor,
         store: SharedStore,
         coordinator: CoordinatorClient,
         job_id: str,
@@ -275,13 +283,13 @@ class CollectorRunner:
         }
         return loops[spec.mode](ctx, config, spec)
 
-    def _actor_critic_rig(
+    def _sampling_rig(
         self, ctx: TaskContext, config: JobConfig, spec: CollectSpec
-    ) -> tuple[ActorCriticPolicy, PolicyFollower, Any, SegmentUploader, str]:
-        """What the PPO and IMPALA loops act with: the policy and its follower, the
+    ) -> tuple[SamplingActor, PolicyFollower, Any, SegmentUploader, str]:
+        """What the unrolls and rounds loops act with: the policy and its follower, the
         vector env, the uploader, and this task's segment folder."""
         policy_cfg = config.policy
-        policy = ActorCriticPolicy(policy_cfg.model, policy_cfg.torch_device)
+        policy = make_actor(config, SamplingActor)
         follower = PolicyFollower(
             policy, self.store, ctx.coordinator, ctx.task.job_id, policy_cfg.collect.policy_poll_s
         )
@@ -328,10 +336,11 @@ class CollectorRunner:
     def collect_unrolls(
         self, ctx: TaskContext, config: JobConfig, spec: CollectSpec
     ) -> dict[str, Any]:
-        """IMPALA: act with the newest version, and every `unroll_len` steps send one
-        unroll per env, with the behaviour log-probabilities V-trace needs."""
+        """The unrolls loop (IMPALA): act with the newest version, and every
+        `unroll_len` steps send one unroll per env, with the behaviour
+        log-probabilities V-trace needs."""
         policy_cfg = config.policy
-        policy, follower, env, uploader, worker_dir = self._actor_critic_rig(ctx, config, spec)
+        policy, follower, env, uploader, worker_dir = self._sampling_rig(ctx, config, spec)
         obs = env.reset(seed=spec.seed)
         episodes = EpisodeTracker(spec.num_envs)
         env_steps = seq = 0
@@ -394,7 +403,7 @@ class CollectorRunner:
         collector's share of the round with v, compute GAE with v's critic, insert
         it, then wait for v + 1. No step is ever taken with an older version."""
         policy_cfg = config.policy
-        policy, follower, env, uploader, worker_dir = self._actor_critic_rig(ctx, config, spec)
+        policy, follower, env, uploader, worker_dir = self._sampling_rig(ctx, config, spec)
         round_steps = spec.round_steps or policy_cfg.collect.n_sample
         steps = -(-round_steps // spec.num_envs)  # vector steps per round, rounded up
         obs = env.reset(seed=spec.seed)
@@ -450,11 +459,10 @@ class CollectorRunner:
         policy_cfg = config.policy
         env = make_env(config.env, spec.num_envs)
         rng = np.random.default_rng(spec.seed)
-        policy = make_policy(policy_cfg)
+        policy = make_actor(config, TransitionActor)
         follower = PolicyFollower(
             policy, self.store, ctx.coordinator, job_id, policy_cfg.collect.policy_poll_s
         )
-        epsilon = EpsilonSchedule(policy_cfg.other.eps)
         builder = NStepBuilder(spec.num_envs, policy_cfg.nstep, policy_cfg.discount_factor)
         uploader = SegmentUploader(ctx, self.store, policy_cfg.collect.insert_timeout_s)
         # Segment names carry this worker's id and the task's id, so two tasks (or a
@@ -470,10 +478,7 @@ class CollectorRunner:
                 # Exploration follows the whole job's env steps, so adding collectors
                 # does not slow its decay down.
                 job_env_steps = max(uploader.job_env_steps, env_steps)
-                eps = epsilon(job_env_steps)
-                if isinstance(policy, SquashedGaussianPolicy):
-                    policy.env_steps = job_env_steps
-                actions = policy.act(obs, eps, rng)
+                actions = policy.act(obs, rng, job_env_steps)
                 step = env.step(policy.env_action(actions))
                 builder.add(
                     obs, actions, step.reward, step.final_obs, step.terminated, step.truncated
@@ -506,18 +511,18 @@ class CollectorRunner:
                         unthrottled_env_steps_per_s=round(env_steps / stepping_s, 1),
                         rows_acknowledged=uploader.rows_acknowledged,
                         policy_version=policy.version,
-                        epsilon=round(eps, 4),
+                        **policy.exploration(job_env_steps),
                     )
         finally:
             uploader.close()
             env.close()
         return {"env_steps": env_steps, "segments": uploader.segments_sent}
 
-    def _load_for_evaluation(self, policy: QPolicy | ActorCriticPolicy, spec: EvaluateSpec) -> None:
+    def _load_for_evaluation(self, policy: Actor, spec: EvaluateSpec) -> None:
         """Random actions need nothing; a policy file or a checkpoint is read through
         safetensors / `torch.load(weights_only=True)`, from inside the shared root."""
         if spec.source == "random":
-            return  # an unloaded QPolicy acts uniformly at random
+            return  # an actor with no version loaded acts at random
         if spec.policy_path is None:
             raise ValueError(f"an evaluation of a {spec.source} needs policy_path")
         if spec.source == "policy":
@@ -536,7 +541,7 @@ class CollectorRunner:
         Each env runs a fixed quota of episodes decided up front (differing by at most
         one), so envs with short episodes cannot crowd out long ones and bias the mean.
         """
-        policy = make_policy(config.policy)
+        policy = make_actor(config, Actor)
         self._load_for_evaluation(policy, spec)
         num_envs = min(spec.num_envs, spec.episodes)
         quota = np.full(num_envs, spec.episodes // num_envs)

@@ -21,30 +21,31 @@ import math
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import numpy as np
 import torch
 
-from common.config import COLLECT_UNITS, JobConfig, PolicyConfig, read_job_config
+from algorithms.base import BatchLearner, Learner, RoundLearner
+from algorithms.registry import ALGORITHMS
+from common.config import JobConfig, PolicyConfig, algorithm_of, read_job_config
 from common.errors import ApiError
 from common.http import ServiceUnavailable
-from common.messages import MAX_ABS_FLOAT, MAX_PRIORITY, PolicyRef, SampledBatch, SampleReply
-from common.models import load_numpy_state, state_to_numpy
+from common.messages import (
+    MAX_ABS_FLOAT,
+    MAX_PRIORITY,
+    LearnSpec,
+    PolicyRef,
+    SampledBatch,
+    SampleReply,
+)
+from common.models import state_to_numpy
 from common.storage import CorruptFileError, SharedStore
-from services.learner.algorithms.dqn import DQN
-from services.learner.algorithms.impala import Impala
-from services.learner.algorithms.ppo import PPO
-from services.learner.algorithms.sac import SAC
 from services.slave.core import TaskContext, patiently
 
 log = logging.getLogger(__name__)
 
 KEEP_CHECKPOINTS = 2
-
-
-#: Each algorithm's learning side, by `policy.type`.
-LEARNERS: dict[str, Any] = {"dqn": DQN, "ppo": PPO, "impala": Impala, "sac": SAC}
 
 
 class JobOver(Exception):
@@ -86,7 +87,7 @@ class SegmentSchema:
 
     Usage::
 
-        schema = SegmentSchema.for_policy(config.policy, DQN.COLUMNS)
+        schema = SegmentSchema.for_policy(config.policy, algorithm_of(config).reads)
         columns = schema.check(store.read_segment(path))   # or CorruptFileError
     """
 
@@ -96,12 +97,13 @@ class SegmentSchema:
     def for_policy(cls, policy: PolicyConfig, names: tuple[str, ...]) -> SegmentSchema:
         """The schema of `names` for a job's policy: observations are `obs_shape` wide;
         actions are ids below `action_shape` (discrete) or `action_shape` floats
-        (continuous); every other column is one number a row. IMPALA's rows are
-        unrolls, so its per-step columns have a time axis of `unroll_len` first."""
+        (continuous); every other column is one number a row. Rows of the `unrolls`
+        unit (IMPALA's) are unrolls, so their per-step columns have a time axis of
+        `unroll_len` first."""
         model = policy.model
         if model.obs_shape is None or model.action_shape is None:
             raise ValueError("the job config lacks policy.model.obs_shape or action_shape")
-        unrolls = COLLECT_UNITS[policy.type] == "unrolls"
+        unrolls = ALGORITHMS[policy.type].collect_unit == "unrolls"
         steps = (policy.collect.unroll_len,) if unrolls else ()
         specs: dict[str, ColumnSpec] = {}
         for name in names:
@@ -288,6 +290,20 @@ def set_progress(progress: dict[str, float], **values: float) -> None:
             progress.pop(key, None)
 
 
+L = TypeVar("L", bound=Learner)
+
+
+def _as(learner: Learner, protocol: type[L]) -> L:
+    """The learner, checked to offer what the task's mode calls.
+
+    Raises:
+        TypeError: it does not (the algorithm's collect unit and the task's mode disagree).
+    """
+    if not isinstance(learner, protocol):
+        raise TypeError(f"{type(learner).__name__} is no {protocol.__name__}")
+    return learner
+
+
 def priorities_of(td_abs: np.ndarray) -> list[float]:
     """TD errors as priorities the coordinator accepts: in `[0, MAX_PRIORITY]`, with a
     non-finite error (a diverging update) given the highest priority."""
@@ -309,15 +325,19 @@ class LearnerRunner:
         config = read_job_config(self.store, job_id)
         torch.set_num_threads(config.system.torch_num_threads)
         spec = ctx.task.spec
+        return self.learn(ctx, config, spec)
+
+    def learn(self, ctx: TaskContext, config: JobConfig, spec: LearnSpec) -> dict[str, Any]:
+        """Train the job's algorithm from where its last learner stopped, in the mode
+        the task says (the coordinator's workflow chose it), until the task stops."""
         torch.manual_seed(spec.seed)
         device = torch.device(config.policy.torch_device)
-        algo = LEARNERS[config.policy.type](config.policy, device)
-        version = self._resume(job_id, algo, ctx)
-        # The task says how to learn: the coordinator's workflow chose it.
+        learner = algorithm_of(config).make_learner(config.policy, device)
+        version = self._resume(ctx.task.job_id, learner, ctx)
         session = _RoundSession if spec.mode == "rounds" else _LearnSession
-        return session(ctx, config, self.store, algo, version).run()
+        return session(ctx, config, self.store, learner, version).run()
 
-    def _resume(self, job_id: str, dqn: DQN | PPO | Impala | SAC, ctx: TaskContext) -> int:
+    def _resume(self, job_id: str, learner: Learner, ctx: TaskContext) -> int:
         """Continue where the job's last learner stopped; return the newest policy
         version in use, which the next publish goes past (versions stay monotonic).
 
@@ -330,12 +350,12 @@ class LearnerRunner:
         for name in reversed(self.store.list_dir(folder)):
             try:
                 data = self.store.read_bytes(f"{folder}/{name}")
-                state = torch.load(io.BytesIO(data), map_location=dqn.device, weights_only=True)
+                state = torch.load(io.BytesIO(data), map_location=learner.device, weights_only=True)
                 if not _finite(state["model"]):
                     raise NonFiniteWeights("non-finite weights")
-                dqn.load_state_dict(state["model"])
+                learner.load_state_dict(state["model"])
                 version = int(state["policy_version"])
-                log.info("resumed from %s at train_iter %d", name, dqn.train_iter)
+                log.info("resumed from %s at train_iter %d", name, learner.train_iter)
                 break
             except Exception as exc:  # a damaged checkpoint: try the one before it
                 log.warning("checkpoint %s unusable: %s", name, exc)
@@ -343,15 +363,13 @@ class LearnerRunner:
             latest = patiently(ctx.stop, ctx.coordinator.latest_policy, job_id)
         except (ApiError, ServiceUnavailable) as exc:
             raise JobOver(f"cannot read the newest policy version: {exc}") from exc
-        if latest is not None and latest.train_iter > dqn.train_iter:
+        if latest is not None and latest.train_iter > learner.train_iter:
             try:
                 policy = self.store.read_policy(latest.path, sha256=latest.sha256)
                 if not _finite(policy.tensors):
                     raise CorruptFileError(f"{latest.path}: non-finite weights")
-                load_numpy_state(dqn.online, policy.tensors)
-                if isinstance(dqn, DQN):
-                    dqn.target.load_state_dict(dqn.online.state_dict())
-                dqn.train_iter = policy.train_iter
+                learner.load_policy(policy.tensors)
+                learner.train_iter = policy.train_iter
                 log.info(
                     "took version %d's weights (train_iter %d)", latest.version, policy.train_iter
                 )
@@ -368,16 +386,23 @@ class LearnerRunner:
 
 
 class _LearnSession:
+    """Batches as the buffer samples them (`LearnSpec.mode` batches)."""
+
     def __init__(
-        self, ctx: TaskContext, config: JobConfig, store: SharedStore, dqn: DQN, version: int
+        self,
+        ctx: TaskContext,
+        config: JobConfig,
+        store: SharedStore,
+        learner: Learner,
+        version: int,
     ) -> None:
         self.ctx = ctx
         self.config = config
         self.store = store
-        self.dqn = dqn
+        self.learner = learner
         self.version = version
         self.job_id = ctx.task.job_id
-        schema = SegmentSchema.for_policy(config.policy, dqn.COLUMNS)
+        schema = SegmentSchema.for_policy(config.policy, algorithm_of(config).reads)
         self.cache = SegmentCache(store, self.job_id, schema, unusable=ctx.unusable_segments)
         self.sample_timeouts = 0
         #: Holds (fifo items kept for this task) trained on and not yet acknowledged.
@@ -386,8 +411,8 @@ class _LearnSession:
 
     def run(self) -> dict[str, Any]:
         learn = self.config.policy.learn
-        ctx, dqn = self.ctx, self.dqn
-        started, start_iter = time.monotonic(), dqn.train_iter
+        ctx, learner = self.ctx, _as(self.learner, BatchLearner)
+        started, start_iter = time.monotonic(), learner.train_iter
         prefetch = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch")
         # Priorities go back on their own thread, so training never waits for them.
         priorities = ThreadPoolExecutor(max_workers=1, thread_name_prefix="priorities")
@@ -405,22 +430,22 @@ class _LearnSession:
                     columns, weights, batch_keys = self.cache.gather(batch)
                     if not len(weights):
                         continue
-                    info = dqn.learn_batch(columns, weights)
+                    info = learner.learn_batch(columns, weights)
                     keys += batch_keys
                     td_abs.append(info.td_abs)
-                    if dqn.train_iter % learn.publish_every_iters == 0:
+                    if learner.train_iter % learn.publish_every_iters == 0:
                         self.publish()
-                    if dqn.train_iter % learn.checkpoint_every_iters == 0:
+                    if learner.train_iter % learn.checkpoint_every_iters == 0:
                         self.checkpoint()
                     elapsed = time.monotonic() - started
                     set_progress(
                         ctx.progress,
-                        train_iter=dqn.train_iter,
-                        train_iters_per_s=round((dqn.train_iter - start_iter) / elapsed, 1),
+                        train_iter=learner.train_iter,
+                        train_iters_per_s=round((learner.train_iter - start_iter) / elapsed, 1),
                         loss=round(info.loss, 5),
                         q_mean=round(info.q_mean, 4),
                         unusable_segments=len(self.cache.unusable),
-                        skipped_updates=dqn.skipped_updates,
+                        skipped_updates=learner.skipped_updates,
                     )
                 if self.prioritized and keys:
                     priorities.submit(self.send_priorities, keys, np.concatenate(td_abs))
@@ -433,7 +458,7 @@ class _LearnSession:
             prefetch.shutdown(wait=False, cancel_futures=True)
             priorities.shutdown(wait=False, cancel_futures=True)
         self.checkpoint()
-        return {"train_iter": dqn.train_iter, "policy_version": self.version}
+        return {"train_iter": learner.train_iter, "policy_version": self.version}
 
     def fetch(self) -> SampleReply | None:
         learn = self.config.policy.learn
@@ -485,14 +510,15 @@ class _LearnSession:
         Raises:
             NonFiniteWeights: a weight is NaN or inf; nothing is written or announced.
         """
-        tensors = state_to_numpy(self.dqn.online)
+        learner = self.learner
+        tensors = state_to_numpy(learner.online)
         if not _finite(tensors):
-            raise NonFiniteWeights(f"non-finite weights after train_iter {self.dqn.train_iter}")
+            raise NonFiniteWeights(f"non-finite weights after train_iter {learner.train_iter}")
         self.version += 1
         path, sha = self.store.write_policy(
-            self.job_id, self.version, self.dqn.train_iter, self.config.policy.type, tensors
+            self.job_id, self.version, learner.train_iter, self.config.policy.type, tensors
         )
-        ref = PolicyRef(version=self.version, path=path, sha256=sha, train_iter=self.dqn.train_iter)
+        ref = PolicyRef(version=self.version, path=path, sha256=sha, train_iter=learner.train_iter)
         try:
             # Patient: a coordinator restarting must not cost this task (the version is
             # on disk either way, and a restored coordinator adopts it).
@@ -515,13 +541,13 @@ class _LearnSession:
             NonFiniteWeights: a weight (or optimizer moment) is NaN or inf: a learner
                 resuming from it could never train again, so nothing is written.
         """
-        state = self.dqn.state_dict()
+        state = self.learner.state_dict()
         if not _finite(state):
-            raise NonFiniteWeights(f"non-finite weights after train_iter {self.dqn.train_iter}")
+            raise NonFiniteWeights(f"non-finite weights after train_iter {self.learner.train_iter}")
         buffer = io.BytesIO()
         torch.save({"model": state, "policy_version": self.version}, buffer)
         folder = f"{self.job_id}/checkpoints"
-        path = self.store.checkpoint_path(self.job_id, self.dqn.train_iter)
+        path = self.store.checkpoint_path(self.job_id, self.learner.train_iter)
         self.store.write_bytes(path, buffer.getvalue())
         for old in self.store.list_dir(folder)[:-KEEP_CHECKPOINTS]:
             self.store.delete(f"{folder}/{old}")
@@ -535,15 +561,8 @@ class _RoundSession(_LearnSession):
     no item collected by an older policy is ever trained on.
     """
 
-    def __init__(
-        self, ctx: TaskContext, config: JobConfig, store: SharedStore, ppo: PPO, version: int
-    ) -> None:
-        super().__init__(ctx, config, store, ppo, version)  # type: ignore[arg-type]
-        schema = SegmentSchema.for_policy(config.policy, PPO.COLUMNS)
-        self.cache = SegmentCache(store, self.job_id, schema, unusable=ctx.unusable_segments)
-
     def run(self) -> dict[str, Any]:
-        ctx, ppo = self.ctx, self.dqn
+        ctx, learner = self.ctx, _as(self.learner, RoundLearner)
         learn = self.config.policy.learn
         started = time.monotonic()
         try:
@@ -556,24 +575,24 @@ class _RoundSession(_LearnSession):
                 if columns and set(versions) != {self.version}:
                     # The buffer evicts older data; this guards the promise itself.
                     raise RuntimeError(f"round of version {self.version} held {set(versions)}")
-                previous = ppo.train_iter
+                previous = learner.train_iter
                 # A round of unusable segments only trains nothing, but the collectors
                 # wait for the next version all the same.
-                info = ppo.train_round(columns) if columns else None
+                info = learner.train_round(columns) if columns else None
                 self.publish()
                 if reply.hold_id is not None:
                     self.trained_holds.append(reply.hold_id)
                 if (
-                    ppo.train_iter // learn.checkpoint_every_iters
+                    learner.train_iter // learn.checkpoint_every_iters
                     > previous // learn.checkpoint_every_iters
                 ):
                     self.checkpoint()
                 set_progress(
                     ctx.progress,
-                    train_iter=ppo.train_iter,
-                    train_iters_per_s=round(ppo.train_iter / (time.monotonic() - started), 1),
+                    train_iter=learner.train_iter,
+                    train_iters_per_s=round(learner.train_iter / (time.monotonic() - started), 1),
                     unusable_segments=len(self.cache.unusable),
-                    skipped_updates=ppo.skipped_updates,
+                    skipped_updates=learner.skipped_updates,
                 )
                 if info is not None:
                     set_progress(
@@ -586,7 +605,7 @@ class _RoundSession(_LearnSession):
             log.info("learning stops: %s", exc)
             ctx.stop.set()
         self.checkpoint()
-        return {"train_iter": ppo.train_iter, "policy_version": self.version}
+        return {"train_iter": learner.train_iter, "policy_version": self.version}
 
     def fetch_round(self) -> SampleReply | None:
         return self.sample(self.config.policy.collect.n_sample, 1)

@@ -8,11 +8,11 @@ import time
 import pytest
 import torch
 
+from algorithms.dqn.learner import DQN
 from common.config import resolve_job_config, with_spaces
 from common.models import state_to_numpy
 from common.storage import SharedStore
 from drover.local import LocalCluster
-from services.learner.algorithms.dqn import DQN
 
 
 def wait_done(cluster, job_id, deadline_s=120):

@@ -2,9 +2,10 @@ import numpy as np
 import pytest
 import torch
 
+from algorithms.dqn.actor import EpsilonSchedule
+from algorithms.dqn.learner import DQN, TransitionBatch
 from common.config import resolve_job_config, with_spaces
-from services.collector.actors import EpsilonSchedule, NStepBuilder
-from services.learner.algorithms.dqn import DQN, TransitionBatch
+from services.collector.step_data import NStepBuilder
 
 
 def make_dqn(**learn):

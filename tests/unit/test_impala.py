@@ -2,8 +2,8 @@ import numpy as np
 import pytest
 import torch
 
+from algorithms.impala.learner import Impala, vtrace
 from common.config import resolve_job_config, with_spaces
-from services.learner.algorithms.impala import Impala, vtrace
 
 
 def test_vtrace_on_policy_is_the_discounted_return():

@@ -1,7 +1,13 @@
-"""`common/` holds what services share and depends on none of them."""
+"""Layers: `common/` holds what services share and `algorithms/` the algorithms; neither
+depends on `services/`, and what the coordinator imports to read configs (the config
+and the algorithm registry) imports no torch."""
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -17,11 +23,20 @@ def imported_modules(path: Path) -> set[str]:
     return names
 
 
-def test_common_imports_nothing_from_services():
+@pytest.mark.parametrize("package", ["common", "algorithms"])
+def test_imports_nothing_from_services(package):
     offenders = {
         str(path.relative_to(ROOT)): sorted(
             m for m in imported_modules(path) if m == "services" or m.startswith("services.")
         )
-        for path in sorted((ROOT / "common").rglob("*.py"))
+        for path in sorted((ROOT / package).rglob("*.py"))
     }
     assert {k: v for k, v in offenders.items() if v} == {}
+
+
+def test_reading_configs_imports_no_torch():
+    check = "import sys, common.config; print('torch' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "False"

@@ -10,6 +10,9 @@ import pytest
 import torch
 from prometheus_client import CollectorRegistry
 
+from algorithms.dqn.learner import DQN
+from algorithms.ppo.learner import PPO
+from algorithms.sac.learner import SAC
 from common.config import resolve_job_config, with_spaces
 from common.messages import (
     MAX_PRIORITY,
@@ -20,9 +23,6 @@ from common.messages import (
     TaskAssignment,
 )
 from common.storage import SharedStore
-from services.learner.algorithms.dqn import DQN
-from services.learner.algorithms.ppo import PPO
-from services.learner.algorithms.sac import SAC
 from services.learner.core import (
     LearnerRunner,
     NonFiniteWeights,
@@ -89,8 +89,8 @@ def test_finite_weights_are_published(tmp_path):
 
 def test_non_finite_weights_are_neither_published_nor_checkpointed(tmp_path):
     learn = session(tmp_path)
-    learn.dqn.train_iter = 12
-    poison(learn.dqn.online)
+    learn.learner.train_iter = 12
+    poison(learn.learner.online)
     with pytest.raises(NonFiniteWeights, match="non-finite weights after train_iter 12"):
         learn.publish()
     assert learn.store.list_dir(f"{JOB}/policies") == []
@@ -102,11 +102,11 @@ def test_non_finite_weights_are_neither_published_nor_checkpointed(tmp_path):
 
 def test_a_resumed_learner_skips_a_checkpoint_with_non_finite_weights(tmp_path):
     learn = session(tmp_path)
-    learn.dqn.train_iter = 10
+    learn.learner.train_iter = 10
     learn.checkpoint()
-    learn.dqn.train_iter = 20
-    poison(learn.dqn.online)
-    state = {"model": learn.dqn.state_dict(), "policy_version": 0}
+    learn.learner.train_iter = 20
+    poison(learn.learner.online)
+    state = {"model": learn.learner.state_dict(), "policy_version": 0}
     path = learn.store.checkpoint_path(JOB, 20)
     buffer = io.BytesIO()
     torch.save(state, buffer)

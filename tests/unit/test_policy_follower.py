@@ -2,11 +2,12 @@
 
 import numpy as np
 
+from algorithms.dqn.actor import QPolicy
+from algorithms.dqn.networks import QNetwork
 from common.config import resolve_job_config, with_spaces
 from common.messages import PolicyRef
-from common.models import QNetwork, state_to_numpy
+from common.models import state_to_numpy
 from common.storage import SharedStore
-from services.collector.actors import QPolicy
 from services.collector.core import PolicyFollower
 
 
@@ -23,11 +24,11 @@ class Pointer:
 def test_corrupted_and_tampered_policies_are_refused(tmp_path):
     store = SharedStore(tmp_path)
     config, _ = resolve_job_config({})
-    model = with_spaces(config, 4, 2).policy.model
-    good = state_to_numpy(QNetwork(model))
+    policy_config = with_spaces(config, 4, 2).policy
+    good = state_to_numpy(QNetwork(policy_config.model))
     path, sha = store.write_policy("job-1", 1, 10, "dqn", good)
     pointer = Pointer()
-    policy = QPolicy(model, "cpu")
+    policy = QPolicy(policy_config)
     follower = PolicyFollower(policy, store, pointer, "job-1", poll_s=0.0)
 
     pointer.latest = PolicyRef(version=1, path=path, sha256=sha, train_iter=10)

@@ -2,10 +2,11 @@ import numpy as np
 import pytest
 import torch
 
+from algorithms.ppo import COLUMNS
+from algorithms.ppo.learner import PPO
 from common.advantages import gae
 from common.config import resolve_job_config, with_spaces
 from services.collector.core import round_columns
-from services.learner.algorithms.ppo import PPO
 
 
 def test_gae_matches_a_hand_computed_case():
@@ -96,5 +97,5 @@ def test_round_columns_flatten_time_and_envs():
         "next_value": [np.zeros(n, np.float32)] * t,
     }
     columns = round_columns(record, config.policy)
-    assert {k: v.shape[0] for k, v in columns.items()} == dict.fromkeys(PPO.COLUMNS, t * n)
+    assert {k: v.shape[0] for k, v in columns.items()} == dict.fromkeys(COLUMNS, t * n)
     assert columns["action"].dtype == np.int64 and columns["obs"].shape == (t * n, 5)

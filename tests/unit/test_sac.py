@@ -2,10 +2,10 @@ import numpy as np
 import pytest
 import torch
 
+from algorithms.sac.learner import SAC
+from algorithms.sac.networks import SquashedGaussianActor
 from common.config import resolve_job_config, with_spaces
-from common.models import SquashedGaussianActor
-from services.collector.actors import NStepBuilder
-from services.learner.algorithms.sac import SAC
+from services.collector.step_data import NStepBuilder
 
 
 def make():

@@ -4,12 +4,10 @@ import numpy as np
 import pytest
 from safetensors.numpy import save as st_save
 
+from algorithms.registry import ALGORITHMS
 from common.config import resolve_job_config, with_spaces
 from common.messages import SampledBatch, SampledSegment
 from common.storage import SharedStore
-from services.learner.algorithms.dqn import DQN, TransitionBatch
-from services.learner.algorithms.impala import Impala
-from services.learner.algorithms.sac import SAC
 from services.learner.core import SegmentCache, SegmentSchema
 
 OBS, ACTIONS = 4, 3
@@ -17,14 +15,16 @@ OBS, ACTIONS = 4, 3
 
 def dqn_schema():
     config, _ = resolve_job_config({"policy": {"type": "dqn"}})
-    return SegmentSchema.for_policy(with_spaces(config, OBS, ACTIONS).policy, DQN.COLUMNS)
+    return SegmentSchema.for_policy(
+        with_spaces(config, OBS, ACTIONS).policy, ALGORITHMS["dqn"].reads
+    )
 
 
 def sac_schema():
     config, _ = resolve_job_config({"policy": {"type": "sac"}})
     bounds = ([-1.0, -1.0], [1.0, 1.0])
     policy = with_spaces(config, OBS, 2, "continuous", bounds).policy
-    return SegmentSchema.for_policy(policy, SAC.COLUMNS)
+    return SegmentSchema.for_policy(policy, ALGORITHMS["sac"].reads)
 
 
 def good(rows, start=0.0):
@@ -85,8 +85,8 @@ def test_a_good_segment_gathers_its_rows_as_training_columns(tmp_path):
     cache = SegmentCache(store, "job-1", dqn_schema())
     columns, weights, keys = cache.gather(batch)
     source = good(5)
-    assert sorted(columns) == sorted(TransitionBatch.COLUMNS)
-    for name in TransitionBatch.COLUMNS:
+    assert sorted(columns) == sorted(ALGORITHMS["dqn"].reads)
+    for name in ALGORITHMS["dqn"].reads:
         np.testing.assert_array_equal(columns[name], source[name][[4, 0, 4]])
     assert columns["obs"].dtype == np.float32 and columns["action"].dtype == np.int64
     assert keys == [1, 2, 3] and weights.tolist() == [1.0, 2.0, 3.0]
@@ -219,7 +219,9 @@ def test_continuous_actions_must_be_finite_floats_of_the_action_width(tmp_path, 
 
 def test_unrolls_must_have_the_configured_length(tmp_path):
     config, _ = resolve_job_config({"policy": {"type": "impala", "collect": {"unroll_len": 5}}})
-    schema = SegmentSchema.for_policy(with_spaces(config, OBS, ACTIONS).policy, Impala.COLUMNS)
+    schema = SegmentSchema.for_policy(
+        with_spaces(config, OBS, ACTIONS).policy, ALGORITHMS["impala"].reads
+    )
     store = SharedStore(tmp_path)
 
     def unrolls(items, steps):

@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from algorithms.impala import COLUMNS
+from algorithms.ppo.networks import ActorCritic
+from algorithms.step import finite_step
 from common.config import PolicyConfig
-from common.models import ActorCritic
-from services.learner.algorithms.step import finite_step
-
-COLUMNS = ("obs", "action", "reward", "logp", "done", "bootstrap_obs")
+from common.models import load_numpy_state
 
 
 @dataclass(frozen=True)
@@ -73,8 +73,6 @@ class UpdateInfo:
 
 
 class Impala:
-    COLUMNS = COLUMNS
-
     def __init__(self, config: PolicyConfig, device: str | torch.device = "cpu") -> None:
         self.config = config
         self.device = torch.device(device)
@@ -131,3 +129,6 @@ class Impala:
         self.model.load_state_dict(state["online"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.train_iter = int(state["train_iter"])
+
+    def load_policy(self, tensors: dict[str, np.ndarray]) -> None:
+        load_numpy_state(self.model, tensors)

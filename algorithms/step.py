@@ -1,4 +1,4 @@
-"""The one optimizer step every algorithm takes, guarded against non-finite values.
+"""The one optimizer step every learner takes, guarded against non-finite values.
 
 A NaN or inf loss from one batch would reach every weight, and the optimizer's
 moments, in a single step; such a batch is skipped instead (the caller counts it).

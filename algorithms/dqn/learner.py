@@ -17,14 +17,16 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from algorithms.dqn.networks import QNetwork
+from algorithms.step import finite_step
 from common.config import PolicyConfig
-from common.models import QNetwork
-from services.learner.algorithms.step import finite_step
+from common.models import load_numpy_state
 
 
 @dataclass(frozen=True)
 class TransitionBatch:
-    """n-step transitions as tensors (see services/collector/actors.py)."""
+    """n-step transitions as tensors (what each column holds: the collector's
+    `NStepBuilder`, services/collector/step_data.py)."""
 
     obs: torch.Tensor  # [B, obs]
     action: torch.Tensor  # [B] int64
@@ -33,9 +35,6 @@ class TransitionBatch:
     done: torch.Tensor  # [B] 1.0 when the episode terminated within the n steps
     discount: torch.Tensor  # [B] gamma ** steps actually taken
     weight: torch.Tensor  # [B] importance weights (1.0 for uniform replay)
-
-    #: The segment columns a DQN batch is made of.
-    COLUMNS = ("obs", "action", "reward", "next_obs", "done", "discount")
 
     @classmethod
     def from_numpy(
@@ -63,8 +62,6 @@ class UpdateInfo:
 
 
 class DQN:
-    COLUMNS = TransitionBatch.COLUMNS
-
     def __init__(self, config: PolicyConfig, device: str | torch.device = "cpu") -> None:
         self.config = config
         self.device = torch.device(device)
@@ -122,3 +119,8 @@ class DQN:
         self.target.load_state_dict(state["target"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.train_iter = int(state["train_iter"])
+
+    def load_policy(self, tensors: dict[str, np.ndarray]) -> None:
+        """A published version's weights; the target network restarts from them."""
+        load_numpy_state(self.online, tensors)
+        self.target.load_state_dict(self.online.state_dict())

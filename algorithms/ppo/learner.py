@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from algorithms.ppo import COLUMNS
+from algorithms.ppo.networks import ActorCritic
+from algorithms.step import finite_step
 from common.config import PolicyConfig
-from common.models import ActorCritic
-from services.learner.algorithms.step import finite_step
-
-COLUMNS = ("obs", "action", "logp", "adv", "ret")
+from common.models import load_numpy_state
 
 
 @dataclass(frozen=True)
@@ -37,8 +37,6 @@ class RoundInfo:
 
 
 class PPO:
-    COLUMNS = COLUMNS
-
     def __init__(self, config: PolicyConfig, device: str | torch.device = "cpu") -> None:
         self.config = config
         self.device = torch.device(device)
@@ -110,3 +108,6 @@ class PPO:
         self.model.load_state_dict(state["online"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.train_iter = int(state["train_iter"])
+
+    def load_policy(self, tensors: dict[str, np.ndarray]) -> None:
+        load_numpy_state(self.model, tensors)

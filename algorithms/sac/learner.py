@@ -18,23 +18,12 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from torch import nn
 
+from algorithms.dqn.learner import TransitionBatch
+from algorithms.sac.networks import SquashedGaussianActor, TwinQ
+from algorithms.step import finite_step
 from common.config import PolicyConfig
-from common.models import SquashedGaussianActor, mlp
-from services.learner.algorithms.dqn import TransitionBatch
-from services.learner.algorithms.step import finite_step
-
-
-class TwinQ(nn.Module):
-    def __init__(self, obs_dim: int, action_dim: int, hidden: list[int]) -> None:
-        super().__init__()
-        self.q1 = nn.Sequential(mlp([obs_dim + action_dim, *hidden]), nn.Linear(hidden[-1], 1))
-        self.q2 = nn.Sequential(mlp([obs_dim + action_dim, *hidden]), nn.Linear(hidden[-1], 1))
-
-    def forward(self, obs: torch.Tensor, action: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = torch.cat([obs, action], dim=-1)
-        return self.q1(x).squeeze(-1), self.q2(x).squeeze(-1)
+from common.models import load_numpy_state
 
 
 @dataclass(frozen=True)
@@ -47,8 +36,6 @@ class UpdateInfo:
 
 
 class SAC:
-    COLUMNS = TransitionBatch.COLUMNS
-
     def __init__(self, config: PolicyConfig, device: str | torch.device = "cpu") -> None:
         model, learn = config.model, config.learn
         assert model.obs_shape is not None and model.action_shape is not None
@@ -127,3 +114,7 @@ class SAC:
         for optimizer, saved in zip(optimizers, state["optimizers"], strict=True):
             optimizer.load_state_dict(saved)
         self.train_iter = int(state["train_iter"])
+
+    def load_policy(self, tensors: dict[str, np.ndarray]) -> None:
+        """A published version holds the actor only; the critics keep their weights."""
+        load_numpy_state(self.actor, tensors)

@@ -1,0 +1,66 @@
+"""DQN's acting side: epsilon-greedy actions while collecting, greedy ones when
+evaluating. Epsilon decays with the whole job's env steps (`policy.other.eps`)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from algorithms.dqn.networks import QNetwork
+from common.config import EpsConfig, PolicyConfig
+from common.models import load_numpy_state
+
+
+@dataclass(frozen=True)
+class EpsilonSchedule:
+    config: EpsConfig
+
+    def __call__(self, env_steps: int) -> float:
+        c = self.config
+        if c.type == "linear":
+            return max(c.end, c.start - (c.start - c.end) * env_steps / c.decay)
+        return c.end + (c.start - c.end) * math.exp(-env_steps / c.decay)
+
+
+class QPolicy:
+    """A Q-network acting epsilon-greedily; random until the first version arrives."""
+
+    def __init__(self, config: PolicyConfig) -> None:
+        assert config.model.action_shape is not None
+        self.num_actions = config.model.action_shape
+        self.device = torch.device(config.torch_device)
+        self.network = QNetwork(config.model).to(self.device).eval()
+        self.epsilon = EpsilonSchedule(config.other.eps)
+        self.version = 0
+        self.loaded = False
+
+    def load(self, version: int, tensors: dict[str, np.ndarray]) -> None:
+        load_numpy_state(self.network, tensors)
+        self.version, self.loaded = version, True
+
+    def env_action(self, action: np.ndarray) -> np.ndarray:
+        return action
+
+    def greedy(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """The env action for evaluation."""
+        return self._act(obs, 0.0, rng)
+
+    def act(self, obs: np.ndarray, rng: np.random.Generator, job_env_steps: int) -> np.ndarray:
+        return self._act(obs, self.epsilon(job_env_steps), rng)
+
+    def exploration(self, job_env_steps: int) -> dict[str, float]:
+        return {"epsilon": round(self.epsilon(job_env_steps), 4)}
+
+    def _act(self, obs: np.ndarray, eps: float, rng: np.random.Generator) -> np.ndarray:
+        n = len(obs)
+        explore = rng.random(n) < eps if self.loaded else np.ones(n, dtype=bool)
+        actions = rng.integers(0, self.num_actions, size=n)
+        if not explore.all():
+            with torch.inference_mode():
+                q = self.network(torch.as_tensor(obs, dtype=torch.float32, device=self.device))
+            greedy = q.argmax(dim=1).cpu().numpy()
+            actions = np.where(explore, actions, greedy)
+        return actions

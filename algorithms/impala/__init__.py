@@ -1,0 +1,69 @@
+"""IMPALA: an actor-critic trained on unrolls with V-trace off-policy correction.
+
+It acts and learns with PPO's actor-critic (`algorithms.ppo.networks`, `.actor`); its
+own part is the learner:
+
+    learner.py   Impala and vtrace
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from algorithms.base import AlgorithmSpec
+
+if TYPE_CHECKING:
+    import torch
+
+    from algorithms.impala.learner import Impala
+    from algorithms.ppo.actor import ActorCriticPolicy
+    from common.config import PolicyConfig
+
+#: One unroll of `unroll_len` steps a row: each per-step column has a time axis; the
+#: state after the unroll's last step (`bootstrap_obs`) is one per row.
+COLUMNS = ("obs", "action", "reward", "logp", "done", "bootstrap_obs")
+
+
+def make_actor(policy: PolicyConfig) -> ActorCriticPolicy:
+    from algorithms.ppo.actor import ActorCriticPolicy
+
+    return ActorCriticPolicy(policy)
+
+
+def make_learner(policy: PolicyConfig, device: str | torch.device) -> Impala:
+    from algorithms.impala.learner import Impala
+
+    return Impala(policy, device)
+
+
+SPEC = AlgorithmSpec(
+    name="impala",
+    defaults={
+        "policy": {
+            "model": {"encoder_hidden_size_list": [64, 64]},
+            "learn": {
+                "batch_size": 16,  # unrolls per update
+                "num_batches": 1,
+                "learning_rate": 5e-4,
+                "max_grad_norm": 40.0,
+                "entropy_weight": 0.01,
+            },
+            "other": {
+                # Each unroll is used once, oldest first; data too far behind is dropped.
+                "replay_buffer": {
+                    "type": "fifo",
+                    "replay_buffer_size": 4096,
+                    "min_size_to_sample": 1,
+                }
+            },
+        },
+        "system": {"workflow": "async", "max_policy_lag": 8},
+    },
+    collect_unit="unrolls",
+    workflows=frozenset({"async", "evaluate"}),
+    action_spaces=frozenset({"discrete", "continuous"}),
+    writes=COLUMNS,
+    reads=COLUMNS,
+    make_actor=make_actor,
+    make_learner=make_learner,
+)

@@ -1,0 +1,65 @@
+"""PPO: clipped surrogate objective, value loss, entropy bonus, GAE advantages and
+minibatch epochs over on-policy rounds; discrete or Gaussian actions.
+
+    networks.py  ActorCritic (IMPALA acts and learns with it too)
+    actor.py     ActorCriticPolicy: sampled actions with log-probabilities and values
+    learner.py   PPO: epochs of minibatches over one round
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from algorithms.base import AlgorithmSpec
+
+if TYPE_CHECKING:
+    import torch
+
+    from algorithms.ppo.actor import ActorCriticPolicy
+    from algorithms.ppo.learner import PPO
+    from common.config import PolicyConfig
+
+#: One step of a round a row, with the advantage and return the collectors computed
+#: with GAE and the collecting version's critic.
+COLUMNS = ("obs", "action", "logp", "adv", "ret")
+
+
+def make_actor(policy: PolicyConfig) -> ActorCriticPolicy:
+    from algorithms.ppo.actor import ActorCriticPolicy
+
+    return ActorCriticPolicy(policy)
+
+
+def make_learner(policy: PolicyConfig, device: str | torch.device) -> PPO:
+    from algorithms.ppo.learner import PPO
+
+    return PPO(policy, device)
+
+
+SPEC = AlgorithmSpec(
+    name="ppo",
+    defaults={
+        "policy": {
+            "model": {"encoder_hidden_size_list": [64, 64]},
+            "learn": {"batch_size": 64, "learning_rate": 3e-4, "max_grad_norm": 0.5},
+            "collect": {"n_sample": 2048},
+            "other": {
+                # Exactly one round's data, each item used in one round only.
+                "replay_buffer": {
+                    "type": "fifo",
+                    "replay_buffer_size": 16384,
+                    "min_size_to_sample": 1,
+                    "max_staleness": 0,
+                }
+            },
+        },
+        "system": {"workflow": "sync"},
+    },
+    collect_unit="rounds",
+    workflows=frozenset({"sync", "evaluate"}),
+    action_spaces=frozenset({"discrete", "continuous"}),
+    writes=COLUMNS,
+    reads=COLUMNS,
+    make_actor=make_actor,
+    make_learner=make_learner,
+)

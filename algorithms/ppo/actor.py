@@ -1,0 +1,57 @@
+"""PPO's acting side (IMPALA's too): sampled actions with their log-probabilities and
+the critic's values while collecting, the most likely action when evaluating."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from algorithms.ppo.networks import ActorCritic
+from common.config import PolicyConfig
+from common.models import load_numpy_state
+
+
+class ActorCriticPolicy:
+    """Samples actions and records their log-probabilities and values; `greedy` is the
+    deterministic action, for evaluation."""
+
+    def __init__(self, config: PolicyConfig) -> None:
+        model = config.model
+        self.device = torch.device(config.torch_device)
+        self.network = ActorCritic(model).to(self.device).eval()
+        self.continuous = model.action_space == "continuous"
+        self.low = np.asarray(model.action_low, dtype=np.float32) if self.continuous else None
+        self.high = np.asarray(model.action_high, dtype=np.float32) if self.continuous else None
+        self.version = 0
+        self.loaded = False
+
+    def load(self, version: int, tensors: dict[str, np.ndarray]) -> None:
+        load_numpy_state(self.network, tensors)
+        self.version, self.loaded = version, True
+
+    def _tensor(self, obs: np.ndarray) -> torch.Tensor:
+        return torch.as_tensor(obs, dtype=torch.float32, device=self.device)
+
+    def env_action(self, action: np.ndarray) -> np.ndarray:
+        """What the env receives: a Gaussian sample clipped to the action bounds."""
+        return np.clip(action, self.low, self.high) if self.continuous else action
+
+    def sample(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(actions, their log-probabilities, state values) for a batch of obs."""
+        with torch.inference_mode():
+            x = self._tensor(obs)
+            dist = self.network.distribution(x)
+            action = dist.sample()
+            logp = self.network.log_prob(dist, action)
+            value = self.network.value(x)
+        return action.cpu().numpy(), logp.cpu().numpy(), value.cpu().numpy()
+
+    def value(self, obs: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            return self.network.value(self._tensor(obs)).cpu().numpy()
+
+    def greedy(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """The env action for evaluation: the most likely one (the Gaussian's mean)."""
+        with torch.inference_mode():
+            action = self.network.mode(self._tensor(obs)).cpu().numpy()
+        return self.env_action(action)

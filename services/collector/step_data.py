@@ -1,0 +1,110 @@
+"""How a collector's vector steps become step data: episode returns and lengths for
+every loop, and the n-step transitions of the `transitions` loop.
+
+Each transition row is::
+
+    obs, action, reward = sum_k gamma^k r_{t+k}, next_obs = o_{t+m},
+    done = episode terminated within the m steps, discount = gamma^m   (m <= nstep)
+
+so a learner's target is ``reward + discount * (1 - done) * Q_target(next_obs, a*)``.
+A time-limit truncation is not `done`: the learner bootstraps from the last state.
+"""
+
+from __future__ import annotations
+
+import collections
+
+import numpy as np
+
+
+class EpisodeTracker:
+    """Returns and lengths of the episodes a vector env finishes."""
+
+    def __init__(self, num_envs: int) -> None:
+        self._return = np.zeros(num_envs)
+        self._length = np.zeros(num_envs, dtype=np.int64)
+        self._returns: list[float] = []
+        self._lengths: list[int] = []
+
+    def step(self, rewards: np.ndarray, ended: np.ndarray) -> list[tuple[int, float, int]]:
+        """Count one vector step; returns (env, return, length) of each episode it ended."""
+        self._return += rewards
+        self._length += 1
+        finished = [
+            (int(i), float(self._return[i]), int(self._length[i])) for i in np.flatnonzero(ended)
+        ]
+        for i, ret, length in finished:
+            self._returns.append(ret)
+            self._lengths.append(length)
+            self._return[i], self._length[i] = 0.0, 0
+        return finished
+
+    def take(self) -> tuple[list[float], list[int]]:
+        """The episodes finished since the last call."""
+        out = (self._returns, self._lengths)
+        self._returns, self._lengths = [], []
+        return out
+
+
+class NStepBuilder:
+    """Turns a vector env's steps into n-step transitions, one queue per env."""
+
+    COLUMNS = ("obs", "action", "reward", "next_obs", "done", "discount")
+
+    def __init__(self, num_envs: int, nstep: int, gamma: float) -> None:
+        self.nstep = nstep
+        self.gamma = gamma
+        self._pending: list[collections.deque] = [collections.deque() for _ in range(num_envs)]
+        self._rows: dict[str, list] = {c: [] for c in self.COLUMNS}
+
+    def __len__(self) -> int:
+        return len(self._rows["obs"])
+
+    def add(
+        self,
+        obs: np.ndarray,
+        actions: np.ndarray,
+        rewards: np.ndarray,
+        next_obs: np.ndarray,
+        terminated: np.ndarray,
+        truncated: np.ndarray,
+    ) -> None:
+        """One vector step; `next_obs` holds the true next observation, also at an
+        episode's end (not the first observation of the next episode)."""
+        for i, pending in enumerate(self._pending):
+            pending.append((obs[i], actions[i], float(rewards[i])))
+            if terminated[i] or truncated[i]:
+                while pending:
+                    self._emit(pending, next_obs[i], bool(terminated[i]))
+                    pending.popleft()
+            elif len(pending) == self.nstep:
+                self._emit(pending, next_obs[i], False)
+                pending.popleft()
+
+    def _emit(self, pending: collections.deque, next_obs: np.ndarray, done: bool) -> None:
+        ret = 0.0
+        for k, (_, _, reward) in enumerate(pending):
+            ret += self.gamma**k * reward
+        first_obs, action, _ = pending[0]
+        rows = self._rows
+        rows["obs"].append(first_obs)
+        rows["action"].append(action)
+        rows["reward"].append(ret)
+        rows["next_obs"].append(next_obs)
+        rows["done"].append(done)
+        rows["discount"].append(self.gamma ** len(pending))
+
+    def take(self) -> dict[str, np.ndarray]:
+        """All finished transitions as column arrays; the builder keeps the rest."""
+        rows, self._rows = self._rows, {c: [] for c in self.COLUMNS}
+        return {
+            "obs": np.asarray(rows["obs"], dtype=np.float32),
+            # discrete: action ids; continuous: actions normalized to [-1, 1]
+            "action": np.asarray(rows["action"]).astype(
+                np.float32 if np.asarray(rows["action"]).dtype.kind == "f" else np.int64
+            ),
+            "reward": np.asarray(rows["reward"], dtype=np.float32),
+            "next_obs": np.asarray(rows["next_obs"], dtype=np.float32),
+            "done": np.asarray(rows["done"], dtype=np.float32),
+            "discount": np.asarray(rows["discount"], dtype=np.float32),
+        }

@@ -1,0 +1,302 @@
+"""The Algorithm seam: every registered algorithm keeps the contract in
+`algorithms/base.py`, and an algorithm added to the registry (and nowhere else) is
+picked up by the config, the collector and the learner."""
+
+from __future__ import annotations
+
+import io
+import threading
+import typing
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from algorithms.base import (
+    ACTOR_PROTOCOLS,
+    LEARNER_PROTOCOLS,
+    ActionSpace,
+    Algorithm,
+    CollectUnit,
+    RoundLearner,
+)
+from algorithms.registry import ALGORITHMS
+from common.config import (
+    COLLECT_UNITS,
+    ConfigError,
+    JobConfig,
+    deep_merge,
+    from_resolved,
+    resolve_job_config,
+    to_dict,
+    with_spaces,
+)
+from common.envs import env_spaces
+from common.messages import (
+    CollectSpec,
+    InsertReply,
+    LearnSpec,
+    PolicyRef,
+    SampledBatch,
+    SampledSegment,
+    SampleReply,
+)
+from common.models import state_to_numpy
+from common.storage import SharedStore
+from services.collector.core import CollectorRunner
+from services.coordinator.workflows import WORKFLOWS
+from services.learner.core import LearnerRunner, SegmentSchema
+from tests import toy_algorithm
+
+JOB = "job-1"
+ENV_IDS: dict[str, str] = {"discrete": "CartPole-v1", "continuous": "Pendulum-v1"}
+#: Every registered algorithm with every action space it supports.
+CASES = [(name, space) for name, algo in ALGORITHMS.items() for space in sorted(algo.action_spaces)]
+
+
+def job_config(name: str, space: str, **overrides: Any) -> JobConfig:
+    """A small job of algorithm `name` on an env with `space` actions, spaces filled in."""
+    small = {
+        "env": {"env_id": ENV_IDS[space]},
+        "policy": {
+            "type": name,
+            "collect": {"n_sample": 16, "unroll_len": 4},
+            "learn": {"num_batches": 1, "publish_every_iters": 1},
+        },
+    }
+    config, warnings = resolve_job_config(deep_merge(small, overrides))
+    assert warnings == []
+    spaces = env_spaces(config.env)
+    return with_spaces(
+        config, spaces.obs_shape, spaces.action_shape, spaces.action_space, spaces.action_bounds
+    )
+
+
+def within(expected: Any, actual: Any, path: str = "config") -> None:
+    """Every key of `expected` (nested) has its value in `actual`."""
+    if isinstance(expected, dict):
+        for key, value in expected.items():
+            within(value, actual[key], f"{path}.{key}")
+    else:
+        assert actual == expected, path
+
+
+def synthetic_columns(config: JobConfig, names: tuple[str, ...], rows: int) -> dict:
+    """Rows of `names` as the learner's segment checks want them for this job."""
+    rng = np.random.default_rng(0)
+    schema = SegmentSchema.for_policy(config.policy, names)
+    columns: dict[str, np.ndarray] = {}
+    for name, spec in schema.columns.items():
+        shape = (rows, *spec.shape)
+        if spec.kind == "index":
+            columns[name] = rng.integers(0, spec.high, shape)
+        elif spec.kind == "flag":
+            columns[name] = np.zeros(shape, spec.dtype)
+        else:
+            columns[name] = rng.uniform(-1.0, 1.0, shape).astype(spec.dtype)
+    return schema.check(columns)
+
+
+def train_once(learner: Any, columns: dict, rows: int) -> float:
+    if isinstance(learner, RoundLearner):
+        return learner.train_round(columns, seed=0).loss
+    return learner.learn_batch(columns, np.ones(rows, np.float32)).loss
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_every_algorithm_declares_what_the_others_read(name):
+    algo = ALGORITHMS[name]
+    assert isinstance(algo, Algorithm) and algo.name == name
+    assert algo.collect_unit in typing.get_args(CollectUnit)
+    assert algo.workflows and algo.workflows <= set(WORKFLOWS)
+    assert algo.action_spaces and algo.action_spaces <= set(typing.get_args(ActionSpace))
+    assert set(algo.reads) <= set(algo.writes)
+    assert COLLECT_UNITS[name] == algo.collect_unit  # what the coordinator's workflows read
+    config, warnings = resolve_job_config({"policy": {"type": name}})
+    assert warnings == []  # every default names a key the config knows
+    within(algo.defaults, to_dict(config))
+    assert config.system.workflow in algo.workflows
+
+
+@pytest.mark.parametrize(("name", "space"), CASES)
+def test_actor_and_learner_fit_each_other_and_train(name, space):
+    torch.manual_seed(0)
+    algo = ALGORITHMS[name]
+    config = job_config(name, space)
+    actor = algo.make_actor(config.policy)
+    learner = algo.make_learner(config.policy, "cpu")
+    assert isinstance(actor, ACTOR_PROTOCOLS[algo.collect_unit])
+    assert isinstance(learner, LEARNER_PROTOCOLS[algo.collect_unit])
+
+    # The actor acts with what the learner publishes.
+    actor.load(3, state_to_numpy(learner.online))
+    assert (actor.version, actor.loaded) == (3, True)
+    obs = np.zeros((2, config.policy.model.obs_shape), np.float32)
+    assert len(actor.greedy(obs, np.random.default_rng(0))) == 2
+
+    # One update on the columns it reads moves the published network.
+    rows = 8
+    before = {k: v.copy() for k, v in state_to_numpy(learner.online).items()}  # not views
+    loss = train_once(learner, synthetic_columns(config, algo.reads, rows), rows)
+    assert np.isfinite(loss) and learner.train_iter >= 1 and learner.skipped_updates == 0
+    after = state_to_numpy(learner.online)
+    assert any(not np.array_equal(before[k], after[k]) for k in before)
+
+    # Its checkpoint state resumes it exactly, through weights-only loading.
+    buffer = io.BytesIO()
+    torch.save(learner.state_dict(), buffer)
+    state = torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
+    assert "online" in state  # what evaluating a checkpoint reads
+    resumed = algo.make_learner(config.policy, "cpu")
+    resumed.load_state_dict(state)
+    assert resumed.train_iter == learner.train_iter
+    assert all(np.array_equal(after[k], v) for k, v in state_to_numpy(resumed.online).items())
+
+    # A published version's weights are taken as they are.
+    fresh = algo.make_learner(config.policy, "cpu")
+    fresh.load_policy(after)
+    assert all(np.array_equal(after[k], v) for k, v in state_to_numpy(fresh.online).items())
+
+
+class FakeCoordinator:
+    """The coordinator calls a collect and a learn task make, answered in memory: one
+    policy version, inserts recorded, and samples of the segment it is given."""
+
+    def __init__(self, stop: threading.Event, policy: PolicyRef | None = None) -> None:
+        self.stop = stop
+        self.policy = policy
+        self.inserted: list = []
+        self.announced: list[PolicyRef] = []
+        self.batches: list[SampledBatch] = []
+
+    def latest_policy(self, job_id, *, newer_than=None, timeout_s=0.0):
+        return self.policy
+
+    def insert_segments(self, job_id, refs, *, timeout_s, task_id=None):
+        self.inserted += refs
+        self.stop.set()  # one segment is all a test needs
+        rows = sum(ref.rows for ref in refs)
+        return InsertReply(accepted=len(refs), duplicates=0, env_steps=rows)
+
+    def sample(self, job_id, *, batch_size, num_batches, timeout_s, task_id, acknowledge):
+        if not self.batches:
+            self.stop.set()
+            return None
+        return SampleReply(batches=[self.batches.pop()])
+
+    def announce_policy(self, job_id, ref, *, task_id=None):
+        self.announced.append(ref)
+
+    def update_priorities(self, job_id, keys, priorities, *, task_id=None):
+        pass
+
+
+@dataclass
+class Ctx:
+    """What a running task is given (`services.slave.core.TaskContext`)."""
+
+    coordinator: FakeCoordinator
+    stop: threading.Event
+    task: Any = field(default_factory=lambda: SimpleNamespace(task_id="task-1", job_id=JOB))
+    worker_id: str = "worker-1"
+    progress: dict[str, float] = field(default_factory=dict)
+    unusable_segments: set[str] = field(default_factory=set)
+
+    def stopped(self) -> bool:
+        return self.stop.is_set()
+
+
+def collect_one_segment(store: SharedStore, config: JobConfig, policy: PolicyRef | None):
+    """Run the collector's loop for the job's collect unit until one segment is in."""
+    stop = threading.Event()
+    ctx = Ctx(FakeCoordinator(stop, policy), stop)
+    runner = CollectorRunner(store)
+    unit: CollectUnit = ALGORITHMS[config.policy.type].collect_unit
+    loop = {
+        "transitions": runner.collect,
+        "unrolls": runner.collect_unrolls,
+        "rounds": runner.collect_rounds,
+    }[unit]
+    loop(ctx, config, CollectSpec(seed=0, num_envs=2, mode=unit))
+    (ref, *_) = ctx.coordinator.inserted
+    return ref, store.read_segment(ref.path)
+
+
+def publish_fresh_policy(store: SharedStore, config: JobConfig) -> PolicyRef:
+    learner = ALGORITHMS[config.policy.type].make_learner(config.policy, "cpu")
+    tensors = state_to_numpy(learner.online)
+    path, sha = store.write_policy(JOB, 1, 0, config.policy.type, tensors)
+    return PolicyRef(version=1, path=path, sha256=sha, train_iter=0)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("name", "space"), CASES)
+def test_the_collector_writes_the_columns_the_algorithm_declares(tmp_path, name, space):
+    torch.manual_seed(0)
+    store = SharedStore(tmp_path)
+    config = job_config(name, space)
+    algo = ALGORITHMS[name]
+    ref, columns = collect_one_segment(store, config, publish_fresh_policy(store, config))
+    assert sorted(columns) == sorted(algo.writes)
+    assert ref.policy_version == 1 and ref.rows == len(columns["obs"]) > 0
+    # ... and they pass the learner's checks of the columns it reads.
+    SegmentSchema.for_policy(config.policy, algo.reads).check(columns)
+
+
+# An algorithm added to the registry, and nowhere else.
+
+
+@pytest.fixture
+def toy(monkeypatch):
+    monkeypatch.setitem(ALGORITHMS, "toy", toy_algorithm.SPEC)
+    return toy_algorithm.SPEC
+
+
+def test_an_unregistered_algorithm_is_refused_naming_the_known_ones():
+    with pytest.raises(ConfigError) as err:
+        resolve_job_config({"policy": {"type": "toy"}})
+    assert err.value.field == "policy.type"
+    assert err.value.message == "unknown algorithm 'toy' (known: dqn, impala, ppo, sac)"
+
+
+def test_a_registered_algorithm_is_known_to_the_config(toy):
+    config, warnings = resolve_job_config({"policy": {"type": "toy"}})
+    assert warnings == [] and config.policy.type == "toy"
+    assert config.policy.learn.learning_rate == toy_algorithm.LEARNING_RATE  # its defaults
+    assert from_resolved(to_dict(config)) == config  # a job.json of it reads back
+    assert COLLECT_UNITS["toy"] == "transitions"
+    with pytest.raises(ConfigError) as err:
+        resolve_job_config({"policy": {"type": "toy"}, "system": {"workflow": "sync"}})
+    assert (err.value.field, err.value.message) == ("system.workflow", "toy runs async or evaluate")
+    with pytest.raises(ConfigError, match="TOY needs discrete actions"):
+        with_spaces(config, 3, 1, "continuous", ([-2.0], [2.0]))
+
+
+@pytest.mark.timeout(60)
+def test_a_registered_algorithm_collects_and_learns_through_the_services(tmp_path, toy):
+    torch.manual_seed(0)
+    store = SharedStore(tmp_path)
+    config = job_config("toy", "discrete", policy={"learn": {"batch_size": 8}})
+    ref, columns = collect_one_segment(store, config, publish_fresh_policy(store, config))
+    assert sorted(columns) == sorted(toy.writes)
+
+    stop = threading.Event()
+    coordinator = FakeCoordinator(stop)
+    rows = list(range(8))
+    coordinator.batches = [
+        SampledBatch(
+            keys=rows, segments=[SampledSegment(path=ref.path, rows=rows)], weights=[1.0] * 8
+        )
+        for _ in range(3)
+    ]
+    result = LearnerRunner(store).learn(Ctx(coordinator, stop), config, LearnSpec(seed=0))
+    assert result["train_iter"] == 3  # one update a batch
+    newest = coordinator.announced[-1]
+    assert store.read_policy(newest.path).algo == "toy"
+    assert newest.train_iter == result["train_iter"]
+    assert store.list_dir(f"{JOB}/checkpoints") == [
+        store.checkpoint_path(JOB, result["train_iter"]).rsplit("/", 1)[1]
+    ]
