@@ -1,8 +1,8 @@
 """The contract every algorithm keeps: what it declares, how it acts, how it learns.
 
 An algorithm is one entry of `algorithms.registry.ALGORITHMS`, keyed by its
-`policy.type`. The config reads its defaults, collect unit, workflows and action
-spaces; the coordinator reads its collect unit; the collector builds its actor and
+`policy.type`. The config reads its defaults and action spaces; a workflow reads its
+collect unit (to know whether it can run it); the collector builds its actor and
 the learner its learner. Nothing outside the registry names an algorithm.
 
 This module, the registry and each algorithm's `__init__.py` import no torch, so the
@@ -210,11 +210,9 @@ class Algorithm(Protocol):
         ...
 
     @property
-    def collect_unit(self) -> CollectUnit: ...
-
-    @property
-    def workflows(self) -> frozenset[str]:
-        """The `system.workflow`s it can run."""
+    def collect_unit(self) -> CollectUnit:
+        """What one item of its step data is; a workflow runs the algorithms whose
+        unit it knows (`Workflow.collect_units`)."""
         ...
 
     @property
@@ -251,7 +249,6 @@ class AlgorithmSpec:
     name: str
     defaults: Mapping[str, Any]
     collect_unit: CollectUnit
-    workflows: frozenset[str]
     action_spaces: frozenset[ActionSpace]
     writes: tuple[str, ...]
     reads: tuple[str, ...]

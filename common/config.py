@@ -18,7 +18,6 @@ import difflib
 import json
 import runpy
 import typing
-from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
@@ -29,7 +28,7 @@ from annotated_types import Ge, Gt, Le, MaxLen, MinLen
 from easydict import EasyDict
 from pydantic import AfterValidator, ConfigDict, TypeAdapter, ValidationError, with_config
 
-from algorithms.base import ActionSpace, Algorithm, CollectUnit
+from algorithms.base import ActionSpace, Algorithm
 from algorithms.registry import ALGORITHMS
 
 PosInt = Annotated[int, Gt(0)]
@@ -244,11 +243,12 @@ class EvaluateWorkflowConfig:
 
 @section
 class SystemConfig:
+    #: A name in `WORKFLOWS` (services/coordinator/workflows/), checked there:
     #: async: collectors and learner run freely, the rate limiter keeps the replay
     #: ratio. evaluate: no training; run `evaluate.source` for its episodes and report.
     #: sync: rounds of "collect exactly n_sample with version v, train on exactly that
     #: data, publish v + 1" (on-policy: PPO).
-    workflow: Literal["async", "sync", "evaluate"] = "async"
+    workflow: Annotated[str, MinLen(1), MaxLen(64)] = "async"
     #: Data collected by a policy more than this many versions behind the learner's is
     #: not trained on (an async job's bound on policy lag; None: no bound).
     max_policy_lag: Annotated[int, Ge(0)] | None = None
@@ -279,25 +279,6 @@ class JobConfig:
 def algorithm_of(config: JobConfig) -> Algorithm:
     """The registry's entry for the job's `policy.type`."""
     return ALGORITHMS[config.policy.type]
-
-
-class _CollectUnits(Mapping[str, CollectUnit]):
-    """Each algorithm's collect unit, by `policy.type`, read from the registry."""
-
-    def __getitem__(self, name: str) -> CollectUnit:
-        return ALGORITHMS[name].collect_unit
-
-    def __iter__(self) -> Iterator[str]:
-        return iter(ALGORITHMS)
-
-    def __len__(self) -> int:
-        return len(ALGORITHMS)
-
-
-#: What one item of each algorithm's step data is: a transition, an unroll of
-#: `unroll_len` steps, or a step of an on-policy round (collectors and learners run
-#: the matching loop; the task spec carries it).
-COLLECT_UNITS: Mapping[str, CollectUnit] = _CollectUnits()
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -463,28 +444,6 @@ def check_consistency(config: JobConfig) -> None:
             f"a fifo buffer of {buffer.replay_buffer_size} items can never serve "
             f"{learn.num_batches} batches of {learn.batch_size}",
         )
-    algorithm = algorithm_of(config)
-    if config.system.workflow not in algorithm.workflows:
-        raise ConfigError(
-            "system.workflow",
-            f"{algorithm.name} runs {' or '.join(sorted(algorithm.workflows))}",
-        )
-    if config.system.workflow == "sync":
-        if buffer.type != "fifo" or buffer.max_staleness != 0:
-            raise ConfigError(
-                "policy.other.replay_buffer",
-                "the sync workflow needs type: fifo and max_staleness: 0 "
-                "(each round trains on exactly its own data)",
-            )
-        if config.policy.collect.n_sample > min(buffer.replay_buffer_size, 8192):
-            raise ConfigError(
-                "policy.collect.n_sample",
-                f"{config.policy.collect.n_sample} must fit in one sample request (8192) and "
-                f"in replay_buffer_size {buffer.replay_buffer_size}",
-            )
-    evaluate = config.system.evaluate
-    if config.system.workflow == "evaluate" and evaluate.source != "random" and not evaluate.path:
-        raise ConfigError("system.evaluate.path", f"a {evaluate.source} source needs a path")
     eps = config.policy.other.eps
     if eps.end > eps.start:
         raise ConfigError("policy.other.eps.end", f"{eps.end} is above start {eps.start}")

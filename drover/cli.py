@@ -26,6 +26,7 @@ from common.messages import TERMINAL_PHASES, JobStatus
 from common.settings import SettingsError, read_token
 from drover.local import LocalCluster
 from services.coordinator.client import CoordinatorClient
+from services.coordinator.workflows import check_workflow
 
 # soft_wrap: an error or summary line stays one line (greppable), whatever the width.
 console = Console(stderr=True, soft_wrap=True)
@@ -79,6 +80,7 @@ def run_local(args: argparse.Namespace) -> int:
     try:
         raw = load_config_file(args.config)
         config, warnings = resolve_job_config(raw)
+        check_workflow(config)
     except ConfigError as exc:
         return error(f"{args.config}: {exc}")
     for warning in warnings:
@@ -111,6 +113,7 @@ def submit_job(args: argparse.Namespace) -> int:
     try:
         raw = load_config_file(args.config)
         config, warnings = resolve_job_config(raw)
+        check_workflow(config)
         token = read_token()
     except (ConfigError, SettingsError) as exc:
         return error(str(exc))

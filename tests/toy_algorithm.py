@@ -1,6 +1,6 @@
 """A whole algorithm in one module, for tests that add it to the registry: linear
 Q-learning on one-step transitions. It is what `algorithms/<name>/` holds, squeezed:
-its spec (defaults, collect unit, workflows, action spaces, columns, factories), its
+its spec (defaults, collect unit, action spaces, columns, factories), its
 network, its acting side and its learning side.
 
     monkeypatch.setitem(ALGORITHMS, "toy", toy_algorithm.SPEC)
@@ -107,7 +107,6 @@ SPEC = AlgorithmSpec(
     name="toy",
     defaults={"policy": {"learn": {"learning_rate": LEARNING_RATE}}},
     collect_unit="transitions",
-    workflows=frozenset({"async", "evaluate"}),
     action_spaces=frozenset({"discrete"}),
     writes=COLUMNS,
     reads=COLUMNS,

@@ -40,7 +40,6 @@ SPEC = AlgorithmSpec(
     name="dqn",
     defaults={},  # the config's dataclass defaults are DQN's
     collect_unit="transitions",
-    workflows=frozenset({"async", "evaluate"}),
     action_spaces=frozenset({"discrete"}),
     writes=TRANSITION_COLUMNS,
     reads=TRANSITION_COLUMNS,

@@ -60,7 +60,6 @@ SPEC = AlgorithmSpec(
         "system": {"workflow": "async", "max_policy_lag": 8},
     },
     collect_unit="unrolls",
-    workflows=frozenset({"async", "evaluate"}),
     action_spaces=frozenset({"discrete", "continuous"}),
     writes=COLUMNS,
     reads=COLUMNS,

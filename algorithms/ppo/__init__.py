@@ -56,7 +56,6 @@ SPEC = AlgorithmSpec(
         "system": {"workflow": "sync"},
     },
     collect_unit="rounds",
-    workflows=frozenset({"sync", "evaluate"}),
     action_spaces=frozenset({"discrete", "continuous"}),
     writes=COLUMNS,
     reads=COLUMNS,

@@ -44,7 +44,6 @@ SPEC = AlgorithmSpec(
         },
     },
     collect_unit="transitions",
-    workflows=frozenset({"async", "evaluate"}),
     action_spaces=frozenset({"continuous"}),
     writes=TRANSITION_COLUMNS,
     reads=TRANSITION_COLUMNS,

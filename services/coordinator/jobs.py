@@ -40,7 +40,7 @@ from services.buffer.core import ReplayBuffer
 from services.coordinator.snapshot import as_record, eval_from, policy_from, write_job_record
 from services.coordinator.state import CoordinatorState, Job, raise_if_closing
 from services.coordinator.tasks import TaskBoard
-from services.coordinator.workflows import WORKFLOWS, Planner
+from services.coordinator.workflows import WORKFLOWS, Planner, check_workflow
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,7 @@ class JobBook:
     def submit(self, submit: JobSubmit, planner: Planner) -> JobCreated:
         try:
             config, warnings = resolve_job_config(submit.config)
+            workflow = check_workflow(config)
             spaces = env_spaces(config.env)
             config = with_spaces(
                 config,
@@ -66,7 +67,7 @@ class JobBook:
         except ConfigError as exc:
             raise bad_request(f"config.{exc.field}", exc.message) from None
         self._check_limits(config)
-        WORKFLOWS[config.system.workflow].admit(config, planner)
+        workflow.admit(config, planner)
         job_id = new_id("job")
         store = self.state.store
         store.write_json(f"{job_id}/job.json", to_dict(config))

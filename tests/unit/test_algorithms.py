@@ -25,7 +25,6 @@ from algorithms.base import (
 )
 from algorithms.registry import ALGORITHMS
 from common.config import (
-    COLLECT_UNITS,
     ConfigError,
     JobConfig,
     deep_merge,
@@ -47,7 +46,7 @@ from common.messages import (
 from common.models import state_to_numpy
 from common.storage import SharedStore
 from services.collector.core import CollectorRunner
-from services.coordinator.workflows import WORKFLOWS
+from services.coordinator.workflows import WORKFLOWS, check_workflow
 from services.learner.core import LearnerRunner, SegmentSchema
 from tests import toy_algorithm
 
@@ -111,14 +110,14 @@ def test_every_algorithm_declares_what_the_others_read(name):
     algo = ALGORITHMS[name]
     assert isinstance(algo, Algorithm) and algo.name == name
     assert algo.collect_unit in typing.get_args(CollectUnit)
-    assert algo.workflows and algo.workflows <= set(WORKFLOWS)
+    # some workflow runs it, and its default workflow does
+    assert any(algo.collect_unit in w.collect_units for w in WORKFLOWS.values())
     assert algo.action_spaces and algo.action_spaces <= set(typing.get_args(ActionSpace))
     assert set(algo.reads) <= set(algo.writes)
-    assert COLLECT_UNITS[name] == algo.collect_unit  # what the coordinator's workflows read
     config, warnings = resolve_job_config({"policy": {"type": name}})
     assert warnings == []  # every default names a key the config knows
     within(algo.defaults, to_dict(config))
-    assert config.system.workflow in algo.workflows
+    assert check_workflow(config) is WORKFLOWS[config.system.workflow]
 
 
 @pytest.mark.parametrize(("name", "space"), CASES)
@@ -267,9 +266,10 @@ def test_a_registered_algorithm_is_known_to_the_config(toy):
     assert warnings == [] and config.policy.type == "toy"
     assert config.policy.learn.learning_rate == toy_algorithm.LEARNING_RATE  # its defaults
     assert from_resolved(to_dict(config)) == config  # a job.json of it reads back
-    assert COLLECT_UNITS["toy"] == "transitions"
     with pytest.raises(ConfigError) as err:
-        resolve_job_config({"policy": {"type": "toy"}, "system": {"workflow": "sync"}})
+        check_workflow(
+            resolve_job_config({"policy": {"type": "toy"}, "system": {"workflow": "sync"}})[0]
+        )
     assert (err.value.field, err.value.message) == ("system.workflow", "toy runs async or evaluate")
     with pytest.raises(ConfigError, match="TOY needs discrete actions"):
         with_spaces(config, 3, 1, "continuous", ([-2.0], [2.0]))

@@ -41,7 +41,6 @@ def test_unknown_keys_warn_with_suggestion_or_fail_when_strict():
         ({"policy": {"type": "nope"}}, "policy.type"),
         ({"env": {"collector_env_num": -1}}, "env.collector_env_num"),
         ({"env": "CartPole"}, "env"),
-        ({"system": {"workflow": "sometimes"}}, "system.workflow"),
         (
             {"policy": {"other": {"replay_buffer": {"min_size_to_sample": 10**6}}}},
             "policy.other.replay_buffer.min_size_to_sample",

@@ -5,12 +5,13 @@ plans assignments for free workers each scheduling pass, takes evaluation result
 lost tasks, and decides when the job has succeeded. The coordinator keeps jobs,
 workers, tasks and leases, and asks the job's workflow what to do.
 
-Adding one: a file here with a class implementing `Workflow`, one line in
-`WORKFLOWS`, and its name in `SystemConfig.workflow` (common/config.py).
+Adding one: a file here with a class implementing `Workflow`, and one line in
+`WORKFLOWS`. It runs the algorithms whose collect unit is in its `collect_units`.
 """
 
 from __future__ import annotations
 
+from common.config import ConfigError, JobConfig, algorithm_of
 from services.coordinator.workflows.base import Planner, Workflow
 from services.coordinator.workflows.evaluate import Evaluate
 from services.coordinator.workflows.training import AsyncTraining, SyncTraining
@@ -21,4 +22,25 @@ WORKFLOWS: dict[str, Workflow] = {
     "evaluate": Evaluate(),
 }
 
-__all__ = ["WORKFLOWS", "Planner", "Workflow"]
+
+def check_workflow(config: JobConfig) -> Workflow:
+    """The job's workflow, once it takes the config.
+
+    Raises:
+        ConfigError: an unknown workflow, one that cannot run the job's algorithm, or
+            a config it refuses.
+    """
+    name = config.system.workflow
+    workflow = WORKFLOWS.get(name)
+    if workflow is None:
+        known = ", ".join(sorted(WORKFLOWS))
+        raise ConfigError("system.workflow", f"unknown workflow '{name}' (known: {known})")
+    unit = algorithm_of(config).collect_unit
+    if unit not in workflow.collect_units:
+        fitting = sorted(n for n, w in WORKFLOWS.items() if unit in w.collect_units)
+        raise ConfigError("system.workflow", f"{config.policy.type} runs {' or '.join(fitting)}")
+    workflow.check(config)
+    return workflow
+
+
+__all__ = ["WORKFLOWS", "Planner", "Workflow", "check_workflow"]

@@ -55,12 +55,21 @@ class Planner(Protocol):
 class Workflow(Protocol):
     """A kind of job. Usage, by the coordinator::
 
+    workflow.check(config)                     # the config alone: ConfigError when not
     replay = workflow.replay(config)           # the buffer the job gets
     workflow.admit(config, planner)            # at submission: ApiError when not
     dispatches = workflow.plan(job, planner)   # each scheduling pass
     workflow.evaluated(job, task, result, planner)   # an evaluate task's result
     workflow.task_ended(job, task, state)      # a task failed or was lost
     """
+
+    #: The algorithms' collect units it runs (`Algorithm.collect_unit`).
+    collect_units: frozenset[str]
+
+    def check(self, config: JobConfig) -> None:
+        """Refuse (ConfigError naming the field) a config it cannot run, from the
+        config alone (so `drover run` says it before starting anything)."""
+        ...
 
     def replay(self, config: JobConfig) -> ReplayBufferConfig:
         """The job's replay buffer settings, from its config."""

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
+import typing
 from typing import TYPE_CHECKING
 
-from common.config import JobConfig, ReplayBufferConfig
+from algorithms.base import CollectUnit
+from common.config import ConfigError, JobConfig, ReplayBufferConfig
 from common.errors import bad_request
 from common.messages import EvalResult, EvalSummary, EvaluateSpec, dump
 from common.storage import PathError
@@ -19,6 +21,14 @@ if TYPE_CHECKING:
 
 
 class Evaluate:
+    #: Any algorithm's policy can be evaluated.
+    collect_units = frozenset(typing.get_args(CollectUnit))
+
+    def check(self, config: JobConfig) -> None:
+        evaluate = config.system.evaluate
+        if evaluate.source != "random" and not evaluate.path:
+            raise ConfigError("system.evaluate.path", f"a {evaluate.source} source needs a path")
+
     def replay(self, config: JobConfig) -> ReplayBufferConfig:
         # Nothing is replayed: a token index instead of the configured one.
         return dataclasses.replace(

@@ -13,9 +13,16 @@ import logging
 import statistics
 from typing import TYPE_CHECKING, Literal
 
-from common.config import COLLECT_UNITS, JobConfig, ReplayBufferConfig
+from common.config import ConfigError, JobConfig, ReplayBufferConfig, algorithm_of
 from common.errors import bad_request
-from common.messages import CollectSpec, EvalResult, EvalSummary, EvaluateSpec, LearnSpec
+from common.messages import (
+    MAX_BATCH_SIZE,
+    CollectSpec,
+    EvalResult,
+    EvalSummary,
+    EvaluateSpec,
+    LearnSpec,
+)
 from services.coordinator.workflows.base import Planner
 
 if TYPE_CHECKING:
@@ -25,6 +32,11 @@ log = logging.getLogger(__name__)
 
 
 class AsyncTraining:
+    collect_units = frozenset({"transitions", "unrolls"})
+
+    def check(self, config: JobConfig) -> None:
+        pass
+
     def replay(self, config: JobConfig) -> ReplayBufferConfig:
         replay = config.policy.other.replay_buffer
         lag = config.system.max_policy_lag
@@ -47,7 +59,7 @@ class AsyncTraining:
 
     def collect_mode(self, job: Job) -> Literal["transitions", "unrolls", "rounds"]:
         """The collector's loop: the algorithm's unit of step data."""
-        return COLLECT_UNITS[job.config.policy.type]
+        return algorithm_of(job.config).collect_unit
 
     def round_steps(self, job: Job, planner: Planner) -> int | None:
         """Env steps each collector contributes to a round (None: no rounds)."""
@@ -145,6 +157,24 @@ class AsyncTraining:
 
 
 class SyncTraining(AsyncTraining):
+    collect_units = frozenset({"rounds"})
+
+    def check(self, config: JobConfig) -> None:
+        buffer = config.policy.other.replay_buffer
+        if buffer.type != "fifo" or buffer.max_staleness != 0:
+            raise ConfigError(
+                "policy.other.replay_buffer",
+                "the sync workflow needs type: fifo and max_staleness: 0 "
+                "(each round trains on exactly its own data)",
+            )
+        n_sample = config.policy.collect.n_sample
+        if n_sample > min(buffer.replay_buffer_size, MAX_BATCH_SIZE):
+            raise ConfigError(
+                "policy.collect.n_sample",
+                f"{n_sample} must fit in one sample request ({MAX_BATCH_SIZE}) and "
+                f"in replay_buffer_size {buffer.replay_buffer_size}",
+            )
+
     learn_mode: Literal["batches", "rounds"] = "rounds"
 
     def collect_mode(self, job: Job) -> Literal["transitions", "unrolls", "rounds"]:
