@@ -1,6 +1,7 @@
 """Replay-buffer benchmark: in-process timings, HTTP throughput, index memory.
 
     python bench/buffer.py [--capacity 1000000]
+    python bench/buffer.py --snapshot-items 10000000 [--snapshot-seconds 10]
 
 1. In-process, a prioritized buffer filled to `capacity`: insert 1,000 items (one
    segment, evicting 1,000), and sample a batch of 256 with importance weights plus a
@@ -10,17 +11,29 @@
 3. Memory: resident-set growth of a fresh process that builds and fills a
    `capacity`-item prioritized index.
 
+With `--snapshot-items N`, only this instead: a prioritized buffer filled to N items
+(segments of `--snapshot-segment-rows` items) and one thread sampling batches of 256
+(and sending their priorities back) on a fixed schedule of `--snapshot-rate`
+requests/s, for a few seconds each with no snapshot, with the old full copy under
+the lock (kept here as `full_copy_snapshot`, the reference) back to back, and with
+`ReplayBuffer.cut` back to back: sample latency p50/p99/max, counted from when each
+request was due (so a request that waited behind a stalled one counts its wait too),
+the longest the buffer's lock was held per snapshot, and a snapshot's duration.
+
 Prints a table. Timings vary with machine load: compare within one run.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -32,12 +45,16 @@ sys.path.insert(0, str(ROOT))
 
 from common.config import ReplayBufferConfig  # noqa: E402
 from common.messages import SegmentRef  # noqa: E402
-from services.buffer.core import ReplayBuffer  # noqa: E402
+from services.buffer.core import _HOLD_COLUMNS, ReplayBuffer  # noqa: E402
+from services.buffer.table import COLUMNS  # noqa: E402
 
 
 class NoFiles:
     def delete(self, rel: str) -> bool:
         return True
+
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        pass
 
 
 def ref(seq: int, rows: int, job: str = "job-bench") -> SegmentRef:
@@ -59,6 +76,131 @@ def filled_buffer(capacity: int) -> tuple[ReplayBuffer, int]:
         buffer.insert([ref(seq, min(10_000, capacity - buffer.size))])
         seq += 1
     return buffer, seq
+
+
+def filled_segments(capacity: int, rows: int) -> ReplayBuffer:
+    """A prioritized buffer of `capacity` items in segments of `rows` items."""
+    config = ReplayBufferConfig(
+        type="prioritized", replay_buffer_size=capacity, min_size_to_sample=1
+    )
+    buffer = ReplayBuffer("job-bench", config, NoFiles(), error_buffer=0.0)
+    for seq in range(-(-capacity // rows)):
+        buffer.insert([ref(seq, min(rows, capacity - buffer.size))])
+    return buffer
+
+
+def full_copy_snapshot(buffer: ReplayBuffer) -> tuple[bytes, dict, float]:
+    """The reference: how `snapshot` worked before `cut` (every array copied, and the
+    segments listed, under the buffer's lock; then `safetensors` serialized them).
+    Returns (bytes, record, seconds the lock was held)."""
+    from safetensors.numpy import save as st_save
+
+    table = buffer.table
+    with buffer._cond:
+        held_from = time.perf_counter()
+        arrays = {name: np.ascontiguousarray(getattr(table, name)).copy() for name in COLUMNS}
+        arrays["free"] = table._free[: table.free_count].copy()
+        pos = np.arange(table._head, table._tail) % table.capacity
+        arrays["order_slot"] = table._ring_slot[pos]
+        arrays["order_key"] = table._ring_key[pos]
+        holds = list(buffer._holds.values())
+        for column in _HOLD_COLUMNS:
+            parts = [getattr(h, column) for h in holds]
+            dtype = getattr(table, column).dtype
+            arrays[f"held_{column}"] = np.concatenate(parts) if parts else np.zeros(0, dtype)
+        segments = sorted(buffer._segments.items())
+        meta = {
+            "segments": [[sid, s.path, s.live_items] for sid, s in segments],
+            "dead": sorted(buffer._dead),
+            "last_seq": dict(buffer._last_seq),
+            "lag_counts": buffer._lag_counts.tolist(),
+            "sampler": buffer.sampler.state(),
+            "rng": buffer._rng.bit_generator.state,
+        }
+        held_s = time.perf_counter() - held_from
+    data = st_save(arrays)
+    meta["arrays_sha256"] = hashlib.sha256(data).hexdigest()
+    return data, meta, held_s
+
+
+def sample_latencies(
+    buffer: ReplayBuffer,
+    seconds: float,
+    rate: float,
+    snapshot: Callable[[], tuple[float, float]] | None,
+) -> tuple[list[float], list[tuple[float, float]]]:
+    """Latencies (ms, from when each was due) of sample requests of 256 items due
+    `rate` times a second for `seconds`, while another thread takes snapshots back to
+    back; and (lock hold s, duration s) of each snapshot that ended in that time."""
+    stop = threading.Event()
+    snapshots: list[tuple[float, float]] = []
+
+    def snapshotting() -> None:
+        while not stop.is_set():
+            snapshots.append(snapshot())
+
+    thread = threading.Thread(target=snapshotting) if snapshot is not None else None
+    if thread is not None:
+        thread.start()
+    rng = np.random.default_rng(0)
+    latencies = []
+    due = time.perf_counter()
+    end = due + seconds
+    while due < end:
+        wait = due - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        (batch,) = buffer.sample(256, 1, timeout_s=10.0)
+        latencies.append((time.perf_counter() - due) * 1e3)
+        buffer.update_priorities(batch.keys, rng.uniform(0, 2, 256).tolist())
+        due += 1.0 / rate
+    stop.set()
+    if thread is not None:
+        thread.join()
+    return latencies, snapshots
+
+
+def snapshot_bench(items: int, rows: int, seconds: float, rate: float) -> Table:
+    started = time.perf_counter()
+    buffer = filled_segments(items, rows)
+    fill_s = time.perf_counter() - started
+
+    def before() -> tuple[float, float]:
+        t0 = time.perf_counter()
+        _, _, held_s = full_copy_snapshot(buffer)
+        return held_s, time.perf_counter() - t0
+
+    def after() -> tuple[float, float]:
+        taken = buffer.cut()
+        return taken.longest_lock_hold_s, taken.duration_s
+
+    runs = {
+        "no snapshots": None,
+        "snapshots, before: full copy in the lock": before,
+        "snapshots, after: ReplayBuffer.cut": after,
+    }
+    table = Table(
+        title=f"Sample latency during snapshots: prioritized, {items:,} items in "
+        f"{-(-items // rows):,} segments (filled in {fill_s:.0f} s); {rate:.0f} samples of "
+        f"256 due a second, {seconds:.0f} s each"
+    )
+    for column in ("run", "samples", "p50", "p99", "max", "snapshots", "longest lock hold"):
+        table.add_column(column, justify="left" if column == "run" else "right")
+    table.add_column("snapshot time (mean)", justify="right")
+    for name, snapshot in runs.items():
+        latencies, snapshots = sample_latencies(buffer, seconds, rate, snapshot)
+        lock_ms = [h * 1e3 for h, _ in snapshots]
+        table.add_row(
+            name,
+            f"{len(latencies):,}",
+            f"{statistics.median(latencies):.2f} ms",
+            f"{np.percentile(latencies, 99):.2f} ms",
+            f"{max(latencies):.1f} ms",
+            f"{len(snapshots)}" if snapshot else "",
+            f"{max(lock_ms):,.1f} ms" if snapshots else "",
+            f"{statistics.mean(d for _, d in snapshots) * 1e3:,.0f} ms" if snapshots else "",
+        )
+    return table
 
 
 def in_process(capacity: int, repeats: int) -> dict[str, list[float]]:
@@ -142,8 +284,22 @@ def main() -> None:
     parser.add_argument("--capacity", type=int, default=1_000_000)
     parser.add_argument("--repeats", type=int, default=500)
     parser.add_argument("--http-seconds", type=float, default=5.0)
+    parser.add_argument("--snapshot-items", type=int, default=0, help="run the snapshot bench")
+    parser.add_argument("--snapshot-segment-rows", type=int, default=256)
+    parser.add_argument("--snapshot-seconds", type=float, default=10.0)
+    parser.add_argument("--snapshot-rate", type=float, default=200.0)
     args = parser.parse_args()
     console = Console(width=120)
+    if args.snapshot_items:
+        console.print(
+            snapshot_bench(
+                args.snapshot_items,
+                args.snapshot_segment_rows,
+                args.snapshot_seconds,
+                args.snapshot_rate,
+            )
+        )
+        return
 
     timings = in_process(args.capacity, args.repeats)
     rate, count = http_throughput(args.http_seconds)

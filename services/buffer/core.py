@@ -17,35 +17,45 @@ Usage::
     batches = buffer.sample(64, 8, timeout_s=5.0)      # may raise SampleTimeout
     buffer.update_priorities(keys, priorities)
     buffer.set_learner_version(12)                     # staleness eviction
-    buffer.save(store, "job-1/coordinator/buffer")     # and ReplayBuffer.load(...)
+    taken = buffer.cut(at_cut=lambda: my_record())     # one instant; the lock held briefly
+    buffer.save(store, "job-1/coordinator/buffer")     # and buffer.restore(store, ...)
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import re
+import sys
 import threading
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 from safetensors.numpy import load as st_load
-from safetensors.numpy import save as st_save
 
 from common.config import ReplayBufferConfig
 from common.messages import BufferStats, SampledBatch, SampledSegment, SegmentRef
 from services.buffer.limiter import RateLimiter
 from services.buffer.selectors import make_remover, make_sampler
-from services.buffer.table import ItemTable
+from services.buffer.snapshot import ArrayFileBuilder
+from services.buffer.table import COLUMNS, ItemTable, undo
 
 LAG_BUCKETS = 32
 #: Live items over which `stats` computes its means and extremes exactly; above it,
 #: that many drawn at random.
 STATS_SAMPLE = 65_536
+#: The snapshot format `cut` writes: 2 saves no free list, arrival order or per-segment
+#: item counts (derived at restore) and keeps the segments' paths in the arrays.
+SNAPSHOT_FORMAT = 2
 _SEGMENT = re.compile(r"^(?P<job>[^/]+)/segments/(?P<worker>[^/]+)/(?P<seq>\d{1,12})\.safetensors$")
+
+
+T = TypeVar("T")
 
 
 class RateLimited(Exception):
@@ -69,7 +79,7 @@ class SegmentFiles(Protocol):
 
     def delete(self, rel: str) -> bool: ...
 
-    def write_bytes(self, rel: str, data: bytes) -> Any: ...
+    def write_bytes(self, rel: str, data: bytes | memoryview) -> Any: ...
 
     def read_bytes(self, rel: str) -> bytes: ...
 
@@ -94,6 +104,8 @@ class _Hold:
 
 
 _HOLD_COLUMNS = ("segment", "row", "length", "version")
+#: Holds, segments and dead segment ids as a snapshot's cut found them.
+_Containers = tuple[list[_Hold], dict[int, _Segment], set[int]]
 
 
 @dataclass(frozen=True)
@@ -101,6 +113,21 @@ class InsertResult:
     accepted: int
     duplicates: int
     accepted_refs: list[SegmentRef]
+
+
+@dataclass(frozen=True)
+class BufferSnapshot(Generic[T]):
+    """The buffer's whole state at one instant (its cut)."""
+
+    #: The arrays, as safetensors bytes (a memoryview: write it, hash it, or `bytes()` it).
+    data: memoryview
+    #: The rest, as JSON data naming the arrays' digest.
+    meta: dict[str, Any]
+    #: What the caller's `at_cut` returned (None without one).
+    at_cut: T | None
+    #: The longest the buffer's lock was held for it, and how long it took in all.
+    longest_lock_hold_s: float
+    duration_s: float
 
 
 @dataclass
@@ -156,10 +183,20 @@ class ReplayBuffer:
         self._waiting = {"sample": 0, "insert": 0}
         self._holds: dict[str, _Hold] = {}
         self._next_hold = 0
+        self._inserted_env_steps = 0
+        # The last snapshot's buffer: the next one writes over it if nobody holds it.
+        self._snapshot_spare: np.ndarray | None = None
 
     @property
     def size(self) -> int:
         return self.table.size
+
+    @property
+    def inserted_env_steps(self) -> int:
+        """Env steps of every segment accepted so far (forced inserts too; a duplicate
+        counts once), saved with the buffer: a snapshot's value is that of its cut."""
+        with self._cond:
+            return self._inserted_env_steps
 
     # --- inserts -------------------------------------------------------------------
 
@@ -200,6 +237,7 @@ class ReplayBuffer:
             for ref, (worker, seq), (rows, lengths) in fresh.values():
                 self._add_segment(ref, rows, lengths)
                 self._last_seq[worker] = max(seq, self._last_seq.get(worker, -1))
+                self._inserted_env_steps += ref.env_steps
             self.limiter.inserted += num_items
             self._release_dead()
             self._cond.notify_all()
@@ -279,11 +317,11 @@ class ReplayBuffer:
         segment_id = self._next_segment_id
         self._next_segment_id += 1
         slots, _ = table.add(n)
-        table.segment[slots] = segment_id
-        table.row[slots] = rows
-        table.length[slots] = lengths
-        table.version[slots] = ref.policy_version
-        table.priority[slots] = getattr(self.sampler, "max_priority", 1.0)
+        table.write("segment", slots, segment_id)
+        table.write("row", slots, rows)
+        table.write("length", slots, lengths)
+        table.write("version", slots, ref.policy_version)
+        table.write("priority", slots, getattr(self.sampler, "max_priority", 1.0))
         self.sampler.inserted(slots)
         self._segments[segment_id] = _Segment(path=ref.path, live_items=n)
         self._segment_ids[ref.path] = segment_id
@@ -396,11 +434,11 @@ class ReplayBuffer:
         if shortfall > 0:
             self._remove(self.remover.select(shortfall, self.table, self._rng), "capacity")
         slots, _ = self.table.add(n)
-        self.table.segment[slots] = segment
-        self.table.row[slots] = row
-        self.table.length[slots] = length
-        self.table.version[slots] = version
-        self.table.priority[slots] = getattr(self.sampler, "max_priority", 1.0)
+        self.table.write("segment", slots, segment)
+        self.table.write("row", slots, row)
+        self.table.write("length", slots, length)
+        self.table.write("version", slots, version)
+        self.table.write("priority", slots, getattr(self.sampler, "max_priority", 1.0))
         self.sampler.inserted(slots)
         self.limiter.sampled = max(0, self.limiter.sampled - n)
         if self.config.max_staleness is not None:
@@ -441,7 +479,7 @@ class ReplayBuffer:
         for sid in set(segment_ids.tolist()):
             self._segments[sid].last_sampled_s = now
         used, times = np.unique(slots, return_counts=True)
-        table.uses[used] += times.astype(np.int32)
+        table.write("uses", used, table.uses[used] + times.astype(np.int32))
         if hold_id is not None:
             table = self.table
             self._holds[hold_id] = _Hold(
@@ -503,7 +541,7 @@ class ReplayBuffer:
         with self._cond:
             slots, live = self.table.slots_of(np.asarray(keys, dtype=np.int64))
             values = values[live] + self.config.priority_eps
-            self.table.priority[slots] = values
+            self.table.write("priority", slots, values)
             self.sampler.update(slots, values)
             return len(slots)
 
@@ -614,48 +652,139 @@ class ReplayBuffer:
 
     # --- persistence -----------------------------------------------------------------
 
-    def snapshot(self) -> tuple[bytes, dict[str, Any]]:
-        """The whole state: arrays as safetensors bytes, the rest as a JSON record (which
-        names the arrays' digest, so the two are never mixed up across saves)."""
-        with self._cond:
-            # Copies, so serialising happens outside the lock while inserts go on.
-            arrays = {k: np.ascontiguousarray(v).copy() for k, v in self.table.arrays().items()}
-            # Held items are saved as items to give back: a restored coordinator has
-            # no tasks, so nobody will acknowledge them.
-            holds = list(self._holds.values())
-            for column in _HOLD_COLUMNS:
-                parts = [getattr(h, column) for h in holds]
-                dtype = getattr(self.table, column).dtype
-                arrays[f"held_{column}"] = (
-                    np.concatenate(parts) if parts else np.zeros(0, dtype=dtype)
-                )
-            meta = {
-                "job_id": self.job_id,
-                "capacity": self.capacity,
-                "table": self.table.counters(),
-                "segments": [
-                    [sid, s.path, s.live_items] for sid, s in sorted(self._segments.items())
-                ],
-                "dead": sorted(self._dead),
-                "next_segment_id": self._next_segment_id,
-                "last_seq": dict(self._last_seq),
-                "learner_version": self._learner_version,
-                "lag_counts": self._lag_counts.tolist(),
-                "limiter": {"inserted": self.limiter.inserted, "sampled": self.limiter.sampled},
-                "sampler": self.sampler.state(),
-                "counters": {
-                    "sample_requests": self._counters.sample_requests,
-                    "evictions": dict(self._counters.evictions),
-                    "released_segments": self._counters.released_segments,
-                },
-                "rng": self._rng.bit_generator.state,
-            }
-        data = st_save(arrays)
-        meta["arrays_sha256"] = hashlib.sha256(data).hexdigest()
-        return data, meta
+    def cut(
+        self,
+        at_cut: Callable[[], T] | None = None,
+        *,
+        cut_lock: AbstractContextManager[Any] | None = None,
+    ) -> BufferSnapshot[T]:
+        """The whole state at one instant (the cut), made while the buffer goes on.
 
-    def restore_snapshot(self, data: bytes, meta: dict[str, Any]) -> None:
-        """Load a state from `snapshot` into this (empty, same-capacity) buffer.
+        At the cut, under the buffer's lock, the small state is taken, `at_cut` is
+        called, and a journal of column writes is opened. The columns are then copied
+        without the lock; each write meanwhile first journals the values it overwrites,
+        and undoing the journal on the copy gives the columns as they were at the cut.
+        The lock is held twice, briefly (the cut, then closing the journal), never for
+        time that grows with the buffer's size; serializing lets the GIL go.
+
+        Args:
+            at_cut: called at the cut with the buffer's lock held, to take the
+                caller's own record in the same cut. It must take no lock that another
+                thread may hold while it waits for the buffer's: pass such a lock as
+                `cut_lock` instead.
+            cut_lock: entered just before the buffer's lock at the cut and left just
+                after it: a lock taken before the buffer's (the coordinator's), held
+                only for the cut, not for the copy.
+
+        Returns:
+            The arrays as safetensors bytes, the JSON record that names their digest,
+            and what `at_cut` returned.
+        """
+        started = time.perf_counter()
+        with cut_lock if cut_lock is not None else contextlib.nullcontext(), self._cond:
+            cut_at = time.perf_counter()
+            meta, rest = self._cut_state()
+            spare, self._snapshot_spare = self._snapshot_spare, None
+            journal = self.table.open_journal()
+            try:
+                record = at_cut() if at_cut is not None else None
+            except BaseException:
+                self.table.close_journal(journal)
+                raise
+            holds = [time.perf_counter() - cut_at]
+        try:
+            arrays = self._small_arrays(*rest)
+            # Widest dtypes first: every array stays aligned.
+            big = sorted(COLUMNS, key=lambda c: -getattr(self.table, c).dtype.itemsize)
+            small = sorted(arrays, key=lambda name: -arrays[name].dtype.itemsize)
+            if spare is not None and sys.getrefcount(spare) > 2:
+                spare = None  # the last snapshot's bytes are still held (not only here)
+            out = ArrayFileBuilder(
+                {c: (getattr(self.table, c).dtype, self.capacity) for c in big}
+                | {name: (arrays[name].dtype, len(arrays[name])) for name in small},
+                spare,
+            )
+            del spare
+            for name, array in arrays.items():
+                out.arrays[name][:] = array
+            for column in COLUMNS:
+                # No lock: a slot written meanwhile may be copied torn, but every such
+                # write is in the journal, which puts back the slot's value at the cut.
+                np.copyto(out.arrays[column], getattr(self.table, column))
+        finally:
+            with self._cond:
+                closed_at = time.perf_counter()
+                self.table.close_journal(journal)
+                holds.append(time.perf_counter() - closed_at)
+        undo(journal, out.arrays)
+        data = out.finish()
+        meta["arrays_sha256"] = hashlib.sha256(data).hexdigest()
+        self._snapshot_spare = out.buffer
+        return BufferSnapshot(
+            data=data,
+            meta=meta,
+            at_cut=record,
+            longest_lock_hold_s=max(holds),
+            duration_s=time.perf_counter() - started,
+        )
+
+    def snapshot(self) -> tuple[memoryview, dict[str, Any]]:
+        """`cut` without a record of the caller's: (arrays' bytes, JSON record)."""
+        taken = self.cut()
+        return taken.data, taken.meta
+
+    def _cut_state(self) -> tuple[dict[str, Any], _Containers]:
+        """(The JSON record, what the arrays are made from): what is not a column. Called
+        with the lock held: copies of containers only, their contents read after."""
+        meta = {
+            "format": SNAPSHOT_FORMAT,
+            "job_id": self.job_id,
+            "capacity": self.capacity,
+            "table": self.table.counters(),
+            "next_segment_id": self._next_segment_id,
+            "last_seq": dict(self._last_seq),
+            "learner_version": self._learner_version,
+            "lag_counts": self._lag_counts.tolist(),
+            "limiter": {"inserted": self.limiter.inserted, "sampled": self.limiter.sampled},
+            "sampler": self.sampler.state(),
+            "counters": {
+                "sample_requests": self._counters.sample_requests,
+                "evictions": dict(self._counters.evictions),
+                "released_segments": self._counters.released_segments,
+            },
+            "rng": self._rng.bit_generator.state,
+            "inserted_env_steps": self._inserted_env_steps,
+        }
+        # Holds and a segment's path never change once made: shallow copies suffice.
+        return meta, (list(self._holds.values()), self._segments.copy(), set(self._dead))
+
+    def _small_arrays(
+        self, holds: list[_Hold], segments: dict[int, _Segment], dead: set[int]
+    ) -> dict[str, np.ndarray]:
+        """What a snapshot saves besides the columns: held items (saved as items to give
+        back: a restored coordinator has no tasks, so nobody would acknowledge them),
+        and each segment's id and path (its live items are counted again at restore)."""
+        arrays = {}
+        for column in _HOLD_COLUMNS:
+            parts = [getattr(h, column) for h in holds]
+            dtype = getattr(self.table, column).dtype
+            arrays[f"held_{column}"] = np.concatenate(parts) if parts else np.zeros(0, dtype)
+        ids = np.fromiter(segments, dtype=np.int64, count=len(segments))
+        paths = [segments[sid].path.encode() for sid in ids.tolist()]
+        order = np.argsort(ids, kind="stable")
+        arrays["segment_ids"] = ids[order]
+        lengths = np.fromiter(map(len, paths), dtype=np.int64, count=len(paths))
+        arrays["segment_path_bytes"] = lengths[order]
+        arrays["segment_paths"] = np.frombuffer(
+            b"".join(paths[i] for i in order.tolist()), dtype=np.uint8
+        )
+        arrays["dead_segments"] = np.array(sorted(dead), dtype=np.int64)
+        return arrays
+
+    def restore_snapshot(self, data: bytes | memoryview, meta: dict[str, Any]) -> None:
+        """Load a state from `cut` or `snapshot` into this (empty, same-capacity)
+        buffer. Snapshots of the first format (segments listed in the record, the free
+        list and arrival order saved as arrays) are read too.
 
         Raises:
             ValueError: the arrays do not match the record, or it is another buffer's.
@@ -664,15 +793,23 @@ class ReplayBuffer:
             raise ValueError("buffer arrays do not match their record")
         if meta["capacity"] != self.capacity or meta["job_id"] != self.job_id:
             raise ValueError("buffer state saved for another buffer")
-        arrays = st_load(data)
+        if meta.get("format", 1) > SNAPSHOT_FORMAT:
+            raise ValueError(f"buffer snapshot format {meta['format']} is not supported")
+        arrays = st_load(data if isinstance(data, bytes) else bytes(data))
         with self._cond:
             self.table.restore(arrays, meta["table"])
-            self._segments = {
-                int(sid): _Segment(path=path, live_items=int(live))
-                for sid, path, live in meta["segments"]
-            }
+            if "segments" in meta:  # the first format
+                segments = {
+                    int(sid): _Segment(path=path, live_items=int(live))
+                    for sid, path, live in meta["segments"]
+                }
+                dead = {int(s) for s in meta["dead"]}
+            else:
+                segments = self._restored_segments(arrays)
+                dead = set(arrays["dead_segments"].tolist())
+            self._segments = segments
             self._segment_ids = {s.path: sid for sid, s in self._segments.items()}
-            self._dead = {int(s) for s in meta["dead"]}
+            self._dead = dead
             self._next_segment_id = int(meta["next_segment_id"])
             self._last_seq = {k: int(v) for k, v in meta["last_seq"].items()}
             self._learner_version = int(meta["learner_version"])
@@ -686,9 +823,32 @@ class ReplayBuffer:
                 released_segments=int(counters["released_segments"]),
             )
             self._rng.bit_generator.state = meta["rng"]
+            self._inserted_env_steps = int(meta.get("inserted_env_steps", 0))
             self._holds = {}
             if "held_segment" in arrays:
                 self._readd(*(arrays[f"held_{c}"] for c in _HOLD_COLUMNS))
+
+    def _restored_segments(self, arrays: dict[str, np.ndarray]) -> dict[int, _Segment]:
+        """Segments from their ids and paths; a segment's live items are its items in
+        the table and those held (held ones are still counted in their segments).
+
+        Raises:
+            ValueError: an item names a segment the snapshot does not have.
+        """
+        ids = arrays["segment_ids"]
+        ends = np.cumsum(arrays["segment_path_bytes"]).tolist()
+        blob = arrays["segment_paths"].tobytes()
+        paths = [blob[a:b].decode() for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+        table = self.table
+        owners = np.concatenate([table.segment[table.key >= 0], arrays["held_segment"]])
+        where = np.searchsorted(ids, owners)
+        if len(owners) and (where.max() >= len(ids) or (ids[where] != owners).any()):
+            raise ValueError("buffer items name a segment the snapshot does not have")
+        live = np.bincount(where, minlength=len(ids)).tolist()
+        return {
+            sid: _Segment(path=path, live_items=count)
+            for sid, path, count in zip(ids.tolist(), paths, live, strict=True)
+        }
 
     def save(self, files: SegmentFiles, prefix: str) -> None:
         """Write the state as `<prefix>.safetensors` and `<prefix>.json`."""

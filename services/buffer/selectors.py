@@ -73,8 +73,13 @@ class PrioritizedSampler:
         progress = min(1.0, self.batches_drawn / self.beta_anneal_steps)
         return self.beta0 + (1.0 - self.beta0) * progress
 
+    def _weight(self, priorities: Any) -> np.ndarray:
+        """A leaf's weight, p^alpha, always by numpy's power: Python's ``**`` may differ
+        from it in the last bit, and `restore` rebuilds every leaf with numpy."""
+        return np.power(np.asarray(priorities, dtype=np.float64), self.alpha)
+
     def inserted(self, slots: np.ndarray) -> None:
-        self.tree.update(slots, self.max_priority**self.alpha)
+        self.tree.update(slots, self._weight(self.max_priority))
 
     def removed(self, slots: np.ndarray) -> None:
         self.tree.update(slots, 0.0)
@@ -82,7 +87,7 @@ class PrioritizedSampler:
     def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
         if len(priorities):
             self.max_priority = max(self.max_priority, float(priorities.max()))
-        self.tree.update(slots, np.power(priorities, self.alpha))
+        self.tree.update(slots, self._weight(priorities))
 
     def sample(
         self, n: int, table: ItemTable, rng: np.random.Generator
@@ -105,7 +110,7 @@ class PrioritizedSampler:
         self.max_priority = float(state["max_priority"])
         self.batches_drawn = int(state["batches_drawn"])
         live = table.key >= 0
-        self.tree.rebuild(np.where(live, np.power(table.priority, self.alpha), 0.0))
+        self.tree.rebuild(np.where(live, self._weight(table.priority), 0.0))
 
 
 class UniformSampler(PrioritizedSampler):

@@ -3,10 +3,18 @@ order in which items arrived.
 
 An item's key encodes its slot (``key = counter << SLOT_BITS | slot``), so a key sent
 back by a learner (a priority update) is found in O(1) and recognised as stale
-once its slot holds another item.
+once its slot holds another item. A free slot's key is negative and says when it was
+freed (-1: never used; ``-1 - k``: the k-th slot freed), so the key column alone
+determines the free list and the arrival order (`restore` derives both from it).
+
+Every change to a column goes through `write`, which first appends the values it
+overwrites to each open journal: a snapshot opens one at its cut, copies the columns
+without the lock, and undoes the journal on the copy (see `ReplayBuffer.cut`).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import numpy as np
 
@@ -15,21 +23,48 @@ SLOT_MASK = (1 << SLOT_BITS) - 1
 
 COLUMNS = ("key", "segment", "row", "length", "version", "uses", "priority")
 
+#: One column write, as `write` made it: (column, index, the values it overwrote).
+JournalEntry = tuple[str, "np.ndarray | slice", np.ndarray]
+
+
+def undo(journal: list[JournalEntry], columns: dict[str, np.ndarray]) -> None:
+    """Undo a journal's writes on copies of the columns, last to first."""
+    for column, index, overwritten in reversed(journal):
+        columns[column][index] = overwritten
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
 
 class ItemTable:
     def __init__(self, capacity: int) -> None:
         if capacity > SLOT_MASK:
             raise ValueError(f"capacity {capacity} exceeds {SLOT_MASK}")
         self.capacity = capacity
-        self.key = np.full(capacity, -1, dtype=np.int64)  # -1: free slot
-        self.segment = np.zeros(capacity, dtype=np.int64)
-        self.row = np.zeros(capacity, dtype=np.int32)
-        self.length = np.ones(capacity, dtype=np.int32)
-        self.version = np.zeros(capacity, dtype=np.int32)
-        self.uses = np.zeros(capacity, dtype=np.int32)
-        self.priority = np.ones(capacity, dtype=np.float64)
+        self._columns = {
+            "key": np.full(capacity, -1, dtype=np.int64),  # < 0: a free slot
+            "segment": np.zeros(capacity, dtype=np.int64),
+            "row": np.zeros(capacity, dtype=np.int32),
+            "length": np.ones(capacity, dtype=np.int32),
+            "version": np.zeros(capacity, dtype=np.int32),
+            "uses": np.zeros(capacity, dtype=np.int32),
+            "priority": np.ones(capacity, dtype=np.float64),
+        }
+        # What readers see: read-only views, so a write anywhere but `write` raises.
+        self.key = _read_only(self._columns["key"])
+        self.segment = _read_only(self._columns["segment"])
+        self.row = _read_only(self._columns["row"])
+        self.length = _read_only(self._columns["length"])
+        self.version = _read_only(self._columns["version"])
+        self.uses = _read_only(self._columns["uses"])
+        self.priority = _read_only(self._columns["priority"])
+        self._journals: list[list[JournalEntry]] = []
         self.size = 0
         self.counter = 0
+        self._freed = 0  # slots freed so far: the next one freed gets key -2 - _freed
         # Free slots as a stack; popping from the end hands out 0, 1, 2, ... first.
         self._free = np.arange(capacity - 1, -1, -1, dtype=np.int64)
         self._free_count = capacity
@@ -39,6 +74,32 @@ class ItemTable:
         self._ring_key = np.full(capacity, -1, dtype=np.int64)
         self._head = 0
         self._tail = 0
+
+    # --- columns -------------------------------------------------------------------
+
+    def write(self, column: str, index: np.ndarray | slice, values: Any) -> None:
+        """Set `column[index] = values`: the only way a column changes (a repeated index
+        keeps its last value, as numpy assigns)."""
+        array = self._columns[column]
+        if self._journals:
+            if isinstance(index, slice):
+                entry = (column, index, array[index].copy())
+            else:
+                entry = (column, np.array(index, dtype=np.int64), array[index])
+            for journal in self._journals:
+                journal.append(entry)
+        array[index] = values
+
+    def open_journal(self) -> list[JournalEntry]:
+        """From now on, each column write first appends what it overwrites to the
+        returned list: undoing the list's entries last to first on a copy of the columns
+        made meanwhile gives the columns as they were when it was opened."""
+        journal: list[JournalEntry] = []
+        self._journals.append(journal)
+        return journal
+
+    def close_journal(self, journal: list[JournalEntry]) -> None:
+        self._journals = [j for j in self._journals if j is not journal]
 
     # --- slots ---------------------------------------------------------------------
 
@@ -54,18 +115,21 @@ class ItemTable:
         self._free_count -= n
         keys = ((self.counter + np.arange(n, dtype=np.int64)) << SLOT_BITS) | slots
         self.counter += n
-        self.key[slots] = keys
-        self.uses[slots] = 0
+        self.write("key", slots, keys)
+        self.write("uses", slots, 0)
         self.size += n
         self._push_order(slots, keys)
         return slots, keys
 
     def remove(self, slots: np.ndarray) -> None:
         """Free live slots (their ring entries die with their keys)."""
-        self.key[slots] = -1
-        self._free[self._free_count : self._free_count + len(slots)] = slots
-        self._free_count += len(slots)
-        self.size -= len(slots)
+        n = len(slots)
+        # Pushed in this order: their keys record it, for `restore` to find again.
+        self.write("key", slots, -2 - (self._freed + np.arange(n, dtype=np.int64)))
+        self._freed += n
+        self._free[self._free_count : self._free_count + n] = slots
+        self._free_count += n
+        self.size -= n
 
     def slots_of(self, keys: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Slots of the keys still live, and a mask of which keys those are."""
@@ -153,25 +217,39 @@ class ItemTable:
 
     # --- persistence -----------------------------------------------------------------
 
-    def arrays(self) -> dict[str, np.ndarray]:
-        arrays = {name: getattr(self, name) for name in COLUMNS}
-        arrays["free"] = self._free[: self._free_count]
-        pos = np.arange(self._head, self._tail) % self.capacity
-        arrays["order_slot"] = self._ring_slot[pos]
-        arrays["order_key"] = self._ring_key[pos]
-        return arrays
-
     def counters(self) -> dict[str, int]:
-        return {"size": self.size, "counter": self.counter}
+        return {"size": self.size, "counter": self.counter, "freed": self._freed}
 
     def restore(self, arrays: dict[str, np.ndarray], counters: dict[str, int]) -> None:
+        """Load the columns and counters; the free list and the arrival order are
+        derived from the keys. Arrays of the first format (which saved the free list
+        as "free") are read too.
+
+        Raises:
+            ValueError: the keys do not agree with the saved size.
+        """
         for name in COLUMNS:
-            getattr(self, name)[:] = arrays[name]
-        free = arrays["free"]
+            self.write(name, slice(None), arrays[name])
+        if "free" in arrays:
+            # The saved stack, bottom first: its order goes into the keys, as `remove`
+            # would have written it.
+            free = np.asarray(arrays["free"], dtype=np.int64)
+            self.write("key", free, -2 - np.arange(len(free), dtype=np.int64))
+            freed = len(free)
+        else:
+            freed = int(counters["freed"])
+        key = self.key
+        free = np.flatnonzero(key < 0)
+        # A stack holds its slots in the order they were pushed: never-used slots first
+        # (the highest at the bottom), then freed ones in the order they were freed.
+        free = free[np.lexsort((-free, -key[free]))]
+        live = np.flatnonzero(key >= 0)
+        live = live[np.argsort(key[live], kind="stable")]  # keys grow with arrival
+        if len(live) != int(counters["size"]):
+            raise ValueError(f"{len(live)} live keys, but a size of {counters['size']}")
         self._free[: len(free)] = free
         self._free_count = len(free)
-        order_slot, order_key = arrays["order_slot"], arrays["order_key"]
-        self._ring_slot[: len(order_slot)] = order_slot
-        self._ring_key[: len(order_key)] = order_key
-        self._head, self._tail = 0, len(order_slot)
-        self.size, self.counter = int(counters["size"]), int(counters["counter"])
+        self._ring_slot[: len(live)] = live
+        self._ring_key[: len(live)] = key[live]
+        self._head, self._tail = 0, len(live)
+        self.size, self.counter, self._freed = len(live), int(counters["counter"]), freed
