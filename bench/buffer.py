@@ -44,9 +44,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from common.config import ReplayBufferConfig  # noqa: E402
-from common.messages import SegmentRef  # noqa: E402
+from common.messages import JobSubmit, PriorityUpdate, SampleRequest, SegmentRef  # noqa: E402
+from common.storage import SharedStore  # noqa: E402
 from services.buffer.core import _HOLD_COLUMNS, ReplayBuffer  # noqa: E402
 from services.buffer.table import COLUMNS  # noqa: E402
+from services.coordinator.core import Coordinator  # noqa: E402
 
 
 class NoFiles:
@@ -128,6 +130,7 @@ def sample_latencies(
     seconds: float,
     rate: float,
     snapshot: Callable[[], tuple[float, float]] | None,
+    coordinator: tuple[Coordinator, str] | None = None,
 ) -> tuple[list[float], list[tuple[float, float]]]:
     """Latencies (ms, from when each was due) of sample requests of 256 items due
     `rate` times a second for `seconds`, while another thread takes snapshots back to
@@ -150,9 +153,19 @@ def sample_latencies(
         wait = due - time.perf_counter()
         if wait > 0:
             time.sleep(wait)
-        (batch,) = buffer.sample(256, 1, timeout_s=10.0)
-        latencies.append((time.perf_counter() - due) * 1e3)
-        buffer.update_priorities(batch.keys, rng.uniform(0, 2, 256).tolist())
+        priorities = rng.uniform(0, 2, 256).tolist()
+        if coordinator is None:
+            (batch,) = buffer.sample(256, 1, timeout_s=10.0)
+            latencies.append((time.perf_counter() - due) * 1e3)
+            buffer.update_priorities(batch.keys, priorities)
+        else:
+            # What a learner's request does past HTTP: the coordinator's checks and
+            # lock, then the buffer.
+            core, job_id = coordinator
+            request = SampleRequest(batch_size=256, num_batches=1, timeout_s=10.0)
+            (batch,) = core.sample(job_id, request).batches
+            latencies.append((time.perf_counter() - due) * 1e3)
+            core.update_priorities(job_id, PriorityUpdate(keys=batch.keys, priorities=priorities))
         due += 1.0 / rate
     stop.set()
     if thread is not None:
@@ -160,9 +173,31 @@ def sample_latencies(
     return latencies, snapshots
 
 
+def coordinator_with_job(items: int, shared_dir: str) -> tuple[Coordinator, str]:
+    """A coordinator whose one job has a prioritized buffer of `items` items."""
+    core = Coordinator(SharedStore(shared_dir))
+    config = {
+        "policy": {
+            "learn": {"batch_size": 256},
+            "other": {
+                "replay_buffer": {
+                    "type": "prioritized",
+                    "replay_buffer_size": items,
+                    "min_size_to_sample": 1,
+                }
+            },
+        }
+    }
+    return core, core.submit_job(JobSubmit(config=config)).job_id
+
+
 def snapshot_bench(items: int, rows: int, seconds: float, rate: float) -> Table:
     started = time.perf_counter()
-    buffer = filled_segments(items, rows)
+    shared = tempfile.TemporaryDirectory()
+    core, job_id = coordinator_with_job(items, shared.name)
+    buffer = core.jobs[job_id].buffer
+    for seq in range(-(-items // rows)):
+        buffer.insert([ref(seq, min(rows, items - buffer.size), job=job_id)])
     fill_s = time.perf_counter() - started
 
     def before() -> tuple[float, float]:
@@ -174,10 +209,18 @@ def snapshot_bench(items: int, rows: int, seconds: float, rate: float) -> Table:
         taken = buffer.cut()
         return taken.longest_lock_hold_s, taken.duration_s
 
+    def coordinator_snapshot() -> tuple[float, float]:
+        return core.snapshot_jobs()[job_id]
+
     runs = {
-        "no snapshots": None,
-        "snapshots, before: full copy in the lock": before,
-        "snapshots, after: ReplayBuffer.cut": after,
+        "no snapshots": (None, None),
+        "snapshots, before: full copy in the lock": (before, None),
+        "snapshots, after: ReplayBuffer.cut": (after, None),
+        "no snapshots, through the coordinator": (None, (core, job_id)),
+        "snapshots, after: the coordinator's, written to disk": (
+            coordinator_snapshot,
+            (core, job_id),
+        ),
     }
     table = Table(
         title=f"Sample latency during snapshots: prioritized, {items:,} items in "
@@ -187,8 +230,8 @@ def snapshot_bench(items: int, rows: int, seconds: float, rate: float) -> Table:
     for column in ("run", "samples", "p50", "p99", "max", "snapshots", "longest lock hold"):
         table.add_column(column, justify="left" if column == "run" else "right")
     table.add_column("snapshot time (mean)", justify="right")
-    for name, snapshot in runs.items():
-        latencies, snapshots = sample_latencies(buffer, seconds, rate, snapshot)
+    for name, (snapshot, through) in runs.items():
+        latencies, snapshots = sample_latencies(buffer, seconds, rate, snapshot, through)
         lock_ms = [h * 1e3 for h, _ in snapshots]
         table.add_row(
             name,
@@ -200,6 +243,7 @@ def snapshot_bench(items: int, rows: int, seconds: float, rate: float) -> Table:
             f"{max(lock_ms):,.1f} ms" if snapshots else "",
             f"{statistics.mean(d for _, d in snapshots) * 1e3:,.0f} ms" if snapshots else "",
         )
+    shared.cleanup()
     return table
 
 

@@ -233,8 +233,8 @@ class Coordinator:
 
     # --- snapshots and shutdown ------------------------------------------------------
 
-    def snapshot_jobs(self) -> None:
-        self.persistence.snapshot_jobs()
+    def snapshot_jobs(self) -> dict[str, tuple[float, float]]:
+        return self.persistence.snapshot_jobs()
 
     def restore_jobs(self) -> list[str]:
         return self.persistence.restore_jobs()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
+from typing import Any
 
 from common.messages import TERMINAL_PHASES
 from common.storage import CorruptFileError
@@ -39,13 +41,15 @@ class Persistence:
         #: One snapshot at a time (the periodic thread, and the last one at shutdown).
         self._one_at_a_time = threading.Lock()
 
-    def snapshot_jobs(self) -> None:
-        """Write every running job's state (and each finished job's once)."""
+    def snapshot_jobs(self) -> dict[str, tuple[float, float]]:
+        """Write every running job's state (and each finished job's once). Returns, by
+        job, the longest the locks were held for it and its whole time, in seconds."""
         with self._one_at_a_time:
-            self._snapshot_jobs()
+            return self._snapshot_jobs()
 
-    def _snapshot_jobs(self) -> None:
+    def _snapshot_jobs(self) -> dict[str, tuple[float, float]]:
         state = self.state
+        timings: dict[str, tuple[float, float]] = {}
         with state.guard.changing():
             for job in state.jobs.values():
                 if job.ending is not None and not job.terminal_durable:
@@ -55,18 +59,38 @@ class Persistence:
                         lambda job=job, record=record: self.jobs.complete_end(job, record)
                     )
             todo = [
-                (job, job_record(job))
+                job
                 for job in state.jobs.values()
                 if job.phase == "running" or not job.final_snapshot
             ]
-        for job, record in todo:
+        for job in todo:
+            started = time.perf_counter()
+            # One cut of record and buffer: the record is taken holding the
+            # coordinator's lock and the buffer's, for a moment; the buffer's columns
+            # are copied after both are let go (the API never waits on a copy).
+            taken = job.buffer.cut(
+                lambda job=job: self._record_at_cut(job), cut_lock=state.guard.lock
+            )
+            record = taken.at_cut
+            assert record is not None
             # Generations only grow, also across restarts: never reuse a file name.
             self._generation = max(self._generation + 1, int(state.wall() * 1000))
             write_job_snapshot(
-                state.store, job.job_id, record, job.buffer.snapshot(), self._generation
+                state.store, job.job_id, record, (taken.data, taken.meta), self._generation
             )
+            timings[job.job_id] = (taken.longest_lock_hold_s, time.perf_counter() - started)
+            del taken  # its bytes are reused by the next snapshot once let go
             if record["phase"] != "running":
                 job.final_snapshot = True
+        return timings
+
+    @staticmethod
+    def _record_at_cut(job: Job) -> dict[str, Any]:
+        """The job's record at the cut (both locks held). An insert the buffer took
+        but the coordinator has not counted yet is counted: its items are in the cut."""
+        record = job_record(job)
+        record["env_steps"] = max(job.env_steps, job.buffer.inserted_env_steps)
+        return record
 
     def restore_jobs(self) -> list[str]:
         """Load every job under the shared root (at start); returns their ids.

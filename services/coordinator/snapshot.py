@@ -58,7 +58,11 @@ def read_job_record(store: SharedStore, job_id: str) -> dict[str, Any] | None:
 
 
 def write_job_snapshot(
-    store: SharedStore, job_id: str, record: dict[str, Any], buffer: tuple[bytes, dict], gen: int
+    store: SharedStore,
+    job_id: str,
+    record: dict[str, Any],
+    buffer: tuple[bytes | memoryview, dict],
+    gen: int,
 ) -> None:
     data, buffer_meta = buffer
     arrays = f"{job_id}/coordinator/buffer-{gen:010d}.safetensors"
