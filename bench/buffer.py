@@ -49,6 +49,7 @@ from common.storage import SharedStore  # noqa: E402
 from services.buffer.core import _HOLD_COLUMNS, ReplayBuffer  # noqa: E402
 from services.buffer.table import COLUMNS  # noqa: E402
 from services.coordinator.core import Coordinator  # noqa: E402
+from services.coordinator.snapshot import yield_to_requests  # noqa: E402
 
 
 class NoFiles:
@@ -210,6 +211,7 @@ def snapshot_bench(items: int, rows: int, seconds: float, rate: float) -> Table:
         return taken.longest_lock_hold_s, taken.duration_s
 
     def coordinator_snapshot() -> tuple[float, float]:
+        yield_to_requests()  # what the coordinator's snapshot thread does first
         return core.snapshot_jobs()[job_id]
 
     runs = {

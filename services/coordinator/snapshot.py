@@ -19,7 +19,9 @@ finds a consistent pair.
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 from typing import Any
 
@@ -97,6 +99,18 @@ def as_record(value: Any) -> Any:
     return dump(value) if value is not None else None
 
 
+#: The snapshot thread's niceness: copying, hashing and writing a large buffer must
+#: not take the cores from the threads that answer requests.
+SNAPSHOT_NICENESS = 10
+
+
+def yield_to_requests() -> None:
+    """Lower the calling thread's CPU priority (Linux schedules threads one by one; a
+    platform without per-thread priorities keeps its own)."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), SNAPSHOT_NICENESS)
+
+
 class Snapshotter:
     """Snapshots every job every `period_s` seconds and once more at shutdown."""
 
@@ -115,6 +129,7 @@ class Snapshotter:
         self.core.snapshot_jobs()  # the final one, after the loop stopped
 
     def _loop(self) -> None:
+        yield_to_requests()
         while not self._stop.wait(self.period_s):
             try:
                 self.core.snapshot_jobs()

@@ -44,3 +44,23 @@ def test_an_insert_caught_between_buffer_and_count_is_counted_in_the_cut(
         )
     again = restarted(tmp_path).jobs[job_id]
     assert again.buffer.size == 30 and again.env_steps == 30
+
+
+def test_the_snapshot_thread_yields_the_cores_to_requests():
+    import os
+    import threading
+
+    from services.coordinator.snapshot import SNAPSHOT_NICENESS, yield_to_requests
+
+    seen = {}
+
+    def snapshot_thread():
+        yield_to_requests()
+        seen["it"] = os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
+
+    thread = threading.Thread(target=snapshot_thread)
+    thread.start()
+    thread.join(timeout=5)
+    assert seen["it"] == os.getpriority(os.PRIO_PROCESS, 0) + SNAPSHOT_NICENESS or seen["it"] == 19
+    # only that thread: the one serving requests keeps its priority
+    assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) < seen["it"]
