@@ -3,6 +3,7 @@
     base.py        the protocols (Algorithm, Actor, Learner) and AlgorithmSpec
     registry.py    ALGORITHMS: every algorithm by its `policy.type`, the only list of them
     step.py        the guarded optimizer step every learner takes
+    checkpoint.py  the checkpoint state of a one-model learner (PPO, IMPALA)
     <name>/        __init__.py (its spec: defaults, collect unit, action
                    spaces, columns, factories), networks.py, actor.py (acting side),
                    learner.py (loss, update, checkpoint state)

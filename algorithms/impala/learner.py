@@ -20,11 +20,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from algorithms.checkpoint import OneModelState
 from algorithms.impala import COLUMNS
 from algorithms.ppo.networks import ActorCritic
 from algorithms.step import finite_step
 from common.config import PolicyConfig
-from common.models import load_numpy_state
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class UpdateInfo:
     entropy: float
 
 
-class Impala:
+class Impala(OneModelState):
     def __init__(self, config: PolicyConfig, device: str | torch.device = "cpu") -> None:
         self.config = config
         self.device = torch.device(device)
@@ -117,18 +117,3 @@ class Impala:
             td_abs=targets.pg_advantages.abs().mean(dim=1).cpu().numpy(),
             entropy=float(entropy.detach()),
         )
-
-    def state_dict(self) -> dict:
-        return {
-            "online": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "train_iter": self.train_iter,
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["online"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.train_iter = int(state["train_iter"])
-
-    def load_policy(self, tensors: dict[str, np.ndarray]) -> None:
-        load_numpy_state(self.model, tensors)

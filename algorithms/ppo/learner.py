@@ -18,11 +18,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from algorithms.checkpoint import OneModelState
 from algorithms.ppo import COLUMNS
 from algorithms.ppo.networks import ActorCritic
 from algorithms.step import finite_step
 from common.config import PolicyConfig
-from common.models import load_numpy_state
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class RoundInfo:
     updates: int
 
 
-class PPO:
+class PPO(OneModelState):
     def __init__(self, config: PolicyConfig, device: str | torch.device = "cpu") -> None:
         self.config = config
         self.device = torch.device(device)
@@ -96,18 +96,3 @@ class PPO:
                 for key, value in stats.items():
                     totals[key] = totals.get(key, 0.0) + value
         return RoundInfo(updates=updates, **{k: v / max(updates, 1) for k, v in totals.items()})
-
-    def state_dict(self) -> dict:
-        return {
-            "online": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "train_iter": self.train_iter,
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        self.model.load_state_dict(state["online"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.train_iter = int(state["train_iter"])
-
-    def load_policy(self, tensors: dict[str, np.ndarray]) -> None:
-        load_numpy_state(self.model, tensors)
