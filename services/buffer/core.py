@@ -838,7 +838,8 @@ class ReplayBuffer:
         ids = arrays["segment_ids"]
         ends = np.cumsum(arrays["segment_path_bytes"]).tolist()
         blob = arrays["segment_paths"].tobytes()
-        paths = [blob[a:b].decode() for a, b in zip([0, *ends[:-1]], ends, strict=True)]
+        starts = [0, *ends[:-1]] if ends else []  # an empty buffer has no segments
+        paths = [blob[a:b].decode() for a, b in zip(starts, ends, strict=True)]
         table = self.table
         owners = np.concatenate([table.segment[table.key >= 0], arrays["held_segment"]])
         where = np.searchsorted(ids, owners)

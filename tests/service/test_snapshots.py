@@ -64,3 +64,14 @@ def test_the_snapshot_thread_yields_the_cores_to_requests():
     assert seen["it"] == os.getpriority(os.PRIO_PROCESS, 0) + SNAPSHOT_NICENESS or seen["it"] == 19
     # only that thread: the one serving requests keeps its priority
     assert os.getpriority(os.PRIO_PROCESS, threading.get_native_id()) < seen["it"]
+
+
+def test_a_job_snapshotted_before_its_first_insert_comes_back(
+    tmp_path,
+    client,  # noqa: F811
+    core,  # noqa: F811
+):
+    job_id = submit(client)
+    core.snapshot_jobs()  # an empty buffer: no segments yet
+    again = restarted(tmp_path).jobs[job_id]
+    assert again.phase == "running" and again.buffer.size == 0

@@ -370,3 +370,17 @@ def test_a_snapshot_of_the_first_format_restores_exactly():
         # The same items in the same slots (a free slot's key counts differently).
         assert np.array_equal(np.maximum(old.table.key, -1), np.maximum(live.table.key, -1))
         assert old.sample(4, 2, timeout_s=0) == live.sample(4, 2, timeout_s=0)
+
+
+def test_a_buffer_with_no_segments_restores():
+    # a job snapshotted before its first insert, or after every item was evicted
+    empty = make(seed=1, replay_buffer_size=100, max_staleness=0, **PER)
+    taken = empty.cut()
+    assert restored(empty, taken.data, taken.meta).size == 0
+    emptied = make(seed=1, replay_buffer_size=100, max_staleness=0, **PER)
+    emptied.insert([ref(0, rows=10)])
+    emptied.set_learner_version(5)  # every item is now too stale: evicted
+    emptied.collect_garbage()
+    taken = emptied.cut()
+    again = restored(emptied, taken.data, taken.meta)
+    assert again.size == emptied.size == 0 and again.stats().live_segments == 0
