@@ -213,7 +213,8 @@ def _known_algorithm(name: str) -> str:
 class PolicyConfig:
     #: The algorithm: a name in `algorithms.registry.ALGORITHMS`.
     type: Annotated[str, AfterValidator(_known_algorithm)] = "dqn"
-    #: Train and act on CUDA when available (DI-engine's key); `device` overrides it.
+    #: Train and act on CUDA (DI-engine's key); `device` overrides it. Such a job runs
+    #: only on workers that report CUDA devices (common/devices.py), never on CPU.
     cuda: bool = False
     device: Literal["cpu", "cuda"] | None = None
     discount_factor: Annotated[float, Gt(0), Le(1)] = 0.99

@@ -58,6 +58,11 @@ Number = Annotated[float, Ge(-MAX_ABS_FLOAT), Le(MAX_ABS_FLOAT)]
 ItemKey = Annotated[int, Ge(0), Le(2**63 - 1)]
 Priority = Annotated[float, Ge(0), Le(MAX_PRIORITY)]
 ShortText = Annotated[str, MaxLen(256)]
+#: What a worker offers (its devices, cores): a few named scalars.
+Resources = Annotated[
+    dict[Annotated[str, MinLen(1), MaxLen(64)], ShortText | Count | Number | bool | None],
+    MaxLen(32),
+]
 #: A worker's progress report: a few named numbers.
 Progress = Annotated[dict[Annotated[str, MinLen(1), MaxLen(64)], Number], MaxLen(64)]
 WaitSeconds = Annotated[float, Ge(0), Le(MAX_WAIT_S)]
@@ -142,11 +147,9 @@ class WorkerRegistration:
     #: The secret the coordinator sends to this worker's routes (`Authorization:
     #: Bearer`): the worker's own, so the cluster token never leaves the coordinator.
     slave_token: Annotated[str, MinLen(32), MaxLen(256)]
-    #: What the worker offers (devices, cores): a few named scalars.
-    resources: Annotated[
-        dict[Annotated[str, MinLen(1), MaxLen(64)], ShortText | Count | Number | bool | None],
-        MaxLen(32),
-    ] = field(default_factory=dict)
+    #: What the worker offers: slaves report `cuda_devices` (0: none) and `cpu_count`
+    #: (common/devices.py); a job on CUDA runs only on workers with CUDA devices.
+    resources: Resources = field(default_factory=dict)
 
 
 @message
@@ -189,6 +192,8 @@ class WorkerInfo:
     last_heartbeat_s: float
     #: The last progress each running task reported, by task id.
     progress: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: What it reported at registration (`WorkerRegistration.resources`).
+    resources: Resources = field(default_factory=dict)
 
 
 # --- tasks -----------------------------------------------------------------------

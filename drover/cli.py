@@ -24,6 +24,7 @@ from common.errors import ApiError
 from common.http import ServiceUnavailable
 from common.messages import TERMINAL_PHASES, JobStatus
 from common.settings import SettingsError, read_token
+from drover.devices import fit_local_device
 from drover.local import LocalCluster
 from services.coordinator.client import CoordinatorClient
 from services.coordinator.workflows import check_workflow
@@ -41,6 +42,12 @@ def main(argv: list[str] | None = None) -> int:
     run.add_argument("--runs-dir", default="runs", help="where run folders go (runs/)")
     run.add_argument(
         "--timeout-s", type=float, default=3600.0, help="stop the job after this long (3600)"
+    )
+    run.add_argument(
+        "--cpu-fallback",
+        action="store_true",
+        help="a job on CUDA (policy.cuda, policy.device) on a machine without CUDA: "
+        "warn and run it on CPU instead of stopping",
     )
     submit = sub.add_parser("submit", help="submit a job to a running coordinator")
     submit.add_argument("config", help="job config: .yaml, .yml, .json or .py (main_config)")
@@ -81,6 +88,8 @@ def run_local(args: argparse.Namespace) -> int:
         raw = load_config_file(args.config)
         config, warnings = resolve_job_config(raw)
         check_workflow(config)
+        local = fit_local_device(raw, config, cpu_fallback=args.cpu_fallback)
+        raw, config, warnings = local.raw, local.config, warnings + local.warnings
     except ConfigError as exc:
         return error(f"{args.config}: {exc}")
     for warning in warnings:

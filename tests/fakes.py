@@ -17,10 +17,13 @@ class FakeCoordinator:
         self.left: list[str] = []
         self.cancel_next: list[str] = []
         self.credential: str | None = None
+        #: The resources of each registration, in order.
+        self.registrations: list[dict[str, Any]] = []
 
     def register(
         self, role: str, url: str, resources: dict[str, Any], *, slave_token: str
     ) -> Registered:
+        self.registrations.append(dict(resources))
         return Registered(
             worker_id=f"{role}-fake",
             heartbeat_interval_s=0.05,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from flask import Flask
 
+from common.devices import local_resources
 from common.settings import SlaveSettings
 from common.storage import SharedStore
 from services.collector import settings as collector_settings
@@ -19,5 +20,10 @@ from services.slave.core import Slave, build_slave
 def create_app(settings: SlaveSettings | None = None, *, core: Slave | None = None) -> Flask:
     settings = settings or collector_settings.from_env()
     if core is None:
-        core = build_slave("collector", CollectorRunner(SharedStore(settings.shared_dir)), settings)
+        core = build_slave(
+            "collector",
+            CollectorRunner(SharedStore(settings.shared_dir)),
+            settings,
+            resources=local_resources(),
+        )
     return create_slave_app("drover.collector", core, settings.token)

@@ -37,6 +37,7 @@ from common.messages import (
 )
 from common.storage import SharedStore
 from services.buffer.core import ReplayBuffer
+from services.coordinator.devices import refuse_unless_fits, waiting_reason
 from services.coordinator.snapshot import as_record, eval_from, policy_from, write_job_record
 from services.coordinator.state import CoordinatorState, Job, raise_if_closing
 from services.coordinator.tasks import TaskBoard
@@ -68,6 +69,15 @@ class JobBook:
             raise bad_request(f"config.{exc.field}", exc.message) from None
         self._check_limits(config)
         workflow.admit(config, planner)
+        with self.state.guard.changing():
+            workers = list(self.state.workers.values())
+        # A CUDA job that registered workers cannot run is refused now, with the
+        # reason; with no such worker registered yet, it waits for one (planning.py),
+        # and says so from the start.
+        refuse_unless_fits(config, workflow.roles, workers)
+        waiting = waiting_reason(config, workflow.roles, workers)
+        if waiting:
+            warnings = [*warnings, waiting]
         job_id = new_id("job")
         store = self.state.store
         store.write_json(f"{job_id}/job.json", to_dict(config))
@@ -77,6 +87,7 @@ class JobBook:
             config=config,
             buffer=self.new_buffer(job_id, config),
             started_at=self.state.wall(),
+            waiting=waiting,
         )
         for warning in warnings:
             log.warning("job %s config: %s", job_id, warning)
@@ -293,7 +304,7 @@ def status_of(job: Job) -> JobStatus:
         best_eval_return=job.best_eval.return_mean if job.best_eval else None,
         best_policy_version=job.best_eval.policy_version if job.best_eval else None,
         stop_value=job.config.env.stop_value,
-        reason=job.reason,
+        reason=job.reason or (job.waiting if job.running else ""),
         started_at=job.started_at,
         finished_at=job.finished_at,
     )

@@ -1,6 +1,8 @@
 """Where the coordinator asks each job's workflow what to do: every scheduling pass
 (`plan`) and whenever a task reports its result or its failure. `Planning` is the
-`Planner` a workflow sees (services/coordinator/workflows/base.py)."""
+`Planner` a workflow sees (services/coordinator/workflows/base.py); in a pass, each
+job's workflow sees it through `JobPlanning`, which offers only the workers that have
+the job's device."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ from common.errors import bad_request
 from common.messages import EvalResult, MessageError, TaskSpec, parse
 from common.storage import SharedStore
 from services.coordinator.data import DataPlane
+from services.coordinator.devices import can_run, waiting_reason
 from services.coordinator.jobs import JobBook
 from services.coordinator.state import (
     CoordinatorLimits,
@@ -65,6 +68,10 @@ class Planning:
         return self.workers.count(role)
 
     def assign(self, job: Job, worker: Worker, spec: TaskSpec) -> Dispatch:
+        if not can_run(worker, job.config):
+            # A workflow that picked its worker some other way than `free_workers`:
+            # the task would only fail there (this job's planning is undone).
+            raise ValueError(f"{worker.worker_id} lacks the device job {job.job_id} runs on")
         return self.tasks.create(job, worker, spec)
 
     def seed(self, job: Job) -> int:
@@ -116,7 +123,9 @@ class Planning:
             return plan
 
     def plan_job(self, job: Job) -> list[Dispatch]:
-        return WORKFLOWS[job.config.system.workflow].plan(job, self)
+        workflow = WORKFLOWS[job.config.system.workflow]
+        job.waiting = waiting_reason(job.config, workflow.roles, self.state.workers.values())
+        return workflow.plan(job, JobPlanning(self, job))
 
     # --- task results ----------------------------------------------------------------
 
@@ -149,3 +158,47 @@ class Planning:
                 self.jobs.finish(
                     job, "failed", f"{job.task_failures} tasks failed; last: {error[:500]}"
                 )
+
+
+class JobPlanning:
+    """The `Planner` one job's workflow sees in a scheduling pass: only the workers
+    that have the job's device are offered and counted (a CUDA job sees only workers
+    that report CUDA devices), so such a job waits for a fitting worker instead of
+    failing its tasks on one without; collectors the job cannot use do not count
+    toward its share of a round either."""
+
+    def __init__(self, planning: Planning, job: Job) -> None:
+        self._planning = planning
+        self._job = job
+
+    @property
+    def store(self) -> SharedStore:
+        return self._planning.store
+
+    @property
+    def limits(self) -> CoordinatorLimits:
+        return self._planning.limits
+
+    def free_workers(self, role: str, kind: str) -> list[Worker]:
+        config = self._job.config
+        return [w for w in self._planning.free_workers(role, kind) if can_run(w, config)]
+
+    def active_kinds(self, job: Job) -> dict[str, int]:
+        return self._planning.active_kinds(job)
+
+    def role_count(self, role: str) -> int:
+        config = self._job.config
+        workers = self._planning.state.workers.values()
+        return sum(w.role == role and can_run(w, config) for w in workers)
+
+    def assign(self, job: Job, worker: Worker, spec: TaskSpec) -> Dispatch:
+        return self._planning.assign(job, worker, spec)
+
+    def seed(self, job: Job) -> int:
+        return self._planning.seed(job)
+
+    def finish(self, job: Job, phase: str, reason: str) -> None:
+        self._planning.finish(job, phase, reason)
+
+    def defer(self, effect: Callable[[], Any]) -> None:
+        self._planning.defer(effect)

@@ -124,6 +124,9 @@ class Job:
     started_at: float
     phase: str = "running"
     reason: str = ""
+    #: Why a running job gets no tasks (no worker with its device), shown as its
+    #: status's reason while it runs; set each scheduling pass, never saved.
+    waiting: str = ""
     finished_at: float | None = None
     env_steps: int = 0
     train_iters: int = 0

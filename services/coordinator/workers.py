@@ -124,6 +124,7 @@ class WorkerRegistry:
                     task_ids=sorted(w.task_ids),
                     last_heartbeat_s=round(now - w.last_heartbeat_s, 3),
                     progress={t: p for t, p in w.progress.items() if t in w.task_ids},
+                    resources=dict(w.resources),
                 )
                 for w in self.state.workers.values()
             ]

@@ -342,8 +342,12 @@ def reportable(progress: dict[str, float]) -> dict[str, float]:
     }
 
 
-def build_slave(role: str, runner: TaskRunner, settings: SlaveSettings) -> Slave:
-    """A slave for `role`, configured from its settings."""
+def build_slave(
+    role: str, runner: TaskRunner, settings: SlaveSettings, *, resources: dict[str, Any]
+) -> Slave:
+    """A slave for `role`, configured from its settings, that registers with
+    `resources` (what its service has: `common.devices.local_resources()` asks torch,
+    which the collector and learner load anyway and this framework need not)."""
     return Slave(
         role=role,
         runner=runner,
@@ -354,4 +358,5 @@ def build_slave(role: str, runner: TaskRunner, settings: SlaveSettings) -> Slave
         ),
         advertise_url=settings.advertise_url,
         shared_root=Path(settings.shared_dir).resolve(),
+        resources=resources,
     )

@@ -24,7 +24,8 @@ class Planner(Protocol):
     limits: CoordinatorLimits
 
     def free_workers(self, role: str, kind: str) -> list[Worker]:
-        """Workers of `role` that can take a task of `kind` now."""
+        """Workers of `role` that can take a task of `kind` now (in a pass: only those
+        with the job's device)."""
         ...
 
     def active_kinds(self, job: Job) -> dict[str, int]:
@@ -32,7 +33,7 @@ class Planner(Protocol):
         ...
 
     def role_count(self, role: str) -> int:
-        """Registered workers of `role`."""
+        """Registered workers of `role` (in a pass: only those with the job's device)."""
         ...
 
     def assign(self, job: Job, worker: Worker, spec: TaskSpec) -> Dispatch:
@@ -65,6 +66,9 @@ class Workflow(Protocol):
 
     #: The algorithms' collect units it runs (`Algorithm.collect_unit`).
     collect_units: frozenset[str]
+    #: The worker roles its tasks go to: each needs the job's device (a CUDA job is
+    #: refused at submission when one of these roles has only CPU workers).
+    roles: frozenset[str]
 
     def check(self, config: JobConfig) -> None:
         """Refuse (ConfigError naming the field) a config it cannot run, from the

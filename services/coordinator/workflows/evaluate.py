@@ -23,6 +23,8 @@ if TYPE_CHECKING:
 class Evaluate:
     #: Any algorithm's policy can be evaluated.
     collect_units = frozenset(typing.get_args(CollectUnit))
+    #: Collectors evaluate; nothing is trained.
+    roles = frozenset({"collector"})
 
     def check(self, config: JobConfig) -> None:
         evaluate = config.system.evaluate

@@ -33,6 +33,7 @@ log = logging.getLogger(__name__)
 
 class AsyncTraining:
     collect_units = frozenset({"transitions", "unrolls"})
+    roles = frozenset({"collector", "learner"})
 
     def check(self, config: JobConfig) -> None:
         pass

@@ -1,0 +1,63 @@
+"""`drover run`'s device check: the local cluster runs on this machine, so a job on
+CUDA (`policy.cuda: true` or `policy.device: cuda`) needs CUDA here. Without it the
+run stops before any process starts, instead of every task failing with "Torch not
+compiled with CUDA enabled"; `--cpu-fallback` runs the job on CPU instead, with a
+warning."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from common.config import ConfigError, JobConfig, resolve_job_config
+from common.devices import (
+    cpu_setting,
+    device_key,
+    device_setting,
+    device_value,
+    local_cuda,
+    needs_cuda,
+)
+
+
+@dataclass(frozen=True)
+class LocalDevice:
+    """The config to submit, and what was changed in it."""
+
+    raw: dict[str, Any]
+    config: JobConfig
+    warnings: list[str] = field(default_factory=list)
+
+
+def fit_local_device(raw: dict[str, Any], config: JobConfig, *, cpu_fallback: bool) -> LocalDevice:
+    """`raw` (resolved as `config`) as this machine can run it.
+
+    Args:
+        cpu_fallback: without CUDA here, run a CUDA job on CPU (`policy.device: cpu`)
+            with a warning, instead of refusing it.
+
+    Raises:
+        ConfigError: naming `policy.cuda` (or `policy.device`), when the job needs
+            CUDA, this machine has none and `cpu_fallback` is off.
+    """
+    policy = config.policy
+    if not needs_cuda(policy):
+        return LocalDevice(raw, config)
+    # torch is asked only for a job that needs CUDA: a CPU run never waits for it
+    # to load here.
+    count, why_none = local_cuda()
+    if count > 0:
+        return LocalDevice(raw, config)
+    if not cpu_fallback:
+        raise ConfigError(
+            device_key(policy),
+            f"{device_value(policy)} needs CUDA, but {why_none}, and `drover run` runs "
+            f"every process here; set {cpu_setting(policy)}, or pass --cpu-fallback "
+            "to train on CPU",
+        )
+    section = raw.get("policy")
+    # `device` overrides `cuda`, so this one key moves the whole job to CPU.
+    on_cpu = {**raw, "policy": {**(section if isinstance(section, dict) else {}), "device": "cpu"}}
+    config, _ = resolve_job_config(on_cpu)
+    warning = f"{device_setting(policy)}, but {why_none}: running on CPU (--cpu-fallback)"
+    return LocalDevice(on_cpu, config, [warning])

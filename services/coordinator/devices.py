@@ -1,0 +1,74 @@
+"""Which workers can run a job, by the device its policy trains and acts on.
+
+A job with `policy.cuda: true` (or `policy.device: cuda`) runs torch on CUDA in every
+role its workflow uses (learners train on it, collectors act on it), so:
+
+- at submission, a role of which workers are registered but none reports CUDA refuses
+  the job (400 naming the key): its tasks could only fail;
+- a role with no worker registered yet lets the job wait: each pass offers its
+  workflow only the workers that report CUDA (`can_run`), and its status says what
+  it waits for (`waiting_reason`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from common.config import JobConfig
+from common.devices import (
+    cpu_setting,
+    cuda_devices,
+    device_key,
+    device_setting,
+    device_value,
+    needs_cuda,
+)
+from common.errors import bad_request
+from services.coordinator.state import Worker
+
+
+def can_run(worker: Worker, config: JobConfig) -> bool:
+    """The worker has the device the job's policy runs on."""
+    return not needs_cuda(config.policy) or cuda_devices(worker.resources) > 0
+
+
+def refuse_unless_fits(config: JobConfig, roles: Iterable[str], workers: Iterable[Worker]) -> None:
+    """Refuse a CUDA job when, for a role it needs, workers are registered and none
+    of them reports a CUDA device.
+
+    Raises:
+        ApiError: 400 naming `config.policy.cuda` (or `config.policy.device`).
+    """
+    policy = config.policy
+    if not needs_cuda(policy):
+        return
+    workers = list(workers)
+    for role in sorted(roles):
+        of_role = [w for w in workers if w.role == role]
+        if of_role and not any(cuda_devices(w.resources) > 0 for w in of_role):
+            raise bad_request(
+                f"config.{device_key(policy)}",
+                f"{device_value(policy)} needs a {role} with CUDA, and none of the "
+                f"{len(of_role)} registered {role}s has one; set {cpu_setting(policy)}, "
+                f"or start a {role} on a machine with CUDA",
+            )
+
+
+def waiting_reason(config: JobConfig, roles: Iterable[str], workers: Iterable[Worker]) -> str:
+    """Why a running CUDA job gets no task in some role ("" when it waits for nothing
+    of the sort)."""
+    policy = config.policy
+    if not needs_cuda(policy):
+        return ""
+    workers = list(workers)
+    lacking = [
+        role
+        for role in sorted(roles)
+        if not any(w.role == role and cuda_devices(w.resources) > 0 for w in workers)
+    ]
+    if not lacking:
+        return ""
+    return (
+        f"waiting for a {' and a '.join(lacking)} with CUDA ({device_setting(policy)}): "
+        f"no registered {' or '.join(lacking)} has one; set {cpu_setting(policy)} to run on CPU"
+    )

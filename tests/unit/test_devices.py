@@ -1,0 +1,145 @@
+"""Devices on this machine, and `drover run`'s check: a job on CUDA on a machine
+without CUDA stops before any process starts, or, with --cpu-fallback, runs on CPU
+with a warning."""
+
+import pytest
+import torch
+import yaml
+
+from common.config import ConfigError, resolve_job_config
+from common.devices import cuda_devices, local_cuda, local_resources
+from common.errors import ApiError
+from drover import cli, devices
+from drover.devices import fit_local_device
+
+NO_CUDA_HERE = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+
+
+def resolved(raw):
+    config, _ = resolve_job_config(raw)
+    return config
+
+
+def test_local_resources_count_what_torch_can_use(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert local_cuda() == (2, "")
+    assert local_resources()["cuda_devices"] == 2
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    count, why = local_cuda()
+    assert count == 0 and torch.__version__ in why
+    assert local_resources()["cuda_devices"] == 0
+
+
+@pytest.mark.parametrize(
+    ("resources", "count"),
+    [({"cuda_devices": 2}, 2), ({"cuda_devices": 0}, 0), ({}, 0), ({"cuda_devices": True}, 0)],
+)
+def test_a_worker_that_reports_no_number_has_no_cuda(resources, count):
+    assert cuda_devices(resources) == count
+
+
+def no_cuda(monkeypatch):
+    monkeypatch.setattr(devices, "local_cuda", lambda: (0, "torch here has no CUDA"))
+
+
+@pytest.mark.parametrize(
+    ("policy", "key", "fix"),
+    [
+        ({"cuda": True}, "policy.cuda", "policy.cuda: false"),
+        ({"device": "cuda"}, "policy.device", "policy.device: cpu"),
+    ],
+)
+def test_a_cuda_job_without_cuda_here_is_an_error_naming_the_key(monkeypatch, policy, key, fix):
+    no_cuda(monkeypatch)
+    raw = {"policy": policy}
+    with pytest.raises(ConfigError) as err:
+        fit_local_device(raw, resolved(raw), cpu_fallback=False)
+    assert err.value.field == key
+    assert "torch here has no CUDA" in err.value.message
+    assert f"set {fix}" in err.value.message and "--cpu-fallback" in err.value.message
+
+
+def test_cpu_fallback_runs_a_cuda_job_on_cpu_with_a_warning(monkeypatch):
+    no_cuda(monkeypatch)
+    raw = {"policy": {"cuda": True, "learn": {"batch_size": 32}}}
+    local = fit_local_device(raw, resolved(raw), cpu_fallback=True)
+    assert local.raw["policy"] == {"cuda": True, "learn": {"batch_size": 32}, "device": "cpu"}
+    assert local.config.policy.torch_device == "cpu"
+    assert local.config.policy.learn.batch_size == 32
+    assert local.warnings == [
+        "policy.cuda: true, but torch here has no CUDA: running on CPU (--cpu-fallback)"
+    ]
+    assert raw == {"policy": {"cuda": True, "learn": {"batch_size": 32}}}  # not changed
+
+
+def test_a_machine_with_cuda_or_a_cpu_job_changes_nothing(monkeypatch):
+    monkeypatch.setattr(devices, "local_cuda", lambda: (1, ""))
+    raw = {"policy": {"cuda": True}}
+    assert fit_local_device(raw, resolved(raw), cpu_fallback=False).raw is raw
+
+    def torch_must_not_be_asked():
+        raise AssertionError("a CPU job asked torch about CUDA")
+
+    monkeypatch.setattr(devices, "local_cuda", torch_must_not_be_asked)
+    local = fit_local_device({}, resolved({}), cpu_fallback=False)
+    assert local.raw == {} and local.warnings == []
+
+
+class UnstartableCluster:
+    """Stands in for LocalCluster: starting a process fails the test."""
+
+    def __init__(self, *args, **kwargs):
+        raise AssertionError("drover run started a local cluster")
+
+
+class RefusingCluster:
+    """Stands in for LocalCluster: records the config submitted, and refuses it, so
+    the run ends there without any process."""
+
+    submitted: list = []
+
+    def __init__(self, run_dir, **kwargs):
+        self.run_dir = run_dir
+        self.client = self
+
+    def start(self):
+        pass
+
+    def submit_job(self, raw, name=None):
+        RefusingCluster.submitted.append(raw)
+        raise ApiError(400, "invalid", "recorded")
+
+    def stop(self):
+        pass
+
+
+def cuda_config(tmp_path):
+    path = tmp_path / "cuda.yaml"
+    path.write_text(yaml.safe_dump({"exp_name": "gpu", "policy": {"cuda": True}}))
+    return path
+
+
+@NO_CUDA_HERE
+def test_drover_run_on_cuda_without_cuda_stops_before_starting_anything(
+    tmp_path, monkeypatch, capsys
+):
+    monkeypatch.setattr(cli, "LocalCluster", UnstartableCluster)
+    code = cli.main(["run", str(cuda_config(tmp_path)), "--runs-dir", str(tmp_path / "runs")])
+    err = capsys.readouterr().err
+    assert code == 2
+    line = next(line for line in err.splitlines() if "drover: error:" in line)
+    assert "cuda.yaml: policy.cuda: true needs CUDA, but torch" in line
+    assert "set policy.cuda: false, or pass --cpu-fallback" in line
+    assert not (tmp_path / "runs").exists()
+
+
+@NO_CUDA_HERE
+def test_drover_run_with_cpu_fallback_warns_and_submits_on_cpu(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(cli, "LocalCluster", RefusingCluster)
+    RefusingCluster.submitted.clear()
+    code = cli.main(["run", str(cuda_config(tmp_path)), "--cpu-fallback"])
+    err = capsys.readouterr().err
+    assert "warning: policy.cuda: true, but torch" in err and "running on CPU" in err
+    assert [raw["policy"] for raw in RefusingCluster.submitted] == [{"cuda": True, "device": "cpu"}]
+    assert code == 2  # the stand-in coordinator refused it
