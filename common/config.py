@@ -505,11 +505,23 @@ def read_job_config(store: Any, job_id: str) -> JobConfig:
 
 
 def load_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a YAML, JSON or Python (`main_config`) config file into a plain dict.
+    """Read a YAML, JSON or Python config file into a plain dict (`load_config`
+    without its notes)."""
+    return load_config(path)[0]
 
-    Python configs run code, so only the local CLI reads them; the REST API takes data.
+
+def load_config(path: str | Path) -> tuple[dict[str, Any], list[str]]:
+    """Read a YAML, JSON or Python config file into a plain dict, and a note for each
+    DI-engine key it translated.
+
+    A Python file is DI-engine's shape: `main_config`, and `create_config` naming the
+    algorithm and the env (common/di_engine.py maps both, or refuses them). Python
+    configs run code, so only the local CLI reads them; the REST API takes data.
     """
+    from common.di_engine import from_di_engine  # it reads this module's ConfigError
+
     path = Path(path)
+    create: Any = None
     if not path.is_file():
         raise ConfigError("config", f"no such file: {path}")
     suffix = path.suffix.lower()
@@ -518,11 +530,16 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     elif suffix == ".json":
         data = json.loads(path.read_text())
     elif suffix == ".py":
-        data = runpy.run_path(str(path)).get("main_config")
+        names = runpy.run_path(str(path), run_name="drover_config")
+        data, create = names.get("main_config"), names.get("create_config")
         if data is None:
             raise ConfigError("config", f"{path} defines no main_config")
     else:
         raise ConfigError("config", f"{path}: use .yaml, .yml, .json or .py")
     if not isinstance(data, dict):
         raise ConfigError("config", f"{path} does not hold a mapping")
-    return _plain(data)
+    if create is not None and not isinstance(create, dict):
+        raise ConfigError("create_config", f"{path}: create_config is not a mapping")
+    if suffix != ".py":
+        return _plain(data), []
+    return from_di_engine(_plain(data), _plain(create) if create is not None else None)

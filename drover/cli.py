@@ -15,11 +15,12 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+import yaml
 from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from common.config import ConfigError, load_config_file, resolve_job_config
+from common.config import ConfigError, load_config, resolve_job_config, to_dict
 from common.errors import ApiError
 from common.http import ServiceUnavailable
 from common.messages import TERMINAL_PHASES, JobStatus
@@ -63,15 +64,43 @@ def main(argv: list[str] | None = None) -> int:
         default=120.0,
         help="how long to wait for the coordinator to answer (120)",
     )
+    show = sub.add_parser("config", help="print a job config resolved; starts nothing")
+    show.add_argument("action", choices=["show"], help="show: the resolved config")
+    show.add_argument("config", help="job config: .yaml, .yml, .json or .py (DI-engine's)")
     for role in ("coordinator", "collector", "learner"):
         sub.add_parser(role, help=f"serve one {role} (settings from DROVER_* variables)")
     args = parser.parse_args(argv)
     if args.command == "run":
         return run_local(args)
+    if args.command == "config":
+        return show_config(args)
     if args.command == "submit":
         return submit_job(args)
     sys.argv = [f"drover {args.command}"]
     runpy.run_module(f"services.{args.command}", run_name="__main__")
+    return 0
+
+
+def print_notes(notes: list[str], warnings: list[str]) -> None:
+    """What was translated from DI-engine's keys, and what is ignored."""
+    for note in notes:
+        console.print(f"[cyan]translated:[/] {note}", highlight=False)
+    for warning in warnings:
+        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+
+
+def show_config(args: argparse.Namespace) -> int:
+    """The config as a job would run it, the DI-engine keys translated and the keys
+    ignored, without starting anything."""
+    try:
+        raw, notes = load_config(args.config)
+        config, warnings = resolve_job_config(raw)
+        check_workflow(config)
+    except ConfigError as exc:
+        return error(f"{args.config}: {exc}")
+    print_notes(notes, warnings)
+    # The config on stdout (to pipe or save), the notes on stderr.
+    print(yaml.safe_dump(to_dict(config), sort_keys=False), end="")
     return 0
 
 
@@ -85,15 +114,14 @@ def run_local(args: argparse.Namespace) -> int:
     if args.collectors < 1:
         return error("--collectors must be at least 1")
     try:
-        raw = load_config_file(args.config)
+        raw, notes = load_config(args.config)
         config, warnings = resolve_job_config(raw)
         check_workflow(config)
         local = fit_local_device(raw, config, cpu_fallback=args.cpu_fallback)
         raw, config, warnings = local.raw, local.config, warnings + local.warnings
     except ConfigError as exc:
         return error(f"{args.config}: {exc}")
-    for warning in warnings:
-        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    print_notes(notes, warnings)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.runs_dir) / f"{config.exp_name}-{stamp}"
     cluster = LocalCluster(run_dir, num_collectors=args.collectors)
@@ -120,14 +148,13 @@ def run_local(args: argparse.Namespace) -> int:
 def submit_job(args: argparse.Namespace) -> int:
     """Submit to a running coordinator (what compose's `submit` service does)."""
     try:
-        raw = load_config_file(args.config)
+        raw, notes = load_config(args.config)
         config, warnings = resolve_job_config(raw)
         check_workflow(config)
         token = read_token()
     except (ConfigError, SettingsError) as exc:
         return error(str(exc))
-    for warning in warnings:
-        console.print(f"[yellow]warning:[/] {warning}", highlight=False)
+    print_notes(notes, warnings)
     client = CoordinatorClient(args.coordinator, token)
     deadline = time.monotonic() + args.connect_timeout_s
     while True:

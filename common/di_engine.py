@@ -1,0 +1,213 @@
+"""DI-engine configs, read as their authors meant or refused with the reason.
+
+A DI-engine config file holds `main_config` (the settings) and `create_config` (what
+to build: `policy.type`, `env.type`). drover reads both: the algorithm and the env
+come from `create_config`, and the knobs DI-engine names differently are moved to
+drover's keys. Each move is reported as a note; an algorithm or env drover cannot
+run is an error naming the key, so a config never trains something else than it
+asks for.
+
+    raw, notes = from_di_engine(main_config, create_config)
+    config, warnings = resolve_job_config(raw)
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+from common.config import ConfigError
+
+#: DI-engine's `create_config.env.type` -> the gymnasium id drover makes. DI-engine's
+#: cartpole is gymnasium's v0 (200 steps, goal 195), not v1.
+ENV_TYPES: dict[str, str] = {
+    "cartpole": "CartPole-v0",
+    "pendulum": "Pendulum-v1",
+    "acrobot": "Acrobot-v1",
+    "mountain_car": "MountainCar-v0",
+    "lunarlander": "LunarLander-v3",
+    "bipedalwalker": "BipedalWalker-v3",
+}
+
+#: Env ids DI-engine configs name that gymnasium has renamed.
+ENV_IDS: dict[str, str] = {
+    "LunarLander-v2": "LunarLander-v3",
+    "LunarLanderContinuous-v2": "LunarLanderContinuous-v3",
+    "BipedalWalker-v2": "BipedalWalker-v3",
+}
+
+#: DI-engine's `create_config.policy.type` -> drover's algorithm.
+POLICY_TYPES: dict[str, str] = {"dqn": "dqn", "ppo": "ppo", "impala": "impala", "sac": "sac"}
+
+#: Algorithms drover does not run, with what to use instead.
+NOT_SUPPORTED: dict[str, str] = {
+    "rainbow": "drover's dqn has dueling heads, double Q, n-step returns and prioritized "
+    "replay, but no distributional (C51) head or noisy nets; set "
+    "create_config.policy.type: dqn to train that",
+    "discrete_sac": "drover's sac needs continuous (Box) actions; for discrete actions "
+    "use dqn or ppo",
+    "sac_discrete": "drover's sac needs continuous (Box) actions; for discrete actions "
+    "use dqn or ppo",
+    "ppo_offpolicy": "drover's ppo is on-policy (the sync workflow: each round trains on "
+    "its own data once); set create_config.policy.type: ppo",
+}
+
+#: DI-engine keys drover has under another name: (from, to), dotted paths in the
+#: config. A key is moved only when drover's is not set too.
+MOVES: tuple[tuple[str, str], ...] = (
+    ("policy.learn.discount_factor", "policy.discount_factor"),
+    ("policy.collect.discount_factor", "policy.discount_factor"),
+    ("policy.unroll_len", "policy.collect.unroll_len"),
+    ("policy.random_collect_size", "policy.collect.random_collect_size"),
+    ("policy.learn.rho_clip_ratio", "policy.learn.rho_clip"),
+    ("policy.learn.c_clip_ratio", "policy.learn.c_clip"),
+)
+
+
+def from_di_engine(
+    main_config: dict[str, Any], create_config: dict[str, Any] | None
+) -> tuple[dict[str, Any], list[str]]:
+    """drover's raw config for a DI-engine (main_config, create_config) pair.
+
+    Returns:
+        The raw config (for `resolve_job_config`) and a note for each translation.
+
+    Raises:
+        ConfigError: naming the key when the algorithm or the env cannot be run.
+    """
+    raw = copy.deepcopy(main_config)
+    notes: list[str] = []
+    create = create_config or {}
+    _algorithm(raw, _get(create, "policy.type"), notes)
+    _env(raw, _get(create, "env.type"), notes)
+    for source, target in MOVES:
+        _move(raw, source, target, notes)
+    _replay_ratio(raw, notes)
+    _priority(raw, notes)
+    if _get(raw, "policy.model.action_space") == "reparameterization":
+        # DI-engine's name for a squashed Gaussian actor: drover reads the action
+        # space from the env.
+        _pop(raw, "policy.model.action_space")
+        notes.append("policy.model.action_space: reparameterization is SAC's actor; dropped")
+    return raw, notes
+
+
+def _algorithm(raw: dict[str, Any], policy_type: Any, notes: list[str]) -> None:
+    if policy_type is None:
+        return
+    name = str(policy_type)
+    if name in NOT_SUPPORTED:
+        raise ConfigError("create_config.policy.type", f"'{name}': {NOT_SUPPORTED[name]}")
+    if name not in POLICY_TYPES:
+        known = ", ".join(sorted(POLICY_TYPES))
+        raise ConfigError(
+            "create_config.policy.type", f"'{name}' is not an algorithm drover runs ({known})"
+        )
+    algorithm = POLICY_TYPES[name]
+    given = _get(raw, "policy.type")
+    if given is not None and given != algorithm:
+        raise ConfigError(
+            "policy.type", f"'{given}' contradicts create_config.policy.type '{name}'"
+        )
+    _set(raw, "policy.type", algorithm)
+    notes.append(f"create_config.policy.type {name} -> policy.type {algorithm}")
+
+
+def _env(raw: dict[str, Any], env_type: Any, notes: list[str]) -> None:
+    env_id = _get(raw, "env.env_id")
+    if env_id in ENV_IDS:
+        _set(raw, "env.env_id", ENV_IDS[env_id])
+        notes.append(f"env.env_id {env_id} -> {ENV_IDS[env_id]} (gymnasium's current id)")
+        return
+    if env_id is not None or env_type is None:
+        return
+    name = str(env_type)
+    if name not in ENV_TYPES:
+        known = ", ".join(sorted(ENV_TYPES))
+        raise ConfigError(
+            "create_config.env.type",
+            f"'{name}' is not an env type drover maps ({known}); set env.env_id "
+            "to a gymnasium id instead",
+        )
+    _set(raw, "env.env_id", ENV_TYPES[name])
+    notes.append(f"create_config.env.type {name} -> env.env_id {ENV_TYPES[name]}")
+
+
+def _replay_ratio(raw: dict[str, Any], notes: list[str]) -> None:
+    """`update_per_collect` batches after every `n_sample` collected steps is a
+    replay ratio: update_per_collect x batch_size / n_sample samples per insert."""
+    updates = _pop(raw, "policy.learn.update_per_collect")
+    if updates is None:
+        return
+    if _get(raw, "policy.type") == "ppo":
+        notes.append(
+            "policy.learn.update_per_collect ignored: drover's ppo trains "
+            "epoch_per_collect passes over each round"
+        )
+        return
+    batch_size = _get(raw, "policy.learn.batch_size")
+    n_sample = _get(raw, "policy.collect.n_sample")
+    target = "policy.other.replay_buffer.samples_per_insert"
+    if not all(isinstance(v, int | float) and v > 0 for v in (updates, batch_size, n_sample)):
+        notes.append(
+            "policy.learn.update_per_collect ignored: it needs policy.learn.batch_size "
+            "and policy.collect.n_sample to give a replay ratio"
+        )
+        return
+    if _get(raw, target) is not None:
+        notes.append(f"policy.learn.update_per_collect ignored: {target} is set")
+        return
+    ratio = updates * batch_size / n_sample
+    _set(raw, target, ratio)
+    notes.append(
+        f"policy.learn.update_per_collect {updates} -> {target} {ratio:g} "
+        f"({updates} x batch_size {batch_size} / n_sample {n_sample})"
+    )
+
+
+def _priority(raw: dict[str, Any], notes: list[str]) -> None:
+    priority = _pop(raw, "policy.priority")
+    _pop(raw, "policy.priority_IS_weight")  # drover's prioritized replay always weighs
+    target = "policy.other.replay_buffer.type"
+    if priority is True and _get(raw, target) is None:
+        _set(raw, target, "prioritized")
+        notes.append(f"policy.priority true -> {target} prioritized")
+
+
+def _move(raw: dict[str, Any], source: str, target: str, notes: list[str]) -> None:
+    value = _get(raw, source)
+    if value is None:
+        return
+    _pop(raw, source)
+    if _get(raw, target) is not None:
+        notes.append(f"{source} ignored: {target} is set")
+        return
+    _set(raw, target, value)
+    notes.append(f"{source} -> {target}")
+
+
+def _get(data: Any, path: str) -> Any:
+    for key in path.split("."):
+        if not isinstance(data, dict) or key not in data:
+            return None
+        data = data[key]
+    return data
+
+
+def _pop(data: dict[str, Any], path: str) -> Any:
+    *parents, last = path.split(".")
+    for key in parents:
+        data = data.get(key)  # type: ignore[assignment]
+        if not isinstance(data, dict):
+            return None
+    return data.pop(last, None)
+
+
+def _set(data: dict[str, Any], path: str, value: Any) -> None:
+    *parents, last = path.split(".")
+    for key in parents:
+        child = data.get(key)
+        if not isinstance(child, dict):
+            child = data[key] = {}
+        data = child
+    data[last] = value

@@ -1,0 +1,24 @@
+"""A DI-engine PPO config file, as DI-engine's users write them, trains PPO through
+the services on DI-engine's CartPole (v0, goal 195)."""
+
+import time
+
+from common.config import load_config
+from drover.local import LocalCluster
+from tests.unit.test_di_engine import DI_ENGINE_FILE
+
+
+def test_a_di_engine_ppo_file_trains_ppo_to_its_goal(tmp_path):
+    path = tmp_path / "cartpole_ppo_config.py"
+    path.write_text(DI_ENGINE_FILE)
+    raw, _ = load_config(path)
+    with LocalCluster(tmp_path / "run", num_collectors=2) as cluster:
+        job_id = cluster.client.submit_job(raw).job_id
+        deadline = time.monotonic() + 240
+        while (status := cluster.client.job(job_id)).phase == "running":
+            assert not cluster.dead_services(), cluster.dead_services()[0].log_tail()
+            assert time.monotonic() < deadline, status
+            time.sleep(0.25)
+    assert (status.algo, status.env_id) == ("ppo", "CartPole-v0")
+    assert status.phase == "succeeded", status
+    assert status.last_eval.return_mean >= 195

@@ -1,0 +1,169 @@
+"""DI-engine configs (main_config + create_config) run the algorithm and env they
+name, with DI-engine's knobs moved to drover's keys, or are refused naming the key."""
+
+import textwrap
+
+import pytest
+
+from common.config import ConfigError, load_config, resolve_job_config
+from common.di_engine import from_di_engine
+from drover.cli import main as drover
+from services.coordinator.workflows import check_workflow
+
+
+def create(policy, env):
+    return {"env": {"type": env, "import_names": ["somewhere.envs"]}, "policy": {"type": policy}}
+
+
+def resolved(main, create_config):
+    raw, notes = from_di_engine(main, create_config)
+    config, warnings = resolve_job_config(raw)
+    check_workflow(config)
+    return config, notes, warnings
+
+
+OFF_POLICY = {
+    "env": {"collector_env_num": 8, "stop_value": 195},
+    "policy": {
+        "cuda": False,
+        "discount_factor": 0.97,
+        "learn": {"update_per_collect": 5, "batch_size": 64, "learning_rate": 0.001},
+        "collect": {"n_sample": 8},
+    },
+}
+
+
+def test_dqn_on_cartpole_trains_dqn_on_di_engines_cartpole_at_its_replay_ratio():
+    config, notes, _ = resolved(OFF_POLICY, create("dqn", "cartpole"))
+    assert config.policy.type == "dqn" and config.system.workflow == "async"
+    assert config.env.env_id == "CartPole-v0"  # DI-engine's: 200 steps, not v1's 500
+    # 5 updates of 64 after every 8 collected steps: 40 samples per inserted item
+    assert config.policy.other.replay_buffer.samples_per_insert == 5 * 64 / 8
+    assert any("update_per_collect 5" in n for n in notes)
+
+
+def test_ppo_runs_the_sync_workflow_and_takes_the_discount_where_di_engine_puts_it():
+    main = {
+        "env": {"stop_value": 195},
+        "policy": {
+            "learn": {"epoch_per_collect": 2, "batch_size": 64, "update_per_collect": 3},
+            "collect": {"n_sample": 256, "discount_factor": 0.9, "gae_lambda": 0.95},
+        },
+    }
+    config, notes, _ = resolved(main, create("ppo", "cartpole"))
+    assert config.policy.type == "ppo" and config.system.workflow == "sync"
+    assert config.policy.discount_factor == 0.9
+    assert config.policy.learn.epoch_per_collect == 2
+    assert any("update_per_collect ignored" in n for n in notes)
+
+
+def test_impala_clips_and_unrolls_move_to_drovers_keys():
+    main = {
+        "policy": {
+            "unroll_len": 16,
+            "learn": {"rho_clip_ratio": 1.5, "c_clip_ratio": 0.9, "discount_factor": 0.95},
+        }
+    }
+    config, _, _ = resolved(main, create("impala", "acrobot"))
+    assert (config.policy.type, config.env.env_id) == ("impala", "Acrobot-v1")
+    assert config.policy.collect.unroll_len == 16
+    assert (config.policy.learn.rho_clip, config.policy.learn.c_clip) == (1.5, 0.9)
+    assert config.policy.discount_factor == 0.95
+
+
+def test_sac_on_pendulum_reads_di_engines_actor_and_priority_keys():
+    main = {
+        "policy": {
+            "priority": True,
+            "random_collect_size": 500,
+            "model": {"action_space": "reparameterization", "twin_critic": True},
+            "learn": {"update_per_collect": 1, "batch_size": 128},
+            "collect": {"n_sample": 10},
+        }
+    }
+    config, _, warnings = resolved(main, create("sac", "pendulum"))
+    assert (config.policy.type, config.env.env_id) == ("sac", "Pendulum-v1")
+    assert config.policy.collect.random_collect_size == 500
+    assert config.policy.other.replay_buffer.type == "prioritized"
+    assert config.policy.other.replay_buffer.samples_per_insert == 12.8
+    assert any("twin_critic" in w for w in warnings)  # ignored keys are still said
+
+
+@pytest.mark.parametrize(
+    ("policy", "env", "field", "says"),
+    [
+        ("discrete_sac", "cartpole", "create_config.policy.type", "continuous"),
+        ("rainbow", "cartpole", "create_config.policy.type", "create_config.policy.type: dqn"),
+        ("ppo_offpolicy", "cartpole", "create_config.policy.type", "on-policy"),
+        ("c51", "cartpole", "create_config.policy.type", "dqn, impala, ppo, sac"),
+        ("dqn", "atari_pong", "create_config.env.type", "set env.env_id"),
+    ],
+)
+def test_what_drover_cannot_run_is_refused_naming_the_key(policy, env, field, says):
+    with pytest.raises(ConfigError) as err:
+        from_di_engine(OFF_POLICY, create(policy, env))
+    assert err.value.field == field and says in err.value.message
+
+
+def test_a_policy_type_that_contradicts_create_config_is_refused():
+    main = {"policy": {"type": "ppo"}}
+    with pytest.raises(ConfigError) as err:
+        from_di_engine(main, create("dqn", "cartpole"))
+    assert err.value.field == "policy.type"
+
+
+def test_an_explicit_env_id_wins_and_old_gym_ids_are_renamed():
+    raw, _ = from_di_engine({"env": {"env_id": "CartPole-v1"}}, create("dqn", "cartpole"))
+    assert raw["env"]["env_id"] == "CartPole-v1"
+    raw, notes = from_di_engine({"env": {"env_id": "LunarLander-v2"}}, create("dqn", "lunarlander"))
+    assert raw["env"]["env_id"] == "LunarLander-v3" and notes
+
+
+DI_ENGINE_FILE = textwrap.dedent(
+    """
+    from easydict import EasyDict
+
+    cartpole_ppo_config = dict(
+        exp_name='cartpole_ppo_seed0',
+        env=dict(collector_env_num=8, evaluator_env_num=5, n_evaluator_episode=5, stop_value=195),
+        policy=dict(
+            cuda=False,
+            model=dict(obs_shape=4, action_shape=2, encoder_hidden_size_list=[64, 64]),
+            learn=dict(epoch_per_collect=2, batch_size=64, learning_rate=0.001),
+            collect=dict(n_sample=256, discount_factor=0.9, gae_lambda=0.95),
+            eval=dict(evaluator=dict(eval_freq=100)),
+        ),
+    )
+    main_config = EasyDict(cartpole_ppo_config)
+    create_config = EasyDict(dict(
+        env=dict(type='cartpole', import_names=['dizoo.classic_control.cartpole.envs']),
+        env_manager=dict(type='base'),
+        policy=dict(type='ppo'),
+    ))
+
+    if __name__ == "__main__":
+        raise SystemExit("only DI-engine's entry runs this")
+    """
+)
+
+
+def test_a_di_engine_file_is_read_with_its_create_config(tmp_path):
+    path = tmp_path / "cartpole_ppo_config.py"
+    path.write_text(DI_ENGINE_FILE)
+    raw, notes = load_config(path)
+    config, _ = resolve_job_config(raw)
+    assert (config.policy.type, config.env.env_id) == ("ppo", "CartPole-v0")
+    assert "create_config.policy.type ppo -> policy.type ppo" in notes
+
+
+def test_config_show_prints_the_resolved_config_and_starts_nothing(tmp_path, capsys):
+    path = tmp_path / "cartpole_ppo_config.py"
+    path.write_text(DI_ENGINE_FILE)
+    assert drover(["config", "show", str(path)]) == 0
+    shown = capsys.readouterr()
+    assert "translated: create_config.env.type cartpole -> env.env_id CartPole-v0" in shown.err
+    assert "type: ppo" in shown.out and "workflow: sync" in shown.out
+    refused = tmp_path / "cartpole_rainbow_config.py"
+    refused.write_text(DI_ENGINE_FILE.replace("type='ppo'", "type='rainbow'"))
+    assert drover(["config", "show", str(refused)]) == 2
+    assert "create_config.policy.type" in capsys.readouterr().err
