@@ -237,6 +237,11 @@ class Algorithm(Protocol):
         """Its learning side for a config whose spaces are filled in."""
         ...
 
+    @property
+    def config_keys(self) -> frozenset[str]:
+        """The algorithm-specific config keys it reads (`policy.learn.clip_ratio`)."""
+        ...
+
 
 @dataclass(frozen=True, kw_only=True)
 class AlgorithmSpec:
@@ -254,3 +259,7 @@ class AlgorithmSpec:
     reads: tuple[str, ...]
     make_actor: Callable[[PolicyConfig], Actor]
     make_learner: Callable[[PolicyConfig, str | torch.device], Learner]
+    #: The algorithm-specific config keys it reads (dotted; a section covers its
+    #: keys). A key another algorithm lists and this one does not is one a job of
+    #: this algorithm ignores, and is warned about.
+    config_keys: frozenset[str] = frozenset()

@@ -316,9 +316,7 @@ def _split_unknown(cls: type, data: dict[str, Any], prefix: str) -> tuple[dict, 
     for key, value in data.items():
         path = f"{prefix}{key}"
         if key not in hints:
-            close = difflib.get_close_matches(str(key), list(hints), n=1)
-            hint = f" (did you mean '{close[0]}'?)" if close else ""
-            warnings.append(f"{path}: unknown key{hint}")
+            warnings.append(f"{path}: unknown key{_did_you_mean(str(key), hints)}")
             continue
         sub = _section_type(hints[key])
         if sub is not None and isinstance(value, dict):
@@ -326,6 +324,39 @@ def _split_unknown(cls: type, data: dict[str, Any], prefix: str) -> tuple[dict, 
             warnings.extend(sub_warnings)
         known[key] = value
     return known, warnings
+
+
+#: How alike an unknown key and a known one must be to suggest it: a typo, not a
+#: different word that shares a part (`rho_clip_ratio` is not `clip_ratio`).
+SUGGEST_CUTOFF = 0.85
+
+
+def _did_you_mean(key: str, hints: dict[str, Any]) -> str:
+    """Where a key drover knows elsewhere lives, or the key it is a typo of here."""
+    from common.di_engine import RENAMED  # it reads this module's ConfigError
+
+    if key in RENAMED:
+        return f" (DI-engine's name: drover has {RENAMED[key]})"
+    elsewhere = _schema_paths().get(key)
+    if elsewhere:
+        return f" (drover has it as {' and '.join(elsewhere)})"
+    close = difflib.get_close_matches(key, list(hints), n=1, cutoff=SUGGEST_CUTOFF)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+@cache
+def _schema_paths() -> dict[str, tuple[str, ...]]:
+    """Every key of the schema by its name: name -> its dotted paths."""
+    paths: dict[str, list[str]] = {}
+    stack: list[tuple[type, str]] = [(JobConfig, "")]
+    while stack:
+        cls, prefix = stack.pop()
+        for name, hint in _hints(cls).items():
+            paths.setdefault(name, []).append(f"{prefix}{name}")
+            sub = _section_type(hint)
+            if isinstance(sub, type):  # a section (not a validator's dataclass)
+                stack.append((sub, f"{prefix}{name}."))
+    return {name: tuple(sorted(found)) for name, found in paths.items()}
 
 
 MAX_CONFIG_DEPTH = 12
@@ -385,7 +416,33 @@ def resolve_job_config(raw: Any) -> tuple[JobConfig, list[str]]:
         first = exc.errors(include_url=False)[0]
         raise ConfigError(".".join(str(p) for p in first["loc"]), first["msg"]) from None
     check_consistency(config)
-    return config, warnings
+    return config, warnings + _ignored_by(algo, raw)
+
+
+def _ignored_by(algo: str, raw: dict[str, Any]) -> list[str]:
+    """A warning for each key the job sets that belongs to other algorithms only
+    (PPO's clip_ratio in a DQN job): it is valid, and it changes nothing."""
+    owners: dict[str, list[str]] = {}
+    for name, spec in ALGORITHMS.items():
+        for key in spec.config_keys:
+            owners.setdefault(key, []).append(name)
+    mine = ALGORITHMS[algo].config_keys
+    warnings = []
+    for path in _leaf_paths(raw, ""):
+        key = next((k for k in owners if path == k or path.startswith(f"{k}.")), None)
+        if key is not None and key not in mine:
+            users = sorted(owners[key])
+            verb = "does" if len(users) == 1 else "do"
+            warnings.append(
+                f"{path}: ignored, {algo} does not use it ({' and '.join(users)} {verb})"
+            )
+    return warnings
+
+
+def _leaf_paths(data: Any, prefix: str) -> list[str]:
+    if not isinstance(data, dict):
+        return [prefix.rstrip(".")]
+    return [p for key, value in data.items() for p in _leaf_paths(value, f"{prefix}{key}.")]
 
 
 def _plain(value: Any) -> Any:

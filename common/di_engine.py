@@ -64,6 +64,17 @@ MOVES: tuple[tuple[str, str], ...] = (
 )
 
 
+#: DI-engine key names whose drover key has another name: what to set instead (told
+#: to whoever writes them in a YAML config; a DI-engine .py file is translated).
+RENAMED: dict[str, str] = {
+    "update_per_collect": "policy.other.replay_buffer.samples_per_insert "
+    "(= update_per_collect x batch_size / n_sample)",
+    "priority": "policy.other.replay_buffer.type: prioritized",
+    "rho_clip_ratio": "policy.learn.rho_clip",
+    "c_clip_ratio": "policy.learn.c_clip",
+}
+
+
 def from_di_engine(
     main_config: dict[str, Any], create_config: dict[str, Any] | None
 ) -> tuple[dict[str, Any], list[str]]:
@@ -84,6 +95,12 @@ def from_di_engine(
         _move(raw, source, target, notes)
     _replay_ratio(raw, notes)
     _priority(raw, notes)
+    envs = _get(raw, "env.collector_env_num")
+    if envs is not None:
+        notes.append(
+            f"env.collector_env_num {envs} is per collector in drover (DI-engine: in all); "
+            "with N collectors, N x that many envs step at once"
+        )
     if _get(raw, "policy.model.action_space") == "reparameterization":
         # DI-engine's name for a squashed Gaussian actor: drover reads the action
         # space from the env.

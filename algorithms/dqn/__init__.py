@@ -45,4 +45,13 @@ SPEC = AlgorithmSpec(
     reads=TRANSITION_COLUMNS,
     make_actor=make_actor,
     make_learner=make_learner,
+    config_keys=frozenset(
+        {
+            "policy.nstep",
+            "policy.model.dueling",
+            "policy.learn.target_update_freq",
+            "policy.learn.target_theta",
+            "policy.other.eps",
+        }
+    ),
 )

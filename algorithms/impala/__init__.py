@@ -65,4 +65,13 @@ SPEC = AlgorithmSpec(
     reads=COLUMNS,
     make_actor=make_actor,
     make_learner=make_learner,
+    config_keys=frozenset(
+        {
+            "policy.learn.rho_clip",
+            "policy.learn.c_clip",
+            "policy.learn.value_weight",
+            "policy.learn.entropy_weight",
+            "policy.collect.unroll_len",
+        }
+    ),
 )

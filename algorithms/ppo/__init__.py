@@ -61,4 +61,14 @@ SPEC = AlgorithmSpec(
     reads=COLUMNS,
     make_actor=make_actor,
     make_learner=make_learner,
+    config_keys=frozenset(
+        {
+            "policy.learn.epoch_per_collect",
+            "policy.learn.clip_ratio",
+            "policy.learn.value_weight",
+            "policy.learn.entropy_weight",
+            "policy.learn.adv_norm",
+            "policy.collect.gae_lambda",
+        }
+    ),
 )

@@ -49,4 +49,12 @@ SPEC = AlgorithmSpec(
     reads=TRANSITION_COLUMNS,
     make_actor=make_actor,
     make_learner=make_learner,
+    config_keys=frozenset(
+        {
+            "policy.nstep",
+            "policy.learn.target_theta",
+            "policy.learn.init_alpha",
+            "policy.collect.random_collect_size",
+        }
+    ),
 )

@@ -125,3 +125,46 @@ def test_every_coordinator_limit_is_settable_and_documented():
             env[name], expected[spec.name] = str(value), value
     limits = CoordinatorSettings.from_env(env).limits
     assert dataclasses.asdict(limits) == {**dataclasses.asdict(CoordinatorLimits()), **expected}
+
+
+@pytest.mark.parametrize(
+    ("raw", "warning"),
+    [
+        # a key drover has in another section says where
+        (
+            {"policy": {"learn": {"unroll_len": 8}}},
+            "policy.learn.unroll_len: unknown key (drover has it as policy.collect.unroll_len)",
+        ),
+        (
+            {"policy": {"learn": {"discount_factor": 0.9}}},
+            "policy.learn.discount_factor: unknown key (drover has it as policy.discount_factor)",
+        ),
+        # DI-engine's names say what drover calls them
+        (
+            {"policy": {"priority": True}},
+            "policy.priority: unknown key (DI-engine's name: drover has "
+            "policy.other.replay_buffer.type: prioritized)",
+        ),
+        # a typo gets its suggestion; a different word that shares a part gets none
+        (
+            {"env": {"stop_vaule": 1}},
+            "env.stop_vaule: unknown key (did you mean 'stop_value'?)",
+        ),
+        ({"policy": {"learn": {"learner": {}}}}, "policy.learn.learner: unknown key"),
+        ({"env": {"collector_episode_num": 2}}, "env.collector_episode_num: unknown key"),
+    ],
+)
+def test_unknown_keys_point_across_the_schema_and_only_at_typos(raw, warning):
+    assert warning in resolve_job_config(raw)[1]
+
+
+def test_keys_of_other_algorithms_are_named_as_ignored():
+    _, warnings = resolve_job_config({"policy": {"learn": {"clip_ratio": 0.3}}})
+    assert warnings == ["policy.learn.clip_ratio: ignored, dqn does not use it (ppo does)"]
+    _, warnings = resolve_job_config({"policy": {"type": "ppo", "other": {"eps": {"end": 0.1}}}})
+    assert warnings == ["policy.other.eps.end: ignored, ppo does not use it (dqn does)"]
+    # the algorithm's own keys, and keys every algorithm reads, are not
+    _, warnings = resolve_job_config(
+        {"policy": {"type": "ppo", "learn": {"clip_ratio": 0.1, "batch_size": 32}}}
+    )
+    assert warnings == []
