@@ -119,6 +119,11 @@ class LearnConfig:
     adv_norm: bool = True
     #: SAC: the entropy temperature it starts from (then tuned automatically).
     init_alpha: Annotated[float, Gt(0)] = 0.2
+    #: SAC: the critics', the actor's and the temperature's own learning rates
+    #: (DI-engine's keys; None: `learning_rate`).
+    learning_rate_q: PosFloat | None = None
+    learning_rate_policy: PosFloat | None = None
+    learning_rate_alpha: PosFloat | None = None
     #: IMPALA: V-trace's importance-weight clips.
     rho_clip: Annotated[float, Gt(0)] = 1.0
     c_clip: Annotated[float, Gt(0)] = 1.0

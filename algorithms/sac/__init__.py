@@ -54,6 +54,9 @@ SPEC = AlgorithmSpec(
             "policy.nstep",
             "policy.learn.target_theta",
             "policy.learn.init_alpha",
+            "policy.learn.learning_rate_q",
+            "policy.learn.learning_rate_policy",
+            "policy.learn.learning_rate_alpha",
             "policy.collect.random_collect_size",
         }
     ),

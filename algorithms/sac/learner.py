@@ -50,9 +50,16 @@ class SAC:
             np.log(learn.init_alpha), device=self.device, requires_grad=True
         )
         self.target_entropy = -float(model.action_shape)
-        self.actor_optimizer = torch.optim.Adam(self.actor.parameters(), lr=learn.learning_rate)
-        self.critic_optimizer = torch.optim.Adam(self.critic.parameters(), lr=learn.learning_rate)
-        self.alpha_optimizer = torch.optim.Adam([self.log_alpha], lr=learn.learning_rate)
+        rate = learn.learning_rate
+        self.actor_optimizer = torch.optim.Adam(
+            self.actor.parameters(), lr=learn.learning_rate_policy or rate
+        )
+        self.critic_optimizer = torch.optim.Adam(
+            self.critic.parameters(), lr=learn.learning_rate_q or rate
+        )
+        self.alpha_optimizer = torch.optim.Adam(
+            [self.log_alpha], lr=learn.learning_rate_alpha or rate
+        )
         self.train_iter = 0
         #: Batches with a non-finite loss: the steps on those losses were not taken.
         self.skipped_updates = 0

@@ -66,3 +66,25 @@ def test_continuous_actions_keep_their_shape_in_segments():
     )
     rows = builder.take()
     assert rows["action"].dtype == np.float32 and rows["action"].shape == (2, 1)
+
+
+def test_each_part_learns_at_its_own_rate_when_given():
+    config, warnings = resolve_job_config(
+        {
+            "policy": {
+                "type": "sac",
+                "learn": {
+                    "learning_rate": 1e-3,
+                    "learning_rate_q": 2e-3,
+                    "learning_rate_alpha": 3e-4,
+                },
+            }
+        }
+    )
+    assert warnings == []
+    sac = SAC(with_spaces(config, 3, 1, "continuous", ([-2.0], [2.0])).policy)
+    rates = [
+        o.param_groups[0]["lr"]
+        for o in (sac.critic_optimizer, sac.actor_optimizer, sac.alpha_optimizer)
+    ]
+    assert rates == [2e-3, 1e-3, 3e-4]  # the actor's falls back to learning_rate
