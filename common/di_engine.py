@@ -89,6 +89,15 @@ def from_di_engine(
     raw = copy.deepcopy(main_config)
     notes: list[str] = []
     create = create_config or {}
+    for extra in ("reward_model", "world_model"):
+        if extra in raw or extra in create:
+            # Training without it would be another experiment than the file's.
+            raise ConfigError(
+                extra,
+                f"drover trains no {extra.replace('_', ' ')} (GAIL, RND, TREX, "
+                f"guided cost, model-based RL); remove {extra} from main_config and "
+                "create_config to train the plain algorithm",
+            )
     _algorithm(raw, _get(create, "policy.type"), notes)
     _env(raw, _get(create, "env.type"), notes)
     for source, target in MOVES:

@@ -20,7 +20,15 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from common.config import ConfigError, load_config, resolve_job_config, to_dict
+from common.config import (
+    ConfigError,
+    JobConfig,
+    load_config,
+    resolve_job_config,
+    to_dict,
+    with_spaces,
+)
+from common.envs import env_spaces
 from common.errors import ApiError
 from common.http import ServiceUnavailable
 from common.messages import TERMINAL_PHASES, JobStatus
@@ -89,13 +97,23 @@ def print_notes(notes: list[str], warnings: list[str]) -> None:
         console.print(f"[yellow]warning:[/] {warning}", highlight=False)
 
 
+def check_here(config: JobConfig) -> JobConfig:
+    """What the coordinator checks at submission that needs no cluster: the workflow,
+    and the env's spaces against the algorithm (so a refused job starts nothing)."""
+    check_workflow(config)
+    spaces = env_spaces(config.env)
+    return with_spaces(
+        config, spaces.obs_shape, spaces.action_shape, spaces.action_space, spaces.action_bounds
+    )
+
+
 def show_config(args: argparse.Namespace) -> int:
     """The config as a job would run it, the DI-engine keys translated and the keys
     ignored, without starting anything."""
     try:
         raw, notes = load_config(args.config)
         config, warnings = resolve_job_config(raw)
-        check_workflow(config)
+        config = check_here(config)
     except ConfigError as exc:
         return error(f"{args.config}: {exc}")
     print_notes(notes, warnings)
@@ -116,7 +134,7 @@ def run_local(args: argparse.Namespace) -> int:
     try:
         raw, notes = load_config(args.config)
         config, warnings = resolve_job_config(raw)
-        check_workflow(config)
+        check_here(config)
         local = fit_local_device(raw, config, cpu_fallback=args.cpu_fallback)
         raw, config, warnings = local.raw, local.config, warnings + local.warnings
     except ConfigError as exc:

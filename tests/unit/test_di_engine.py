@@ -167,3 +167,23 @@ def test_config_show_prints_the_resolved_config_and_starts_nothing(tmp_path, cap
     refused.write_text(DI_ENGINE_FILE.replace("type='ppo'", "type='rainbow'"))
     assert drover(["config", "show", str(refused)]) == 2
     assert "create_config.policy.type" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra", ["reward_model", "world_model"])
+def test_a_reward_or_world_model_is_refused_not_dropped(extra):
+    main = {**OFF_POLICY, extra: {"type": "rnd"}}
+    with pytest.raises(ConfigError) as err:
+        from_di_engine(main, create("dqn", "cartpole"))
+    assert err.value.field == extra and "remove" in err.value.message
+
+
+def test_config_show_checks_the_env_against_the_algorithm(tmp_path, capsys):
+    # DQN on Pendulum's continuous actions: refused before any process starts
+    path = tmp_path / "pendulum_dqn_config.py"
+    path.write_text(
+        DI_ENGINE_FILE.replace("type='ppo'", "type='dqn'")
+        .replace("type='cartpole'", "type='pendulum'")
+        .replace("obs_shape=4, action_shape=2, ", "")
+    )
+    assert drover(["config", "show", str(path)]) == 2
+    assert "DQN needs discrete actions" in capsys.readouterr().err
