@@ -496,6 +496,12 @@ def check_consistency(config: JobConfig) -> None:
                 f"{learn.batch_size * learn.num_batches} and n_sample="
                 f"{config.policy.collect.n_sample}; it must be at least {needed}",
             )
+    if buffer.type == "fifo" and (buffer.samples_per_insert or 0) > 1:
+        raise ConfigError(
+            "policy.other.replay_buffer.samples_per_insert",
+            f"{buffer.samples_per_insert} can never be reached: a fifo buffer hands out "
+            "each item once (at most 1 sample per insert)",
+        )
     if buffer.sequence_length > 1 and buffer.item != "episode":
         raise ConfigError(
             "policy.other.replay_buffer.sequence_length",

@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from algorithms.registry import ALGORITHMS
 from common.config import ConfigError
 
 #: DI-engine's `create_config.env.type` -> the gymnasium id drover makes. DI-engine's
@@ -86,8 +87,8 @@ def from_di_engine(
     Raises:
         ConfigError: naming the key when the algorithm or the env cannot be run.
     """
-    raw = copy.deepcopy(main_config)
     notes: list[str] = []
+    raw = _data_only(main_config, "", notes)
     create = create_config or {}
     for extra in ("reward_model", "world_model"):
         if extra in raw or extra in create:
@@ -116,6 +117,20 @@ def from_di_engine(
         _pop(raw, "policy.model.action_space")
         notes.append("policy.model.action_space: reparameterization is SAC's actor; dropped")
     return raw, notes
+
+
+def _data_only(value: Any, path: str, notes: list[str]) -> Any:
+    """A copy holding JSON data only: a Python object in a config (DI-engine's
+    `activation=nn.Tanh()`) is passed on as its name, and said so; a key drover knows
+    then refuses it by name, and one it does not know is warned about as usual."""
+    if isinstance(value, dict):
+        return {k: _data_only(v, f"{path}{k}.", notes) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_data_only(v, path, notes) for v in value]
+    if value is None or isinstance(value, str | bool | int | float):
+        return copy.copy(value)
+    notes.append(f"{path.rstrip('.')}: a Python object ({value!r}), passed on as its name")
+    return repr(value)
 
 
 def _algorithm(raw: dict[str, Any], policy_type: Any, notes: list[str]) -> None:
@@ -169,6 +184,17 @@ def _replay_ratio(raw: dict[str, Any], notes: list[str]) -> None:
         notes.append(
             "policy.learn.update_per_collect ignored: drover's ppo trains "
             "epoch_per_collect passes over each round"
+        )
+        return
+    algorithm = ALGORITHMS.get(str(_get(raw, "policy.type") or "dqn"))
+    defaults = algorithm.defaults if algorithm is not None else {}
+    sampler = _get(raw, "policy.other.replay_buffer.type") or _get(
+        defaults, "policy.other.replay_buffer.type"
+    )
+    if sampler == "fifo":
+        notes.append(
+            "policy.learn.update_per_collect ignored: the fifo buffer hands out each "
+            "item once, so there is no replay ratio to keep"
         )
         return
     batch_size = _get(raw, "policy.learn.batch_size")

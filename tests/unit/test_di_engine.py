@@ -187,3 +187,34 @@ def test_config_show_checks_the_env_against_the_algorithm(tmp_path, capsys):
     )
     assert drover(["config", "show", str(path)]) == 2
     assert "DQN needs discrete actions" in capsys.readouterr().err
+
+
+def test_python_objects_in_a_config_pass_on_as_their_names():
+    class Tanh:
+        def __repr__(self):
+            return "Tanh()"
+
+    main = {"policy": {"model": {"activation": Tanh()}}}
+    raw, notes = from_di_engine(main, create("ppo", "pendulum"))
+    assert raw["policy"]["model"]["activation"] == "Tanh()"
+    assert any("policy.model.activation: a Python object" in n for n in notes)
+    _, warnings = resolve_job_config(raw)  # a key drover does not know: warned, dropped
+    assert any(w.startswith("policy.model.activation: unknown key") for w in warnings)
+
+
+def test_update_per_collect_is_no_ratio_for_a_fifo_buffer():
+    main = {
+        "policy": {
+            "learn": {"update_per_collect": 4, "batch_size": 16},
+            "collect": {"n_sample": 16},
+        }
+    }
+    config, notes, _ = resolved(main, create("impala", "cartpole"))
+    assert config.policy.other.replay_buffer.samples_per_insert is None
+    assert any("fifo" in n for n in notes)
+    # and a ratio a fifo buffer can never keep is refused, not left to hang
+    with pytest.raises(ConfigError) as err:
+        resolve_job_config(
+            {"policy": {"type": "impala", "other": {"replay_buffer": {"samples_per_insert": 4}}}}
+        )
+    assert err.value.field == "policy.other.replay_buffer.samples_per_insert"
