@@ -218,3 +218,21 @@ def test_update_per_collect_is_no_ratio_for_a_fifo_buffer():
             {"policy": {"type": "impala", "other": {"replay_buffer": {"samples_per_insert": 4}}}}
         )
     assert err.value.field == "policy.other.replay_buffer.samples_per_insert"
+
+
+def test_lunarlander_maps_to_gymnasiums_id_and_stops_early_without_box2d(tmp_path, capsys):
+    raw, _ = from_di_engine(OFF_POLICY, create("dqn", "lunarlander"))
+    assert raw["env"]["env_id"] == "LunarLander-v3"
+    path = tmp_path / "lunarlander_dqn_config.py"
+    path.write_text(
+        DI_ENGINE_FILE.replace("type='ppo'", "type='dqn'")
+        .replace("type='cartpole'", "type='lunarlander'")
+        .replace("obs_shape=4, action_shape=2, ", "")
+    )
+    code = drover(["config", "show", str(path)])
+    try:
+        import Box2D  # noqa: F401
+    except ImportError:  # this machine: a clear line naming the env, nothing started
+        assert code == 2 and "env.env_id" in capsys.readouterr().err
+    else:
+        assert code == 0
