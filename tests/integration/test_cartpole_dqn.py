@@ -114,9 +114,10 @@ def test_drover_run_refuses_bad_configs_before_starting_anything(tmp_path, conte
     assert not (tmp_path / "r").exists()
 
 
-def test_drover_run_reports_a_job_the_coordinator_refuses(tmp_path):
+def test_drover_run_stops_before_starting_anything_for_a_job_that_would_be_refused(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text("env:\n  env_id: NoSuchEnv-v0\n")
     proc = drover("run", path, "--runs-dir", tmp_path / "r", timeout_s=120)
     assert proc.returncode != 0
-    assert "config.env.env_id" in proc.stderr
+    assert "env.env_id: no registered env 'NoSuchEnv-v0'" in proc.stderr
+    assert not (tmp_path / "r").exists()  # no run folder: no process was started
