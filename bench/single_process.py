@@ -37,9 +37,8 @@ from common.config import (  # noqa: E402
     deep_merge,
     load_config_file,
     resolve_job_config,
-    with_spaces,
 )
-from common.envs import env_spaces, make_env  # noqa: E402
+from common.envs import fit_to_env, make_env  # noqa: E402
 from common.messages import SegmentRef  # noqa: E402
 from common.models import state_to_numpy  # noqa: E402
 from services.buffer.core import ReplayBuffer  # noqa: E402
@@ -60,10 +59,7 @@ class MemoryFiles:
 def load(example: str, seed: int) -> JobConfig:
     raw = deep_merge(load_config_file(ROOT / example), {"system": {"seed": seed}})
     config, _ = resolve_job_config(raw)
-    spaces = env_spaces(config.env)
-    return with_spaces(
-        config, spaces.obs_shape, spaces.action_shape, spaces.action_space, spaces.action_bounds
-    )
+    return fit_to_env(config)
 
 
 def evaluate(config: JobConfig, policy, seed: int) -> float:  # noqa: ANN001

@@ -7,7 +7,7 @@ unknown keys become warnings with a did-you-mean suggestion (errors when
 service passes raw dicts around.
 
 Key names follow DI-engine wherever it has the same knob, so its users can bring
-their configs. What differs per algorithm (defaults, workflows, action spaces) comes
+their configs. What differs per algorithm (defaults, action spaces, the keys it reads) comes
 from its entry in `algorithms.registry`.
 """
 

@@ -13,7 +13,6 @@ asks for.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from algorithms.registry import ALGORITHMS
@@ -128,7 +127,7 @@ def _data_only(value: Any, path: str, notes: list[str]) -> Any:
     if isinstance(value, list | tuple):
         return [_data_only(v, path, notes) for v in value]
     if value is None or isinstance(value, str | bool | int | float):
-        return copy.copy(value)
+        return value
     notes.append(f"{path.rstrip('.')}: a Python object ({value!r}), passed on as its name")
     return repr(value)
 

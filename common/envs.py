@@ -34,7 +34,7 @@ import numpy as np
 from gymnasium.envs.registration import ENV_ID_RE, load_env_creator
 from gymnasium.vector import AutoresetMode
 
-from common.config import ConfigError, EnvConfig
+from common.config import ConfigError, EnvConfig, JobConfig, with_spaces
 from common.settings import SettingsError
 
 #: Comma-separated Python modules to import at start; importing one registers its envs.
@@ -483,3 +483,13 @@ def env_spaces(config: EnvConfig) -> Spaces:
 def make_env(config: EnvConfig, num_envs: int) -> VectorEnvAdapter:
     """The envs of one collector task, made by the job's adapter."""
     return env_adapter(config).make(config, num_envs)
+
+
+def fit_to_env(config: JobConfig) -> JobConfig:
+    """The config with its model's sizes and action space filled in from its env's
+    spaces, checked against the algorithm (ConfigError naming the key when they do
+    not fit). Makes the env once."""
+    spaces = env_spaces(config.env)
+    return with_spaces(
+        config, spaces.obs_shape, spaces.action_shape, spaces.action_space, spaces.action_bounds
+    )

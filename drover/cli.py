@@ -26,9 +26,8 @@ from common.config import (
     load_config,
     resolve_job_config,
     to_dict,
-    with_spaces,
 )
-from common.envs import env_spaces
+from common.envs import fit_to_env
 from common.errors import ApiError
 from common.http import ServiceUnavailable
 from common.messages import TERMINAL_PHASES, JobStatus
@@ -101,10 +100,7 @@ def check_here(config: JobConfig) -> JobConfig:
     """What the coordinator checks at submission that needs no cluster: the workflow,
     and the env's spaces against the algorithm (so a refused job starts nothing)."""
     check_workflow(config)
-    spaces = env_spaces(config.env)
-    return with_spaces(
-        config, spaces.obs_shape, spaces.action_shape, spaces.action_space, spaces.action_bounds
-    )
+    return fit_to_env(config)
 
 
 def show_config(args: argparse.Namespace) -> int:

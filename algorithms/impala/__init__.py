@@ -11,23 +11,17 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from algorithms.base import AlgorithmSpec
+from algorithms.ppo import make_actor  # IMPALA acts as PPO does
 
 if TYPE_CHECKING:
     import torch
 
     from algorithms.impala.learner import Impala
-    from algorithms.ppo.actor import ActorCriticPolicy
     from common.config import PolicyConfig
 
 #: One unroll of `unroll_len` steps a row: each per-step column has a time axis; the
 #: state after the unroll's last step (`bootstrap_obs`) is one per row.
 COLUMNS = ("obs", "action", "reward", "logp", "done", "bootstrap_obs")
-
-
-def make_actor(policy: PolicyConfig) -> ActorCriticPolicy:
-    from algorithms.ppo.actor import ActorCriticPolicy
-
-    return ActorCriticPolicy(policy)
 
 
 def make_learner(policy: PolicyConfig, device: str | torch.device) -> Impala:

@@ -20,9 +20,8 @@ from common.config import (
     min_error_buffer,
     resolve_job_config,
     to_dict,
-    with_spaces,
 )
-from common.envs import env_spaces
+from common.envs import fit_to_env
 from common.errors import bad_request, conflict, not_found
 from common.messages import (
     EvalSummary,
@@ -41,7 +40,7 @@ from services.coordinator.devices import refuse_unless_fits, waiting_reason
 from services.coordinator.snapshot import as_record, eval_from, policy_from, write_job_record
 from services.coordinator.state import CoordinatorState, Job, raise_if_closing
 from services.coordinator.tasks import TaskBoard
-from services.coordinator.workflows import WORKFLOWS, Planner, check_workflow
+from services.coordinator.workflows import Planner, check_workflow, workflow_of
 
 log = logging.getLogger(__name__)
 
@@ -57,14 +56,7 @@ class JobBook:
         try:
             config, warnings = resolve_job_config(submit.config)
             workflow = check_workflow(config)
-            spaces = env_spaces(config.env)
-            config = with_spaces(
-                config,
-                spaces.obs_shape,
-                spaces.action_shape,
-                spaces.action_space,
-                spaces.action_bounds,
-            )
+            config = fit_to_env(config)
         except ConfigError as exc:
             raise bad_request(f"config.{exc.field}", exc.message) from None
         self._check_limits(config)
@@ -101,7 +93,7 @@ class JobBook:
         return JobCreated(job_id=job_id, phase=job.phase, warnings=warnings)
 
     def new_buffer(self, job_id: str, config: JobConfig) -> ReplayBuffer:
-        replay = WORKFLOWS[config.system.workflow].replay(config)
+        replay = workflow_of(config).replay(config)
         error_buffer = replay.error_buffer or 2 * min_error_buffer(config)
         return ReplayBuffer(
             job_id,

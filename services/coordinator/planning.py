@@ -27,7 +27,7 @@ from services.coordinator.state import (
 )
 from services.coordinator.tasks import TaskBoard
 from services.coordinator.workers import WorkerRegistry
-from services.coordinator.workflows import WORKFLOWS
+from services.coordinator.workflows import workflow_of
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ class Planning:
             return plan
 
     def plan_job(self, job: Job) -> list[Dispatch]:
-        workflow = WORKFLOWS[job.config.system.workflow]
+        workflow = workflow_of(job.config)
         job.waiting = waiting_reason(job.config, workflow.roles, self.state.workers.values())
         return workflow.plan(job, JobPlanning(self, job))
 
@@ -144,7 +144,7 @@ class Planning:
                     raise bad_request(f"result.{exc.field}", exc.message) from None
             self.tasks.end(task, TaskState.DONE)
             if outcome is not None:
-                WORKFLOWS[job.config.system.workflow].evaluated(job, task, outcome, self)
+                workflow_of(job.config).evaluated(job, task, outcome, self)
 
     def fail_task(self, task_id: str, error: str, *, caller: str | None = None) -> None:
         with self.state.guard.changing():

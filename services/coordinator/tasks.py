@@ -21,7 +21,7 @@ from services.coordinator.state import (
     Worker,
     must_be,
 )
-from services.coordinator.workflows import WORKFLOWS
+from services.coordinator.workflows import workflow_of
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class TaskBoard:
             if returned:
                 log.info("task %s ended (%s): %d held items back", task.task_id, state, returned)
         if state in (TaskState.FAILED, TaskState.LOST) and job is not None:
-            WORKFLOWS[job.config.system.workflow].task_ended(job, task, state)
+            workflow_of(job.config).task_ended(job, task, state)
         task.state = state
         worker = self.state.workers.get(task.worker_id)
         if worker is not None:

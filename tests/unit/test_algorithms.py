@@ -33,7 +33,7 @@ from common.config import (
     to_dict,
     with_spaces,
 )
-from common.envs import env_spaces
+from common.envs import fit_to_env
 from common.messages import (
     CollectSpec,
     InsertReply,
@@ -69,10 +69,7 @@ def job_config(name: str, space: str, **overrides: Any) -> JobConfig:
     config, warnings = resolve_job_config(deep_merge(small, overrides))
     # unroll_len is set for every algorithm here: only IMPALA's is not ignored
     assert [w for w in warnings if not w.startswith("policy.collect.unroll_len: ignored")] == []
-    spaces = env_spaces(config.env)
-    return with_spaces(
-        config, spaces.obs_shape, spaces.action_shape, spaces.action_space, spaces.action_bounds
-    )
+    return fit_to_env(config)
 
 
 def within(expected: Any, actual: Any, path: str = "config") -> None:

@@ -23,6 +23,11 @@ WORKFLOWS: dict[str, Workflow] = {
 }
 
 
+def workflow_of(config: JobConfig) -> Workflow:
+    """The registry's entry for a job's `system.workflow` (checked at submission)."""
+    return WORKFLOWS[config.system.workflow]
+
+
 def check_workflow(config: JobConfig) -> Workflow:
     """The job's workflow, once it takes the config.
 
@@ -43,4 +48,4 @@ def check_workflow(config: JobConfig) -> Workflow:
     return workflow
 
 
-__all__ = ["WORKFLOWS", "Planner", "Workflow", "check_workflow"]
+__all__ = ["WORKFLOWS", "Planner", "Workflow", "check_workflow", "workflow_of"]
