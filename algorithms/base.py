@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     import numpy as np
     import torch
 
+    from algorithms.sync import GradientSync
     from common.config import PolicyConfig
 
 #: What one item of step data is, and so which loop a collector runs: an n-step
@@ -126,6 +127,10 @@ class Learner(Protocol):
     train_iter: int
     #: Updates whose loss was not finite: no step was taken on them.
     skipped_updates: int
+    #: How its optimizer steps agree with the other ranks of a learner group
+    #: (`algorithms.sync`; `LOCAL` in one process). Every step goes through
+    #: `algorithms.step.finite_step` with it.
+    sync: GradientSync
 
     def state_dict(self) -> dict[str, Any]:
         """Everything to resume, loadable with `torch.load(weights_only=True)`; its

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from algorithms.sync import LOCAL, GradientSync
 from common.models import load_numpy_state
 
 
@@ -13,6 +14,8 @@ class OneModelState:
     model: torch.nn.Module
     optimizer: torch.optim.Optimizer
     train_iter: int
+    #: Averages gradients across the ranks of a learner group (LOCAL: none).
+    sync: GradientSync = LOCAL
 
     def state_dict(self) -> dict:
         return {

@@ -28,6 +28,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def torchrun_args(ranks: int, max_restarts: int) -> list[str]:
+    """torchrun's options for a learner group of `ranks` processes on this machine
+    (`--standalone`: its own rendezvous on a free local port)."""
+    return [
+        "--standalone",
+        "--nnodes",
+        "1",
+        "--nproc-per-node",
+        str(ranks),
+        "--max-restarts",
+        str(max_restarts),
+    ]
+
+
 @dataclass
 class Service:
     name: str
@@ -36,6 +50,8 @@ class Service:
     log_path: Path
     env: dict[str, str]
     cwd: Path | None = None
+    #: Arguments after `python -m module`.
+    args: list[str] = field(default_factory=list)
     process: subprocess.Popen | None = None
     restarts: int = 0
     _log: IO[bytes] | None = None
@@ -47,7 +63,7 @@ class Service:
     def start(self) -> None:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(
-            [sys.executable, "-m", self.module],
+            [sys.executable, "-m", self.module, *self.args],
             env=self.env,
             cwd=self.cwd,
             stdout=self._log,
@@ -97,6 +113,11 @@ class LocalCluster:
     run_dir: Path
     num_collectors: int = 2
     num_learners: int = 1
+    #: Ranks of each learner: above 1, each learner is a learner group that torchrun
+    #: starts (services/learner/aggregator.py), restarting it up to
+    #: `learner_max_restarts` times when a rank dies or hangs.
+    learner_ranks: int = 1
+    learner_max_restarts: int = 10
     token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     #: What collectors and learners register with: they never hold the cluster token.
     registration_token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
@@ -114,10 +135,7 @@ class LocalCluster:
             self._service(f"collector-{i}", "services.collector", free_port())
             for i in range(self.num_collectors)
         ]
-        self.learners = [
-            self._service(f"learner-{i}", "services.learner", free_port())
-            for i in range(self.num_learners)
-        ]
+        self.learners = [self._learner(i) for i in range(self.num_learners)]
         self.client = CoordinatorClient(self.coordinator_url, self.token, timeout_s=10.0)
 
     def _service(self, name: str, module: str, port: int) -> Service:
@@ -143,6 +161,17 @@ class LocalCluster:
         # its working directory: what workers write there must never become code.
         service = Service(name, module, port, self.log_dir / f"{name}.log", env, self.shared_dir)
         self.services.append(service)
+        return service
+
+    def _learner(self, index: int) -> Service:
+        service = self._service(f"learner-{index}", "services.learner", free_port())
+        if self.learner_ranks > 1:
+            service.module = "torch.distributed.run"  # torchrun
+            service.args = [
+                *torchrun_args(self.learner_ranks, self.learner_max_restarts),
+                "-m",
+                "services.learner",
+            ]
         return service
 
     def start(self, *, ready_timeout_s: float = 60.0) -> None:

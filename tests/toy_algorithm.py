@@ -16,6 +16,7 @@ from torch import nn
 
 from algorithms.base import AlgorithmSpec
 from algorithms.step import finite_step
+from algorithms.sync import LOCAL, GradientSync
 from common.config import PolicyConfig
 from common.models import load_numpy_state
 
@@ -73,6 +74,7 @@ class ToyLearner:
         self.optimizer = torch.optim.SGD(self.online.parameters(), lr=policy.learn.learning_rate)
         self.train_iter = 0
         self.skipped_updates = 0
+        self.sync: GradientSync = LOCAL
 
     def learn_batch(self, columns: dict[str, np.ndarray], weights: np.ndarray) -> ToyReport:
         t = {k: torch.as_tensor(columns[k], device=self.device) for k in COLUMNS}
@@ -82,7 +84,7 @@ class ToyLearner:
             target = t["reward"] + t["discount"] * (1.0 - t["done"]) * next_q
         td = target - q
         loss = (torch.as_tensor(weights, device=self.device) * td.pow(2)).mean()
-        if not finite_step(loss, self.optimizer):
+        if not finite_step(loss, self.optimizer, sync=self.sync):
             self.skipped_updates += 1
         self.train_iter += 1
         return ToyReport(float(loss.detach()), float(q.detach().mean()), td.abs().detach().numpy())

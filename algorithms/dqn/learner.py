@@ -19,6 +19,7 @@ from torch.nn import functional as F
 
 from algorithms.dqn.networks import QNetwork
 from algorithms.step import finite_step
+from algorithms.sync import LOCAL, GradientSync
 from common.config import PolicyConfig
 from common.models import load_numpy_state
 
@@ -69,6 +70,8 @@ class DQN:
         self.target = copy.deepcopy(self.online).requires_grad_(False)
         self.optimizer = torch.optim.Adam(self.online.parameters(), lr=config.learn.learning_rate)
         self.train_iter = 0
+        #: Averages gradients across the ranks of a learner group (LOCAL: none).
+        self.sync: GradientSync = LOCAL
         #: Batches whose loss was not finite: no step was taken on them.
         self.skipped_updates = 0
 
@@ -86,7 +89,8 @@ class DQN:
             target = batch.reward + batch.discount * (1.0 - batch.done) * next_q
         td = target - q
         loss = (batch.weight * F.smooth_l1_loss(q, target, reduction="none")).mean()
-        if not finite_step(loss, self.optimizer, self.online.parameters(), learn.max_grad_norm):
+        parameters = self.online.parameters()
+        if not finite_step(loss, self.optimizer, parameters, learn.max_grad_norm, sync=self.sync):
             self.skipped_updates += 1
         self.train_iter += 1
         self._update_target()

@@ -108,7 +108,8 @@ class Impala(OneModelState):
         value_loss = 0.5 * (targets.vs - values).pow(2).mean()
         entropy = self.model.entropy(dist).mean()
         loss = policy_loss + learn.value_weight * value_loss - learn.entropy_weight * entropy
-        if not finite_step(loss, self.optimizer, self.model.parameters(), learn.max_grad_norm):
+        parameters = self.model.parameters()
+        if not finite_step(loss, self.optimizer, parameters, learn.max_grad_norm, sync=self.sync):
             self.skipped_updates += 1
         self.train_iter += 1
         return UpdateInfo(

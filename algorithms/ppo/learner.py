@@ -55,8 +55,9 @@ class PPO(OneModelState):
         logp = self.model.log_prob(dist, batch["action"])
         ratio = (logp - batch["logp"]).exp()
         adv = batch["adv"]
-        if learn.adv_norm and len(adv) > 1:
-            adv = (adv - adv.mean()) / (adv.std() + 1e-8)
+        if learn.adv_norm:
+            # Over the global minibatch: all ranks' shares of it in a learner group.
+            adv = self.sync.normalize(adv)
         surrogate = torch.min(
             ratio * adv, ratio.clamp(1 - learn.clip_ratio, 1 + learn.clip_ratio) * adv
         )
@@ -88,7 +89,9 @@ class PPO(OneModelState):
                 index = order[start : start + learn.batch_size].to(self.device)
                 loss, stats = self.loss({k: v[index] for k, v in data.items()})
                 parameters = self.model.parameters()
-                if not finite_step(loss, self.optimizer, parameters, learn.max_grad_norm):
+                if not finite_step(
+                    loss, self.optimizer, parameters, learn.max_grad_norm, sync=self.sync
+                ):
                     self.skipped_updates += 1
                 self.train_iter += 1
                 updates += 1

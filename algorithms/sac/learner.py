@@ -22,6 +22,7 @@ import torch
 from algorithms.dqn.learner import TransitionBatch
 from algorithms.sac.networks import SquashedGaussianActor, TwinQ
 from algorithms.step import finite_step
+from algorithms.sync import LOCAL, GradientSync
 from common.config import PolicyConfig
 from common.models import load_numpy_state
 
@@ -61,6 +62,8 @@ class SAC:
             [self.log_alpha], lr=learn.learning_rate_alpha or rate
         )
         self.train_iter = 0
+        #: Averages gradients across the ranks of a learner group (LOCAL: none).
+        self.sync: GradientSync = LOCAL
         #: Batches with a non-finite loss: the steps on those losses were not taken.
         self.skipped_updates = 0
 
@@ -74,15 +77,16 @@ class SAC:
             target = batch.reward + batch.discount * (1.0 - batch.done) * next_q
         q1, q2 = self.critic(batch.obs, batch.action)
         critic_loss = (batch.weight * ((q1 - target) ** 2 + (q2 - target) ** 2)).mean() / 2
-        stepped = finite_step(critic_loss, self.critic_optimizer)
+        stepped = finite_step(critic_loss, self.critic_optimizer, sync=self.sync)
 
         action, logp = self.actor.sample(batch.obs)
         q_new = torch.min(*self.critic(batch.obs, action))
         actor_loss = (alpha * logp - q_new).mean()
-        stepped &= finite_step(actor_loss, self.actor_optimizer)
+        stepped &= finite_step(actor_loss, self.actor_optimizer, sync=self.sync)
 
         alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
-        stepped &= finite_step(alpha_loss, self.alpha_optimizer)
+        # The temperature is averaged like any parameter: one alpha on every rank.
+        stepped &= finite_step(alpha_loss, self.alpha_optimizer, sync=self.sync)
         if not stepped:
             self.skipped_updates += 1
 

@@ -1,10 +1,22 @@
-"""`python -m services.learner`: serve a learner until SIGTERM."""
+"""`python -m services.learner`: serve a learner until SIGTERM.
+
+Under torchrun with two or more ranks (`torchrun --nproc-per-node N -m
+services.learner`), each process is one rank of a learner group instead
+(services/learner/aggregator.py).
+"""
 
 import sys
 
-from services.learner.app import create_app
+from services.learner.group import RankEnv
 from services.learner.settings import DEFAULT_PORT
-from services.slave.main import run_slave
 
 if __name__ == "__main__":
+    ranks = RankEnv.from_env()
+    if ranks is not None:
+        from services.learner.aggregator import run_rank
+
+        sys.exit(run_rank(ranks, DEFAULT_PORT))
+    from services.learner.app import create_app
+    from services.slave.main import run_slave
+
     sys.exit(run_slave("learner", DEFAULT_PORT, create_app))

@@ -20,7 +20,7 @@ import logging
 import math
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeVar
 
 import numpy as np
@@ -28,6 +28,7 @@ import torch
 
 from algorithms.base import BatchLearner, Learner, RoundLearner
 from algorithms.registry import ALGORITHMS
+from algorithms.sync import AllReduceSync
 from common.config import JobConfig, PolicyConfig, algorithm_of, read_job_config
 from common.errors import ApiError
 from common.http import ServiceUnavailable
@@ -38,9 +39,12 @@ from common.messages import (
     PolicyRef,
     SampledBatch,
     SampleReply,
+    dump,
 )
 from common.models import state_to_numpy
+from common.ranks import split_error
 from common.storage import CorruptFileError, SharedStore
+from services.learner.group import GroupBroken, RankGroup, share_bounds, share_of
 from services.slave.core import TaskContext, patiently
 
 log = logging.getLogger(__name__)
@@ -224,6 +228,15 @@ class SegmentCache:
     def gather(self, batch: SampledBatch) -> tuple[dict[str, np.ndarray], np.ndarray, list[int]]:
         """The batch's rows as columns, with their weights and keys (rows of unusable
         segments left out). Never raises for what a file holds."""
+        columns, weights, kept = self.gather_kept(batch)
+        keys = [k for k, keep in zip(batch.keys, kept, strict=True) if keep] if kept.size else []
+        return columns, weights, keys
+
+    def gather_kept(
+        self, batch: SampledBatch
+    ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """As `gather`, with which of the batch's items were kept (a bool per item)
+        instead of their keys."""
         items = sum(len(segment.rows) for segment in batch.segments)
         if len(batch.keys) != items or len(batch.weights) != items:
             log.warning(
@@ -232,7 +245,7 @@ class SegmentCache:
                 len(batch.keys),
                 len(batch.weights),
             )
-            return {}, np.zeros(0, np.float32), []
+            return {}, np.zeros(0, np.float32), np.zeros(0, bool)
         parts: list[dict[str, np.ndarray]] = []
         keep: list[bool] = []
         for segment in batch.segments:
@@ -245,13 +258,12 @@ class SegmentCache:
                 else:
                     parts.append({k: columns[k][rows] for k in self.columns})
             keep.extend([rows is not None] * len(segment.rows))
-        if not parts:
-            return {}, np.zeros(0, np.float32), []
         mask = np.asarray(keep, dtype=bool)
+        if not parts:
+            return {}, np.zeros(0, np.float32), np.zeros(len(keep), bool)
         joined = {k: np.concatenate([p[k] for p in parts]) for k in self.columns}
         weights = np.asarray(batch.weights, dtype=np.float32)[mask]
-        keys = [k for k, kept in zip(batch.keys, keep, strict=True) if kept]
-        return joined, weights, keys
+        return joined, weights, mask
 
 
 def _row_index(rows: list[int], length: int) -> np.ndarray | None:
@@ -312,13 +324,189 @@ def priorities_of(td_abs: np.ndarray) -> list[float]:
     return np.clip(values, 0.0, MAX_PRIORITY).tolist()
 
 
+@dataclass(frozen=True)
+class BatchOutcome:
+    """One update on a global batch, as rank 0 reports it (merged over the ranks)."""
+
+    #: The keys of the items trained on, and their new |TD errors|, in batch order.
+    keys: list[int]
+    td_abs: np.ndarray
+    loss: float
+    q_mean: float
+    #: Items each rank trains per second since the task started, in rank order.
+    rank_samples_per_s: list[float]
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """One on-policy round's updates, merged over the ranks."""
+
+    loss: float
+    entropy: float
+    approx_kl: float
+    rank_samples_per_s: list[float]
+
+
+class Trainer:
+    """One rank's training: it reads its own share of each global batch from the
+    shared file system and trains on it; with a group, the ranks agree on each update
+    and rank 0 gets the merged outcome (every rank's TD errors, by batch position, so
+    each sampled item gets exactly one new priority).
+
+    A learner on its own (`group` None) trains on the whole batch.
+    """
+
+    def __init__(self, learner: Learner, cache: SegmentCache, group: RankGroup | None) -> None:
+        self.learner = learner
+        self.cache = cache
+        self.group = group
+        self._started = time.monotonic()
+        self._samples = 0
+
+    def _rate(self, samples: int) -> float:
+        self._samples += samples
+        return self._samples / max(time.monotonic() - self._started, 1e-9)
+
+    def train_batch(self, batch: SampledBatch) -> BatchOutcome | None:
+        """One update on the batch (this rank's share of it); None when no rank had a
+        usable row (no rank stepped)."""
+        learner = _as(self.learner, BatchLearner)
+        group = self.group
+        if group is None:
+            columns, weights, keys = self.cache.gather(batch)
+            if not len(weights):
+                return None
+            info = learner.learn_batch(columns, weights)
+            rate = self._rate(len(weights))
+            return BatchOutcome(keys, info.td_abs, info.loss, info.q_mean, [rate])
+        mine = share_of(batch, group.rank, group.world_size)
+        columns, weights, kept = self.cache.gather_kept(mine)
+        # A rank with nothing to train on cannot take part in the gradient all-reduce:
+        # all skip the batch together.
+        if group.all_min(len(weights)) == 0:
+            return None
+        info = learner.learn_batch(columns, weights)
+        width = share_bounds(len(batch.keys), 0, group.world_size)[1]
+        td = np.full(width, _DROPPED)
+        td[: len(kept)][kept] = np.asarray(info.td_abs, dtype=np.float64)
+        report = np.concatenate([[info.loss, info.q_mean, self._rate(len(weights))], td])
+        table = group.all_gather(report)
+        keys: list[int] = []
+        td_abs: list[float] = []
+        for rank, row in enumerate(table):
+            start, stop = share_bounds(len(batch.keys), rank, group.world_size)
+            for position, value in enumerate(row[3 : 3 + stop - start]):
+                if value != _DROPPED:  # NaN (a diverging update) is kept: MAX_PRIORITY
+                    keys.append(batch.keys[start + position])
+                    td_abs.append(value)
+        return BatchOutcome(
+            keys=keys,
+            td_abs=np.asarray(td_abs),
+            loss=float(table[:, 0].mean()),
+            q_mean=float(table[:, 1].mean()),
+            rank_samples_per_s=table[:, 2].tolist(),
+        )
+
+    def round_share(self, batch: SampledBatch) -> dict[str, np.ndarray]:
+        """This rank's usable rows of an on-policy round (all of them on its own)."""
+        if self.group is not None:
+            batch = share_of(batch, self.group.rank, self.group.world_size)
+        columns, _, _ = self.cache.gather(batch)
+        return columns
+
+    def train_round(self, columns: dict[str, np.ndarray]) -> RoundOutcome | None:
+        """All updates on one on-policy round, given this rank's `round_share` of it;
+        None when no rank had a usable row."""
+        learner = _as(self.learner, RoundLearner)
+        rows = len(next(iter(columns.values()))) if columns else 0
+        group = self.group
+        if group is None:
+            if not rows:
+                return None
+            info = learner.train_round(columns)
+            return RoundOutcome(info.loss, info.entropy, info.approx_kl, [self._rate(rows)])
+        # Every rank must take the same number of minibatch steps: all train on as many
+        # rows as the rank with the fewest usable ones.
+        rows = group.all_min(rows)
+        if rows == 0:
+            return None
+        info = learner.train_round({k: v[:rows] for k, v in columns.items()})
+        table = group.all_gather(
+            np.array([info.loss, info.entropy, info.approx_kl, self._rate(rows)])
+        )
+        mean = table.mean(axis=0)
+        return RoundOutcome(mean[0], mean[1], mean[2], table[:, 3].tolist())
+
+
+#: A batch position a rank did not train on (its segment was unusable there).
+_DROPPED = -1.0
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """Where a learner resumed from: what every rank of a group loads alike."""
+
+    #: The newest policy version in use; the next publish goes past it.
+    version: int
+    #: The checkpoint loaded (its path under the shared root), if any.
+    checkpoint: str | None = None
+    #: The published policy whose weights were taken over the checkpoint's, if any.
+    policy: PolicyRef | None = None
+
+
+def load_checkpoint(store: SharedStore, learner: Learner, path: str) -> int:
+    """Load a checkpoint into `learner`; returns the policy version it was written at.
+
+    Raises:
+        Exception: it cannot be read, or holds non-finite weights.
+    """
+    state = torch.load(
+        io.BytesIO(store.read_bytes(path)), map_location=learner.device, weights_only=True
+    )
+    if not _finite(state["model"]):
+        raise NonFiniteWeights("non-finite weights")
+    learner.load_state_dict(state["model"])
+    return int(state["policy_version"])
+
+
+def load_policy(store: SharedStore, learner: Learner, ref: PolicyRef) -> None:
+    """Take a published version's weights and train iteration.
+
+    Raises:
+        OSError, CorruptFileError, RuntimeError: it cannot be read or does not fit.
+    """
+    policy = store.read_policy(ref.path, sha256=ref.sha256)
+    if not _finite(policy.tensors):
+        raise CorruptFileError(f"{ref.path}: non-finite weights")
+    learner.load_policy(policy.tensors)
+    learner.train_iter = policy.train_iter
+
+
+def new_learner(
+    config: JobConfig, seed: int, device: torch.device, group: RankGroup | None
+) -> Learner:
+    """The job's learner, seeded; in a group, each rank's minibatches are its share of
+    the global ones and its optimizer steps average gradients across the ranks."""
+    torch.manual_seed(seed)
+    policy = config.policy
+    if group is not None:
+        local = replace(policy.learn, batch_size=policy.learn.batch_size // group.world_size)
+        policy = replace(policy, learn=local)
+    learner = ALGORITHMS[policy.type].make_learner(policy, device)
+    if group is not None:
+        learner.sync = AllReduceSync(None, group.world_size)
+    return learner
+
+
 class LearnerRunner:
-    """Runs `learn` tasks (the TaskRunner of a learner)."""
+    """Runs `learn` tasks (the TaskRunner of a learner, and of a learner group's rank
+    0, which passes `group`: services/learner/aggregator.py)."""
 
     kinds = frozenset({"learn"})
 
-    def __init__(self, store: SharedStore) -> None:
+    def __init__(self, store: SharedStore, group: RankGroup | None = None) -> None:
         self.store = store
+        self.group = group
 
     def run(self, ctx: TaskContext) -> dict[str, Any]:
         job_id = ctx.task.job_id
@@ -327,34 +515,62 @@ class LearnerRunner:
         spec = ctx.task.spec
         return self.learn(ctx, config, spec)
 
+    def device(self, config: JobConfig) -> torch.device:
+        if self.group is not None:
+            return self.group.ranks.device(config.policy.torch_device)
+        return torch.device(config.policy.torch_device)
+
     def learn(self, ctx: TaskContext, config: JobConfig, spec: LearnSpec) -> dict[str, Any]:
         """Train the job's algorithm from where its last learner stopped, in the mode
         the task says (the coordinator's workflow chose it), until the task stops."""
-        torch.manual_seed(spec.seed)
-        device = torch.device(config.policy.torch_device)
-        learner = algorithm_of(config).make_learner(config.policy, device)
-        version = self._resume(ctx.task.job_id, learner, ctx)
+        group = self.group
+        if group is not None:
+            error = split_error(config.policy, group.world_size)
+            if error is not None:  # before any rank builds anything
+                raise ValueError(f"{error[0]}: {error[1]}")
+        learner = new_learner(config, spec.seed, self.device(config), group)
+        resumed = self._resume(ctx.task.job_id, learner, ctx)
+        if group is not None:
+            group.send(
+                {
+                    "kind": "task",
+                    "job_id": ctx.task.job_id,
+                    "seed": spec.seed,
+                    "mode": spec.mode,
+                    "checkpoint": resumed.checkpoint,
+                    "policy": dump(resumed.policy) if resumed.policy else None,
+                }
+            )
+            group.broadcast_state(learner.state_dict())
         session = _RoundSession if spec.mode == "rounds" else _LearnSession
-        return session(ctx, config, self.store, learner, version).run()
+        try:
+            result = session(ctx, config, self.store, learner, resumed.version, group).run()
+        except GroupBroken:
+            raise
+        except Exception:
+            self._end_group()
+            raise
+        self._end_group()
+        return result
 
-    def _resume(self, job_id: str, learner: Learner, ctx: TaskContext) -> int:
-        """Continue where the job's last learner stopped; return the newest policy
-        version in use, which the next publish goes past (versions stay monotonic).
+    def _end_group(self) -> None:
+        if self.group is not None:
+            self.group.send({"kind": "end"})
+
+    def _resume(self, job_id: str, learner: Learner, ctx: TaskContext) -> Resumed:
+        """Continue where the job's last learner stopped.
 
         The newest readable checkpoint gives networks, optimizer and counters. When a
         newer policy was published after it, its weights and train iteration are taken
         too (the target network restarts from them), so little training is repeated.
         """
         version = 0
+        checkpoint: str | None = None
         folder = f"{job_id}/checkpoints"
         for name in reversed(self.store.list_dir(folder)):
             try:
-                data = self.store.read_bytes(f"{folder}/{name}")
-                state = torch.load(io.BytesIO(data), map_location=learner.device, weights_only=True)
-                if not _finite(state["model"]):
-                    raise NonFiniteWeights("non-finite weights")
-                learner.load_state_dict(state["model"])
-                version = int(state["policy_version"])
+                version = load_checkpoint(self.store, learner, f"{folder}/{name}")
+                checkpoint = f"{folder}/{name}"
                 log.info("resumed from %s at train_iter %d", name, learner.train_iter)
                 break
             except Exception as exc:  # a damaged checkpoint: try the one before it
@@ -363,15 +579,13 @@ class LearnerRunner:
             latest = patiently(ctx.stop, ctx.coordinator.latest_policy, job_id)
         except (ApiError, ServiceUnavailable) as exc:
             raise JobOver(f"cannot read the newest policy version: {exc}") from exc
+        taken: PolicyRef | None = None
         if latest is not None and latest.train_iter > learner.train_iter:
             try:
-                policy = self.store.read_policy(latest.path, sha256=latest.sha256)
-                if not _finite(policy.tensors):
-                    raise CorruptFileError(f"{latest.path}: non-finite weights")
-                learner.load_policy(policy.tensors)
-                learner.train_iter = policy.train_iter
+                load_policy(self.store, learner, latest)
+                taken = latest
                 log.info(
-                    "took version %d's weights (train_iter %d)", latest.version, policy.train_iter
+                    "took version %d's weights (train_iter %d)", latest.version, learner.train_iter
                 )
             except (OSError, CorruptFileError, RuntimeError) as exc:
                 log.warning("newest policy %d unusable: %s", latest.version, exc)
@@ -382,11 +596,14 @@ class LearnerRunner:
             for name in self.store.list_dir(f"{job_id}/policies")
             if name.endswith(".safetensors") and name.split(".")[0].isdigit()
         ]
-        return max([version, latest.version if latest else 0, *on_disk])
+        newest = max([version, latest.version if latest else 0, *on_disk])
+        return Resumed(version=newest, checkpoint=checkpoint, policy=taken)
 
 
 class _LearnSession:
-    """Batches as the buffer samples them (`LearnSpec.mode` batches)."""
+    """Batches as the buffer samples them (`LearnSpec.mode` batches). In a learner
+    group this runs on rank 0, which sends each sample reply's batches to the other
+    ranks and trains its own share."""
 
     def __init__(
         self,
@@ -395,15 +612,18 @@ class _LearnSession:
         store: SharedStore,
         learner: Learner,
         version: int,
+        group: RankGroup | None = None,
     ) -> None:
         self.ctx = ctx
         self.config = config
         self.store = store
         self.learner = learner
         self.version = version
+        self.group = group
         self.job_id = ctx.task.job_id
         schema = SegmentSchema.for_policy(config.policy, algorithm_of(config).reads)
         self.cache = SegmentCache(store, self.job_id, schema, unusable=ctx.unusable_segments)
+        self.trainer = Trainer(learner, self.cache, group)
         self.sample_timeouts = 0
         #: Holds (fifo items kept for this task) trained on and not yet acknowledged.
         self.trained_holds: list[str] = []
@@ -411,7 +631,7 @@ class _LearnSession:
 
     def run(self) -> dict[str, Any]:
         learn = self.config.policy.learn
-        ctx, learner = self.ctx, _as(self.learner, BatchLearner)
+        ctx, learner = self.ctx, self.learner
         started, start_iter = time.monotonic(), learner.train_iter
         prefetch = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch")
         # Priorities go back on their own thread, so training never waits for them.
@@ -424,15 +644,17 @@ class _LearnSession:
                 if ctx.stopped():
                     break
                 future = prefetch.submit(self.fetch)
+                batches = reply.batches if reply else []
+                if self.group is not None:  # also when empty: the ranks hear from us
+                    self.group.send({"kind": "batches", "batches": [dump(b) for b in batches]})
                 keys: list[int] = []
                 td_abs: list[np.ndarray] = []
-                for batch in reply.batches if reply else []:
-                    columns, weights, batch_keys = self.cache.gather(batch)
-                    if not len(weights):
+                for batch in batches:
+                    outcome = self.trainer.train_batch(batch)
+                    if outcome is None:
                         continue
-                    info = learner.learn_batch(columns, weights)
-                    keys += batch_keys
-                    td_abs.append(info.td_abs)
+                    keys += outcome.keys
+                    td_abs.append(outcome.td_abs)
                     if learner.train_iter % learn.publish_every_iters == 0:
                         self.publish()
                     if learner.train_iter % learn.checkpoint_every_iters == 0:
@@ -442,11 +664,12 @@ class _LearnSession:
                         ctx.progress,
                         train_iter=learner.train_iter,
                         train_iters_per_s=round((learner.train_iter - start_iter) / elapsed, 1),
-                        loss=round(info.loss, 5),
-                        q_mean=round(info.q_mean, 4),
+                        loss=round(outcome.loss, 5),
+                        q_mean=round(outcome.q_mean, 4),
                         unusable_segments=len(self.cache.unusable),
                         skipped_updates=learner.skipped_updates,
                     )
+                    set_rank_rates(ctx.progress, outcome.rank_samples_per_s)
                 if self.prioritized and keys:
                     priorities.submit(self.send_priorities, keys, np.concatenate(td_abs))
                 if reply is not None and reply.hold_id is not None:
@@ -454,6 +677,9 @@ class _LearnSession:
         except JobOver as exc:
             log.info("learning stops: %s", exc)
             ctx.stop.set()
+        except GroupBroken:
+            self.checkpoint()  # the state after the last update every rank took
+            raise
         finally:
             prefetch.shutdown(wait=False, cancel_futures=True)
             priorities.shutdown(wait=False, cancel_futures=True)
@@ -562,7 +788,7 @@ class _RoundSession(_LearnSession):
     """
 
     def run(self) -> dict[str, Any]:
-        ctx, learner = self.ctx, _as(self.learner, RoundLearner)
+        ctx, learner = self.ctx, self.learner
         learn = self.config.policy.learn
         started = time.monotonic()
         try:
@@ -570,15 +796,19 @@ class _RoundSession(_LearnSession):
             while not ctx.stopped():
                 reply = self.fetch_round()
                 if reply is None:
+                    if self.group is not None:
+                        self.group.send({"kind": "idle"})
                     continue
                 columns, versions = self.round_data(reply)
-                if columns and set(versions) != {self.version}:
+                if set(versions) - {self.version}:
                     # The buffer evicts older data; this guards the promise itself.
                     raise RuntimeError(f"round of version {self.version} held {set(versions)}")
+                if self.group is not None:
+                    self.group.send({"kind": "round", "batch": dump(reply.batches[0])})
                 previous = learner.train_iter
                 # A round of unusable segments only trains nothing, but the collectors
                 # wait for the next version all the same.
-                info = learner.train_round(columns) if columns else None
+                outcome = self.trainer.train_round(columns)
                 self.publish()
                 if reply.hold_id is not None:
                     self.trained_holds.append(reply.hold_id)
@@ -594,16 +824,20 @@ class _RoundSession(_LearnSession):
                     unusable_segments=len(self.cache.unusable),
                     skipped_updates=learner.skipped_updates,
                 )
-                if info is not None:
+                if outcome is not None:
                     set_progress(
                         ctx.progress,
-                        loss=round(info.loss, 5),
-                        entropy=round(info.entropy, 4),
-                        approx_kl=round(info.approx_kl, 5),
+                        loss=round(outcome.loss, 5),
+                        entropy=round(outcome.entropy, 4),
+                        approx_kl=round(outcome.approx_kl, 5),
                     )
+                    set_rank_rates(ctx.progress, outcome.rank_samples_per_s)
         except JobOver as exc:
             log.info("learning stops: %s", exc)
             ctx.stop.set()
+        except GroupBroken:
+            self.checkpoint()
+            raise
         self.checkpoint()
         return {"train_iter": learner.train_iter, "policy_version": self.version}
 
@@ -611,17 +845,28 @@ class _RoundSession(_LearnSession):
         return self.sample(self.config.policy.collect.n_sample, 1)
 
     def round_data(self, reply: SampleReply) -> tuple[dict[str, np.ndarray], list[int]]:
-        """The round's usable rows, and the policy versions of the segments they come
-        from (a segment whose header cannot be read is skipped like any unusable one)."""
+        """This rank's usable rows of the round, and the policy versions of the round's
+        segments that are not known to be unusable (a segment whose header cannot be
+        read is skipped like any unusable one)."""
         (batch,) = reply.batches
         versions: dict[str, int] = {}
         for segment in batch.segments:
-            if segment.path in self.cache.unusable:
+            if segment.path in self.cache.unusable or segment.path in versions:
                 continue
             try:
                 header = self.store.read_segment_header(segment.path) or {}
                 versions[segment.path] = int(header["policy_version"])
             except _UNUSABLE as exc:  # KeyError: no version recorded
                 self.cache.skip(segment.path, f"unreadable header: {exc!r}")
-        columns, _, _ = self.cache.gather(batch)
+        columns = self.trainer.round_share(batch)
         return columns, [v for path, v in versions.items() if path not in self.cache.unusable]
+
+
+def set_rank_rates(progress: dict[str, float], rank_samples_per_s: list[float]) -> None:
+    """The learner's throughput in a task's progress: items trained per second in all,
+    and, for a group, by each rank (`rank_0_samples_per_s`, ...) and its world size."""
+    set_progress(progress, samples_per_s=round(sum(rank_samples_per_s), 1))
+    if len(rank_samples_per_s) > 1:
+        set_progress(progress, world_size=len(rank_samples_per_s))
+        for rank, rate in enumerate(rank_samples_per_s):
+            set_progress(progress, **{f"rank_{rank}_samples_per_s": round(rate, 1)})
