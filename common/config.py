@@ -124,6 +124,12 @@ class LearnConfig:
     learning_rate_q: PosFloat | None = None
     learning_rate_policy: PosFloat | None = None
     learning_rate_alpha: PosFloat | None = None
+    #: Train data-parallel on a learner group (DI-engine's key, the same meaning):
+    #: each rank takes an equal share of every batch and gradients are averaged across
+    #: ranks every update. `drover run` then starts one rank per CUDA device (or
+    #: `--learner-ranks N`), and the coordinator gives the job the free learner with
+    #: the most ranks. Any job also trains on a learner group it is given.
+    multi_gpu: bool = False
     #: IMPALA: V-trace's importance-weight clips.
     rho_clip: Annotated[float, Gt(0)] = 1.0
     c_clip: Annotated[float, Gt(0)] = 1.0

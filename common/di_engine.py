@@ -61,6 +61,8 @@ MOVES: tuple[tuple[str, str], ...] = (
     ("policy.random_collect_size", "policy.collect.random_collect_size"),
     ("policy.learn.rho_clip_ratio", "policy.learn.rho_clip"),
     ("policy.learn.c_clip_ratio", "policy.learn.c_clip"),
+    # Newer DI-engine configs put it on the policy; the meaning is the same.
+    ("policy.multi_gpu", "policy.learn.multi_gpu"),
 )
 
 

@@ -404,6 +404,21 @@ class EvalSummary:
 
 
 @message
+class LearnerSummary:
+    """A learner training a job now: a learner group shows its ranks."""
+
+    worker_id: str
+    #: Ranks that train as this one learner (1: a learner on its own).
+    world_size: int
+    #: Each rank's device, in rank order ("cpu", "cuda:0", ...), as it registered.
+    rank_devices: list[str]
+    train_iters_per_s: float | None = None
+    #: Items trained per second: in all, and by each rank.
+    samples_per_s: float | None = None
+    rank_samples_per_s: list[float] = field(default_factory=list)
+
+
+@message
 class JobStatus:
     job_id: str
     name: str
@@ -420,6 +435,8 @@ class JobStatus:
     reason: str
     started_at: float
     finished_at: float | None
+    #: The learners training it now (running jobs only).
+    learners: list[LearnerSummary] = field(default_factory=list)
 
 
 # --- small answers -------------------------------------------------------------------

@@ -1,8 +1,9 @@
 """The `drover` command.
 
 drover run CONFIG            train locally: coordinator, collectors, learner
+                             (--learner-ranks N: the learner is a group of N ranks)
 drover coordinator           serve one coordinator (what compose/Kubernetes run)
-drover collector | learner   serve one slave
+drover collector | learner   serve one slave (drover learner --nproc N: a learner group)
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from common.errors import ApiError
 from common.http import ServiceUnavailable
 from common.messages import TERMINAL_PHASES, JobStatus
 from common.settings import SettingsError, read_token
-from drover.devices import fit_local_device
-from drover.local import LocalCluster
+from drover.devices import fit_local_device, local_learner_ranks
+from drover.local import LocalCluster, torchrun_args
 from services.coordinator.client import CoordinatorClient
 from services.coordinator.workflows import check_workflow
 
@@ -57,6 +58,13 @@ def main(argv: list[str] | None = None) -> int:
         help="a job on CUDA (policy.cuda, policy.device) on a machine without CUDA: "
         "warn and run it on CPU instead of stopping",
     )
+    run.add_argument(
+        "--learner-ranks",
+        type=int,
+        default=None,
+        help="train on a learner group of N ranks started by torchrun (default: one "
+        "per CUDA device for a policy.learn.multi_gpu job on CUDA, else 1)",
+    )
     submit = sub.add_parser("submit", help="submit a job to a running coordinator")
     submit.add_argument("config", help="job config: .yaml, .yml, .json or .py (main_config)")
     submit.add_argument(
@@ -74,8 +82,22 @@ def main(argv: list[str] | None = None) -> int:
     show = sub.add_parser("config", help="print a job config resolved; starts nothing")
     show.add_argument("action", choices=["show"], help="show: the resolved config")
     show.add_argument("config", help="job config: .yaml, .yml, .json or .py (DI-engine's)")
-    for role in ("coordinator", "collector", "learner"):
-        sub.add_parser(role, help=f"serve one {role} (settings from DROVER_* variables)")
+    roles = {
+        role: sub.add_parser(role, help=f"serve one {role} (settings from DROVER_* variables)")
+        for role in ("coordinator", "collector", "learner")
+    }
+    roles["learner"].add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="ranks of a learner group on this machine, started by torchrun (1)",
+    )
+    roles["learner"].add_argument(
+        "--max-restarts",
+        type=int,
+        default=10,
+        help="times torchrun restarts a group whose rank died or hung (10)",
+    )
     args = parser.parse_args(argv)
     if args.command == "run":
         return run_local(args)
@@ -83,9 +105,23 @@ def main(argv: list[str] | None = None) -> int:
         return show_config(args)
     if args.command == "submit":
         return submit_job(args)
+    if args.command == "learner" and args.nproc != 1:
+        return serve_learner_group(args.nproc, args.max_restarts)
     sys.argv = [f"drover {args.command}"]
     runpy.run_module(f"services.{args.command}", run_name="__main__")
     return 0
+
+
+def serve_learner_group(nproc: int, max_restarts: int) -> int:
+    """`drover learner --nproc N`: torchrun with N ranks of `services.learner` on this
+    machine (for several machines, run torchrun with its rendezvous flags instead)."""
+    if nproc < 1:
+        return error("--nproc must be at least 1")
+    if max_restarts < 0:
+        return error("--max-restarts must be 0 or more")
+    argv = [sys.executable, "-m", "torch.distributed.run"]
+    argv += [*torchrun_args(nproc, max_restarts), "-m", "services.learner"]
+    os.execv(sys.executable, argv)  # torchrun takes over this process (and its signals)
 
 
 def print_notes(notes: list[str], warnings: list[str]) -> None:
@@ -127,18 +163,24 @@ def run_local(args: argparse.Namespace) -> int:
     started = time.monotonic()
     if args.collectors < 1:
         return error("--collectors must be at least 1")
+    if args.learner_ranks is not None and args.learner_ranks < 1:
+        return error("--learner-ranks must be at least 1")
     try:
         raw, notes = load_config(args.config)
         config, warnings = resolve_job_config(raw)
         check_here(config)
         local = fit_local_device(raw, config, cpu_fallback=args.cpu_fallback)
         raw, config, warnings = local.raw, local.config, warnings + local.warnings
+        ranks, notes_on_ranks = local_learner_ranks(config, args.learner_ranks)
+        warnings += notes_on_ranks
     except ConfigError as exc:
         return error(f"{args.config}: {exc}")
     print_notes(notes, warnings)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.runs_dir) / f"{config.exp_name}-{stamp}"
-    cluster = LocalCluster(run_dir, num_collectors=args.collectors)
+    cluster = LocalCluster(run_dir, num_collectors=args.collectors, learner_ranks=ranks)
+    if ranks > 1:
+        console.print(f"drover: the learner is a group of {ranks} ranks (torchrun)")
     console.print(f"drover: run folder [bold]{cluster.run_dir}[/]", highlight=False)
     status: JobStatus | None = None
     try:
@@ -257,9 +299,17 @@ def progress_table(
         last_eval,
         f"{elapsed_s:.1f}s",
     )
+    captions = []
     if rates:
         per = ", ".join(f"{k}: {v:,.0f}/s" for k, v in sorted(rates.items()))
-        table.caption = f"collectors {per}"
+        captions.append(f"collectors {per}")
+    for learner in status.learners:
+        if learner.world_size > 1 and learner.rank_samples_per_s:
+            per = ", ".join(f"{rate:,.0f}" for rate in learner.rank_samples_per_s)
+            captions.append(
+                f"learner group of {learner.world_size} ranks: {per} samples/s per rank"
+            )
+    table.caption = "\n".join(captions) or None
     return table
 
 

@@ -1,8 +1,10 @@
-"""`drover run`'s device check: the local cluster runs on this machine, so a job on
+"""`drover run`'s device checks: the local cluster runs on this machine, so a job on
 CUDA (`policy.cuda: true` or `policy.device: cuda`) needs CUDA here. Without it the
 run stops before any process starts, instead of every task failing with "Torch not
 compiled with CUDA enabled"; `--cpu-fallback` runs the job on CPU instead, with a
-warning."""
+warning. A learner group of N ranks (`--learner-ranks`, or `policy.learn.multi_gpu`)
+is checked here too: the job's batches must split over the ranks, and a CUDA job
+needs a CUDA device for each."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from common.devices import (
     local_cuda,
     needs_cuda,
 )
+from common.ranks import split_error
 
 
 @dataclass(frozen=True)
@@ -61,3 +64,40 @@ def fit_local_device(raw: dict[str, Any], config: JobConfig, *, cpu_fallback: bo
     config, _ = resolve_job_config(on_cpu)
     warning = f"{device_setting(policy)}, but {why_none}: running on CPU (--cpu-fallback)"
     return LocalDevice(on_cpu, config, [warning])
+
+
+def local_learner_ranks(config: JobConfig, requested: int | None) -> tuple[int, list[str]]:
+    """How many learner ranks `drover run` starts for the job, and what to tell the
+    user about it.
+
+    `--learner-ranks N` (`requested`) decides; without it a job with
+    `policy.learn.multi_gpu: true` on CUDA gets one rank per CUDA device here, and any
+    other job one learner.
+
+    Raises:
+        ConfigError: the job's batches do not split over the ranks, or a CUDA job
+            asks for more ranks than this machine has CUDA devices.
+    """
+    policy = config.policy
+    warnings: list[str] = []
+    if requested is None:
+        requested = 1
+        if policy.learn.multi_gpu and needs_cuda(policy):
+            requested = max(1, local_cuda()[0])
+        elif policy.learn.multi_gpu:
+            warnings.append(
+                "policy.learn.multi_gpu: true, but the job trains on CPU: one learner "
+                "(pass --learner-ranks N for a group of N CPU ranks)"
+            )
+    if requested > 1 and needs_cuda(policy):
+        count, why_none = local_cuda()
+        if count < requested:
+            raise ConfigError(
+                "policy.learn.multi_gpu",
+                f"{requested} learner ranks on CUDA need {requested} CUDA devices, and "
+                f"this machine has {count}{f' ({why_none})' if why_none else ''}",
+            )
+    error = split_error(policy, requested)
+    if error is not None:
+        raise ConfigError(*error)
+    return requested, warnings

@@ -1,4 +1,5 @@
-"""Which workers can run a job, by the device its policy trains and acts on.
+"""Which workers can run a job: by the device its policy trains and acts on, and, for a
+learner group, by whether the job's batches split evenly over its ranks.
 
 A job with `policy.cuda: true` (or `policy.device: cuda`) runs torch on CUDA in every
 role its workflow uses (learners train on it, collectors act on it), so:
@@ -8,6 +9,11 @@ role its workflow uses (learners train on it, collectors act on it), so:
 - a role with no worker registered yet lets the job wait: each pass offers its
   workflow only the workers that report CUDA (`can_run`), and its status says what
   it waits for (`waiting_reason`).
+
+A learner group (common/ranks.py) trains each rank on an equal share of every batch:
+a job whose `policy.learn.batch_size` (or PPO's `n_sample`) does not split over a
+group's ranks is not given to that group, and is refused at submission when every
+registered learner is such a group.
 """
 
 from __future__ import annotations
@@ -24,12 +30,20 @@ from common.devices import (
     needs_cuda,
 )
 from common.errors import bad_request
+from common.ranks import learner_ranks, split_error
 from services.coordinator.state import Worker
 
 
 def can_run(worker: Worker, config: JobConfig) -> bool:
-    """The worker has the device the job's policy runs on."""
-    return not needs_cuda(config.policy) or cuda_devices(worker.resources) > 0
+    """The worker has the device the job's policy runs on, and, a learner, ranks over
+    which the job's batches split."""
+    if needs_cuda(config.policy) and cuda_devices(worker.resources) == 0:
+        return False
+    return worker.role != "learner" or _splits(worker, config)
+
+
+def _splits(worker: Worker, config: JobConfig) -> bool:
+    return split_error(config.policy, learner_ranks(worker.resources)) is None
 
 
 def refuse_unless_fits(config: JobConfig, roles: Iterable[str], workers: Iterable[Worker]) -> None:
@@ -40,9 +54,14 @@ def refuse_unless_fits(config: JobConfig, roles: Iterable[str], workers: Iterabl
         ApiError: 400 naming `config.policy.cuda` (or `config.policy.device`).
     """
     policy = config.policy
+    workers = list(workers)
+    learners = [w for w in workers if w.role == "learner"]
+    if "learner" in roles and learners and not any(_splits(w, config) for w in learners):
+        ranks = learner_ranks(learners[0].resources)
+        key, message = split_error(policy, ranks) or ("", "")
+        raise bad_request(f"config.{key}", message)
     if not needs_cuda(policy):
         return
-    workers = list(workers)
     for role in sorted(roles):
         of_role = [w for w in workers if w.role == role]
         if of_role and not any(cuda_devices(w.resources) > 0 for w in of_role):
@@ -58,9 +77,15 @@ def waiting_reason(config: JobConfig, roles: Iterable[str], workers: Iterable[Wo
     """Why a running CUDA job gets no task in some role ("" when it waits for nothing
     of the sort)."""
     policy = config.policy
+    workers = list(workers)
+    learners = [w for w in workers if w.role == "learner"]
+    if "learner" in roles and learners and not any(can_run(w, config) for w in learners):
+        unsplit = [w for w in learners if not _splits(w, config)]
+        if unsplit:
+            key, message = split_error(policy, learner_ranks(unsplit[0].resources)) or ("", "")
+            return f"waiting for a learner whose ranks split the job's batches: {key} {message}"
     if not needs_cuda(policy):
         return ""
-    workers = list(workers)
     lacking = [
         role
         for role in sorted(roles)

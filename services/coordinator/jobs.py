@@ -29,11 +29,13 @@ from common.messages import (
     JobMetrics,
     JobStatus,
     JobSubmit,
+    LearnerSummary,
     MetricsPoint,
     dump,
     new_id,
     parse,
 )
+from common.ranks import RANK_DEVICES, learner_ranks
 from common.storage import SharedStore
 from services.buffer.core import ReplayBuffer
 from services.coordinator.devices import refuse_unless_fits, waiting_reason
@@ -234,11 +236,12 @@ class JobBook:
 
     def status(self, job_id: str) -> JobStatus:
         with self.state.guard.changing():
-            return status_of(self.get(job_id))
+            job = self.get(job_id)
+            return status_of(job, learners_of(self.state, job))
 
     def listing(self) -> list[JobStatus]:
         with self.state.guard.changing():
-            return [status_of(j) for j in self.state.jobs.values()]
+            return [status_of(j, learners_of(self.state, j)) for j in self.state.jobs.values()]
 
     def metrics(self, job_id: str) -> JobMetrics:
         with self.state.guard.changing():
@@ -282,7 +285,35 @@ class JobBook:
                 job.metrics.popleft()
 
 
-def status_of(job: Job) -> JobStatus:
+def learners_of(state: CoordinatorState, job: Job) -> list[LearnerSummary]:
+    """The learners running the job's learn tasks, with what their progress says of
+    their throughput (a learner group's ranks included)."""
+    summaries = []
+    for task in state.tasks.values():
+        worker = state.workers.get(task.worker_id)
+        if task.job_id != job.job_id or task.kind != "learn" or worker is None:
+            continue
+        progress = worker.progress.get(task.task_id, {})
+        world_size = learner_ranks(worker.resources)
+        devices = worker.resources.get(RANK_DEVICES)
+        summaries.append(
+            LearnerSummary(
+                worker_id=worker.worker_id,
+                world_size=world_size,
+                rank_devices=devices.split(",") if isinstance(devices, str) else [],
+                train_iters_per_s=progress.get("train_iters_per_s"),
+                samples_per_s=progress.get("samples_per_s"),
+                rank_samples_per_s=[
+                    progress[f"rank_{r}_samples_per_s"]
+                    for r in range(world_size)
+                    if f"rank_{r}_samples_per_s" in progress
+                ],
+            )
+        )
+    return summaries
+
+
+def status_of(job: Job, learners: list[LearnerSummary] | None = None) -> JobStatus:
     return JobStatus(
         job_id=job.job_id,
         name=job.name,
@@ -299,6 +330,7 @@ def status_of(job: Job) -> JobStatus:
         reason=job.reason or (job.waiting if job.running else ""),
         started_at=job.started_at,
         finished_at=job.finished_at,
+        learners=learners or [],
     )
 
 

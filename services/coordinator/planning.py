@@ -12,6 +12,7 @@ from typing import Any
 
 from common.errors import bad_request
 from common.messages import EvalResult, MessageError, TaskSpec, parse
+from common.ranks import learner_ranks
 from common.storage import SharedStore
 from services.coordinator.data import DataPlane
 from services.coordinator.devices import can_run, waiting_reason
@@ -181,7 +182,11 @@ class JobPlanning:
 
     def free_workers(self, role: str, kind: str) -> list[Worker]:
         config = self._job.config
-        return [w for w in self._planning.free_workers(role, kind) if can_run(w, config)]
+        workers = [w for w in self._planning.free_workers(role, kind) if can_run(w, config)]
+        if role == "learner" and config.policy.learn.multi_gpu:
+            # A data-parallel job goes to the biggest learner group first.
+            workers.sort(key=lambda w: -learner_ranks(w.resources))
+        return workers
 
     def active_kinds(self, job: Job) -> dict[str, int]:
         return self._planning.active_kinds(job)
