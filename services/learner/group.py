@@ -86,11 +86,14 @@ class RankGroup:
     table = group.all_gather(np.array([loss, samples_per_s]))   # [world, 2]
     """
 
-    def __init__(self, ranks: RankEnv, messages: dist.ProcessGroup | None) -> None:
+    def __init__(
+        self, ranks: RankEnv, messages: dist.ProcessGroup, *, send_timeout_s: float
+    ) -> None:
         self.ranks = ranks
         self.rank = ranks.rank
         self.world_size = ranks.world_size
         self._messages = messages
+        self._send_timeout = timedelta(seconds=send_timeout_s)
 
     @classmethod
     def join(cls, ranks: RankEnv, *, collective_timeout_s: float) -> RankGroup:
@@ -102,6 +105,7 @@ class RankGroup:
         backend = "cpu:gloo,cuda:nccl" if cuda else "gloo"
         dist.init_process_group(
             backend=backend,
+            store=_attempt_store(ranks, collective_timeout_s),
             rank=ranks.rank,
             world_size=ranks.world_size,
             timeout=timedelta(seconds=collective_timeout_s),
@@ -110,7 +114,7 @@ class RankGroup:
             backend="gloo", timeout=timedelta(seconds=collective_timeout_s + MESSAGE_SLACK_S)
         )
         log.info("rank %d of %d joined (%s)", ranks.rank, ranks.world_size, backend)
-        return cls(ranks, messages)
+        return cls(ranks, messages, send_timeout_s=collective_timeout_s)
 
     def close(self) -> None:
         if dist.is_initialized():
@@ -130,14 +134,21 @@ class RankGroup:
         return json.loads(self._broadcast_bytes(b"").decode())
 
     def _broadcast_bytes(self, data: bytes) -> bytes:
+        # A gloo send waits for its receiver: rank 0 gives up after the collective
+        # timeout (a hung rank is noticed then), while the others wait for the next
+        # message as long as the messages group allows.
+        options = dist.BroadcastOptions()
+        options.rootRank = 0
+        if self.rank == 0:
+            options.timeout = self._send_timeout
         try:
             size = torch.tensor([len(data)], dtype=torch.int64)
-            dist.broadcast(size, src=0, group=self._messages)
+            self._messages.broadcast([size], options).wait()
             if self.rank == 0:
                 payload = torch.frombuffer(bytearray(data), dtype=torch.uint8)
             else:
                 payload = torch.empty(int(size.item()), dtype=torch.uint8)
-            dist.broadcast(payload, src=0, group=self._messages)
+            self._messages.broadcast([payload], options).wait()
         except RuntimeError as exc:
             raise GroupBroken(f"message from rank 0 failed: {exc}") from exc
         return payload.numpy().tobytes()
@@ -177,6 +188,24 @@ class RankGroup:
             call(*args, **kwargs)
         except RuntimeError as exc:
             raise GroupBroken(f"{call.__name__} across the learner group failed: {exc}") from exc
+
+
+def _attempt_store(ranks: RankEnv, timeout_s: float) -> dist.Store:
+    """The rendezvous store (torchrun's, at `MASTER_ADDR:MASTER_PORT`), with keys of
+    this restart attempt only: after torchrun restarts a group, a new rank must never
+    read the address a rank of the previous attempt left there (gloo would try to
+    connect to a dead process, and the restart fail)."""
+    env = os.environ
+    agent_store = env.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    store = dist.TCPStore(
+        host_name=env["MASTER_ADDR"],
+        port=int(env["MASTER_PORT"]),
+        world_size=ranks.world_size,
+        is_master=not agent_store and ranks.rank == 0,
+        timeout=timedelta(seconds=timeout_s),
+    )
+    attempt = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return dist.PrefixStore(f"drover/attempt-{attempt}", store)
 
 
 def _tensors(state: Any) -> list[torch.Tensor]:
