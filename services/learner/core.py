@@ -10,6 +10,10 @@ Segment files are written by other machines and trusted for nothing: each is che
 against the job's `SegmentSchema` before any row of it is trained on, and one that
 does not fit costs its rows, never the task. Non-finite weights are never published
 or checkpointed, and everything reported (progress, priorities) is finite.
+
+In a learner group (services/learner/aggregator.py) this runs on every rank: rank 0's
+sessions also send each reply's batches to the other ranks, and each rank's
+`Trainer` trains on its own share of every global batch, reading it itself.
 """
 
 from __future__ import annotations

@@ -143,3 +143,51 @@ def test_drover_run_with_cpu_fallback_warns_and_submits_on_cpu(tmp_path, monkeyp
     assert "warning: policy.cuda: true, but torch" in err and "running on CPU" in err
     assert [raw["policy"] for raw in RefusingCluster.submitted] == [{"cuda": True, "device": "cpu"}]
     assert code == 2  # the stand-in coordinator refused it
+
+
+# --- learner groups (--learner-ranks, policy.learn.multi_gpu) -----------------------
+
+
+def test_learner_ranks_are_what_was_asked_for_when_the_batches_split():
+    assert devices.local_learner_ranks(resolved({}), 2) == (2, [])
+    assert devices.local_learner_ranks(resolved({}), None) == (1, [])
+
+
+def test_a_batch_that_does_not_split_over_the_ranks_stops_drover_run():
+    with pytest.raises(ConfigError) as refused:
+        devices.local_learner_ranks(resolved({"policy": {"learn": {"batch_size": 65}}}), 2)
+    assert refused.value.field == "policy.learn.batch_size"
+    assert "65 does not split evenly over a learner group of 2 ranks" in refused.value.message
+    ppo = resolved({"policy": {"type": "ppo", "collect": {"n_sample": 2049}}})
+    with pytest.raises(ConfigError) as refused:
+        devices.local_learner_ranks(ppo, 2)
+    assert refused.value.field == "policy.collect.n_sample"
+
+
+def test_multi_gpu_on_cpu_is_one_learner_with_a_note():
+    ranks, notes = devices.local_learner_ranks(
+        resolved({"policy": {"learn": {"multi_gpu": True}}}), None
+    )
+    assert ranks == 1 and "--learner-ranks N" in notes[0]
+
+
+def test_multi_gpu_on_cuda_starts_a_rank_per_cuda_device(monkeypatch):
+    monkeypatch.setattr(devices, "local_cuda", lambda: (4, ""))
+    config = resolved({"policy": {"cuda": True, "learn": {"multi_gpu": True}}})
+    assert devices.local_learner_ranks(config, None) == (4, [])
+
+
+@NO_CUDA_HERE
+def test_cuda_ranks_need_a_cuda_device_each():
+    with pytest.raises(ConfigError) as refused:
+        devices.local_learner_ranks(resolved({"policy": {"cuda": True}}), 2)
+    assert refused.value.field == "policy.learn.multi_gpu"
+    assert "2 learner ranks on CUDA need 2 CUDA devices" in refused.value.message
+
+
+def test_drover_run_refuses_learner_ranks_the_batch_does_not_split_over(tmp_path, capsys):
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump({"policy": {"learn": {"batch_size": 64}}}))
+    assert cli.main(["run", str(path), "--learner-ranks", "3", "--runs-dir", str(tmp_path)]) == 2
+    assert "policy.learn.batch_size: 64 does not split evenly" in capsys.readouterr().err
+    assert not list(tmp_path.glob("*/logs"))  # nothing started

@@ -236,3 +236,13 @@ def test_lunarlander_maps_to_gymnasiums_id_and_stops_early_without_box2d(tmp_pat
         assert code == 2 and "env.env_id" in capsys.readouterr().err
     else:
         assert code == 0
+
+
+@pytest.mark.parametrize("where", [("policy",), ("policy", "learn")])
+def test_multi_gpu_keeps_its_meaning_wherever_di_engine_puts_it(where):
+    policy = {"type": "dqn", "learn": {}}
+    (policy if where == ("policy",) else policy["learn"])["multi_gpu"] = True
+    main = {"env": {"stop_value": 195}, "policy": policy}
+    config, notes, warnings = resolved(main, create("dqn", "cartpole"))
+    assert config.policy.learn.multi_gpu is True
+    assert not any("multi_gpu" in w for w in warnings)
