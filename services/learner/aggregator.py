@@ -27,6 +27,7 @@ import logging
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -57,6 +58,8 @@ log = logging.getLogger(__name__)
 #: broken (a hung rank is noticed after this long).
 DEFAULT_COLLECTIVE_TIMEOUT_S = 60.0
 COLLECTIVE_TIMEOUT_VAR = "DROVER_COLLECTIVE_TIMEOUT_S"
+#: The longest `rank_devices` a registration carries (beyond it: a summary).
+MAX_RANK_DEVICES_CHARS = 256
 #: The exit code of a rank whose group broke: torchrun restarts the group.
 EXIT_GROUP_BROKEN = 75
 
@@ -68,7 +71,7 @@ class AggregatorRunner(LearnerRunner):
 
     def __init__(self, store: SharedStore, group: RankGroup, *, tick_s: float) -> None:
         super().__init__(store, group)
-        self.rank_group = group
+        self.rank_group = group  # never None here
         #: Called with the reason when the group broke; it must not return (exit).
         self.on_broken: Callable[[str], None] = _exit_broken
         self._turn = threading.Lock()  # the task or the ticker talks to the ranks
@@ -85,8 +88,8 @@ class AggregatorRunner(LearnerRunner):
                 raise
 
     def _tick(self) -> None:
-        stop = threading.Event()
-        while not stop.wait(self._tick_s):
+        while True:
+            time.sleep(self._tick_s)
             with self._turn:
                 try:
                     self.rank_group.send({"kind": "idle"})
@@ -170,10 +173,15 @@ def _serve_rank_zero(
     from services.learner.app import create_app
     from services.slave.core import build_slave
 
+    listed = ",".join(devices)
+    if len(listed) > MAX_RANK_DEVICES_CHARS:  # a registration's values are short texts
+        listed = (
+            f"{len(devices)} ranks on {', '.join(sorted(set(d.split(':')[0] for d in devices)))}"
+        )
     resources: dict[str, Any] = {
         **local_resources(),
         LEARNER_RANKS: group.world_size,
-        RANK_DEVICES: ",".join(devices),
+        RANK_DEVICES: listed,
         # A CUDA job needs a GPU on every rank.
         CUDA_DEVICES: len(devices) if all(d.startswith("cuda") for d in devices) else 0,
     }

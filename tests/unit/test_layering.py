@@ -40,3 +40,26 @@ def test_reading_configs_imports_no_torch():
         [sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert out.stdout.strip() == "False"
+
+
+#: torch.distributed's collectives of Python objects: each pickles what it sends.
+PICKLING_COLLECTIVES = (
+    "broadcast_object_list",
+    "all_gather_object",
+    "gather_object",
+    "scatter_object_list",
+    "send_object_list",
+    "recv_object_list",
+)
+
+
+def test_no_pickling_collectives_between_ranks():
+    """Ranks of a learner group exchange JSON bytes in tensors, never pickles."""
+    offenders = [
+        f"{path.relative_to(ROOT)}: {name}"
+        for package in ("services", "common", "algorithms", "drover")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        for name in PICKLING_COLLECTIVES
+        if name in path.read_text()
+    ]
+    assert offenders == []
