@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= examples/cartpole_dqn.yaml
 
-.PHONY: install run test lint format bench bench-learning bench-chaos up down clean
+.PHONY: install run test lint format bench bench-learning bench-chaos bench-learner up down clean
 
 # The stamp is refreshed whenever pyproject.toml changes, so `make test` on a fresh
 # clone installs once and later runs start at once.
@@ -39,6 +39,9 @@ bench-learning: install
 
 bench-chaos: install
 	$(BIN)/python bench/chaos.py --seeds 10
+
+bench-learner: install
+	$(BIN)/python bench/learner_scaling.py
 
 up:
 	docker compose up --build
