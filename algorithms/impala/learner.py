@@ -23,7 +23,7 @@ import torch
 from algorithms.checkpoint import OneModelState
 from algorithms.impala import COLUMNS
 from algorithms.ppo.networks import ActorCritic
-from algorithms.step import finite_step
+from algorithms.step import adam, finite_step
 from common.config import PolicyConfig
 
 
@@ -78,7 +78,7 @@ class Impala(OneModelState):
         self.device = torch.device(device)
         self.model = ActorCritic(config.model).to(self.device)
         self.online = self.model
-        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=config.learn.learning_rate)
+        self.optimizer = adam(self.model.parameters(), lr=config.learn.learning_rate)
         self.train_iter = 0
         #: Batches whose loss was not finite: no step was taken on them.
         self.skipped_updates = 0

@@ -21,7 +21,7 @@ import torch
 from algorithms.checkpoint import OneModelState
 from algorithms.ppo import COLUMNS
 from algorithms.ppo.networks import ActorCritic
-from algorithms.step import finite_step
+from algorithms.step import adam, finite_step
 from common.config import PolicyConfig
 
 
@@ -41,9 +41,7 @@ class PPO(OneModelState):
         self.config = config
         self.device = torch.device(device)
         self.model = ActorCritic(config.model).to(self.device)
-        self.optimizer = torch.optim.Adam(
-            self.model.parameters(), lr=config.learn.learning_rate, eps=1e-5
-        )
+        self.optimizer = adam(self.model.parameters(), lr=config.learn.learning_rate, eps=1e-5)
         self.train_iter = 0  # minibatch updates so far
         self.online = self.model  # what a policy version publishes
         #: Minibatches whose loss was not finite: no step was taken on them.

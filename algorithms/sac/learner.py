@@ -21,7 +21,7 @@ import torch
 
 from algorithms.dqn.learner import TransitionBatch
 from algorithms.sac.networks import SquashedGaussianActor, TwinQ
-from algorithms.step import finite_step
+from algorithms.step import adam, finite_step
 from algorithms.sync import LOCAL, GradientSync
 from common.config import PolicyConfig
 from common.models import load_numpy_state
@@ -52,15 +52,9 @@ class SAC:
         )
         self.target_entropy = -float(model.action_shape)
         rate = learn.learning_rate
-        self.actor_optimizer = torch.optim.Adam(
-            self.actor.parameters(), lr=learn.learning_rate_policy or rate
-        )
-        self.critic_optimizer = torch.optim.Adam(
-            self.critic.parameters(), lr=learn.learning_rate_q or rate
-        )
-        self.alpha_optimizer = torch.optim.Adam(
-            [self.log_alpha], lr=learn.learning_rate_alpha or rate
-        )
+        self.actor_optimizer = adam(self.actor.parameters(), lr=learn.learning_rate_policy or rate)
+        self.critic_optimizer = adam(self.critic.parameters(), lr=learn.learning_rate_q or rate)
+        self.alpha_optimizer = adam([self.log_alpha], lr=learn.learning_rate_alpha or rate)
         self.train_iter = 0
         #: Averages gradients across the ranks of a learner group (LOCAL: none).
         self.sync: GradientSync = LOCAL
