@@ -169,9 +169,9 @@ def _serve_rank_zero(
     timeout_s: float,
 ) -> int:
     # Imported here: only rank 0 serves HTTP.
-    from common.http import ServerLimits, serve
     from services.learner.app import create_app
     from services.slave.core import build_slave
+    from services.slave.main import serve_slave
 
     listed = ",".join(devices)
     if len(listed) > MAX_RANK_DEVICES_CHARS:  # a registration's values are short texts
@@ -204,14 +204,7 @@ def _serve_rank_zero(
     runner.on_broken = broken
     app = create_app(settings, core=slave)
     log.info("learner group of %d ranks on %s", group.world_size, ", ".join(devices))
-    serve(
-        app,
-        settings.host,
-        settings.port,
-        limits=ServerLimits(threads=8, connection_limit=200),
-        on_stop=slave.close,
-        on_listening=slave.start,
-    )
+    serve_slave(app, settings)
     return 0
 
 

@@ -20,7 +20,13 @@ def run_slave(role: str, default_port: int, create_app: Callable[[SlaveSettings]
     except SettingsError as exc:
         print(f"drover {role}: {exc}", file=sys.stderr)
         return 2
-    app = create_app(settings)
+    serve_slave(create_app(settings), settings)
+    return 0
+
+
+def serve_slave(app: Flask, settings: SlaveSettings) -> None:
+    """Serve a slave's app until SIGTERM: it registers once listening, and on SIGTERM
+    stops its tasks and leaves the coordinator."""
     slave: Slave = app.extensions[EXTENSION]
     serve(
         app,
@@ -30,4 +36,3 @@ def run_slave(role: str, default_port: int, create_app: Callable[[SlaveSettings]
         on_stop=slave.close,
         on_listening=slave.start,
     )
-    return 0

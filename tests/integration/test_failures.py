@@ -45,7 +45,9 @@ def wait_for(predicate, deadline_s, what):
         value = predicate()
         if value:
             return value
-        assert time.monotonic() < deadline, f"timed out after {deadline_s}s waiting for {what}"
+        if time.monotonic() > deadline:
+            what = what() if callable(what) else what  # a callable says what it saw
+            raise AssertionError(f"timed out after {deadline_s}s waiting for {what}")
         time.sleep(0.1)
 
 

@@ -11,11 +11,11 @@ import contextlib
 import os
 import signal
 import threading
-import time
 from pathlib import Path
 
 from common.config import deep_merge, load_config_file
 from drover.local import LocalCluster
+from tests.integration.test_failures import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = {
@@ -25,18 +25,6 @@ FAST = {
     # A hung rank is noticed after this long.
     "DROVER_COLLECTIVE_TIMEOUT_S": "8",
 }
-
-
-def wait_for(predicate, deadline_s, what):
-    deadline = time.monotonic() + deadline_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            what = what() if callable(what) else what
-            raise AssertionError(f"timed out after {deadline_s}s waiting for {what}")
-        time.sleep(0.1)
 
 
 def group_cluster(tmp_path, **kwargs):
