@@ -166,12 +166,10 @@ class LocalCluster:
     def _learner(self, index: int) -> Service:
         service = self._service(f"learner-{index}", "services.learner", free_port())
         if self.learner_ranks > 1:
-            service.module = "torch.distributed.run"  # torchrun
-            service.args = [
-                *torchrun_args(self.learner_ranks, self.learner_max_restarts),
-                "-m",
-                "services.learner",
-            ]
+            # `drover learner --nproc N`, which becomes torchrun (same pid).
+            service.module = "drover.cli"
+            service.args = ["learner", "--nproc", str(self.learner_ranks)]
+            service.args += ["--max-restarts", str(self.learner_max_restarts)]
         return service
 
     def start(self, *, ready_timeout_s: float = 60.0) -> None:

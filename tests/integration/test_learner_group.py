@@ -10,11 +10,13 @@ Every wait has a deadline; all traffic stays on 127.0.0.1.
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
 from common.config import deep_merge, load_config_file
-from drover.local import LocalCluster
+from drover.local import LocalCluster, free_port
 from tests.integration.test_failures import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -174,3 +176,37 @@ def test_a_killed_and_a_hung_rank_restart_the_group_and_the_job_succeeds(tmp_pat
         assert iters == sorted(iters), f"train_iter went back: {seen}"
         log = (cluster.log_dir / "learner-0.log").read_text()
         assert log.count("learner group broken") >= 2
+
+
+def test_two_torchrun_nodes_form_one_group_through_the_c10d_rendezvous(tmp_path):
+    """What several machines do: one torchrun per node, joined by the rendezvous flags
+    (here two "nodes" on 127.0.0.1, each with its own port for rank 0 to serve on)."""
+    config = load_config_file(ROOT / "examples" / "cartpole_dqn.yaml")
+    with LocalCluster(tmp_path / "run", num_collectors=2, num_learners=0) as cluster:
+        rendezvous = free_port()
+        nodes = []
+        try:
+            for node in range(2):
+                env = {**cluster.collectors[0].env, "DROVER_PORT": str(free_port())}
+                env.pop("DROVER_ADVERTISE_URL")  # whichever node rank 0 lands on
+                command = [sys.executable, "-m", "torch.distributed.run"]
+                command += ["--nnodes", "2", "--nproc-per-node", "1", "--max-restarts", "0"]
+                command += ["--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{rendezvous}"]
+                command += ["--rdzv-id", "two-nodes", "-m", "services.learner"]
+                log = open(cluster.log_dir / f"node-{node}.log", "wb")  # noqa: SIM115
+                nodes.append(
+                    subprocess.Popen(command, env=env, cwd=cluster.run_dir, stdout=log, stderr=log)
+                )
+            job_id = cluster.client.submit_job(config).job_id
+            status = run_to_end(cluster, job_id, 180)
+            assert status.phase == "succeeded", status
+            (learner,) = [w for w in cluster.client.workers() if w.role == "learner"]
+            assert learner.resources["learner_ranks"] == 2
+        finally:
+            for process in nodes:
+                process.terminate()
+            for process in nodes:
+                try:
+                    process.wait(30)
+                except subprocess.TimeoutExpired:
+                    process.kill()
