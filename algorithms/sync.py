@@ -13,7 +13,7 @@ the learner group splits batches.
 
 Usage::
 
-    learner.sync = AllReduceSync(group.gradients, group.world_size)
+    learner.sync = AllReduceSync(None, group.world_size)   # the default process group
     finite_step(loss, optimizer, params, max_grad_norm, sync=learner.sync)
     adv = learner.sync.normalize(adv)        # PPO: statistics over the global minibatch
 """
@@ -22,10 +22,26 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
+
+
+class GroupBroken(RuntimeError):
+    """A collective across the ranks failed (a rank died, hung past the timeout, or
+    the group was torn down): the ranks cannot go on, and must restart together."""
+
+
+def collective(call: Any, *args: Any, **kwargs: Any) -> Any:
+    """`call(*args, **kwargs)`, a torch.distributed operation, with its failure raised
+    as `GroupBroken`."""
+    try:
+        return call(*args, **kwargs)
+    except RuntimeError as exc:
+        name = getattr(call, "__name__", "a collective")
+        raise GroupBroken(f"{name} across the learner group failed: {exc}") from exc
+
 
 #: What PPO adds to a standard deviation before dividing by it.
 NORMALIZE_EPS = 1e-8
@@ -118,7 +134,7 @@ class AllReduceSync:
         started = time.perf_counter()
         pending.launch_all()  # those backward did not complete (no gradient, or no backward)
         flag = torch.tensor([0.0 if finite else 1.0])
-        dist.all_reduce(flag, group=self.group)
+        collective(dist.all_reduce, flag, group=self.group)
         pending.average_into_grads(self.world_size)
         self.wait_s += time.perf_counter() - started
         return float(flag) == 0.0  # else some rank's loss was NaN or inf: no rank steps
@@ -127,7 +143,7 @@ class AllReduceSync:
         count = torch.tensor(float(len(values)), dtype=torch.float64, device=values.device)
         as64 = values.detach().to(torch.float64)
         sums = torch.stack([as64.sum(), (as64 * as64).sum(), count])
-        dist.all_reduce(sums, group=self.group)
+        collective(dist.all_reduce, sums, group=self.group)
         total, squares, n = (float(x) for x in sums)
         if n <= 1:
             return values
@@ -174,11 +190,12 @@ class _Pending:
     def _start(self, index: int) -> None:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.buckets[index]]
         flat = torch.cat([g.reshape(-1) for g in grads])
-        self.started.append((flat, dist.all_reduce(flat, group=self.group, async_op=True)))
+        work = collective(dist.all_reduce, flat, group=self.group, async_op=True)
+        self.started.append((flat, work))
 
     def average_into_grads(self, world_size: int) -> None:
         for bucket, (flat, work) in zip(self.buckets, self.started, strict=True):
-            work.wait()
+            collective(work.wait)
             flat /= world_size
             offset = 0
             for param in bucket:

@@ -96,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
         "--max-restarts",
         type=int,
         default=10,
-        help="times torchrun restarts a group whose rank died or hung (10)",
+        help="with --nproc above 1: times torchrun restarts a group whose rank died or hung (10)",
     )
     args = parser.parse_args(argv)
     if args.command == "run":

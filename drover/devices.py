@@ -80,6 +80,7 @@ def local_learner_ranks(config: JobConfig, requested: int | None) -> tuple[int, 
     """
     policy = config.policy
     warnings: list[str] = []
+    asked = "--learner-ranks" if requested is not None else "policy.learn.multi_gpu"
     if requested is None:
         requested = 1
         if policy.learn.multi_gpu and needs_cuda(policy):
@@ -93,7 +94,7 @@ def local_learner_ranks(config: JobConfig, requested: int | None) -> tuple[int, 
         count, why_none = local_cuda()
         if count < requested:
             raise ConfigError(
-                "policy.learn.multi_gpu",
+                asked,
                 f"{requested} learner ranks on CUDA need {requested} CUDA devices, and "
                 f"this machine has {count}{f' ({why_none})' if why_none else ''}",
             )

@@ -35,6 +35,7 @@ from algorithms.sync import LOCAL
 from common.config import JobConfig, resolve_job_config, with_spaces
 from common.messages import SampledBatch, parse
 from common.storage import SharedStore
+from services.learner.aggregator import follow_task
 from services.learner.core import SegmentCache, SegmentSchema, Trainer, new_learner
 from services.learner.group import RankEnv, RankGroup, share_bounds
 
@@ -282,12 +283,27 @@ def messages(group: RankGroup, out: Path) -> None:
     save_learner(out, f"after-{group.rank}", learner)
 
 
+def follower_failure(group: RankGroup, out: Path) -> None:
+    """A task that fails on rank 1 alone (its job's files are not there): rank 1 drops
+    it and waits for rank 0's `end`, and then follows rank 0's next message."""
+    task = {"kind": "task", "job_id": "job-gone", "seed": 0, "checkpoint": None, "policy": None}
+    if group.rank == 0:
+        group.send(task)
+        group.send({"kind": "batch", "batch": {}})  # what rank 1 must skip while waiting
+        group.send({"kind": "end"})
+        group.send({"kind": "probe"})
+        return
+    follow_task(group, SharedStore(out), group.receive())
+    write_json(out, "rank-1", group.receive())
+
+
 SCENARIOS: dict[str, Callable[..., None]] = {
     "learn": learn,
     "ppo": ppo,
     "nan": nan,
     "priorities": priorities,
     "messages": messages,
+    "follower_failure": follower_failure,
 }
 
 

@@ -74,8 +74,8 @@ def refuse_unless_fits(config: JobConfig, roles: Iterable[str], workers: Iterabl
 
 
 def waiting_reason(config: JobConfig, roles: Iterable[str], workers: Iterable[Worker]) -> str:
-    """Why a running CUDA job gets no task in some role ("" when it waits for nothing
-    of the sort)."""
+    """Why a running job gets no task in some role: no learner whose ranks split its
+    batches, or, for a CUDA job, no worker with CUDA ("" when it waits for neither)."""
     policy = config.policy
     workers = list(workers)
     learners = [w for w in workers if w.role == "learner"]

@@ -300,7 +300,7 @@ def learners_of(state: CoordinatorState, job: Job) -> list[LearnerSummary]:
             LearnerSummary(
                 worker_id=worker.worker_id,
                 world_size=world_size,
-                rank_devices=devices.split(",") if isinstance(devices, str) else [],
+                rank_devices=_rank_devices(devices, world_size),
                 train_iters_per_s=progress.get("train_iters_per_s"),
                 samples_per_s=progress.get("samples_per_s"),
                 rank_samples_per_s=[
@@ -311,6 +311,15 @@ def learners_of(state: CoordinatorState, job: Job) -> list[LearnerSummary]:
             )
         )
     return summaries
+
+
+def _rank_devices(listed: object, world_size: int) -> list[str]:
+    """The devices a learner registered (`rank_devices`), one a rank; a group too big
+    to list them registers a summary, kept whole."""
+    if not isinstance(listed, str) or not listed:
+        return []
+    devices = listed.split(",")
+    return devices if len(devices) == world_size else [listed]
 
 
 def status_of(job: Job, learners: list[LearnerSummary] | None = None) -> JobStatus:

@@ -99,11 +99,29 @@ class AggregatorRunner(LearnerRunner):
 
 
 def follow(group: RankGroup, store: SharedStore) -> None:
-    """Ranks 1..N-1: do what rank 0 says, until the group breaks (`GroupBroken`)."""
+    """Ranks 1..N-1: do what rank 0 says, until the group breaks (`GroupBroken`).
+
+    A task that fails here with an ordinary error (a bug, a file that cannot be read)
+    is dropped: this rank waits for rank 0's `end`. Where the error strikes every rank
+    alike, rank 0 fails the task the same way and sends it, and the group goes on to
+    the next task; otherwise rank 0's next collective times out and the group restarts.
+    """
     while True:
         message = group.receive()
         if message["kind"] == "task":
-            _follow_task(group, store, message)
+            follow_task(group, store, message)
+
+
+def follow_task(group: RankGroup, store: SharedStore, task: dict[str, Any]) -> None:
+    """One learn task as a rank other than 0 runs it, until rank 0's `end`."""
+    try:
+        _follow_task(group, store, task)
+    except GroupBroken:
+        raise
+    except Exception:
+        log.exception("rank %d: the task failed here; waiting for its end", group.rank)
+        while group.receive()["kind"] != "end":
+            pass
 
 
 def _follow_task(group: RankGroup, store: SharedStore, task: dict[str, Any]) -> None:
@@ -127,9 +145,8 @@ def _follow_task(group: RankGroup, store: SharedStore, task: dict[str, Any]) -> 
     while True:
         message = group.receive()
         kind = message["kind"]
-        if kind == "batches":
-            for batch in message["batches"]:
-                trainer.train_batch(parse(SampledBatch, batch))
+        if kind == "batch":
+            trainer.train_batch(parse(SampledBatch, message["batch"]))
         elif kind == "round":
             trainer.train_round(trainer.round_share(parse(SampledBatch, message["batch"])))
         elif kind == "end":

@@ -351,6 +351,10 @@ class RoundOutcome:
     rank_samples_per_s: list[float]
 
 
+#: A batch position a rank did not train on (its segment was unusable there).
+_DROPPED = -1.0
+
+
 class Trainer:
     """One rank's training: it reads its own share of each global batch from the
     shared file system and trains on it; with a group, the ranks agree on each update
@@ -440,10 +444,6 @@ class Trainer:
         )
         mean = table.mean(axis=0)
         return RoundOutcome(mean[0], mean[1], mean[2], table[:, 3].tolist())
-
-
-#: A batch position a rank did not train on (its segment was unusable there).
-_DROPPED = -1.0
 
 
 @dataclass(frozen=True)
@@ -540,7 +540,6 @@ class LearnerRunner:
                     "kind": "task",
                     "job_id": ctx.task.job_id,
                     "seed": spec.seed,
-                    "mode": spec.mode,
                     "checkpoint": resumed.checkpoint,
                     "policy": dump(resumed.policy) if resumed.policy else None,
                 }
@@ -649,11 +648,16 @@ class _LearnSession:
                     break
                 future = prefetch.submit(self.fetch)
                 batches = reply.batches if reply else []
-                if self.group is not None:  # also when empty: the ranks hear from us
-                    self.group.send({"kind": "batches", "batches": [dump(b) for b in batches]})
+                if self.group is not None and not batches:
+                    self.group.send({"kind": "idle"})  # the ranks hear from us all the same
                 keys: list[int] = []
                 td_abs: list[np.ndarray] = []
                 for batch in batches:
+                    if self.group is not None:
+                        # One message a batch, just before it is trained: between two
+                        # batches (a publish, the job's end) the other ranks wait for
+                        # the next message, never in a training collective.
+                        self.group.send({"kind": "batch", "batch": dump(batch)})
                     outcome = self.trainer.train_batch(batch)
                     if outcome is None:
                         continue

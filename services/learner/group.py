@@ -17,8 +17,10 @@ Two process groups, with two timeouts:
 
 Messages are JSON bytes in uint8 tensors: torch.distributed's object collectives
 pickle, and nothing drover sends between processes is pickled. Any failure of a
-collective (a peer gone, a timeout) raises `GroupBroken`: the group cannot go on, and
-its ranks exit so that torchrun restarts them together.
+collective here or in the gradient all-reduce (`algorithms.sync.collective`: a peer
+gone, a timeout) raises `GroupBroken`: the group cannot go on, and its ranks exit so
+that torchrun restarts them together. (On CUDA, NCCL's watchdog may abort a rank
+whose collective timed out before Python sees an error: the rank exits all the same.)
 """
 
 from __future__ import annotations
@@ -35,19 +37,15 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from algorithms.sync import GroupBroken, collective
 from common.messages import SampledBatch, SampledSegment
 
 log = logging.getLogger(__name__)
 
-#: How long rank 0 may take between two messages beyond the collective timeout: its
-#: longest wait on the coordinator (a publish retried while it restarts: 60 s, a
-#: sample long-poll: at most 60 s).
+#: How long the other ranks wait for rank 0's next message beyond the collective
+#: timeout: rank 0 talks to the coordinator only between messages (a sample
+#: long-poll: at most 60 s; a publish retried while the coordinator restarts: 60 s).
 MESSAGE_SLACK_S = 150.0
-
-
-class GroupBroken(RuntimeError):
-    """A collective failed (a rank died, hung past the timeout, or the group was torn
-    down): the ranks must restart together."""
 
 
 @dataclass(frozen=True)
@@ -117,6 +115,7 @@ class RankGroup:
         return cls(ranks, messages, send_timeout_s=collective_timeout_s)
 
     def close(self) -> None:
+        """Leave the group (a process that ends on its own; a broken group just exits)."""
         if dist.is_initialized():
             dist.destroy_process_group()
 
@@ -164,14 +163,14 @@ class RankGroup:
     def all_min(self, value: int) -> int:
         """The smallest `value` of all ranks."""
         tensor = torch.tensor([value], dtype=torch.int64)
-        self._collective(dist.all_reduce, tensor, op=dist.ReduceOp.MIN)
+        collective(dist.all_reduce, tensor, op=dist.ReduceOp.MIN)
         return int(tensor.item())
 
     def all_gather(self, values: np.ndarray) -> np.ndarray:
         """Every rank's 1-D `values` (the same length on all), as rows in rank order."""
         mine = torch.as_tensor(np.ascontiguousarray(values, dtype=np.float64))
         rows = [torch.empty_like(mine) for _ in range(self.world_size)]
-        self._collective(dist.all_gather, rows, mine)
+        collective(dist.all_gather, rows, mine)
         return torch.stack(rows).numpy()
 
     def broadcast_state(self, state: Any) -> None:
@@ -179,15 +178,9 @@ class RankGroup:
         ranks start bitwise identical whatever their own initialization did."""
         for tensor in _tensors(state):
             copy = tensor.detach().to("cpu", copy=True)
-            self._collective(dist.broadcast, copy, src=0)
+            collective(dist.broadcast, copy, src=0)
             with torch.no_grad():
                 tensor.copy_(copy)
-
-    def _collective(self, call: Any, *args: Any, **kwargs: Any) -> None:
-        try:
-            call(*args, **kwargs)
-        except RuntimeError as exc:
-            raise GroupBroken(f"{call.__name__} across the learner group failed: {exc}") from exc
 
 
 def _attempt_store(ranks: RankEnv, timeout_s: float) -> dist.Store:

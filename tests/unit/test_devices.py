@@ -181,7 +181,7 @@ def test_multi_gpu_on_cuda_starts_a_rank_per_cuda_device(monkeypatch):
 def test_cuda_ranks_need_a_cuda_device_each():
     with pytest.raises(ConfigError) as refused:
         devices.local_learner_ranks(resolved({"policy": {"cuda": True}}), 2)
-    assert refused.value.field == "policy.learn.multi_gpu"
+    assert refused.value.field == "--learner-ranks"
     assert "2 learner ranks on CUDA need 2 CUDA devices" in refused.value.message
 
 

@@ -52,7 +52,16 @@ WORLD_SIZE = 2
 #: How long the ranks may take for every scenario together (they take about 20 s).
 TIMEOUT_S = 120.0
 #: What the module's launch runs, in order (see tests/rank_worker.py).
-SCENARIOS = ["learn:dqn", "learn:impala", "learn:sac", "ppo", "nan", "priorities", "messages"]
+SCENARIOS = [
+    "learn:dqn",
+    "learn:impala",
+    "learn:sac",
+    "ppo",
+    "nan",
+    "priorities",
+    "messages",
+    "follower_failure",
+]
 #: Counters that change on every update, stepped or skipped.
 COUNTERS = {"train_iter", "skipped_updates"}
 
@@ -435,3 +444,9 @@ def test_split_error_names_the_size_that_does_not_split():
     assert split_key({"type": "ppo", "collect": {"n_sample": 2048}}) is None
     assert split_key({"type": "dqn", "learn": {"batch_size": 65}}, ranks=1) is None
     assert split_key({"type": "dqn", "learn": {"batch_size": 66}}, ranks=3) is None
+
+
+def test_a_task_that_fails_on_one_rank_only_leaves_it_in_step_with_rank_0(group_run):
+    """Rank 1 cannot read the task's job: it drops the task, skips rank 0's messages up
+    to the task's `end`, and takes the next one (the group does not break)."""
+    assert group_run.json("follower_failure", "rank-1") == {"kind": "probe"}
