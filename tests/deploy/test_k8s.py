@@ -192,3 +192,25 @@ def test_the_gpu_overlay_gives_the_learner_group_its_gpus():
     assert container["image"].endswith(":cuda")
     others = [c for o, _, c in containers(objects) if o["metadata"]["name"] != "learner"]
     assert all(not c["image"].endswith(":cuda") for c in others)
+
+
+def test_compose_runs_what_the_manifests_run():
+    """docker-compose.yml and the cpu overlay: the same image, the same command per
+    role, the same ports, as many collectors, the same job, and only variables the
+    services read."""
+    compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
+    objects = render("cpu")
+    known = variables_the_services_read()
+    manifests = {obj["metadata"]["name"]: (obj, c) for obj, _, c in containers(objects)}
+    for role, service in compose.items():
+        obj, container = manifests[role]
+        assert service["image"] == container["image"] == "drover:latest", role
+        assert service["command"][0] == container["args"][0], role
+        env = service["environment"]
+        assert {n for n in env if n.startswith("DROVER_")} <= known, role
+        if "DROVER_PORT" in env:
+            assert env["DROVER_PORT"] == env_of(container)["DROVER_PORT"], role
+        if role == "collector":
+            assert service["deploy"]["replicas"] == obj["spec"]["replicas"]
+    job = (K8S / "base" / "cartpole_dqn.yaml").read_text()
+    assert (ROOT / compose["submit"]["command"][1]).read_text() == job
