@@ -1,7 +1,8 @@
 """The `drover` command.
 
 drover run CONFIG            train locally: coordinator, collectors, learner
-                             (--learner-ranks N: the learner is a group of N ranks)
+                             (--learner-ranks N: the learner is a group of N ranks;
+                             --backend docker: as containers, through a Docker engine)
 drover coordinator           serve one coordinator (what compose/Kubernetes run)
 drover collector | learner   serve one slave (drover learner --nproc N: a learner group)
 """
@@ -34,6 +35,7 @@ from common.http import ServiceUnavailable
 from common.messages import TERMINAL_PHASES, JobStatus
 from common.settings import SettingsError, read_token
 from drover.devices import fit_local_device, local_learner_ranks
+from drover.docker_backend import DockerUnavailable, run_in_docker
 from drover.local import LocalCluster, torchrun_args
 from services.coordinator.client import CoordinatorClient
 from services.coordinator.workflows import check_workflow
@@ -57,6 +59,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="a job on CUDA (policy.cuda, policy.device) on a machine without CUDA: "
         "warn and run it on CPU instead of stopping",
+    )
+    run.add_argument(
+        "--backend",
+        choices=["local", "docker"],
+        default="local",
+        help="local: processes on this machine (default); docker: containers of the "
+        "drover:latest image on one network and volume, through a Docker engine",
     )
     run.add_argument(
         "--learner-ranks",
@@ -176,6 +185,8 @@ def run_local(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         return error(f"{args.config}: {exc}")
     print_notes(notes, warnings)
+    if args.backend == "docker":
+        return run_docker(args, raw, config.exp_name, ranks, started)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.runs_dir) / f"{config.exp_name}-{stamp}"
     cluster = LocalCluster(run_dir, num_collectors=args.collectors, learner_ranks=ranks)
@@ -199,6 +210,30 @@ def run_local(args: argparse.Namespace) -> int:
     finally:
         cluster.stop()
     return summarize(cluster, status, time.monotonic() - started)
+
+
+def run_docker(args: argparse.Namespace, raw: dict, name: str, ranks: int, started: float) -> int:
+    """`drover run --backend docker`: the same job on containers (drover/docker_backend.py)."""
+    try:
+        status = run_in_docker(
+            raw,
+            name,
+            collectors=args.collectors,
+            learner_ranks=ranks,
+            timeout_s=args.timeout_s,
+            say=lambda line: console.print(f"drover: {line}", highlight=False),
+        )
+    except DockerUnavailable as exc:
+        return error(f"--backend docker: {exc}")
+    except TimeoutError as exc:
+        return error(str(exc))
+    color = "green" if status.phase == "succeeded" else "red"
+    console.print(
+        f"drover: job {status.job_id} [bold {color}]{status.phase}[/]: {status.reason} "
+        f"({time.monotonic() - started:.1f}s)",
+        highlight=False,
+    )
+    return 0 if status.phase == "succeeded" else 1
 
 
 def submit_job(args: argparse.Namespace) -> int:
