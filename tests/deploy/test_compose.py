@@ -77,3 +77,19 @@ def test_docker_compose_config_accepts_the_file():
         cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.skipif(shutil.which("hadolint") is None, reason="hadolint is not installed here")
+def test_the_dockerfile_is_hadolint_clean():
+    proc = subprocess.run(["hadolint", str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_the_image_gets_cpu_torch_unless_asked_and_leaves_local_state_out():
+    dockerfile = DOCKERFILE.read_text()
+    # the default image carries no CUDA libraries; the CUDA one is a build argument
+    assert "ARG TORCH_VARIANT=cpu" in dockerfile
+    assert "download.pytorch.org/whl/${TORCH_VARIANT}" in dockerfile
+    assert "USER drover" in dockerfile
+    ignored = set((ROOT / ".dockerignore").read_text().split())
+    assert {".venv", "runs", ".git"} <= ignored
