@@ -214,7 +214,7 @@ def worker(model: str, device_kind: str, plan: Plan, out: Path, timeout_s: float
     group = RankGroup.join(ranks, collective_timeout_s=timeout_s) if ranks else None
     rank, world = (ranks.rank, ranks.world_size) if ranks else (0, 1)
     device = ranks.device(device_kind) if ranks else torch.device(device_kind)
-    learner = new_learner(config, config.system.seed, device, group)
+    learner = new_learner(config, config.system.seed, group)
     if spec.frames is not None:
         # Image encoders come with image observations; until then the CNN is put in
         # the DQN learner by hand (its update, loss and sync stay the learner's own).

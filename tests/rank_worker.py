@@ -167,7 +167,7 @@ def learn(group: RankGroup, out: Path, algo: str) -> None:
     """Each rank trains on its share of the same fixed global batches, through the
     learner's own `learn_batch`, as `Trainer.train_batch` calls it."""
     config = config_of(algo)
-    learner = new_learner(config, SEED, torch.device("cpu"), group)
+    learner = new_learner(config, SEED, group)
     group.broadcast_state(learner.state_dict())  # as LearnerRunner.learn does
     save_learner(out, f"initial-{group.rank}", learner)
     for columns, weights in global_batches(config, UPDATES[algo]):
@@ -182,7 +182,7 @@ def ppo(group: RankGroup, out: Path) -> None:
     then each standardizes its share of `normalize_input()` with the group."""
     spec = read_spec(out)
     config = config_of("ppo")
-    learner = new_learner(config, SEED, torch.device("cpu"), group)
+    learner = new_learner(config, SEED, group)
     group.broadcast_state(learner.state_dict())
     schema = SegmentSchema.for_policy(config.policy, ALGORITHMS["ppo"].reads)
     trainer = Trainer(learner, SegmentCache(SharedStore(spec["root"]), JOB, schema), group)
@@ -208,7 +208,7 @@ def nan(group: RankGroup, out: Path) -> None:
     poisoned on rank 1, one poisoned on rank 0, and a good one again; the state is
     saved after each."""
     config = config_of("dqn")
-    learner = new_learner(config, SEED, torch.device("cpu"), group)
+    learner = new_learner(config, SEED, group)
     group.broadcast_state(learner.state_dict())
     poisoned_rank = [None, 1, 0, None]
     batches = global_batches(config, len(poisoned_rank))
@@ -228,7 +228,7 @@ def priorities(group: RankGroup, out: Path) -> None:
     |TD errors| its own learner returned; rank 0 the merged outcome."""
     spec = read_spec(out)
     config = config_of("dqn")
-    learner = new_learner(config, SEED, torch.device("cpu"), group)
+    learner = new_learner(config, SEED, group)
     group.broadcast_state(learner.state_dict())
     trained: list[list[float]] = []
     learn_batch = learner.learn_batch
@@ -273,7 +273,7 @@ def messages(group: RankGroup, out: Path) -> None:
         write_json(out, f"rank-{group.rank}", [group.receive() for _ in MESSAGES])
 
     config = config_of("dqn")
-    learner = new_learner(config, SEED + 1 + group.rank, torch.device("cpu"), None)
+    learner = new_learner(config, SEED + 1 + group.rank, None)
     assert learner.sync is LOCAL  # this step is the rank's own: nothing to agree on
     (columns, weights), *_ = global_batches(config, 1)
     start, stop = share_bounds(len(weights), group.rank, group.world_size)

@@ -71,12 +71,13 @@ class AggregatorRunner(LearnerRunner):
 
     def __init__(self, store: SharedStore, group: RankGroup, *, tick_s: float) -> None:
         super().__init__(store, group)
-        self.rank_group = group  # never None here
         #: Called with the reason when the group broke; it must not return (exit).
         self.on_broken: Callable[[str], None] = _exit_broken
         self._turn = threading.Lock()  # the task or the ticker talks to the ranks
         self._tick_s = tick_s
-        self._ticker = threading.Thread(target=self._tick, name="group-ticker", daemon=True)
+        self._ticker = threading.Thread(
+            target=self._tick, args=(group,), name="group-ticker", daemon=True
+        )
         self._ticker.start()
 
     def run(self, ctx: TaskContext) -> dict[str, Any]:
@@ -87,12 +88,12 @@ class AggregatorRunner(LearnerRunner):
                 self.on_broken(str(exc))
                 raise
 
-    def _tick(self) -> None:
+    def _tick(self, group: RankGroup) -> None:
         while True:
             time.sleep(self._tick_s)
             with self._turn:
                 try:
-                    self.rank_group.send({"kind": "idle"})
+                    group.send({"kind": "idle"})
                 except GroupBroken as exc:
                     self.on_broken(str(exc))
                     return
@@ -130,9 +131,7 @@ def _follow_task(group: RankGroup, store: SharedStore, task: dict[str, Any]) -> 
     job_id = str(task["job_id"])
     config = read_job_config(store, job_id)
     torch.set_num_threads(config.system.torch_num_threads)
-    learner = new_learner(
-        config, int(task["seed"]), group.ranks.device(config.policy.torch_device), group
-    )
+    learner = new_learner(config, int(task["seed"]), group)
     if task["checkpoint"] is not None:
         store.resolve(task["checkpoint"], under=f"{job_id}/checkpoints")
         load_checkpoint(store, learner, task["checkpoint"])

@@ -376,8 +376,9 @@ class Trainer:
         return self._samples / max(time.monotonic() - self._started, 1e-9)
 
     def train_batch(self, batch: SampledBatch) -> BatchOutcome | None:
-        """One update on the batch (this rank's share of it); None when no rank had a
-        usable row (no rank stepped)."""
+        """One update on the batch (this rank's share of it), merged over the ranks;
+        None when no rank had a usable row (no rank stepped), and on ranks other than
+        0, which only take part."""
         learner = _as(self.learner, BatchLearner)
         group = self.group
         if group is None:
@@ -399,6 +400,8 @@ class Trainer:
         td[: len(kept)][kept] = np.asarray(info.td_abs, dtype=np.float64)
         report = np.concatenate([[info.loss, info.q_mean, self._rate(len(weights))], td])
         table = group.all_gather(report)
+        if group.rank != 0:
+            return None  # rank 0 alone reports and sends the priorities
         keys: list[int] = []
         td_abs: list[float] = []
         for rank, row in enumerate(table):
@@ -423,8 +426,9 @@ class Trainer:
         return columns
 
     def train_round(self, columns: dict[str, np.ndarray]) -> RoundOutcome | None:
-        """All updates on one on-policy round, given this rank's `round_share` of it;
-        None when no rank had a usable row."""
+        """All updates on one on-policy round, given this rank's `round_share` of it,
+        merged over the ranks; None when no rank had a usable row, and on ranks other
+        than 0."""
         learner = _as(self.learner, RoundLearner)
         rows = len(next(iter(columns.values()))) if columns else 0
         group = self.group
@@ -442,6 +446,8 @@ class Trainer:
         table = group.all_gather(
             np.array([info.loss, info.entropy, info.approx_kl, self._rate(rows)])
         )
+        if group.rank != 0:
+            return None
         mean = table.mean(axis=0)
         return RoundOutcome(mean[0], mean[1], mean[2], table[:, 3].tolist())
 
@@ -486,19 +492,20 @@ def load_policy(store: SharedStore, learner: Learner, ref: PolicyRef) -> None:
     learner.train_iter = policy.train_iter
 
 
-def new_learner(
-    config: JobConfig, seed: int, device: torch.device, group: RankGroup | None
-) -> Learner:
-    """The job's learner, seeded; in a group, each rank's minibatches are its share of
-    the global ones and its optimizer steps average gradients across the ranks."""
+def new_learner(config: JobConfig, seed: int, group: RankGroup | None) -> Learner:
+    """The job's learner, seeded, on the job's device. In a group, a rank trains on the
+    GPU of its local rank (for a CUDA job), its minibatches are its share of the
+    global ones, and its optimizer steps average gradients across the ranks."""
     torch.manual_seed(seed)
     policy = config.policy
-    if group is not None:
-        local = replace(policy.learn, batch_size=policy.learn.batch_size // group.world_size)
-        policy = replace(policy, learn=local)
-    learner = ALGORITHMS[policy.type].make_learner(policy, device)
-    if group is not None:
-        learner.sync = AllReduceSync(None, group.world_size)
+    algorithm = ALGORITHMS[policy.type]
+    if group is None:
+        return algorithm.make_learner(policy, torch.device(policy.torch_device))
+    local = replace(policy.learn, batch_size=policy.learn.batch_size // group.world_size)
+    learner = algorithm.make_learner(
+        replace(policy, learn=local), group.ranks.device(policy.torch_device)
+    )
+    learner.sync = AllReduceSync(None, group.world_size)
     return learner
 
 
@@ -519,11 +526,6 @@ class LearnerRunner:
         spec = ctx.task.spec
         return self.learn(ctx, config, spec)
 
-    def device(self, config: JobConfig) -> torch.device:
-        if self.group is not None:
-            return self.group.ranks.device(config.policy.torch_device)
-        return torch.device(config.policy.torch_device)
-
     def learn(self, ctx: TaskContext, config: JobConfig, spec: LearnSpec) -> dict[str, Any]:
         """Train the job's algorithm from where its last learner stopped, in the mode
         the task says (the coordinator's workflow chose it), until the task stops."""
@@ -532,7 +534,7 @@ class LearnerRunner:
             error = split_error(config.policy, group.world_size)
             if error is not None:  # before any rank builds anything
                 raise ValueError(f"{error[0]}: {error[1]}")
-        learner = new_learner(config, spec.seed, self.device(config), group)
+        learner = new_learner(config, spec.seed, group)
         resumed = self._resume(ctx.task.job_id, learner, ctx)
         if group is not None:
             group.send(

@@ -245,7 +245,7 @@ def test_two_ranks_train_as_one_process_on_the_global_batches(group_run, algo):
     assert changed(group_run.state(f"learn-{algo}", "initial-0"), trained, "online.")
 
     config = config_of(algo)
-    alone = new_learner(config, SEED, torch.device("cpu"), None)
+    alone = new_learner(config, SEED, None)
     for columns, weights in global_batches(config, UPDATES[algo]):
         alone.learn_batch(columns, weights)
     reference = flat_state(alone.state_dict())
@@ -282,7 +282,7 @@ def test_ppo_ranks_stay_identical_over_rounds(group_run):
     share = PPO_ROUND // WORLD_SIZE
     steps = PPO_ROUNDS * learn.epoch_per_collect * share // (learn.batch_size // WORLD_SIZE)
     assert int(ranks[0]["train_iter"]) == steps and int(ranks[0]["skipped_updates"]) == 0
-    fresh = flat_state(new_learner(config, SEED, torch.device("cpu"), None).state_dict())
+    fresh = flat_state(new_learner(config, SEED, None).state_dict())
     assert changed(fresh, ranks[0], "online.")
     for rank in range(WORLD_SIZE):
         assert group_run.json("ppo", f"rows-{rank}") == [share] * PPO_ROUNDS
