@@ -39,11 +39,13 @@ def can_run(worker: Worker, config: JobConfig) -> bool:
     which the job's batches split."""
     if needs_cuda(config.policy) and cuda_devices(worker.resources) == 0:
         return False
-    return worker.role != "learner" or _splits(worker, config)
+    return worker.role != "learner" or _split_error(worker, config) is None
 
 
-def _splits(worker: Worker, config: JobConfig) -> bool:
-    return split_error(config.policy, learner_ranks(worker.resources)) is None
+def _split_error(worker: Worker, config: JobConfig) -> tuple[str, str] | None:
+    """Why the job's batches do not split over the worker's ranks (config key,
+    message); None when they do."""
+    return split_error(config.policy, learner_ranks(worker.resources))
 
 
 def refuse_unless_fits(config: JobConfig, roles: Iterable[str], workers: Iterable[Worker]) -> None:
@@ -55,10 +57,9 @@ def refuse_unless_fits(config: JobConfig, roles: Iterable[str], workers: Iterabl
     """
     policy = config.policy
     workers = list(workers)
-    learners = [w for w in workers if w.role == "learner"]
-    if "learner" in roles and learners and not any(_splits(w, config) for w in learners):
-        ranks = learner_ranks(learners[0].resources)
-        key, message = split_error(policy, ranks) or ("", "")
+    errors = [_split_error(w, config) for w in workers if w.role == "learner"]
+    if "learner" in roles and errors and all(errors):
+        key, message = errors[0]
         raise bad_request(f"config.{key}", message)
     if not needs_cuda(policy):
         return
@@ -80,9 +81,9 @@ def waiting_reason(config: JobConfig, roles: Iterable[str], workers: Iterable[Wo
     workers = list(workers)
     learners = [w for w in workers if w.role == "learner"]
     if "learner" in roles and learners and not any(can_run(w, config) for w in learners):
-        unsplit = [w for w in learners if not _splits(w, config)]
-        if unsplit:
-            key, message = split_error(policy, learner_ranks(unsplit[0].resources)) or ("", "")
+        errors = [error for w in learners if (error := _split_error(w, config))]
+        if errors:
+            key, message = errors[0]
             return f"waiting for a learner whose ranks split the job's batches: {key} {message}"
     if not needs_cuda(policy):
         return ""
