@@ -6,18 +6,16 @@ image's working directory (/app) is this checkout. Traffic stays on 127.0.0.1.""
 
 import os
 import re
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import yaml
 
 from drover.local import free_port
+from tests.deploy.test_k8s_as_processes import stop_all, wait_for_success
 
 ROOT = Path(__file__).resolve().parents[2]
-JOB_DEADLINE_S = 240
 
 
 def interpolate(value: str) -> str:
@@ -62,21 +60,6 @@ def test_the_compose_file_trains_the_job_when_run_as_processes(tmp_path):
                 else:
                     processes.append(process)
         assert submit is not None, "no submit service"
-        try:
-            code = submit.wait(timeout=JOB_DEADLINE_S)
-        except subprocess.TimeoutExpired:
-            code = None
-        logs = "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in tmp_path.glob("*.log"))
-        assert code == 0, f"the submit service ended with {code}:\n{logs}"
+        wait_for_success(submit, "the submit service", tmp_path)
     finally:
-        for process in processes:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 20
-        for process in processes:
-            try:
-                process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-        if submit is not None and submit.poll() is None:
-            submit.kill()
+        stop_all(processes, submit)

@@ -109,27 +109,38 @@ def test_the_cpu_overlay_trains_the_job_when_run_as_processes(tmp_path):
                 log = tmp_path / f"{name}-{replica}.log"
                 process = start(pod["containers"][0], folders, ports, port, log)
                 if kind == "Job":
-                    submit = (process, log)
+                    submit, submit_log = process, log
                 else:
-                    processes.append((name, process, log))
+                    processes.append(process)
         assert submit is not None, "no submit Job in the manifests"
-        process, log = submit
-        try:
-            code = process.wait(timeout=JOB_DEADLINE_S)
-        except subprocess.TimeoutExpired:
-            code = None
-        logs = "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in tmp_path.glob("*.log"))
-        assert code == 0, f"the submit Job ended with {code}:\n{logs}"
-        assert "succeeded" in log.read_text()
+        wait_for_success(submit, "the submit Job", tmp_path)
+        assert "succeeded" in submit_log.read_text()
     finally:
-        for _, process, _ in processes:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGTERM)
-        deadline = time.monotonic() + 20
-        for _, process, _ in processes:
-            try:
-                process.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                os.killpg(process.pid, signal.SIGKILL)
-        if submit is not None and submit[0].poll() is None:
-            submit[0].kill()
+        stop_all(processes, submit)
+
+
+def wait_for_success(process, what, log_dir):
+    """Wait (with a deadline) for the one-shot process; it must exit 0. Otherwise the
+    failure shows the end of every log in `log_dir`."""
+    try:
+        code = process.wait(timeout=JOB_DEADLINE_S)
+    except subprocess.TimeoutExpired:
+        code = None
+    logs = "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in log_dir.glob("*.log"))
+    assert code == 0, f"{what} ended with {code}:\n{logs}"
+
+
+def stop_all(services, submit):
+    """SIGTERM each service's process group, SIGKILL what is left after 20 s, and kill
+    the one-shot process if it still runs."""
+    for process in services:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+    deadline = time.monotonic() + 20
+    for process in services:
+        try:
+            process.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            os.killpg(process.pid, signal.SIGKILL)
+    if submit is not None and submit.poll() is None:
+        submit.kill()
