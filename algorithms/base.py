@@ -224,6 +224,12 @@ class Algorithm(Protocol):
     def action_spaces(self) -> frozenset[ActionSpace]: ...
 
     @property
+    def image_obs(self) -> bool:
+        """Whether its networks take image observations (a CNN encoder) as well as
+        vectors."""
+        ...
+
+    @property
     def writes(self) -> tuple[str, ...]:
         """The step-data columns its collect loop writes."""
         ...
@@ -260,6 +266,7 @@ class AlgorithmSpec:
     defaults: Mapping[str, Any]
     collect_unit: CollectUnit
     action_spaces: frozenset[ActionSpace]
+    image_obs: bool = False
     writes: tuple[str, ...]
     reads: tuple[str, ...]
     make_actor: Callable[[PolicyConfig], Actor]

@@ -32,6 +32,9 @@ from algorithms.base import ActionSpace, Algorithm
 from algorithms.registry import ALGORITHMS
 
 PosInt = Annotated[int, Gt(0)]
+EnvManager = Literal["sync", "async", "envpool"]
+ObsDtype = Literal["float32", "uint8"]
+Encoder = Literal["auto", "mlp", "conv", "nature_cnn", "impala_resnet"]
 PosFloat = Annotated[float, Gt(0)]
 Fraction = Annotated[float, Ge(0), Le(1)]
 
@@ -72,12 +75,45 @@ class EnvConfig:
     stop_value: float | None = None
     #: Keyword arguments for `gymnasium.make`.
     env_kwargs: dict[str, Any] = field(default_factory=dict)
+    #: How a collector steps its envs: `sync` (one process), `async` (worker
+    #: subprocesses over shared memory) or `envpool` (its C++ thread pool; Atari and
+    #: MuJoCo ids). All three give the same observations and rewards.
+    manager: EnvManager = "sync"
+    #: `async`: worker subprocesses per vector env (None: one per CPU, at most one per env).
+    num_workers: Annotated[int, Gt(0), Le(256)] | None = None
+    #: A Dict observation's key to train on (MiniGrid: `image`); None takes the whole
+    #: Dict, which must then hold flat Box and Discrete parts only.
+    obs_key: Annotated[str, MaxLen(64)] | None = None
+    #: The last this many observations stacked along a new first axis (None: Atari 4,
+    #: others 1).
+    frame_stack: Annotated[int, Gt(0), Le(64)] | None = None
+    #: Atari preprocessing (ale_py envs), as DQN's Nature paper: frames repeated per
+    #: action (the max of the last two kept), up to `noop_max` random no-ops at reset,
+    #: `screen_size` square grayscale frames.
+    frame_skip: Annotated[int, Gt(0), Le(16)] = 4
+    noop_max: Annotated[int, Ge(0), Le(1000)] = 30
+    screen_size: Annotated[int, Gt(0), Le(512)] = 84
+    #: Training envs end an episode when a life is lost (None: on for Atari). Evaluation
+    #: always plays whole games.
+    episodic_life: bool | None = None
+    #: Training envs give the reward's sign (None: on for Atari). Evaluation returns are
+    #: always the unclipped score.
+    clip_rewards: bool | None = None
 
 
 @section
 class ModelConfig:
-    #: Observation size; filled in from the environment when left out.
-    obs_shape: PosInt | None = None
+    #: Observation size (an int) or shape (a list, channels first for images); filled
+    #: in from the environment when left out.
+    obs_shape: PosInt | list[PosInt] | None = None
+    #: Filled in from the environment: `uint8` observations (images) stay uint8 from the
+    #: env to the network, which scales them to [0, 1].
+    obs_dtype: ObsDtype | None = None
+    #: The observation encoder: `auto` takes `mlp` for vectors, `nature_cnn` for images
+    #: of 36 pixels or more a side and `conv` (3x3 convolutions) for smaller ones;
+    #: `impala_resnet` is IMPALA's 15-layer ResNet. For a CNN, the last entry of
+    #: `encoder_hidden_size_list` is the size of its fully connected layer.
+    encoder: Encoder = "auto"
     #: Number of discrete actions, or the size of a continuous action; filled in from
     #: the environment when left out.
     action_shape: PosInt | None = None
@@ -529,28 +565,58 @@ _SPACE_NAMES = {"discrete": "discrete", "continuous": "continuous (Box)"}
 
 def with_spaces(
     config: JobConfig,
-    obs_shape: int,
+    obs_shape: int | tuple[int, ...],
     action_shape: int,
     action_space: str = "discrete",
     action_bounds: tuple[list[float], list[float]] | None = None,
+    obs_dtype: str = "float32",
 ) -> JobConfig:
-    """The config with the model's input and output sizes filled in (or checked)."""
+    """The config with the model's input and output sizes filled in (or checked).
+
+    A vector's shape is kept as an int (DI-engine's way), any other as a list."""
+    shape = (obs_shape,) if isinstance(obs_shape, int) else tuple(obs_shape)
     model = config.policy.model
-    for name, actual in (("obs_shape", obs_shape), ("action_shape", action_shape)):
-        given = getattr(model, name)
-        if given is not None and given != actual:
-            raise ConfigError(
-                f"policy.model.{name}",
-                f"{given} does not match the environment's {actual}",
-            )
+    given_shape = model.obs_shape
+    if given_shape is not None and obs_shape_of(model) != shape:
+        raise ConfigError(
+            "policy.model.obs_shape",
+            f"{given_shape} does not match the environment's {list(shape)}",
+        )
+    if model.action_shape is not None and model.action_shape != action_shape:
+        raise ConfigError(
+            "policy.model.action_shape",
+            f"{model.action_shape} does not match the environment's {action_shape}",
+        )
     algorithm = algorithm_of(config)
     if action_space not in algorithm.action_spaces:
         needs = " or ".join(_SPACE_NAMES[space] for space in sorted(algorithm.action_spaces))
         raise ConfigError("env.env_id", f"{algorithm.name.upper()} needs {needs} actions")
+    if len(shape) > 1 and not algorithm.image_obs:
+        raise ConfigError(
+            "env.env_id",
+            f"{algorithm.name.upper()} takes vector observations, and this env's are "
+            f"{list(shape)} (image observations: dqn, ppo or impala)",
+        )
+    encoder = model.encoder
+    if len(shape) == 1 and encoder not in ("auto", "mlp"):
+        raise ConfigError(
+            "policy.model.encoder",
+            f"{encoder} needs image observations, not a vector of {shape[0]}",
+        )
+    if len(shape) == 3 and encoder == "mlp":
+        raise ConfigError(
+            "policy.model.encoder", f"mlp takes vectors; the observations are images {list(shape)}"
+        )
+    if len(shape) == 3 and encoder in ("nature_cnn", "impala_resnet") and min(shape[1:]) < 36:
+        raise ConfigError(
+            "policy.model.encoder",
+            f"{encoder} needs images of 36 pixels or more a side, not {list(shape)} (use conv)",
+        )
     low, high = action_bounds if action_bounds is not None else (None, None)
     model = dataclasses.replace(
         model,
-        obs_shape=obs_shape,
+        obs_shape=shape[0] if len(shape) == 1 else list(shape),
+        obs_dtype=obs_dtype,  # type: ignore[arg-type]
         action_shape=action_shape,
         action_space=action_space,  # type: ignore[arg-type]
         action_low=low,
@@ -558,6 +624,14 @@ def with_spaces(
     )
     policy = dataclasses.replace(config.policy, model=model)
     return dataclasses.replace(config, policy=policy)
+
+
+def obs_shape_of(model: ModelConfig) -> tuple[int, ...]:
+    """The model's observation shape as a tuple (a vector's too)."""
+    if model.obs_shape is None:
+        raise ValueError("policy.model.obs_shape must be filled in from the env first")
+    shape = model.obs_shape
+    return (shape,) if isinstance(shape, int) else tuple(shape)
 
 
 def to_dict(config: JobConfig) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import difflib
 import importlib
+import importlib.util
 import inspect
 import os
 import re
@@ -121,9 +122,14 @@ def load_env_modules(names: Iterable[str]) -> None:
             ) from None
 
 
+#: Env packages drover depends on, whose envs are registered at start without being
+#: listed (Atari and MiniGrid); one that is not installed is left out.
+BUILTIN_ENV_MODULES = ("ale_py", "minigrid")
+
+
 def setup_env_registry(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
-    """Import the operator's env modules; every service entry point calls this once at
-    start, next to reading its settings. Idempotent.
+    """Import the built-in env packages and the operator's env modules; every service
+    entry point calls this once at start, next to reading its settings. Idempotent.
 
     Returns:
         The module names that were imported.
@@ -132,9 +138,10 @@ def setup_env_registry(environ: Mapping[str, str] | None = None) -> tuple[str, .
         SettingsError: `DROVER_ENV_MODULES` is malformed or names a module that
             cannot be imported.
     """
+    builtin = tuple(name for name in BUILTIN_ENV_MODULES if importlib.util.find_spec(name))
     names = env_modules_from_env(os.environ if environ is None else environ)
-    load_env_modules(names)
-    return names
+    load_env_modules(builtin + names)
+    return builtin + names
 
 
 # --- checking an env config ------------------------------------------------------------
@@ -311,33 +318,268 @@ def _creation_error(config: EnvConfig, exc: Exception) -> ConfigError:
     return ConfigError("env.env_id", f"cannot make '{env_id}': {type(exc).__name__}: {exc}")
 
 
-# --- making envs -----------------------------------------------------------------------
+# --- what the agent sees ----------------------------------------------------------------
+
+#: The ale_py entry point: envs made from it get Atari preprocessing.
+ATARI_ENTRY_POINT = "ale_py.env:AtariEnv"
+#: A channels-last image's last axis (gray, RGB, RGBA).
+_CHANNELS_LAST = (1, 3, 4)
 
 
-def make_vector_env(config: EnvConfig, num_envs: int) -> gym.vector.VectorEnv:
-    """A synchronous vector env that resets a finished sub-env in the same step.
+@dataclass(frozen=True)
+class Spaces:
+    """What a job's model is built for: the observation's shape (channels first for
+    images) and dtype as the envs deliver them, and the action space."""
+
+    obs_shape: tuple[int, ...]
+    action_shape: int
+    action_space: str  # "discrete" | "continuous"
+    action_bounds: tuple[list[float], list[float]] | None = None
+    obs_dtype: str = "float32"  # "float32" | "uint8"
+
+
+def is_atari(config: EnvConfig) -> bool:
+    spec = gym.envs.registry.get(config.env_id)
+    return spec is not None and spec.entry_point == ATARI_ENTRY_POINT
+
+
+def frame_stack_of(config: EnvConfig) -> int:
+    if config.frame_stack is not None:
+        return config.frame_stack
+    return 4 if is_atari(config) else 1
+
+
+def _atari_train_option(config: EnvConfig, value: bool | None) -> bool:
+    return is_atari(config) if value is None else value
+
+
+class EpisodicLife(gym.Wrapper):
+    """Ends a training episode when a life is lost (as DQN's Nature paper trains), but
+    resets the game only when it is really over: after a lost life, `reset` takes one
+    no-op step and play goes on from there."""
+
+    def __init__(self, env: gym.Env) -> None:
+        super().__init__(env)
+        self._lives = 0
+        self._game_over = True
+
+    def step(self, action: Any) -> tuple[Any, Any, bool, bool, dict[str, Any]]:
+        obs, reward, terminated, truncated, info = self.env.step(action)
+        self._game_over = terminated or truncated
+        lives = self.env.unwrapped.ale.lives()
+        if 0 < lives < self._lives:
+            terminated = True
+        self._lives = lives
+        return obs, reward, terminated, truncated, info
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        if self._game_over:
+            obs, info = self.env.reset(**kwargs)
+        else:
+            obs, _, terminated, truncated, info = self.env.step(0)
+            if terminated or truncated:  # the no-op itself ended the game
+                obs, info = self.env.reset(**kwargs)
+        self._game_over = False
+        self._lives = self.env.unwrapped.ale.lives()
+        return obs, info
+
+
+class FireReset(gym.Wrapper):
+    """Presses FIRE after each reset, for the games that wait for it to start (an
+    agent would otherwise have to learn to press it before anything happens)."""
+
+    def reset(self, **kwargs: Any) -> tuple[Any, dict[str, Any]]:
+        self.env.reset(**kwargs)
+        for action in (1, 2):  # FIRE, then the second action some games need as well
+            obs, _, terminated, truncated, info = self.env.step(action)
+            if terminated or truncated:
+                obs, info = self.env.reset(**kwargs)
+        return obs, info
+
+
+def _observation_layout(
+    space: gym.Space, env_id: str
+) -> tuple[Callable[[Any], np.ndarray], gym.spaces.Box]:
+    """How an env's observation becomes the array the model takes, and that array's
+    space: vectors stay vectors, a Discrete becomes a one-hot vector, a Dict of flat
+    parts one concatenated vector, a gray image gets a channel axis, and a
+    channels-last image becomes channels first. uint8 stays uint8.
+
+    Raises:
+        ConfigError: the space is none of these (the message says what is supported).
+    """
+    if isinstance(space, gym.spaces.Discrete):
+        n = int(space.n)
+        eye = np.eye(n, dtype=np.float32)
+        start = int(space.start)
+        return (lambda obs: eye[int(obs) - start]), gym.spaces.Box(0.0, 1.0, (n,), np.float32)
+    if isinstance(space, gym.spaces.Dict | gym.spaces.Tuple):
+        parts = space.spaces.items() if isinstance(space, gym.spaces.Dict) else enumerate(space)
+        for key, part in parts:
+            flat = isinstance(part, gym.spaces.Discrete) or (
+                isinstance(part, gym.spaces.Box) and len(part.shape) <= 1
+            )
+            if not flat:
+                raise ConfigError(
+                    "env.obs_key",
+                    f"'{env_id}' has a {type(space).__name__} observation whose part "
+                    f"{key!r} is {part}: it is taken whole only when its parts are vectors "
+                    "or Discrete; a Dict's env.obs_key can pick one part",
+                )
+        flat_space = gym.spaces.flatten_space(space)
+        size = int(flat_space.shape[0])
+        return (
+            lambda obs: gym.spaces.flatten(space, obs).astype(np.float32, copy=False)
+        ), gym.spaces.Box(-np.inf, np.inf, (size,), np.float32)
+    if not isinstance(space, gym.spaces.Box):
+        raise ConfigError(
+            "env.env_id",
+            f"'{env_id}' observes {type(space).__name__}; supported: Box (vectors and "
+            "images), Discrete, and Dict or Tuple of those (env.obs_key picks a Dict's part)",
+        )
+    dtype = np.uint8 if space.dtype == np.uint8 else np.float32
+    shape = tuple(int(d) for d in space.shape)
+    if len(shape) == 1 or (len(shape) == 0 and dtype == np.float32):
+        size = max(1, shape[0] if shape else 1)
+        box = gym.spaces.Box(-np.inf, np.inf, (size,), np.float32)
+        if dtype == np.uint8:
+            box = gym.spaces.Box(0, 255, (size,), np.uint8)
+        return (lambda obs: np.asarray(obs, dtype).reshape(size)), box
+    if len(shape) == 2:
+        box = _box(space, (1, *shape), dtype)
+        return (lambda obs: np.asarray(obs, dtype)[None]), box
+    if len(shape) == 3:
+        if shape[-1] in _CHANNELS_LAST and shape[0] not in _CHANNELS_LAST:
+            h, w, c = shape
+            return (
+                lambda obs: np.ascontiguousarray(np.moveaxis(np.asarray(obs, dtype), -1, 0))
+            ), _box(space, (c, h, w), dtype)
+        return (lambda obs: np.asarray(obs, dtype)), _box(space, shape, dtype)
+    raise ConfigError(
+        "env.env_id",
+        f"'{env_id}' observes a Box of shape {list(shape)}; supported: vectors and images "
+        "of 2 or 3 axes",
+    )
+
+
+def _box(space: gym.spaces.Box, shape: tuple[int, ...], dtype: type) -> gym.spaces.Box:
+    if dtype == np.uint8:
+        return gym.spaces.Box(0, 255, shape, np.uint8)
+    return gym.spaces.Box(-np.inf, np.inf, shape, np.float32)
+
+
+def make_one_env(config: EnvConfig, *, training: bool) -> gym.Env:
+    """One env as a job's model sees it: Atari preprocessing for ale_py envs (episodic
+    life and reward clipping only when `training`), `env.obs_key`, the observation
+    layout of `_observation_layout`, then `env.frame_stack`.
+
+    The config is checked first (a collector reads it from the shared store, which
+    must not be able to name code either).
+
+    Raises:
+        ConfigError: the env config is refused, or the env cannot be made or observed.
+    """
+    check_env(config)
+    kwargs = dict(config.env_kwargs)
+    atari = is_atari(config)
+    if atari:
+        kwargs["frameskip"] = 1  # frames are skipped (and max-pooled) by the wrapper
+    try:
+        env: gym.Env = gym.make(config.env_id, **kwargs)
+    except Exception as exc:
+        raise _creation_error(config, exc) from None
+    try:
+        if atari:
+            env = _atari_wrappers(env, config, training)
+        if config.obs_key is not None:
+            space = env.observation_space
+            if not isinstance(space, gym.spaces.Dict) or config.obs_key not in space.spaces:
+                keys = list(space.spaces) if isinstance(space, gym.spaces.Dict) else []
+                raise ConfigError(
+                    "env.obs_key",
+                    f"'{config.env_id}' has no observation part {config.obs_key!r}"
+                    + (f" (it has {', '.join(map(repr, keys))})" if keys else " (not a Dict)"),
+                )
+            key = config.obs_key
+            env = gym.wrappers.TransformObservation(env, lambda obs: obs[key], space.spaces[key])
+        layout, box = _observation_layout(env.observation_space, config.env_id)
+        env = gym.wrappers.TransformObservation(env, layout, box)
+        stack = frame_stack_of(config)
+        if stack > 1:
+            if len(box.shape) == 3 and box.shape[0] == 1:
+                # Gray frames stack along their channel axis: [stack, H, W].
+                env = gym.wrappers.TransformObservation(
+                    env, lambda obs: obs[0], _box(box, box.shape[1:], box.dtype.type)
+                )
+            env = gym.wrappers.FrameStackObservation(env, stack)
+            if len(box.shape) == 3 and box.shape[0] > 1:
+                # Colour frames: [stack, C, H, W] -> [stack * C, H, W].
+                c, h, w = box.shape
+                env = gym.wrappers.TransformObservation(
+                    env,
+                    lambda obs: np.asarray(obs).reshape(stack * c, h, w),
+                    _box(box, (stack * c, h, w), box.dtype.type),
+                )
+    except BaseException:
+        with contextlib.suppress(Exception):
+            env.close()
+        raise
+    return env
+
+
+def _atari_wrappers(env: gym.Env, config: EnvConfig, training: bool) -> gym.Env:
+    env = gym.wrappers.AtariPreprocessing(
+        env,
+        noop_max=config.noop_max,
+        frame_skip=config.frame_skip,
+        screen_size=config.screen_size,
+        grayscale_obs=True,
+        scale_obs=False,  # uint8 end to end: the network scales
+    )
+    if training and _atari_train_option(config, config.episodic_life):
+        env = EpisodicLife(env)
+    if "FIRE" in env.unwrapped.get_action_meanings():
+        env = FireReset(env)
+    if training and _atari_train_option(config, config.clip_rewards):
+        env = gym.wrappers.TransformReward(env, lambda r: float(np.sign(r)))
+    return env
+
+
+def spaces_of(env: gym.Env, config: EnvConfig) -> Spaces:
+    """The `Spaces` of an env made by `make_one_env`."""
+    obs, act = env.observation_space, env.action_space
+    assert isinstance(obs, gym.spaces.Box)
+    shape = tuple(int(d) for d in obs.shape)
+    dtype = "uint8" if obs.dtype == np.uint8 else "float32"
+    if isinstance(act, gym.spaces.Discrete):
+        return Spaces(shape, int(act.n), "discrete", obs_dtype=dtype)
+    if isinstance(act, gym.spaces.Box) and len(act.shape) == 1:
+        bounds = (act.low.astype(float).tolist(), act.high.astype(float).tolist())
+        return Spaces(shape, int(act.shape[0]), "continuous", bounds, obs_dtype=dtype)
+    raise ConfigError(
+        "env.env_id",
+        f"'{config.env_id}' acts in {act}; supported: Discrete and flat Box actions",
+    )
+
+
+def make_vector_env(
+    config: EnvConfig, num_envs: int, *, training: bool = True
+) -> gym.vector.VectorEnv:
+    """A synchronous vector env of `make_one_env` envs that resets a finished sub-env
+    in the same step.
 
     Same-step autoreset puts the terminal observation into `info["final_obs"]` and the
     first observation of the next episode into the returned `obs`, so every step's
     action counts and no step is wasted on a reset.
 
-    The config is checked again here: a collector reads it from the shared store, which
-    must not be able to name code either.
-
     Raises:
         ConfigError: the env config is refused or the env cannot be made.
     """
-    check_env(config)
-    try:
-        return gym.make_vec(
-            config.env_id,
-            num_envs=num_envs,
-            vectorization_mode="sync",
-            vector_kwargs={"autoreset_mode": AutoresetMode.SAME_STEP},
-            **config.env_kwargs,
-        )
-    except Exception as exc:
-        raise _creation_error(config, exc) from None
+    make_one_env(config, training=training).close()  # refuse a bad config here, at once
+    return gym.vector.SyncVectorEnv(
+        [lambda: make_one_env(config, training=training)] * num_envs,
+        autoreset_mode=AutoresetMode.SAME_STEP,
+    )
 
 
 @dataclass(frozen=True)
@@ -382,9 +624,9 @@ class VectorEnvAdapter(Protocol):
 class GymnasiumVector:
     """gymnasium's synchronous vector env, with same-step autoreset."""
 
-    def __init__(self, config: EnvConfig, num_envs: int) -> None:
+    def __init__(self, config: EnvConfig, num_envs: int, *, training: bool = True) -> None:
         self.num_envs = num_envs
-        self._env = make_vector_env(config, num_envs)
+        self._env = make_vector_env(config, num_envs, training=training)
 
     def reset(self, seed: int) -> np.ndarray:
         obs, _ = self._env.reset(seed=seed)
@@ -412,51 +654,42 @@ class EnvAdapter(Protocol):
         """The observation and action spaces (ConfigError when refused)."""
         ...
 
-    def make(self, config: EnvConfig, num_envs: int) -> VectorEnvAdapter:
-        """`num_envs` envs stepped together."""
+    def make(self, config: EnvConfig, num_envs: int, *, training: bool = True) -> VectorEnvAdapter:
+        """`num_envs` envs stepped together (`training`: with the training-only
+        wrappers, such as Atari's episodic life and reward clipping)."""
         ...
 
 
-@dataclass(frozen=True)
-class Spaces:
-    obs_shape: int
-    action_shape: int
-    action_space: str  # "discrete" | "continuous"
-    action_bounds: tuple[list[float], list[float]] | None = None
+#: How a collector steps its envs, by `env.manager`: a factory of vector envs.
+VectorFactory = Callable[[EnvConfig, int, bool], VectorEnvAdapter]
+ENV_MANAGERS: dict[str, VectorFactory] = {
+    "sync": lambda config, num_envs, training: GymnasiumVector(config, num_envs, training=training),
+}
 
 
 class Gymnasium:
-    """gymnasium's registry: flat Box observations, Discrete or flat Box actions, one
-    synchronous vector env per task."""
+    """gymnasium's registry: observations as `_observation_layout` makes them,
+    Discrete or flat Box actions, stepped by the job's `env.manager`."""
 
     def spaces(self, config: EnvConfig) -> Spaces:
-        check_env(config)
+        env = make_one_env(config, training=False)
         try:
-            env: Any = gym.make(config.env_id, **config.env_kwargs)
-        except Exception as exc:
-            raise _creation_error(config, exc) from None
-        try:
-            obs, act = env.observation_space, env.action_space
-            if not isinstance(obs, gym.spaces.Box) or len(obs.shape) != 1:
-                raise ConfigError("env.env_id", f"'{config.env_id}' needs a flat Box observation")
-            if isinstance(act, gym.spaces.Discrete):
-                return Spaces(int(obs.shape[0]), int(act.n), "discrete")
-            if isinstance(act, gym.spaces.Box) and len(act.shape) == 1:
-                bounds = (act.low.astype(float).tolist(), act.high.astype(float).tolist())
-                return Spaces(int(obs.shape[0]), int(act.shape[0]), "continuous", bounds)
-            raise ConfigError("env.env_id", f"'{config.env_id}' has an unsupported action space")
+            return spaces_of(env, config)
         finally:
             # A throwaway env: a failure to close it says nothing about the job's config.
             with contextlib.suppress(Exception):
                 env.close()
 
-    def make(self, config: EnvConfig, num_envs: int) -> VectorEnvAdapter:
-        return GymnasiumVector(config, num_envs)
+    def make(self, config: EnvConfig, num_envs: int, *, training: bool = True) -> VectorEnvAdapter:
+        manager = ENV_MANAGERS.get(config.manager)
+        if manager is None:
+            known = ", ".join(sorted(ENV_MANAGERS))
+            raise ConfigError("env.manager", f"unknown manager '{config.manager}' (known: {known})")
+        return manager(config, num_envs, training)
 
 
-#: The kinds of environment, by `env.adapter`. One today; room for gymnasium's async
-#: (subprocess) vectors, envpool, image observations or multi-agent games, each an
-#: `EnvAdapter` here and a line below.
+#: The kinds of environment, by `env.adapter`. One today (stepped by any of
+#: `ENV_MANAGERS`); room for multi-agent games, each an `EnvAdapter` here.
 ENV_ADAPTERS: dict[str, EnvAdapter] = {
     "gymnasium": Gymnasium(),
 }
@@ -480,9 +713,10 @@ def env_spaces(config: EnvConfig) -> Spaces:
     return env_adapter(config).spaces(config)
 
 
-def make_env(config: EnvConfig, num_envs: int) -> VectorEnvAdapter:
-    """The envs of one collector task, made by the job's adapter."""
-    return env_adapter(config).make(config, num_envs)
+def make_env(config: EnvConfig, num_envs: int, *, training: bool = True) -> VectorEnvAdapter:
+    """The envs of one collector task, made by the job's adapter; evaluation passes
+    `training=False` (whole games, unclipped rewards)."""
+    return env_adapter(config).make(config, num_envs, training=training)
 
 
 def fit_to_env(config: JobConfig) -> JobConfig:
@@ -491,5 +725,10 @@ def fit_to_env(config: JobConfig) -> JobConfig:
     not fit). Makes the env once."""
     spaces = env_spaces(config.env)
     return with_spaces(
-        config, spaces.obs_shape, spaces.action_shape, spaces.action_space, spaces.action_bounds
+        config,
+        spaces.obs_shape,
+        spaces.action_shape,
+        spaces.action_space,
+        spaces.action_bounds,
+        spaces.obs_dtype,
     )

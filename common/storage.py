@@ -40,6 +40,8 @@ from safetensors import SafetensorError
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
+from common.frames import POOL_PREFIX
+
 # Names we create ourselves: ids and numbers only, so a path is always easy to check.
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -241,7 +243,8 @@ class SharedStore:
             header: a JSON record kept in the file's metadata (the collector stores its
                 `SegmentRef` there, so a coordinator can index a file it never heard of).
         """
-        lengths = {len(v) for v in columns.values()}
+        # A pool (`pool.*`, common/frames.py) is not rows.
+        lengths = {len(v) for k, v in columns.items() if not k.startswith(POOL_PREFIX)}
         if len(lengths) != 1:
             raise ValueError(f"segment columns differ in length: {sorted(lengths)}")
         metadata = {"drover": json.dumps(header)} if header is not None else None
@@ -349,6 +352,9 @@ def _rows_of(header: dict[str, Any], data_bytes: int, rel: str) -> int:
             raise CorruptFileError(
                 f"{rel}: tensor {name!r} lacks shape, dtype or offsets"
             ) from None
+        # A pool (`pool.frames`, common/frames.py) is not rows: it is only checked to
+        # fit the file.
+        pool = isinstance(name, str) and name.startswith(POOL_PREFIX)
         if not (
             isinstance(shape, list)
             and shape
@@ -365,7 +371,8 @@ def _rows_of(header: dict[str, Any], data_bytes: int, rel: str) -> int:
             and end - start == math.prod(shape) * itemsize
         ):
             raise CorruptFileError(f"{rel}: tensor {name!r} has offsets that do not fit it")
-        rows.add(shape[0])
+        if not pool:
+            rows.add(shape[0])
         ranges.append((start, end))
     if not rows:
         raise CorruptFileError(f"{rel}: the segment holds no tensor")

@@ -29,7 +29,7 @@ from common.config import (
     resolve_job_config,
     to_dict,
 )
-from common.envs import fit_to_env
+from common.envs import fit_to_env, setup_env_registry
 from common.errors import ApiError
 from common.http import ServiceUnavailable
 from common.messages import TERMINAL_PHASES, JobStatus
@@ -145,6 +145,7 @@ def check_here(config: JobConfig) -> JobConfig:
     """What the coordinator checks at submission that needs no cluster: the workflow,
     and the env's spaces against the algorithm (so a refused job starts nothing)."""
     check_workflow(config)
+    setup_env_registry()  # the services register the same envs when they start
     return fit_to_env(config)
 
 

@@ -41,6 +41,7 @@ SPEC = AlgorithmSpec(
     defaults={},  # the config's dataclass defaults are DQN's
     collect_unit="transitions",
     action_spaces=frozenset({"discrete"}),
+    image_obs=True,
     writes=TRANSITION_COLUMNS,
     reads=TRANSITION_COLUMNS,
     make_actor=make_actor,

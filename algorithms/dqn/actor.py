@@ -60,7 +60,7 @@ class QPolicy:
         actions = rng.integers(0, self.num_actions, size=n)
         if not explore.all():
             with torch.inference_mode():
-                q = self.network(torch.as_tensor(obs, dtype=torch.float32, device=self.device))
+                q = self.network(torch.as_tensor(obs, device=self.device))
             greedy = q.argmax(dim=1).cpu().numpy()
             actions = np.where(explore, actions, greedy)
         return actions

@@ -1,4 +1,5 @@
-"""DQN's network: an MLP Q-function with an optional dueling head."""
+"""DQN's network: an observation encoder (an MLP for vectors, a CNN for images) and
+a Q head, optionally dueling."""
 
 from __future__ import annotations
 
@@ -6,24 +7,25 @@ import torch
 from torch import nn
 
 from common.config import ModelConfig
-from common.models import mlp
+from common.models import make_encoder
 
 
 class QNetwork(nn.Module):
-    """An MLP Q-function, optionally with a dueling head (V + A - mean A)."""
+    """Q-values from an encoder's features, optionally with a dueling head
+    (V + A - mean A)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         if config.obs_shape is None or config.action_shape is None:
             raise ValueError("model.obs_shape and model.action_shape must be resolved first")
-        hidden = list(config.encoder_hidden_size_list)
-        self.encoder = mlp([config.obs_shape, *hidden])
+        self.encoder = make_encoder(config)
+        features = self.encoder.out_features
         self.dueling = config.dueling
         if self.dueling:
-            self.advantage = nn.Linear(hidden[-1], config.action_shape)
-            self.value = nn.Linear(hidden[-1], 1)
+            self.advantage = nn.Linear(features, config.action_shape)
+            self.value = nn.Linear(features, 1)
         else:
-            self.head = nn.Linear(hidden[-1], config.action_shape)
+            self.head = nn.Linear(features, config.action_shape)
 
     def forward(self, obs: torch.Tensor) -> torch.Tensor:
         features = self.encoder(obs)

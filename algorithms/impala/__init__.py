@@ -55,6 +55,7 @@ SPEC = AlgorithmSpec(
     },
     collect_unit="unrolls",
     action_spaces=frozenset({"discrete", "continuous"}),
+    image_obs=True,
     writes=COLUMNS,
     reads=COLUMNS,
     make_actor=make_actor,

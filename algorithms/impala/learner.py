@@ -88,10 +88,12 @@ class Impala(OneModelState):
         t = {k: torch.as_tensor(columns[k], device=self.device) for k in COLUMNS}
         obs = t["obs"]  # [B, T, obs]
         batch, steps = obs.shape[:2]
-        dist = self.model.distribution(obs.reshape(batch * steps, -1))
+        dist, flat_values = self.model.distribution_and_value(
+            obs.reshape(batch * steps, *obs.shape[2:])
+        )
         action = t["action"].reshape(batch * steps, *t["action"].shape[2:])
         target_logp = self.model.log_prob(dist, action).reshape(batch, steps)
-        values = self.model.value(obs.reshape(batch * steps, -1)).reshape(batch, steps)
+        values = flat_values.reshape(batch, steps)
         bootstrap = self.model.value(t["bootstrap_obs"])
         discounts = self.config.discount_factor * (1.0 - t["done"])
         targets = vtrace(

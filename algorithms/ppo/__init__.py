@@ -57,6 +57,7 @@ SPEC = AlgorithmSpec(
     },
     collect_unit="rounds",
     action_spaces=frozenset({"discrete", "continuous"}),
+    image_obs=True,
     writes=COLUMNS,
     reads=COLUMNS,
     make_actor=make_actor,

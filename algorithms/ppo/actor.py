@@ -30,7 +30,9 @@ class ActorCriticPolicy:
         self.version, self.loaded = version, True
 
     def _tensor(self, obs: np.ndarray) -> torch.Tensor:
-        return torch.as_tensor(obs, dtype=torch.float32, device=self.device)
+        # uint8 images go to the device as they are (a quarter of float32's bytes); the
+        # network's encoder casts and scales them.
+        return torch.as_tensor(obs, device=self.device)
 
     def env_action(self, action: np.ndarray) -> np.ndarray:
         """What the env receives: a Gaussian sample clipped to the action bounds."""
@@ -39,11 +41,9 @@ class ActorCriticPolicy:
     def sample(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(actions, their log-probabilities, state values) for a batch of obs."""
         with torch.inference_mode():
-            x = self._tensor(obs)
-            dist = self.network.distribution(x)
+            dist, value = self.network.distribution_and_value(self._tensor(obs))
             action = dist.sample()
             logp = self.network.log_prob(dist, action)
-            value = self.network.value(x)
         return action.cpu().numpy(), logp.cpu().numpy(), value.cpu().numpy()
 
     def value(self, obs: np.ndarray) -> np.ndarray:

@@ -49,7 +49,7 @@ class PPO(OneModelState):
 
     def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
         learn = self.config.learn
-        dist = self.model.distribution(batch["obs"])
+        dist, value = self.model.distribution_and_value(batch["obs"])
         logp = self.model.log_prob(dist, batch["action"])
         ratio = (logp - batch["logp"]).exp()
         adv = batch["adv"]
@@ -60,7 +60,7 @@ class PPO(OneModelState):
             ratio * adv, ratio.clamp(1 - learn.clip_ratio, 1 + learn.clip_ratio) * adv
         )
         policy_loss = -surrogate.mean()
-        value_loss = 0.5 * (self.model.value(batch["obs"]) - batch["ret"]).pow(2).mean()
+        value_loss = 0.5 * (value - batch["ret"]).pow(2).mean()
         entropy = self.model.entropy(dist).mean()
         loss = policy_loss + learn.value_weight * value_loss - learn.entropy_weight * entropy
         with torch.no_grad():

@@ -5,7 +5,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from common.config import ModelConfig
+from common.config import ModelConfig, obs_shape_of
+from common.models import encoder_kind, make_encoder
 
 
 def mlp_tanh(sizes: list[int]) -> nn.Sequential:
@@ -21,9 +22,11 @@ def mlp_tanh(sizes: list[int]) -> nn.Sequential:
 
 
 class ActorCritic(nn.Module):
-    """Separate actor and critic MLPs. Discrete actions: the actor gives logits.
-    Continuous actions: it gives the mean of a Gaussian whose log std is a learned
-    parameter per action dimension (state-independent, as in PPO's paper)."""
+    """Actor and critic. Vectors: separate tanh MLPs (PPO's reference setup). Images:
+    one shared CNN encoder with linear actor and critic heads (as Atari PPO and IMPALA
+    use). Discrete actions: the actor gives logits. Continuous actions: it gives the
+    mean of a Gaussian whose log std is a learned parameter per action dimension
+    (state-independent, as in PPO's paper)."""
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
@@ -31,24 +34,57 @@ class ActorCritic(nn.Module):
             raise ValueError("model.obs_shape and model.action_shape must be resolved first")
         hidden = list(config.encoder_hidden_size_list)
         self.continuous = config.action_space == "continuous"
-        self.actor = nn.Sequential(
-            mlp_tanh([config.obs_shape, *hidden]), nn.Linear(hidden[-1], config.action_shape)
-        )
-        self.critic = nn.Sequential(mlp_tanh([config.obs_shape, *hidden]), nn.Linear(hidden[-1], 1))
+        self.shared = encoder_kind(config) != "mlp"
+        if self.shared:
+            self.encoder = make_encoder(config)
+            features = self.encoder.out_features
+            self.actor = nn.Linear(features, config.action_shape)
+            self.critic = nn.Linear(features, 1)
+            nn.init.orthogonal_(self.critic.weight, gain=1.0)
+            nn.init.zeros_(self.critic.bias)
+            last = self.actor
+        else:
+            width = obs_shape_of(config)[0]
+            self.actor = nn.Sequential(
+                mlp_tanh([width, *hidden]), nn.Linear(hidden[-1], config.action_shape)
+            )
+            self.critic = nn.Sequential(mlp_tanh([width, *hidden]), nn.Linear(hidden[-1], 1))
+            last = self.actor[-1]
         if self.continuous:
             self.log_std = nn.Parameter(torch.zeros(config.action_shape))
         # Small last layers: a near-uniform first policy and near-zero first values.
-        nn.init.orthogonal_(self.actor[-1].weight, gain=0.01)
-        nn.init.zeros_(self.actor[-1].bias)
+        nn.init.orthogonal_(last.weight, gain=0.01)
+        nn.init.zeros_(last.bias)
 
-    def distribution(self, obs: torch.Tensor) -> torch.distributions.Distribution:
-        out = self.actor(obs)
+    def _heads(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.shared:
+            features = self.encoder(obs)
+            return self.actor(features), self.critic(features).squeeze(-1)
+        x = obs.float()
+        return self.actor(x), self.critic(x).squeeze(-1)
+
+    def _dist(self, out: torch.Tensor) -> torch.distributions.Distribution:
         if self.continuous:
             return torch.distributions.Normal(out, self.log_std.exp().expand_as(out))
         return torch.distributions.Categorical(logits=out)
 
+    def distribution_and_value(
+        self, obs: torch.Tensor
+    ) -> tuple[torch.distributions.Distribution, torch.Tensor]:
+        """The policy's distribution and the state values, with one pass through a
+        shared encoder."""
+        out, value = self._heads(obs)
+        return self._dist(out), value
+
+    def distribution(self, obs: torch.Tensor) -> torch.distributions.Distribution:
+        if self.shared:
+            return self._dist(self.actor(self.encoder(obs)))
+        return self._dist(self.actor(obs.float()))
+
     def value(self, obs: torch.Tensor) -> torch.Tensor:
-        return self.critic(obs).squeeze(-1)
+        if self.shared:
+            return self.critic(self.encoder(obs)).squeeze(-1)
+        return self.critic(obs.float()).squeeze(-1)
 
     def log_prob(
         self, dist: torch.distributions.Distribution, action: torch.Tensor
@@ -62,5 +98,5 @@ class ActorCritic(nn.Module):
 
     def mode(self, obs: torch.Tensor) -> torch.Tensor:
         """The deterministic action (for evaluation)."""
-        out = self.actor(obs)
-        return out if self.continuous else out.argmax(dim=-1)
+        out = self.distribution(obs)
+        return out.mean if self.continuous else out.probs.argmax(dim=-1)

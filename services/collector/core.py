@@ -28,10 +28,11 @@ from common.advantages import gae
 from common.config import JobConfig, PolicyConfig, algorithm_of, read_job_config
 from common.envs import make_env
 from common.errors import ApiError
+from common.frames import pack_frames
 from common.http import ServiceUnavailable, is_transient, retry_wait_s
 from common.messages import CollectSpec, EvalResult, EvaluateSpec, SegmentRef, dump
 from common.storage import CorruptFileError, SharedStore
-from services.collector.step_data import EpisodeTracker, NStepBuilder
+from services.collector.step_data import EpisodeTracker, NStepBuilder, as_obs
 from services.coordinator.client import CoordinatorClient
 from services.slave.core import TaskContext
 
@@ -147,6 +148,13 @@ class SegmentUploader:
         self._thread = threading.Thread(target=self._loop, name="uploader", daemon=True)
         self._thread.start()
 
+    def raise_if_failed(self) -> None:
+        """Raises UploadFailed when an error stopped the uploader thread: a loop that
+        waits for something else (the next policy version) calls it, since nothing it
+        waits for comes while its data is not arriving."""
+        if self.error is not None:
+            raise UploadFailed(self.error)
+
     def put(self, pending: _Pending) -> None:
         """Queue a segment; blocks while the queue is full (the learner is behind).
 
@@ -180,7 +188,10 @@ class SegmentUploader:
             if self.ctx.stopped() or self.error is not None:
                 continue  # drain without writing: the task is over
             try:
-                self.store.write_segment(item.ref.path, item.columns, header=dump(item.ref))
+                # Images are written with each frame once (common/frames.py); here, off
+                # the env loop's thread.
+                columns = pack_frames(item.columns)
+                self.store.write_segment(item.ref.path, columns, header=dump(item.ref))
                 self._insert(item.ref)
             except Exception as exc:  # a full disk, a refusal no retry can fix
                 log.exception("uploading %s failed", item.ref.path)
@@ -253,7 +264,7 @@ def round_columns(record: dict[str, list], config: PolicyConfig) -> dict[str, np
 
     action = flat(arrays["action"])
     return {
-        "obs": flat(arrays["obs"]).astype(np.float32),
+        "obs": as_obs(flat(arrays["obs"])),
         "action": action.astype(np.float32 if action.dtype.kind == "f" else np.int64),
         "logp": flat(arrays["logp"]).astype(np.float32),
         "adv": flat(adv).astype(np.float32),
@@ -349,6 +360,7 @@ class CollectorRunner:
             while not ctx.stopped():
                 follower.refresh()
                 if not policy.loaded:  # the learner publishes its first version at start
+                    uploader.raise_if_failed()
                     follower.wait_newer(timeout_s=1.0)
                     continue
                 version = policy.version
@@ -370,13 +382,14 @@ class CollectorRunner:
                     obs = step.obs
                 # [T, envs, ...] -> one unroll per env: [envs, T, ...]
                 columns = {k: np.stack(v, axis=1) for k, v in record.items()}
-                for key in ("obs", "reward", "logp", "done"):
+                columns["obs"] = as_obs(columns["obs"])
+                for key in ("reward", "logp", "done"):
                     columns[key] = columns[key].astype(np.float32)
                 action = columns["action"]
                 columns["action"] = action.astype(
                     np.int64 if action.dtype.kind in "iu" else np.float32
                 )
-                columns["bootstrap_obs"] = obs.astype(np.float32)
+                columns["bootstrap_obs"] = as_obs(obs)
                 # One item per env; each covers unroll_len env steps.
                 env_steps += self._ship(
                     ctx,
@@ -413,6 +426,7 @@ class CollectorRunner:
         try:
             while not ctx.stopped():
                 while not ctx.stopped() and not (policy.loaded and policy.version > last_version):
+                    uploader.raise_if_failed()
                     follower.wait_newer(timeout_s=1.0)
                 if ctx.stopped():
                     break
@@ -546,7 +560,8 @@ class CollectorRunner:
         num_envs = min(spec.num_envs, spec.episodes)
         quota = np.full(num_envs, spec.episodes // num_envs)
         quota[: spec.episodes % num_envs] += 1
-        env = make_env(config.env, num_envs)
+        # Whole games with unclipped rewards: the score a user compares with papers.
+        env = make_env(config.env, num_envs, training=False)
         rng = np.random.default_rng(spec.seed)
         obs = env.reset(seed=spec.seed)
         episodes = EpisodeTracker(num_envs)

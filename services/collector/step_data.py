@@ -17,6 +17,13 @@ import collections
 import numpy as np
 
 
+def as_obs(array: np.ndarray) -> np.ndarray:
+    """Observations as step data stores them: uint8 images stay uint8 (a quarter of
+    float32's bytes, and frames dedupe: common/frames.py); anything else is float32."""
+    array = np.asarray(array)
+    return array if array.dtype == np.uint8 else array.astype(np.float32)
+
+
 class EpisodeTracker:
     """Returns and lengths of the episodes a vector env finishes."""
 
@@ -98,13 +105,13 @@ class NStepBuilder:
         """All finished transitions as column arrays; the builder keeps the rest."""
         rows, self._rows = self._rows, {c: [] for c in self.COLUMNS}
         return {
-            "obs": np.asarray(rows["obs"], dtype=np.float32),
+            "obs": as_obs(rows["obs"]),
             # discrete: action ids; continuous: actions normalized to [-1, 1]
             "action": np.asarray(rows["action"]).astype(
                 np.float32 if np.asarray(rows["action"]).dtype.kind == "f" else np.int64
             ),
             "reward": np.asarray(rows["reward"], dtype=np.float32),
-            "next_obs": np.asarray(rows["next_obs"], dtype=np.float32),
+            "next_obs": as_obs(rows["next_obs"]),
             "done": np.asarray(rows["done"], dtype=np.float32),
             "discount": np.asarray(rows["discount"], dtype=np.float32),
         }

@@ -33,8 +33,9 @@ import torch
 from algorithms.base import BatchLearner, Learner, RoundLearner
 from algorithms.registry import ALGORITHMS
 from algorithms.sync import AllReduceSync
-from common.config import JobConfig, PolicyConfig, algorithm_of, read_job_config
+from common.config import JobConfig, PolicyConfig, algorithm_of, obs_shape_of, read_job_config
 from common.errors import ApiError
+from common.frames import INDEX_SUFFIX, POOL, is_packed, take
 from common.http import ServiceUnavailable
 from common.messages import (
     MAX_ABS_FLOAT,
@@ -64,7 +65,7 @@ class NonFiniteWeights(RuntimeError):
     """Training produced NaN or inf weights: they are neither published nor saved."""
 
 
-#: Columns of observations: [rows, obs_shape].
+#: Columns of observations: [rows, *obs_shape].
 OBS_COLUMNS = frozenset({"obs", "next_obs", "bootstrap_obs"})
 #: Columns of episode-end flags: bool, or numbers that are 0 or 1.
 FLAG_COLUMNS = frozenset({"done", "terminated", "ended"})
@@ -78,9 +79,10 @@ class ColumnSpec:
 
     `float`: a floating dtype, every value finite. `index`: an integer dtype, every
     value in `[0, high)` (discrete actions). `flag`: bool or numeric, every value 0 or 1.
+    `pixels`: uint8 (image observations), whole or packed (common/frames.py).
     """
 
-    kind: Literal["float", "index", "flag"]
+    kind: Literal["float", "index", "flag", "pixels"]
     #: The shape of one row (the column's shape without its first, rows, dimension).
     shape: tuple[int, ...]
     #: The dtype training uses; the column is cast to it once checked.
@@ -103,7 +105,8 @@ class SegmentSchema:
 
     @classmethod
     def for_policy(cls, policy: PolicyConfig, names: tuple[str, ...]) -> SegmentSchema:
-        """The schema of `names` for a job's policy: observations are `obs_shape` wide;
+        """The schema of `names` for a job's policy: observations are of `obs_shape`
+        (uint8 when `obs_dtype` is);
         actions are ids below `action_shape` (discrete) or `action_shape` floats
         (continuous); every other column is one number a row. Rows of the `unrolls`
         unit (IMPALA's) are unrolls, so their per-step columns have a time axis of
@@ -116,8 +119,10 @@ class SegmentSchema:
         specs: dict[str, ColumnSpec] = {}
         for name in names:
             row = () if name in PER_ITEM_COLUMNS else steps
-            if name in OBS_COLUMNS:
-                specs[name] = ColumnSpec("float", (*row, model.obs_shape), np.float32)
+            if name in OBS_COLUMNS and model.obs_dtype == "uint8":
+                specs[name] = ColumnSpec("pixels", (*row, *obs_shape_of(model)), np.uint8)
+            elif name in OBS_COLUMNS:
+                specs[name] = ColumnSpec("float", (*row, *obs_shape_of(model)), np.float32)
             elif name == "action" and model.action_space == "continuous":
                 specs[name] = ColumnSpec("float", (*row, model.action_shape), np.float32)
             elif name == "action":
@@ -136,16 +141,49 @@ class SegmentSchema:
             CorruptFileError: a column is missing, or of the wrong kind, shape or
                 length, or holds a value out of range (NaN, inf, an unknown action).
         """
-        missing = [name for name in self.columns if name not in columns]
+        missing = [
+            name
+            for name, spec in self.columns.items()
+            if name not in columns and not (spec.kind == "pixels" and is_packed(columns, name))
+        ]
         if missing:
             raise CorruptFileError(f"no column {', '.join(missing)}")
-        checked = {
-            name: _check_column(name, columns[name], spec) for name, spec in self.columns.items()
-        }
-        lengths = {name: len(array) for name, array in checked.items()}
+        checked: dict[str, np.ndarray] = {}
+        lengths: dict[str, int] = {}
+        for name, spec in self.columns.items():
+            if spec.kind == "pixels" and is_packed(columns, name):
+                index_name = name + INDEX_SUFFIX
+                checked[index_name] = _check_frame_index(
+                    name, columns[index_name], columns[POOL], spec
+                )
+                checked[POOL] = columns[POOL]
+                lengths[name] = len(checked[index_name])
+            else:
+                checked[name] = _check_column(name, columns[name], spec)
+                lengths[name] = len(checked[name])
         if len(set(lengths.values())) > 1:
             raise CorruptFileError(f"columns differ in length: {lengths}")
         return checked
+
+
+def _check_frame_index(
+    name: str, index: np.ndarray, pool: np.ndarray, spec: ColumnSpec
+) -> np.ndarray:
+    """A packed image column's indexes, checked against the pool they point into."""
+    frame_shape, planes_shape = spec.shape[-2:], spec.shape[:-2]
+    if pool.dtype != np.uint8 or pool.ndim != 3 or pool.shape[1:] != frame_shape:
+        raise CorruptFileError(
+            f"{POOL} is {pool.dtype} {list(pool.shape)}, not uint8 [frames, "
+            f"{', '.join(map(str, frame_shape))}]"
+        )
+    if index.dtype.kind not in "iu" or index.shape[1:] != planes_shape:
+        expected = ", ".join(["rows", *map(str, planes_shape)])
+        raise CorruptFileError(
+            f"{name}{INDEX_SUFFIX} is {index.dtype} {list(index.shape)}, not integer [{expected}]"
+        )
+    if index.size and (index.min() < 0 or index.max() >= len(pool)):
+        raise CorruptFileError(f"{name}{INDEX_SUFFIX} points outside the {len(pool)} frames")
+    return index.astype(np.intp, copy=False)
 
 
 def _check_column(name: str, array: np.ndarray, spec: ColumnSpec) -> np.ndarray:
@@ -153,6 +191,10 @@ def _check_column(name: str, array: np.ndarray, spec: ColumnSpec) -> np.ndarray:
         expected = ", ".join(["rows", *map(str, spec.shape)])
         raise CorruptFileError(f"{name} has shape {list(array.shape)}, not [{expected}]")
     kind = array.dtype.kind
+    if spec.kind == "pixels":
+        if array.dtype != np.uint8:
+            raise CorruptFileError(f"{name} is {array.dtype}, not uint8 (image observations)")
+        return array
     if spec.kind == "float":
         if kind != "f":
             raise CorruptFileError(f"{name} is {array.dtype}, not floating point")
@@ -229,6 +271,10 @@ class SegmentCache:
             self._cache.popitem(last=False)
         return columns
 
+    def _rows(self, columns: dict[str, np.ndarray]) -> int:
+        first = self.columns[0]
+        return len(columns[first] if first in columns else columns[first + INDEX_SUFFIX])
+
     def gather(self, batch: SampledBatch) -> tuple[dict[str, np.ndarray], np.ndarray, list[int]]:
         """The batch's rows as columns, with their weights and keys (rows of unusable
         segments left out). Never raises for what a file holds."""
@@ -256,11 +302,11 @@ class SegmentCache:
             columns = self.get(segment.path)
             rows = None
             if columns is not None:
-                rows = _row_index(segment.rows, len(columns[self.columns[0]]))
+                rows = _row_index(segment.rows, self._rows(columns))
                 if rows is None:
                     self.skip(segment.path, "sampled rows out of range")
                 else:
-                    parts.append({k: columns[k][rows] for k in self.columns})
+                    parts.append({k: take(columns, k, rows) for k in self.columns})
             keep.extend([rows is not None] * len(segment.rows))
         mask = np.asarray(keep, dtype=bool)
         if not parts:

@@ -196,7 +196,7 @@ def test_valid_kwargs_still_make_the_env():
     config = env(max_episode_steps=200, render_mode=None, disable_env_checker=True)
     check_env(config)
     spaces = env_spaces(config)
-    assert (spaces.obs_shape, spaces.action_shape, spaces.action_space) == (4, 2, "discrete")
+    assert (spaces.obs_shape, spaces.action_shape, spaces.action_space) == ((4,), 2, "discrete")
     vector = make_vector_env(config, 2)
     try:
         assert vector.num_envs == 2
@@ -212,9 +212,11 @@ def test_a_constructor_kwarg_is_accepted():
 # --- the operator's env modules --------------------------------------------------------
 
 
-def test_no_env_modules_by_default():
+def test_only_the_builtin_env_packages_by_default():
     assert env_modules_from_env({}) == ()
-    assert setup_env_registry({}) == ()
+    assert setup_env_registry({}) == ("ale_py", "minigrid")
+    assert "PongNoFrameskip-v4" in gym.envs.registry
+    assert "MiniGrid-Empty-5x5-v0" in gym.envs.registry
     assert env_modules_from_env({ENV_MODULES_VAR: " ale_py, minigrid ,"}) == ("ale_py", "minigrid")
 
 
@@ -231,11 +233,12 @@ def test_an_operator_module_makes_its_envs_valid(tmp_path, monkeypatch, unique_m
         assert refused(env(env_id)).field == "env.env_id"  # not registered yet
 
         environ = {ENV_MODULES_VAR: unique_module_name}
-        assert setup_env_registry(environ) == (unique_module_name,)
-        assert setup_env_registry(environ) == (unique_module_name,)  # idempotent
+        expected = ("ale_py", "minigrid", unique_module_name)
+        assert setup_env_registry(environ) == expected
+        assert setup_env_registry(environ) == expected  # idempotent
 
         spaces = env_spaces(env(env_id, size=5))
-        assert (spaces.obs_shape, spaces.action_shape) == (5, 2)
+        assert (spaces.obs_shape, spaces.action_shape) == ((5,), 2)
     finally:
         gym.envs.registry.pop(env_id, None)
 
@@ -307,9 +310,9 @@ class CountingAdapter:
     def spaces(self, config):
         from common.envs import Spaces
 
-        return Spaces(obs_shape=3, action_shape=2, action_space="discrete")
+        return Spaces(obs_shape=(3,), action_shape=2, action_space="discrete")
 
-    def make(self, config, num_envs):
+    def make(self, config, num_envs, *, training=True):
         return CountingEnvs(num_envs)
 
 
@@ -318,7 +321,7 @@ def test_an_adapter_registered_by_name_reports_spaces_and_makes_the_envs(monkeyp
 
     monkeypatch.setitem(envs.ENV_ADAPTERS, "counting", CountingAdapter())
     config = EnvConfig(env_id="not-in-gymnasium", adapter="counting")
-    assert envs.env_spaces(config).obs_shape == 3
+    assert envs.env_spaces(config).obs_shape == (3,)
     made = envs.make_env(config, 4)
     made.reset(seed=0)
     assert made.step(np.zeros(4)).obs.shape == (4, 3)
@@ -326,5 +329,5 @@ def test_an_adapter_registered_by_name_reports_spaces_and_makes_the_envs(monkeyp
 
 def test_an_unknown_adapter_is_refused_naming_the_field():
     with pytest.raises(ConfigError) as err:
-        env_spaces(EnvConfig(adapter="envpool"))
+        env_spaces(EnvConfig(adapter="unknown"))
     assert err.value.field == "env.adapter" and "gymnasium" in err.value.message
