@@ -512,7 +512,15 @@ def make_one_env(config: EnvConfig, *, training: bool) -> gym.Env:
                     env, lambda obs: obs[0], _box(box, box.shape[1:], box.dtype.type)
                 )
             env = gym.wrappers.FrameStackObservation(env, stack)
-            if len(box.shape) == 3 and box.shape[0] > 1:
+            if len(box.shape) == 1:
+                # Vectors: [stack, n] -> one vector of stack * n.
+                size = stack * box.shape[0]
+                env = gym.wrappers.TransformObservation(
+                    env,
+                    lambda obs: np.asarray(obs).reshape(size),
+                    _box(box, (size,), box.dtype.type),
+                )
+            elif len(box.shape) == 3 and box.shape[0] > 1:
                 # Colour frames: [stack, C, H, W] -> [stack * C, H, W].
                 c, h, w = box.shape
                 env = gym.wrappers.TransformObservation(
