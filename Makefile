@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= examples/cartpole_dqn.yaml
 
-.PHONY: install run test lint format bench bench-learning bench-chaos bench-learner up down clean
+.PHONY: install run test lint format bench bench-learning bench-chaos bench-learner bench-atari bench-atari-collect bench-atari-learner up down clean
 
 # The stamp is refreshed whenever pyproject.toml changes, so `make test` on a fresh
 # clone installs once and later runs start at once.
@@ -42,6 +42,16 @@ bench-chaos: install
 
 bench-learner: install
 	$(BIN)/python bench/learner_scaling.py
+
+# Pong from pixels to the end of its budget: hours on a GPU machine.
+bench-atari: install
+	$(BIN)/python bench/atari_learning.py --algo impala
+
+bench-atari-collect: install
+	$(BIN)/python bench/atari_collect.py
+
+bench-atari-learner: install
+	$(BIN)/python bench/atari_learner.py
 
 up:
 	docker compose up --build

@@ -156,6 +156,15 @@ def _algorithm(raw: dict[str, Any], policy_type: Any, notes: list[str]) -> None:
 
 
 def _env(raw: dict[str, Any], env_type: Any, notes: list[str]) -> None:
+    manager = _get(raw, "env.manager")
+    if isinstance(manager, dict):
+        # DI-engine's env manager settings (shared_memory, retries, ...) have no
+        # counterpart: drover's env.manager names how envs are stepped.
+        _pop(raw, "env.manager")
+        notes.append(
+            "env.manager ignored: DI-engine's manager settings; drover's env.manager "
+            "is sync, async or envpool (default sync)"
+        )
     env_id = _get(raw, "env.env_id")
     if env_id in ENV_IDS:
         _set(raw, "env.env_id", ENV_IDS[env_id])

@@ -349,7 +349,7 @@ def frame_stack_of(config: EnvConfig) -> int:
     return 4 if is_atari(config) else 1
 
 
-def _atari_train_option(config: EnvConfig, value: bool | None) -> bool:
+def atari_train_option(config: EnvConfig, value: bool | None) -> bool:
     return is_atari(config) if value is None else value
 
 
@@ -544,11 +544,11 @@ def _atari_wrappers(env: gym.Env, config: EnvConfig, training: bool) -> gym.Env:
         grayscale_obs=True,
         scale_obs=False,  # uint8 end to end: the network scales
     )
-    if training and _atari_train_option(config, config.episodic_life):
+    if training and atari_train_option(config, config.episodic_life):
         env = EpisodicLife(env)
     if "FIRE" in env.unwrapped.get_action_meanings():
         env = FireReset(env)
-    if training and _atari_train_option(config, config.clip_rewards):
+    if training and atari_train_option(config, config.clip_rewards):
         env = gym.wrappers.TransformReward(env, lambda r: float(np.sign(r)))
     return env
 
@@ -670,8 +670,53 @@ class EnvAdapter(Protocol):
 
 #: How a collector steps its envs, by `env.manager`: a factory of vector envs.
 VectorFactory = Callable[[EnvConfig, int, bool], VectorEnvAdapter]
+
+
+def _async_vector(config: EnvConfig, num_envs: int, training: bool) -> VectorEnvAdapter:
+    from common.env_workers import SubprocessVector  # starts processes: only when asked
+
+    return SubprocessVector(config, num_envs, training=training)
+
+
+def _envpool_module() -> Any:
+    """common.envpool_vector, which needs the optional envpool package."""
+    try:
+        import common.envpool_vector as module
+    except ImportError as exc:
+        raise ConfigError(
+            "env.manager",
+            f"envpool is not installed here ({exc}); install drover's envpool extra "
+            "(pip install 'drover[envpool]') or use manager 'sync' or 'async'",
+        ) from None
+    return module
+
+
+def _envpool_vector(config: EnvConfig, num_envs: int, training: bool) -> VectorEnvAdapter:
+    return _envpool_module().EnvpoolVector(config, num_envs, training=training)
+
+
+def _check_envpool(config: EnvConfig, spaces: Spaces) -> None:
+    """Refuse at submission what envpool cannot step as `sync` would."""
+    module = _envpool_module()
+    for training in (True, False):
+        task = module.envpool_task(config, training=training)
+        actual = module.envpool_spaces(task)
+        if not module.same_spaces(spaces, actual):
+            raise ConfigError(
+                "env.manager",
+                f"envpool's {task.task_id} gives {actual}, but '{config.env_id}' gives "
+                f"{spaces} with manager 'sync'; use manager 'sync'",
+            )
+
+
 ENV_MANAGERS: dict[str, VectorFactory] = {
     "sync": lambda config, num_envs, training: GymnasiumVector(config, num_envs, training=training),
+    "async": _async_vector,
+    "envpool": _envpool_vector,
+}
+#: What a manager checks at submission, beyond what every env is checked for.
+MANAGER_CHECKS: dict[str, Callable[[EnvConfig, Spaces], None]] = {
+    "envpool": _check_envpool,
 }
 
 
@@ -682,11 +727,18 @@ class Gymnasium:
     def spaces(self, config: EnvConfig) -> Spaces:
         env = make_one_env(config, training=False)
         try:
-            return spaces_of(env, config)
+            spaces = spaces_of(env, config)
         finally:
             # A throwaway env: a failure to close it says nothing about the job's config.
             with contextlib.suppress(Exception):
                 env.close()
+        if config.manager not in ENV_MANAGERS:
+            known = ", ".join(sorted(ENV_MANAGERS))
+            raise ConfigError("env.manager", f"unknown manager '{config.manager}' (known: {known})")
+        check = MANAGER_CHECKS.get(config.manager)
+        if check is not None:
+            check(config, spaces)
+        return spaces
 
     def make(self, config: EnvConfig, num_envs: int, *, training: bool = True) -> VectorEnvAdapter:
         manager = ENV_MANAGERS.get(config.manager)

@@ -331,3 +331,20 @@ def test_an_unknown_adapter_is_refused_naming_the_field():
     with pytest.raises(ConfigError) as err:
         env_spaces(EnvConfig(adapter="unknown"))
     assert err.value.field == "env.adapter" and "gymnasium" in err.value.message
+
+
+def test_the_envpool_manager_without_envpool_installed_is_refused_at_submission(monkeypatch):
+    import sys
+
+    setup_env_registry({})
+    monkeypatch.setitem(sys.modules, "envpool", None)  # `import envpool` fails
+    monkeypatch.delitem(sys.modules, "common.envpool_vector", raising=False)
+    with pytest.raises(ConfigError) as err:
+        env_spaces(EnvConfig(env_id="PongNoFrameskip-v4", manager="envpool"))
+    assert err.value.field == "env.manager" and "drover[envpool]" in err.value.message
+
+
+def test_an_env_envpool_cannot_step_is_refused_at_submission():
+    with pytest.raises(ConfigError) as err:
+        env_spaces(EnvConfig(env_id="CartPole-v1", manager="envpool"))
+    assert err.value.field == "env.manager" and "sync" in err.value.message

@@ -1,0 +1,127 @@
+"""Each observation kind through the services: images (MiniGrid learned by PPO; Atari
+Pong collected, trained and evaluated by IMPALA and DQN), Discrete observations
+(FrozenLake learned by DQN) and Dict observations (a Dict CartPole learned by DQN)."""
+
+import time
+from pathlib import Path
+
+import numpy as np
+
+from common.config import deep_merge, load_config_file
+from common.frames import POOL
+from common.storage import SharedStore
+from drover.local import LocalCluster
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_to_end(cluster, config, timeout_s):
+    job_id = cluster.client.submit_job(config).job_id
+    deadline = time.monotonic() + timeout_s
+    while (status := cluster.client.job(job_id)).phase in ("pending", "running"):
+        assert not cluster.dead_services(), cluster.dead_services()[0].log_tail()
+        assert time.monotonic() < deadline, status
+        time.sleep(0.25)
+    return job_id, status
+
+
+def test_ppo_learns_minigrid_from_its_image_view(tmp_path):
+    config = load_config_file(ROOT / "examples" / "minigrid_ppo.yaml")
+    with LocalCluster(tmp_path / "run", num_collectors=2) as cluster:
+        _, status = run_to_end(cluster, config, 240)
+    assert status.phase == "succeeded", status
+    assert status.last_eval.return_mean >= 0.9
+
+
+def test_dqn_learns_frozenlake_from_discrete_observations(tmp_path):
+    config = deep_merge(
+        load_config_file(ROOT / "examples" / "cartpole_dqn.yaml"),
+        {
+            "env": {
+                "env_id": "FrozenLake-v1",
+                "env_kwargs": {"is_slippery": False},
+                "stop_value": 1.0,
+                "n_evaluator_episode": 5,
+            },
+            "policy": {
+                "model": {"encoder_hidden_size_list": [64]},
+                "other": {"eps": {"decay": 3000}},
+            },
+        },
+    )
+    with LocalCluster(tmp_path / "run", num_collectors=1) as cluster:
+        _, status = run_to_end(cluster, config, 180)
+    assert status.phase == "succeeded", status
+    assert status.last_eval.return_mean == 1.0
+
+
+def test_dqn_learns_a_dict_observation_env(tmp_path):
+    config = deep_merge(
+        load_config_file(ROOT / "examples" / "cartpole_dqn.yaml"),
+        {"env": {"env_id": "DroverDictCartPole-v0"}},
+    )
+    # The operator's env module, as DROVER_ENV_MODULES names it to every service.
+    modules = {"DROVER_ENV_MODULES": "tests.dict_env", "PYTHONPATH": str(ROOT)}
+    with LocalCluster(tmp_path / "run", num_collectors=1, extra_env=modules) as cluster:
+        _, status = run_to_end(cluster, config, 180)
+    assert status.phase == "succeeded", status
+    assert status.last_eval.return_mean >= 195
+
+
+def pong(example, **budget):
+    return deep_merge(
+        load_config_file(ROOT / "examples" / example),
+        {
+            "env": {
+                "collector_env_num": 4,
+                "evaluator_env_num": 1,
+                "n_evaluator_episode": 1,
+                "stop_value": None,  # a short budget: the job ends by it
+            },
+            "system": {"collector_num": 1, **budget},
+        },
+    )
+
+
+def test_impala_and_dqn_run_pong_from_pixels_through_the_services(tmp_path):
+    impala = pong(
+        "pong_impala.yaml",
+        max_env_step=4000,
+    )
+    impala = deep_merge(
+        impala,
+        {
+            "policy": {
+                "learn": {"batch_size": 8},
+                "eval": {"evaluator": {"eval_freq": 10}},
+                "other": {"replay_buffer": {"min_size_to_sample": 8}},
+            }
+        },
+    )
+    dqn = deep_merge(
+        pong("pong_dqn.yaml", max_env_step=3000),
+        {
+            "policy": {
+                "eval": {"evaluator": {"eval_freq": 50}},
+                "other": {"replay_buffer": {"min_size_to_sample": 500}},
+            }
+        },
+    )
+    with LocalCluster(tmp_path / "run", num_collectors=1) as cluster:
+        store = SharedStore(cluster.shared_dir)
+        for config in (impala, dqn):
+            job_id, status = run_to_end(cluster, config, 300)
+            assert status.phase == "succeeded", status
+            assert status.train_iters > 0 and status.env_steps >= 3000
+            # An evaluation played a whole game: Pong's unclipped score, -21..21.
+            assert status.last_eval is not None
+            assert -21 <= status.last_eval.return_mean <= 21
+            assert status.last_eval.return_mean != 0
+            segments = [
+                f"{job_id}/segments/{folder}/{name}"
+                for folder in store.list_dir(f"{job_id}/segments")
+                for name in store.list_dir(f"{job_id}/segments/{folder}")
+            ]
+            if segments:  # kept until the job's data is cleaned up
+                columns = store.read_segment(segments[0])
+                assert columns[POOL].dtype == np.uint8 and "obs" not in columns
