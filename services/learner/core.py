@@ -22,6 +22,7 @@ import collections
 import io
 import logging
 import math
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
@@ -55,6 +56,9 @@ from services.slave.core import TaskContext, patiently
 log = logging.getLogger(__name__)
 
 KEEP_CHECKPOINTS = 2
+#: How long training waits for a segment another thread is reading before reading it
+#: itself (a bound, not an expected time: a read takes milliseconds).
+READ_WAIT_S = 30.0
 
 
 class JobOver(Exception):
@@ -245,31 +249,66 @@ class SegmentCache:
         #: Paths skipped (shared with the task context, which reports them).
         self.unusable: set[str] = unusable if unusable is not None else set()
         self._cache: collections.OrderedDict[str, dict[str, np.ndarray]] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        #: Segments being read now, each with the event set when it is done.
+        self._loading: dict[str, threading.Event] = {}
 
     def skip(self, path: str, reason: object) -> None:
         """List a segment as unusable: none of its rows is used from now on."""
-        self._cache.pop(path, None)
-        self.unusable.add(path)
+        with self._lock:
+            self._cache.pop(path, None)
+            self.unusable.add(path)
         log.warning("skipping unusable segment %s: %s", path, reason)
 
     def get(self, path: str) -> dict[str, np.ndarray] | None:
-        """The segment's checked columns; None when it is unusable."""
-        columns = self._cache.get(path)
-        if columns is not None:
-            self._cache.move_to_end(path)
-            return columns
-        if path in self.unusable:
-            return None
+        """The segment's checked columns; None when it is unusable.
+
+        Thread-safe: `read_ahead` loads segments on another thread while training
+        asks for them here; a segment being loaded is waited for, not read twice."""
+        with self._lock:
+            columns = self._cache.get(path)
+            if columns is not None:
+                self._cache.move_to_end(path)
+                return columns
+            if path in self.unusable:
+                return None
+            loading = self._loading.get(path)
+            if loading is None:
+                self._loading[path] = threading.Event()
+        if loading is not None:
+            # Another thread is reading it; past the bound, read it here as well.
+            loading.wait(READ_WAIT_S)
+            with self._lock:
+                columns = self._cache.get(path)
+            if columns is not None or path in self.unusable:
+                return columns
+            return self._load(path)
+        try:
+            return self._load(path)
+        finally:
+            with self._lock:
+                self._loading.pop(path).set()
+
+    def _load(self, path: str) -> dict[str, np.ndarray] | None:
         try:
             self.store.resolve(path, under=f"{self.job_id}/segments")
             columns = self.schema.check(self.store.read_segment(path))
         except _UNUSABLE as exc:
             self.skip(path, exc)
             return None
-        self._cache[path] = columns
-        if len(self._cache) > self.max_segments:
-            self._cache.popitem(last=False)
+        with self._lock:
+            self._cache[path] = columns
+            if len(self._cache) > self.max_segments:
+                self._cache.popitem(last=False)
         return columns
+
+    def read_ahead(self, batches: list[SampledBatch]) -> None:
+        """Load the segments of batches about to be trained, so that reading files
+        (which releases the GIL) overlaps the training of the batches before them.
+        Never raises for what a file holds."""
+        for batch in batches:
+            for segment in batch.segments:
+                self.get(segment.path)
 
     def _rows(self, columns: dict[str, np.ndarray]) -> int:
         first = self.columns[0]
@@ -463,6 +502,13 @@ class Trainer:
             q_mean=float(table[:, 1].mean()),
             rank_samples_per_s=table[:, 2].tolist(),
         )
+
+    def read_ahead(self, batches: list[SampledBatch]) -> None:
+        """Load this rank's segments of batches to come (`SegmentCache.read_ahead`)."""
+        group = self.group
+        if group is not None:
+            batches = [share_of(b, group.rank, group.world_size) for b in batches]
+        self.cache.read_ahead(batches)
 
     def round_share(self, batch: SampledBatch) -> dict[str, np.ndarray]:
         """This rank's usable rows of an on-policy round (all of them on its own)."""
@@ -687,6 +733,9 @@ class _LearnSession:
         prefetch = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch")
         # Priorities go back on their own thread, so training never waits for them.
         priorities = ThreadPoolExecutor(max_workers=1, thread_name_prefix="priorities")
+        # Segments of the batches after the first are read on their own thread while
+        # the batches before them train.
+        reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-ahead")
         future: Future[SampleReply | None] = prefetch.submit(self.fetch)
         try:
             self.publish()  # collectors act with the resumed (or fresh) network at once
@@ -696,6 +745,8 @@ class _LearnSession:
                     break
                 future = prefetch.submit(self.fetch)
                 batches = reply.batches if reply else []
+                if len(batches) > 1:
+                    reader.submit(self.trainer.read_ahead, batches[1:])
                 if self.group is not None and not batches:
                     self.group.send({"kind": "idle"})  # the ranks hear from us all the same
                 keys: list[int] = []
@@ -738,6 +789,7 @@ class _LearnSession:
             raise
         finally:
             prefetch.shutdown(wait=False, cancel_futures=True)
+            reader.shutdown(wait=False, cancel_futures=True)
             priorities.shutdown(wait=False, cancel_futures=True)
         self.checkpoint()
         return {"train_iter": learner.train_iter, "policy_version": self.version}

@@ -256,3 +256,36 @@ def test_a_batch_whose_keys_do_not_match_its_rows_trains_nothing(tmp_path):
     batch = SampledBatch(keys=[1], segments=[SampledSegment(path=path, rows=[0, 1])], weights=[1])
     columns, weights, keys = SegmentCache(store, "job-1", dqn_schema()).gather(batch)
     assert (columns, len(weights), keys) == ({}, 0, [])
+
+
+def test_reading_ahead_on_another_thread_reads_each_segment_once(tmp_path, monkeypatch):
+    import collections
+    import threading
+    import time
+
+    store = SharedStore(tmp_path)
+    paths = [store.segment_path("job-1", "w", i) for i in range(20)]
+    for i, path in enumerate(paths):
+        store.write_segment(path, good(3, start=float(i)))
+    reads: collections.Counter = collections.Counter()
+    read_segment = store.read_segment
+
+    def slow_read(path):
+        reads[path] += 1
+        time.sleep(0.01)  # long enough for both threads to want the same file
+        return read_segment(path)
+
+    monkeypatch.setattr(store, "read_segment", slow_read)
+    cache = SegmentCache(store, "job-1", dqn_schema())
+    batches = [
+        SampledBatch(keys=[i], segments=[SampledSegment(path=p, rows=[1])], weights=[1.0])
+        for i, p in enumerate(paths)
+    ]
+    reader = threading.Thread(target=cache.read_ahead, args=(batches,))
+    reader.start()
+    for i, batch in enumerate(batches):
+        columns, _, keys = cache.gather(batch)
+        assert keys == [i] and columns["reward"].tolist() == [1.0 + i]
+    reader.join(timeout=10)
+    assert not reader.is_alive()
+    assert sorted(reads) == sorted(paths) and set(reads.values()) == {1}
