@@ -63,12 +63,13 @@ from algorithms.registry import ALGORITHMS  # noqa: E402
 from bench.learner_scaling import BUSY_SHARE, CpuMeter  # noqa: E402
 from common.config import ConfigError, JobConfig, load_config_file, resolve_job_config  # noqa: E402
 from common.envpool_vector import cpu_count, envpool_task  # noqa: E402
-from common.envs import fit_to_env, make_env, setup_env_registry  # noqa: E402
+from common.envs import fit_to_env, setup_env_registry  # noqa: E402
 from common.frames import pack_frames  # noqa: E402
 from common.messages import SegmentRef, dump  # noqa: E402
 from common.models import state_to_numpy  # noqa: E402
 from common.storage import SharedStore  # noqa: E402
 from services.collector.step_data import EpisodeTracker, NStepBuilder  # noqa: E402
+from services.collector.stepping import OVERLAPPING_MANAGERS, make_stepper  # noqa: E402
 
 MANAGERS = ("sync", "async", "envpool")
 
@@ -236,11 +237,18 @@ def ready_actor(config: JobConfig) -> Any:
 
 
 def one_collector(
-    config: JobConfig, manager: str, seconds: float, window_s: float, store: SharedStore
+    config: JobConfig,
+    manager: str,
+    double_buffer: bool,
+    seconds: float,
+    window_s: float,
+    store: SharedStore,
 ) -> Measured:
-    """The collector's `transitions` loop with the envs of `manager`, timed."""
+    """The collector's `transitions` loop with the envs of `manager`, stepped in turn or
+    double-buffered (services/collector/stepping.py), timed."""
     num_envs = config.env.collector_env_num
-    env = make_env(dataclasses.replace(config.env, manager=manager), num_envs)
+    env_config = dataclasses.replace(config.env, manager=manager, double_buffer=double_buffer)
+    stepper = make_stepper(env_config, num_envs)
     actor = ready_actor(config)
     policy = config.policy
     builder = NStepBuilder(num_envs, policy.nstep, policy.discount_factor)
@@ -251,25 +259,32 @@ def one_collector(
     job_env_steps = 10**9
     frame_skip = config.env.frame_skip
     seq = segment_steps = 0
-    pids = getattr(env, "pids", None)
-    threads = getattr(env, "num_threads", None)
-    parallelism = (
-        f"{len(pids)} workers" if pids else f"{threads} threads" if threads else "1 process"
-    )
+    envs = getattr(stepper, "halves", None) or (getattr(stepper, "env", None),)
+    pids = sum(len(getattr(env, "pids", ())) for env in envs)
+    threads = sum(getattr(env, "num_threads", 0) for env in envs)
+    parallelism = f"{pids} workers" if pids else f"{threads} threads" if threads else "1 process"
+    if double_buffer:
+        parallelism += ", 2 halves"
+    acting_s = [0.0]
+
+    def act(obs: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+        started = time.perf_counter()
+        actions = actor.act(obs, rng, job_env_steps)
+        acting_s[0] += time.perf_counter() - started
+        return actor.env_action(actions), (actions,)
+
     try:
-        obs = env.reset(seed=0)
+        stepper.reset(seed=0)
 
         def step(windows: Windows | None) -> None:
-            nonlocal obs, seq, segment_steps
+            nonlocal seq, segment_steps
+            acting_s[0] = 0.0
             started = time.perf_counter()
-            actions = actor.act(obs, rng, job_env_steps)
-            acted = time.perf_counter()
-            result = env.step(actor.env_action(actions))
+            obs, (actions,), result = stepper.step_with(act)
             stepped = time.perf_counter()
             builder.add(
                 obs, actions, result.reward, result.final_obs, result.terminated, result.truncated
             )
-            obs = result.obs
             episodes.step(result.reward, result.ended)
             segment_steps += num_envs
             if len(builder) >= policy.collect.n_sample:
@@ -288,18 +303,22 @@ def one_collector(
                 segment_steps = 0
             done = time.perf_counter()
             if windows is not None:
-                phases = {"act": acted - started, "env": stepped - acted, "data": done - stepped}
+                # env: the time the loop waited for envs beyond acting (with double
+                # buffering, envs also step while the policy acts).
+                waiting_s = stepped - started - acting_s[0]
+                phases = {"act": acting_s[0], "env": waiting_s, "data": done - stepped}
                 windows.add(num_envs * frame_skip, phases)
 
         for _ in range(WARMUP_STEPS):
             step(None)
         windows = run_timed(seconds, window_s, step)
     finally:
-        env.close()
+        stepper.close()
         writer.close()
     phases = windows.best_phases_s
+    name = f"{manager}, double-buffered" if double_buffer else manager
     return Measured(
-        manager,
+        name,
         num_envs,
         parallelism,
         windows.best_frames_per_s,
@@ -385,12 +404,17 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="atari-collect-") as folder:
         store = SharedStore(folder)
         for manager in args.managers:
-            try:
-                rows.append(one_collector(config, manager, args.seconds, args.window, store))
-            except ConfigError as exc:  # e.g. a manager this checkout does not have yet
-                failed.append(f"{manager}: {exc}")
-                continue
-            console.print(f"{manager}: {rows[-1].frames_per_s:,.0f} frames/s")
+            for double_buffer in (False, True) if manager in OVERLAPPING_MANAGERS else (False,):
+                try:
+                    rows.append(
+                        one_collector(
+                            config, manager, double_buffer, args.seconds, args.window, store
+                        )
+                    )
+                except ConfigError as exc:  # e.g. envpool not installed here
+                    failed.append(f"{manager}: {exc}")
+                    break
+                console.print(f"{rows[-1].label}: {rows[-1].frames_per_s:,.0f} frames/s")
     table = Table(
         title=f"{config.env.env_id} frames/s (agent steps x frame_skip {config.env.frame_skip}), "
         f"one collector vs the simulation ceiling; torch threads {torch_threads}"

@@ -79,8 +79,14 @@ class EnvConfig:
     #: subprocesses over shared memory) or `envpool` (its C++ thread pool; Atari and
     #: MuJoCo ids). All three give the same observations and rewards.
     manager: EnvManager = "sync"
-    #: `async`: worker subprocesses per vector env (None: one per CPU, at most one per env).
+    #: `async`: worker subprocesses per vector env; `envpool`: its threads (None: one per
+    #: CPU, at most one per env; half that for each half of a double-buffered collector).
     num_workers: Annotated[int, Gt(0), Le(256)] | None = None
+    #: Collectors of async workflows step half their envs while the policy acts on the
+    #: other half (services/collector/stepping.py): for `envpool` and `async`, whose
+    #: stepping leaves the GIL free, on machines where acting and stepping do not
+    #: share the same cores (a GPU policy).
+    double_buffer: bool = False
     #: A Dict observation's key to train on (MiniGrid: `image`); None takes the whole
     #: Dict, which must then hold flat Box and Discrete parts only.
     obs_key: Annotated[str, MaxLen(64)] | None = None

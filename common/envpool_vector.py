@@ -357,7 +357,9 @@ class EnvpoolVector:
                 spaces differ from those of `sync` (`env.manager`).
         """
         self.num_envs = num_envs
-        self.num_threads = min(num_envs, cpu_count())
+        # env.num_workers: envpool's threads (a double-buffered collector's halves
+        # share the CPUs); by default one per CPU.
+        self.num_threads = min(num_envs, config.num_workers or cpu_count())
         self.task = envpool_task(config, training=training)
         expected = env_spaces(config)
         actual = envpool_spaces(self.task)

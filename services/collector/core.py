@@ -33,6 +33,7 @@ from common.http import ServiceUnavailable, is_transient, retry_wait_s
 from common.messages import CollectSpec, EvalResult, EvaluateSpec, SegmentRef, dump
 from common.storage import CorruptFileError, SharedStore
 from services.collector.step_data import EpisodeTracker, NStepBuilder, as_obs
+from services.collector.stepping import make_stepper
 from services.coordinator.client import CoordinatorClient
 from services.slave.core import TaskContext
 
@@ -297,8 +298,8 @@ class CollectorRunner:
     def _sampling_rig(
         self, ctx: TaskContext, config: JobConfig, spec: CollectSpec
     ) -> tuple[SamplingActor, PolicyFollower, Any, SegmentUploader, str]:
-        """What the unrolls and rounds loops act with: the policy and its follower, the
-        vector env, the uploader, and this task's segment folder."""
+        """What the rounds loop acts with: the policy and its follower, the vector env,
+        the uploader, and this task's segment folder."""
         policy_cfg = config.policy
         policy = make_actor(config, SamplingActor)
         follower = PolicyFollower(
@@ -351,11 +352,23 @@ class CollectorRunner:
         `unroll_len` steps send one unroll per env, with the behaviour
         log-probabilities V-trace needs."""
         policy_cfg = config.policy
-        policy, follower, env, uploader, worker_dir = self._sampling_rig(ctx, config, spec)
-        obs = env.reset(seed=spec.seed)
+        policy = make_actor(config, SamplingActor)
+        follower = PolicyFollower(
+            policy, self.store, ctx.coordinator, ctx.task.job_id, policy_cfg.collect.policy_poll_s
+        )
+        torch.manual_seed(spec.seed)
+        stepper = make_stepper(config.env, spec.num_envs)
+        uploader = SegmentUploader(ctx, self.store, policy_cfg.collect.insert_timeout_s)
+        worker_dir = f"{ctx.worker_id}.{ctx.task.task_id}"
+        stepper.reset(seed=spec.seed)
         episodes = EpisodeTracker(spec.num_envs)
         env_steps = seq = 0
         started = time.monotonic()
+
+        def act(obs: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+            action, logp, _ = policy.sample(obs)
+            return policy.env_action(action), (action, logp)
+
         try:
             while not ctx.stopped():
                 follower.refresh()
@@ -368,8 +381,7 @@ class CollectorRunner:
                     k: [] for k in ("obs", "action", "reward", "logp", "done")
                 }
                 for _ in range(policy_cfg.collect.unroll_len):
-                    action, logp, _ = policy.sample(obs)
-                    step = env.step(policy.env_action(action))
+                    obs, (action, logp), step = stepper.step_with(act)
                     for key, item in (
                         ("obs", obs),
                         ("action", action),
@@ -379,7 +391,6 @@ class CollectorRunner:
                     ):
                         record[key].append(item)
                     episodes.step(step.reward, step.ended)
-                    obs = step.obs
                 # [T, envs, ...] -> one unroll per env: [envs, T, ...]
                 columns = {k: np.stack(v, axis=1) for k, v in record.items()}
                 columns["obs"] = as_obs(columns["obs"])
@@ -389,7 +400,7 @@ class CollectorRunner:
                 columns["action"] = action.astype(
                     np.int64 if action.dtype.kind in "iu" else np.float32
                 )
-                columns["bootstrap_obs"] = as_obs(obs)
+                columns["bootstrap_obs"] = as_obs(stepper.obs)
                 # One item per env; each covers unroll_len env steps.
                 env_steps += self._ship(
                     ctx,
@@ -406,7 +417,7 @@ class CollectorRunner:
                 seq += 1
         finally:
             uploader.close()
-            env.close()
+            stepper.close()
         return {"env_steps": env_steps, "segments": uploader.segments_sent}
 
     def collect_rounds(
@@ -471,7 +482,7 @@ class CollectorRunner:
     def collect(self, ctx: TaskContext, config: JobConfig, spec: CollectSpec) -> dict[str, Any]:
         job_id = ctx.task.job_id
         policy_cfg = config.policy
-        env = make_env(config.env, spec.num_envs)
+        stepper = make_stepper(config.env, spec.num_envs)
         rng = np.random.default_rng(spec.seed)
         policy = make_actor(config, TransitionActor)
         follower = PolicyFollower(
@@ -482,22 +493,25 @@ class CollectorRunner:
         # Segment names carry this worker's id and the task's id, so two tasks (or a
         # task reassigned after a restart) never write the same file.
         worker_dir = f"{ctx.worker_id}.{ctx.task.task_id}"
-        obs = env.reset(seed=spec.seed)
+        stepper.reset(seed=spec.seed)
         episodes = EpisodeTracker(spec.num_envs)
         env_steps = segment_steps = seq = 0
         started = time.monotonic()
+
+        def act(obs: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+            # Exploration follows the whole job's env steps, so adding collectors does
+            # not slow its decay down.
+            actions = policy.act(obs, rng, max(uploader.job_env_steps, env_steps))
+            return policy.env_action(actions), (actions,)
+
         try:
             while not ctx.stopped():
                 follower.refresh()
-                # Exploration follows the whole job's env steps, so adding collectors
-                # does not slow its decay down.
                 job_env_steps = max(uploader.job_env_steps, env_steps)
-                actions = policy.act(obs, rng, job_env_steps)
-                step = env.step(policy.env_action(actions))
+                obs, (actions,), step = stepper.step_with(act)
                 builder.add(
                     obs, actions, step.reward, step.final_obs, step.terminated, step.truncated
                 )
-                obs = step.obs
                 env_steps += spec.num_envs
                 segment_steps += spec.num_envs
                 episodes.step(step.reward, step.ended)
@@ -529,7 +543,7 @@ class CollectorRunner:
                     )
         finally:
             uploader.close()
-            env.close()
+            stepper.close()
         return {"env_steps": env_steps, "segments": uploader.segments_sent}
 
     def _load_for_evaluation(self, policy: Actor, spec: EvaluateSpec) -> None:

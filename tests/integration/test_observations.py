@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from common.config import deep_merge, load_config_file
 from common.frames import POOL
@@ -68,11 +69,13 @@ def test_dqn_learns_a_dict_observation_env(tmp_path):
     assert status.last_eval.return_mean >= 195
 
 
-def pong(example, **budget):
+def pong(example, manager, **budget):
     return deep_merge(
         load_config_file(ROOT / "examples" / example),
         {
             "env": {
+                "manager": manager,
+                "double_buffer": manager != "sync",
                 "collector_env_num": 4,
                 "evaluator_env_num": 1,
                 "n_evaluator_episode": 1,
@@ -84,10 +87,10 @@ def pong(example, **budget):
 
 
 def test_impala_and_dqn_run_pong_from_pixels_through_the_services(tmp_path):
-    impala = pong(
-        "pong_impala.yaml",
-        max_env_step=4000,
-    )
+    pytest.importorskip("envpool")
+    # IMPALA steps its envs in worker processes, DQN with envpool's threads; both
+    # double-buffered.
+    impala = pong("pong_impala.yaml", "async", max_env_step=4000)
     impala = deep_merge(
         impala,
         {
@@ -99,7 +102,7 @@ def test_impala_and_dqn_run_pong_from_pixels_through_the_services(tmp_path):
         },
     )
     dqn = deep_merge(
-        pong("pong_dqn.yaml", max_env_step=3000),
+        pong("pong_dqn.yaml", "envpool", max_env_step=3000),
         {
             "policy": {
                 "eval": {"evaluator": {"eval_freq": 50}},
