@@ -13,6 +13,7 @@ settings 2-3M.
 
     python bench/atari_learning.py [--algo impala|ppo|dqn] [--frames 10000000]
         [--timeout-s 86400] [--collectors 2] [--device cuda] [--manager envpool]
+        [--eval-freq 2000]
 
 It is a long benchmark (`make bench-atari`): hours on a GPU machine; on a CPU-only
 machine it shows the first part of the curve within the time limit.
@@ -52,6 +53,9 @@ def main() -> None:
     parser.add_argument("--device", default=None, help="cpu or cuda (default: the config's)")
     parser.add_argument("--manager", choices=("sync", "async", "envpool"), default=None)
     parser.add_argument("--poll-s", type=float, default=10.0)
+    parser.add_argument(
+        "--eval-freq", type=int, default=None, help="train iterations between evaluations"
+    )
     args = parser.parse_args()
 
     config = load_config_file(ROOT / "examples" / f"pong_{args.algo}.yaml")
@@ -59,8 +63,13 @@ def main() -> None:
     overrides: dict = {
         "system": {"max_env_step": args.frames // frame_skip, "collector_num": args.collectors}
     }
+    policy: dict = {}
     if args.device:
-        overrides["policy"] = {"device": args.device}
+        policy["device"] = args.device
+    if args.eval_freq:
+        policy["eval"] = {"evaluator": {"eval_freq": args.eval_freq}}
+    if policy:
+        overrides["policy"] = policy
     if args.manager:
         overrides["env"] = {"manager": args.manager}
     config = deep_merge(config, overrides)
