@@ -38,7 +38,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import os
 import platform
 import queue
 import sys
@@ -60,7 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from algorithms.registry import ALGORITHMS  # noqa: E402
-from bench.learner_scaling import BUSY_SHARE, CpuMeter  # noqa: E402
+from bench.learner_scaling import BUSY_SHARE, CpuMeter, cpu_line  # noqa: E402
 from common.config import ConfigError, JobConfig, load_config_file, resolve_job_config  # noqa: E402
 from common.envpool_vector import cpu_count, envpool_task  # noqa: E402
 from common.envs import fit_to_env, setup_env_registry  # noqa: E402
@@ -341,14 +340,8 @@ def load_job(path: Path | None, num_envs: int | None) -> JobConfig:
 
 
 def machine_facts(torch_threads: int) -> list[str]:
-    cpu_model = platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
     return [
-        f"CPUs: {os.cpu_count()} ({cpu_count()} usable here), {cpu_model}; no GPU used",
+        f"{cpu_line()}; no GPU used",
         f"python {platform.python_version()}, torch {torch.__version__} "
         f"({torch_threads} thread{'s' if torch_threads > 1 else ''}), envpool "
         f"{envpool.__version__}",

@@ -56,7 +56,6 @@ gather spends its time (cProfile, warm and cold, at the largest batch size).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
 import io
 import os
@@ -79,7 +78,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from algorithms.registry import ALGORITHMS  # noqa: E402
-from bench.learner_scaling import BUSY_SHARE, CpuMeter  # noqa: E402
+from bench.learner_scaling import BUSY_SHARE, CpuMeter, cpu_line  # noqa: E402
 from common.config import ConfigError, JobConfig, load_config_file, resolve_job_config  # noqa: E402
 from common.envs import fit_to_env, make_env, setup_env_registry  # noqa: E402
 from common.frames import pack_frames, packable  # noqa: E402
@@ -432,16 +431,9 @@ def profile_gather(trainer: Trainer, batches: int, top: int = 12) -> dict[str, s
 
 
 def machine_facts(device: torch.device, threads: int) -> list[str]:
-    cpu_model = platform.machine()
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu_model = line.split(":", 1)[1].strip()
-                break
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     where = f"cuda ({torch.cuda.get_device_name(device)})" if device.type == "cuda" else "cpu"
     return [
-        f"CPUs: {os.cpu_count()} ({usable} usable here), {cpu_model}",
+        cpu_line(),
         f"python {platform.python_version()}, torch {torch.__version__}, "
         f"{threads} torch thread{'s' if threads > 1 else ''}, device: {where}",
     ]

@@ -64,6 +64,7 @@ steal time), and warns when that is over 10%.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import json
 import os
@@ -408,18 +409,21 @@ def _tail(log: Path, lines: int = 30) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
 
-def machine_facts(device: str, max_ranks: int) -> list[str]:
+def cpu_line() -> str:
+    """The machine's CPUs, as every bench prints them: count, usable here, model."""
     cpu_model = platform.machine()
-    try:
+    with contextlib.suppress(OSError):
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
                 cpu_model = line.split(":", 1)[1].strip()
                 break
-    except OSError:
-        pass
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"CPUs: {os.cpu_count()} ({usable} usable here), {cpu_model}"
+
+
+def machine_facts(device: str, max_ranks: int) -> list[str]:
     facts = [
-        f"CPUs: {os.cpu_count()} ({usable} usable here), {cpu_model}",
+        cpu_line(),
         f"python {platform.python_version()}, torch {torch.__version__}, 1 torch thread a rank",
     ]
     if device == "cuda":

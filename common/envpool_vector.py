@@ -61,6 +61,7 @@ from common.envs import (
     env_spaces,
     frame_stack_of,
     is_atari,
+    spaces_from,
 )
 
 #: The entry points of gymnasium's MuJoCo envs, which envpool has under the same ids.
@@ -310,17 +311,12 @@ def envpool_spaces(task: EnvpoolTask) -> Spaces:
     """The spaces envpool's task has, with its observations as this adapter delivers
     them (uint8 stays uint8, other numbers become float32)."""
     spec = envpool.make_spec(task.task_id, **task.options)
-    obs, act = spec.gymnasium_observation_space, spec.gymnasium_action_space
-    if not isinstance(obs, gym.spaces.Box):
-        raise ConfigError("env.manager", f"envpool's {task.task_id} observes {obs}, not a Box")
-    shape = tuple(int(d) for d in obs.shape)
-    dtype = "uint8" if obs.dtype == np.uint8 else "float32"
-    if isinstance(act, gym.spaces.Discrete):
-        return Spaces(shape, int(act.n), "discrete", obs_dtype=dtype)
-    if isinstance(act, gym.spaces.Box) and len(act.shape) == 1:
-        bounds = (act.low.astype(float).tolist(), act.high.astype(float).tolist())
-        return Spaces(shape, int(act.shape[0]), "continuous", bounds, obs_dtype=dtype)
-    raise ConfigError("env.manager", f"envpool's {task.task_id} acts in {act}")
+    return spaces_from(
+        spec.gymnasium_observation_space,
+        spec.gymnasium_action_space,
+        "env.manager",
+        f"envpool's {task.task_id}",
+    )
 
 
 def same_spaces(a: Spaces, b: Spaces) -> bool:

@@ -439,12 +439,9 @@ def _observation_layout(
         )
     dtype = np.uint8 if space.dtype == np.uint8 else np.float32
     shape = tuple(int(d) for d in space.shape)
-    if len(shape) == 1 or (len(shape) == 0 and dtype == np.float32):
-        size = max(1, shape[0] if shape else 1)
-        box = gym.spaces.Box(-np.inf, np.inf, (size,), np.float32)
-        if dtype == np.uint8:
-            box = gym.spaces.Box(0, 255, (size,), np.uint8)
-        return (lambda obs: np.asarray(obs, dtype).reshape(size)), box
+    if len(shape) <= 1:  # a vector (a scalar Box: a vector of one)
+        size = shape[0] if shape else 1
+        return (lambda obs: np.asarray(obs, dtype).reshape(size)), _box(space, (size,), dtype)
     if len(shape) == 2:
         box = _box(space, (1, *shape), dtype)
         return (lambda obs: np.asarray(obs, dtype)[None]), box
@@ -555,8 +552,18 @@ def _atari_wrappers(env: gym.Env, config: EnvConfig, training: bool) -> gym.Env:
 
 def spaces_of(env: gym.Env, config: EnvConfig) -> Spaces:
     """The `Spaces` of an env made by `make_one_env`."""
-    obs, act = env.observation_space, env.action_space
-    assert isinstance(obs, gym.spaces.Box)
+    return spaces_from(env.observation_space, env.action_space, "env.env_id", f"'{config.env_id}'")
+
+
+def spaces_from(obs: gym.Space, act: gym.Space, field: str, what: str) -> Spaces:
+    """`Spaces` of a Box observation as the envs deliver it (uint8 stays uint8, other
+    numbers become float32) and a Discrete or flat Box action space.
+
+    Raises:
+        ConfigError: on `field`, naming `what`, for any other space.
+    """
+    if not isinstance(obs, gym.spaces.Box):
+        raise ConfigError(field, f"{what} observes {obs}, not a Box")
     shape = tuple(int(d) for d in obs.shape)
     dtype = "uint8" if obs.dtype == np.uint8 else "float32"
     if isinstance(act, gym.spaces.Discrete):
@@ -564,10 +571,7 @@ def spaces_of(env: gym.Env, config: EnvConfig) -> Spaces:
     if isinstance(act, gym.spaces.Box) and len(act.shape) == 1:
         bounds = (act.low.astype(float).tolist(), act.high.astype(float).tolist())
         return Spaces(shape, int(act.shape[0]), "continuous", bounds, obs_dtype=dtype)
-    raise ConfigError(
-        "env.env_id",
-        f"'{config.env_id}' acts in {act}; supported: Discrete and flat Box actions",
-    )
+    raise ConfigError(field, f"{what} acts in {act}; supported: Discrete and flat Box actions")
 
 
 def make_vector_env(

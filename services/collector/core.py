@@ -297,18 +297,17 @@ class CollectorRunner:
 
     def _sampling_rig(
         self, ctx: TaskContext, config: JobConfig, spec: CollectSpec
-    ) -> tuple[SamplingActor, PolicyFollower, Any, SegmentUploader, str]:
-        """What the rounds loop acts with: the policy and its follower, the vector env,
-        the uploader, and this task's segment folder."""
+    ) -> tuple[SamplingActor, PolicyFollower, SegmentUploader, str]:
+        """What the unrolls and rounds loops act with: the policy and its follower, the
+        uploader, and this task's segment folder."""
         policy_cfg = config.policy
         policy = make_actor(config, SamplingActor)
         follower = PolicyFollower(
             policy, self.store, ctx.coordinator, ctx.task.job_id, policy_cfg.collect.policy_poll_s
         )
         torch.manual_seed(spec.seed)
-        env = make_env(config.env, spec.num_envs)
         uploader = SegmentUploader(ctx, self.store, policy_cfg.collect.insert_timeout_s)
-        return policy, follower, env, uploader, f"{ctx.worker_id}.{ctx.task.task_id}"
+        return policy, follower, uploader, f"{ctx.worker_id}.{ctx.task.task_id}"
 
     def _ship(
         self,
@@ -352,14 +351,12 @@ class CollectorRunner:
         `unroll_len` steps send one unroll per env, with the behaviour
         log-probabilities V-trace needs."""
         policy_cfg = config.policy
-        policy = make_actor(config, SamplingActor)
-        follower = PolicyFollower(
-            policy, self.store, ctx.coordinator, ctx.task.job_id, policy_cfg.collect.policy_poll_s
-        )
-        torch.manual_seed(spec.seed)
-        stepper = make_stepper(config.env, spec.num_envs)
-        uploader = SegmentUploader(ctx, self.store, policy_cfg.collect.insert_timeout_s)
-        worker_dir = f"{ctx.worker_id}.{ctx.task.task_id}"
+        policy, follower, uploader, worker_dir = self._sampling_rig(ctx, config, spec)
+        try:
+            stepper = make_stepper(config.env, spec.num_envs)
+        except BaseException:
+            uploader.close()
+            raise
         stepper.reset(seed=spec.seed)
         episodes = EpisodeTracker(spec.num_envs)
         env_steps = seq = 0
@@ -427,7 +424,12 @@ class CollectorRunner:
         collector's share of the round with v, compute GAE with v's critic, insert
         it, then wait for v + 1. No step is ever taken with an older version."""
         policy_cfg = config.policy
-        policy, follower, env, uploader, worker_dir = self._sampling_rig(ctx, config, spec)
+        policy, follower, uploader, worker_dir = self._sampling_rig(ctx, config, spec)
+        try:
+            env = make_env(config.env, spec.num_envs)
+        except BaseException:
+            uploader.close()
+            raise
         round_steps = spec.round_steps or policy_cfg.collect.n_sample
         steps = -(-round_steps // spec.num_envs)  # vector steps per round, rounded up
         obs = env.reset(seed=spec.seed)
