@@ -105,6 +105,10 @@ def main() -> None:
             if time.monotonic() - started > args.timeout_s:
                 cluster.client.stop_job(job_id)
                 console.print("time limit reached: job stopped")
+                stop_by = time.monotonic() + 30
+                while status.phase in ("pending", "running") and time.monotonic() < stop_by:
+                    time.sleep(0.5)
+                    status = cluster.client.job(job_id)
                 break
             if dead := cluster.dead_services():
                 console.print(f"a service died: {dead[0].name}\n{dead[0].log_tail()}")

@@ -86,7 +86,7 @@ def pong(example, manager, **budget):
     )
 
 
-def test_impala_and_dqn_run_pong_from_pixels_through_the_services(tmp_path):
+def test_impala_dqn_and_ppo_run_pong_from_pixels_through_the_services(tmp_path):
     pytest.importorskip("envpool")
     # IMPALA steps its envs in worker processes, DQN with envpool's threads; both
     # double-buffered.
@@ -110,12 +110,24 @@ def test_impala_and_dqn_run_pong_from_pixels_through_the_services(tmp_path):
             }
         },
     )
+    # PPO's rounds: the sync workflow steps its envs in turn, with the sync manager.
+    ppo = deep_merge(
+        pong("pong_ppo.yaml", "sync", max_env_step=1024),
+        {
+            "policy": {
+                "learn": {"batch_size": 64, "epoch_per_collect": 1},
+                "collect": {"n_sample": 256},
+                "eval": {"evaluator": {"eval_freq": 4}},
+            }
+        },
+    )
     with LocalCluster(tmp_path / "run", num_collectors=1) as cluster:
         store = SharedStore(cluster.shared_dir)
-        for config in (impala, dqn):
+        for config in (impala, dqn, ppo):
             job_id, status = run_to_end(cluster, config, 300)
             assert status.phase == "succeeded", status
-            assert status.train_iters > 0 and status.env_steps >= 3000
+            budget = config["system"]["max_env_step"]
+            assert status.train_iters > 0 and status.env_steps >= budget
             # An evaluation played a whole game: Pong's unclipped score, -21..21.
             assert status.last_eval is not None
             assert -21 <= status.last_eval.return_mean <= 21
