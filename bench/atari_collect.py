@@ -59,7 +59,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from algorithms.registry import ALGORITHMS  # noqa: E402
-from bench.learner_scaling import BUSY_SHARE, CpuMeter, cpu_line  # noqa: E402
+from bench.learner_scaling import cpu_line, print_load_before  # noqa: E402
 from common.config import ConfigError, JobConfig, load_config_file, resolve_job_config  # noqa: E402
 from common.envpool_vector import cpu_count, envpool_task  # noqa: E402
 from common.envs import fit_to_env, setup_env_registry  # noqa: E402
@@ -384,13 +384,7 @@ def main() -> None:
     torch.set_num_threads(torch_threads)
     for fact in machine_facts(torch_threads):
         console.print(fact)
-    meter = CpuMeter()
-    time.sleep(1.0)
-    before = meter.shares()
-    if before is not None:
-        console.print(f"in the second before the start, {before}")
-        if before.others + before.steal > BUSY_SHARE:
-            console.print("[yellow]the CPUs are not all free: every row will be slower")
+    print_load_before(console)
     rows = [ceiling(config, args.seconds, args.window, args.ceiling_envs or 4 * cpu_count())]
     console.print(f"ceiling: {rows[0].frames_per_s:,.0f} frames/s")
     failed: list[str] = []

@@ -78,7 +78,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from algorithms.registry import ALGORITHMS  # noqa: E402
-from bench.learner_scaling import BUSY_SHARE, CpuMeter, cpu_line  # noqa: E402
+from bench.learner_scaling import BUSY_SHARE, CpuMeter, cpu_line, print_load_before  # noqa: E402
 from common.config import ConfigError, JobConfig, load_config_file, resolve_job_config  # noqa: E402
 from common.envs import fit_to_env, make_env, setup_env_registry  # noqa: E402
 from common.frames import pack_frames, packable  # noqa: E402
@@ -571,11 +571,7 @@ def main() -> None:
         sys.exit(f"config: {exc}")
     for fact in machine_facts(device, torch.get_num_threads()):
         console.print(fact)
-    meter = CpuMeter()
-    time.sleep(1.0)
-    before = meter.shares()
-    if before is not None:
-        console.print(f"in the second before the start, {before}")
+    print_load_before(console)
     schema = SegmentSchema.for_policy(config.policy, ALGORITHMS["dqn"].reads)
     results: dict[int, dict[str, Measured]] = {}
     updates_of: dict[int, int] = {}

@@ -409,6 +409,19 @@ def _tail(log: Path, lines: int = 30) -> str:
     return "\n".join(log.read_text(errors="replace").splitlines()[-lines:])
 
 
+def print_load_before(console: Console) -> None:
+    """What other processes took of the CPUs in the second before a bench starts, with
+    a warning when that is enough to slow its rows down."""
+    meter = CpuMeter()
+    time.sleep(1.0)
+    before = meter.shares()
+    if before is None:
+        return
+    console.print(f"in the second before the start, {before}")
+    if before.others + before.steal > BUSY_SHARE:
+        console.print("[yellow]the CPUs are not all free: the timings will be slower")
+
+
 def cpu_line() -> str:
     """The machine's CPUs, as every bench prints them: count, usable here, model."""
     cpu_model = platform.machine()
@@ -493,16 +506,10 @@ def main() -> None:
     console = Console(width=120)
     for fact in machine_facts(args.device, args.ranks[-1]):
         console.print(fact)
-    meter = CpuMeter()
-    time.sleep(1.0)
-    before = meter.shares()
-    if before is not None:
-        console.print(f"in the second before the start, {before}")
+    print_load_before(console)
     cpus = os.cpu_count() or 1
     if args.device == "cpu" and args.ranks[-1] > cpus:
         console.print(f"[yellow]{args.ranks[-1]} ranks on {cpus} CPUs: ranks share cores")
-    elif before is not None and before.others + before.steal > BUSY_SHARE:
-        console.print("[yellow]the CPUs are not all free: the N-rank rows will suffer most")
     table = Table(title=f"Learner-group scaling: DQN learn_batch on {args.device}")
     for column in (
         "model",
