@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import requests
 from flask import Flask, Response, current_app, g, jsonify, request
+from prometheus_client import CollectorRegistry
 from requests.adapters import HTTPAdapter
 from tenacity import RetryCallState, wait_random_exponential
 from urllib3.util.retry import Retry
@@ -28,6 +29,7 @@ from werkzeug.exceptions import HTTPException
 
 from common.errors import ApiError, bad_request
 from common.messages import MessageError, dump, dump_json, parse
+from common.metrics import install_request_metrics
 from common.storage import PathError
 
 T = TypeVar("T")
@@ -59,7 +61,7 @@ class Caller:
     and may do only its role's work, for its own tasks.
     """
 
-    kind: str  # "operator" | "registrar" | "worker"
+    kind: str  # "operator" | "registrar" | "scraper" | "worker"
     worker_id: str | None = None
     role: str | None = None  # a worker's role: "collector" | "learner"
 
@@ -71,6 +73,8 @@ class Caller:
 
 OPERATOR = Caller("operator")
 REGISTRAR = Caller("registrar")
+#: Holds the metrics secret: may read `/metrics` (routes marked `@allow("scraper")`).
+SCRAPER = Caller("scraper")
 
 
 def allow(*roles: str) -> Callable[[F], F]:
@@ -93,8 +97,12 @@ def install_http_basics(
     *,
     registration_token: str | None = None,
     worker_credential: Callable[[str], Caller | None] | None = None,
+    metrics_token: str | None = None,
+    service: str = "",
+    metrics: CollectorRegistry | None = None,
 ) -> None:
-    """JSON error handlers, a body-size limit and bearer-token auth with roles for `app`.
+    """JSON error handlers, a body-size limit, bearer-token auth with roles, and
+    (given `metrics`) request counts and latencies for `app`.
 
     Args:
         tokens: the operator tokens (the cluster token; on a slave also the secret it
@@ -102,12 +110,20 @@ def install_http_basics(
         registration_token: a secret that may only register workers (optional).
         worker_credential: maps a worker's own credential to its `Caller` (the
             coordinator); such callers are then held to their role's routes.
+        metrics_token: a secret that may only read `/metrics` (a Prometheus server's).
+        service: the `service` label of the request metrics.
+        metrics: the service's registry (common/metrics.py): every request is counted
+            there by route, method and status (`drover_http_requests_total`) and timed
+            (`drover_http_request_duration_seconds`).
     """
+    if metrics is not None:
+        install_request_metrics(app, service, metrics)
     app.config["MAX_CONTENT_LENGTH"] = MAX_BODY_BYTES
     # `/api//v1/jobs` is a wrong path (404 JSON), not a redirect to an HTML page.
     app.url_map.merge_slashes = False
     operator_tokens = [t.encode() for t in ([tokens] if isinstance(tokens, str) else tokens) if t]
     registrar_token = registration_token.encode() if registration_token else None
+    scraper_token = metrics_token.encode() if metrics_token else None
 
     def identify(header: str) -> Caller | None:
         scheme, _, given = header.partition(" ")
@@ -119,6 +135,8 @@ def install_http_basics(
             return OPERATOR
         if registrar_token is not None and hmac.compare_digest(raw, registrar_token):
             return REGISTRAR
+        if scraper_token is not None and hmac.compare_digest(raw, scraper_token):
+            return SCRAPER
         return worker_credential(given) if worker_credential is not None else None
 
     @app.before_request

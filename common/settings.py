@@ -90,6 +90,9 @@ class SlaveSettings:
     #: this process never holds the cluster token).
     token: str
     registration_token: str = ""
+    #: A secret that may only read `/metrics` (`DROVER_METRICS_TOKEN`, a Prometheus
+    #: server's); empty: only the cluster token reads them.
+    metrics_token: str = ""
 
     @classmethod
     def from_env(cls, default_port: int, env: Mapping[str, str] | None = None) -> SlaveSettings:
@@ -105,4 +108,5 @@ class SlaveSettings:
             shared_dir=Path(env_str(env, "DROVER_SHARED_DIR", "runs")),
             token=read_secret(env, "DROVER_TOKEN") if registration else read_token(env),
             registration_token=registration,
+            metrics_token=read_secret(env, "DROVER_METRICS_TOKEN"),
         )

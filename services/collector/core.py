@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import torch
+from prometheus_client import CollectorRegistry, Counter
 from tenacity import RetryCallState, RetryError, Retrying, retry_if_exception
 
 from algorithms.base import Actor, SamplingActor, TransitionActor
@@ -111,6 +112,37 @@ class PolicyFollower:
             log.warning("policy version %d refused: %s", ref.version, exc)
 
 
+class CollectorMetrics:
+    """What a collector counts, in its service's registry (created once per process:
+    the counters live as long as it)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.env_steps = Counter(
+            "drover_env_steps",
+            "Env steps taken by collect tasks (each env of a vector env counts)",
+            registry=registry,
+        )
+        self.segments_written = Counter(
+            "drover_segments_written",
+            "Segment files written to the shared store",
+            registry=registry,
+        )
+        self.segment_bytes = Counter(
+            "drover_segment_bytes",
+            "Bytes of segment files written to the shared store",
+            registry=registry,
+        )
+        self.insert_retries = Counter(
+            "drover_insert_retries",
+            "Segment inserts tried again: rate_limited (429, the learner is behind) or "
+            "transient (unreachable, restarting)",
+            ["reason"],
+            registry=registry,
+        )
+        for reason in ("rate_limited", "transient"):
+            self.insert_retries.labels(reason)  # shown at 0 before the first retry
+
+
 class UploadFailed(RuntimeError):
     """The uploader thread stopped on an error: the collect task fails with it."""
 
@@ -133,10 +165,17 @@ class SegmentUploader:
     """
 
     def __init__(
-        self, ctx: TaskContext, store: SharedStore, insert_timeout_s: float, max_pending: int = 2
+        self,
+        ctx: TaskContext,
+        store: SharedStore,
+        insert_timeout_s: float,
+        max_pending: int = 2,
+        *,
+        metrics: CollectorMetrics | None = None,
     ) -> None:
         self.ctx = ctx
         self.store = store
+        self.metrics = metrics or CollectorMetrics(CollectorRegistry())
         self.insert_timeout_s = insert_timeout_s
         self.job_env_steps = 0
         self.segments_sent = 0
@@ -192,7 +231,9 @@ class SegmentUploader:
                 # Images are written with each frame once (common/frames.py); here, off
                 # the env loop's thread.
                 columns = pack_frames(item.columns)
-                self.store.write_segment(item.ref.path, columns, header=dump(item.ref))
+                size = self.store.write_segment(item.ref.path, columns, header=dump(item.ref))
+                self.metrics.segments_written.inc()
+                self.metrics.segment_bytes.inc(size)
                 self._insert(item.ref)
             except Exception as exc:  # a full disk, a refusal no retry can fix
                 log.exception("uploading %s failed", item.ref.path)
@@ -205,7 +246,7 @@ class SegmentUploader:
             wait=retry_wait_s,
             stop=lambda _: ctx.stopped(),
             sleep=ctx.stop.wait,
-            before_sleep=_log_retry,
+            before_sleep=self._retrying,
         )
         try:
             for attempt in retrying:
@@ -228,10 +269,12 @@ class SegmentUploader:
         self.segments_sent += 1
         self.rows_acknowledged += ref.rows
 
-
-def _log_retry(state: RetryCallState) -> None:
-    exc = state.outcome.exception() if state.outcome is not None else None
-    if not (isinstance(exc, ApiError) and exc.status == 429):  # 429 is routine
+    def _retrying(self, state: RetryCallState) -> None:
+        exc = state.outcome.exception() if state.outcome is not None else None
+        if isinstance(exc, ApiError) and exc.status == 429:  # routine: not logged
+            self.metrics.insert_retries.labels("rate_limited").inc()
+            return
+        self.metrics.insert_retries.labels("transient").inc()
         log.warning("insert failed (%s); retrying", exc)
 
 
@@ -278,8 +321,10 @@ class CollectorRunner:
 
     kinds = frozenset({"collect", "evaluate"})
 
-    def __init__(self, store: SharedStore) -> None:
+    def __init__(self, store: SharedStore, *, metrics: CollectorMetrics | None = None) -> None:
         self.store = store
+        #: Counted in the service's registry (a private one when None: tests).
+        self.metrics = metrics or CollectorMetrics(CollectorRegistry())
 
     def run(self, ctx: TaskContext) -> dict[str, Any]:
         config = read_job_config(self.store, ctx.task.job_id)
@@ -306,7 +351,9 @@ class CollectorRunner:
             policy, self.store, ctx.coordinator, ctx.task.job_id, policy_cfg.collect.policy_poll_s
         )
         torch.manual_seed(spec.seed)
-        uploader = SegmentUploader(ctx, self.store, policy_cfg.collect.insert_timeout_s)
+        uploader = SegmentUploader(
+            ctx, self.store, policy_cfg.collect.insert_timeout_s, metrics=self.metrics
+        )
         return policy, follower, uploader, f"{ctx.worker_id}.{ctx.task.task_id}"
 
     def _ship(
@@ -335,6 +382,7 @@ class CollectorRunner:
             episode_lengths=lengths,
         )
         uploader.put(_Pending(columns=columns, ref=ref))
+        self.metrics.env_steps.inc(env_steps)
         total = total_env_steps + env_steps
         ctx.progress.update(
             env_steps=total,
@@ -491,7 +539,9 @@ class CollectorRunner:
             policy, self.store, ctx.coordinator, job_id, policy_cfg.collect.policy_poll_s
         )
         builder = NStepBuilder(spec.num_envs, policy_cfg.nstep, policy_cfg.discount_factor)
-        uploader = SegmentUploader(ctx, self.store, policy_cfg.collect.insert_timeout_s)
+        uploader = SegmentUploader(
+            ctx, self.store, policy_cfg.collect.insert_timeout_s, metrics=self.metrics
+        )
         # Segment names carry this worker's id and the task's id, so two tasks (or a
         # task reassigned after a restart) never write the same file.
         worker_dir = f"{ctx.worker_id}.{ctx.task.task_id}"
@@ -516,6 +566,7 @@ class CollectorRunner:
                 )
                 env_steps += spec.num_envs
                 segment_steps += spec.num_envs
+                self.metrics.env_steps.inc(spec.num_envs)
                 episodes.step(step.reward, step.ended)
                 if len(builder) >= policy_cfg.collect.n_sample:
                     columns = builder.take()

@@ -33,6 +33,9 @@ def create_app(
         settings.token,
         registration_token=settings.registration_token or None,
         worker_credential=core.worker_for_credential,
+        metrics_token=settings.metrics_token or None,
+        service="coordinator",
+        metrics=core.metrics.registry,
     )
     app.extensions[CORE] = core
     for bp in blueprints():

@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from common.http import Caller
 from common.messages import (
     BufferStats,
@@ -42,9 +44,11 @@ from common.messages import (
     WorkerInfo,
     WorkerRegistration,
 )
+from common.metrics import service_registry
 from common.storage import SharedStore
 from services.coordinator.data import DataPlane
 from services.coordinator.jobs import JobBook
+from services.coordinator.metrics import CoordinatorMetrics, JobGauges
 from services.coordinator.persistence import Persistence
 from services.coordinator.planning import Planning
 from services.coordinator.policies import PolicyPointer
@@ -83,9 +87,15 @@ class Coordinator:
         *,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
+        metrics: CollectorRegistry | None = None,
     ) -> None:
+        """`metrics`: the registry to count in (a fresh `service_registry()` when None)."""
         self.state = CoordinatorState(
-            store=store, limits=limits or CoordinatorLimits(), clock=clock, wall=wall_clock
+            store=store,
+            limits=limits or CoordinatorLimits(),
+            clock=clock,
+            wall=wall_clock,
+            metrics=CoordinatorMetrics(metrics if metrics is not None else service_registry()),
         )
         self.tasks_board = TaskBoard(self.state)
         self.job_book = JobBook(self.state, self.tasks_board)
@@ -96,6 +106,7 @@ class Coordinator:
             self.state, self.job_book, self.tasks_board, self.registry, self.data
         )
         self.persistence = Persistence(self.state, self.job_book, self.data, self.policies)
+        self.metrics.registry.register(JobGauges(self._gauge_values))
 
     # What tests and the app read directly.
 
@@ -118,6 +129,10 @@ class Coordinator:
     @property
     def tasks(self) -> dict[str, Task]:
         return self.state.tasks
+
+    @property
+    def metrics(self) -> CoordinatorMetrics:
+        return self.state.metrics
 
     @property
     def _lock(self) -> Any:
@@ -147,6 +162,10 @@ class Coordinator:
 
     def buffer_sizes(self) -> dict[str, int]:
         return self.job_book.buffer_sizes()
+
+    def _gauge_values(self) -> tuple[list[JobStatus], dict[str, int], int]:
+        """What the per-job gauges show at a scrape."""
+        return self.list_jobs(), self.buffer_sizes(), len(self.list_workers())
 
     # --- workers ---------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import time
 
 from common.errors import ApiError, bad_request, conflict
 from common.messages import (
@@ -25,7 +26,7 @@ from common.messages import (
     parse,
 )
 from common.storage import CorruptFileError, PathError
-from services.buffer.core import BufferClosed
+from services.buffer.core import BufferClosed, RateLimited, SampleTimeout
 from services.coordinator.jobs import JobBook
 from services.coordinator.state import CoordinatorState, Job, raise_if_closing
 from services.coordinator.tasks import TaskBoard
@@ -60,13 +61,18 @@ class DataPlane:
                     )
         for i, ref in enumerate(insert.segments):
             self.check_segment_file(job_id, ref, f"segments.{i}")
+        metrics = self.state.metrics
         try:
             result = job.buffer.insert(insert.segments, timeout_s=insert.timeout_s)
         except ValueError as exc:
             raise bad_request("segments", str(exc)) from None
+        except RateLimited:
+            metrics.inserts_rate_limited.labels(job_id).inc()
+            raise
         except BufferClosed:
             raise_if_closing(self.state)
             raise
+        metrics.segments_inserted.labels(job_id).inc(result.accepted)
         with guard.changing():
             self.account(job, result.accepted_refs)
             return InsertReply(
@@ -153,15 +159,23 @@ class DataPlane:
                 self._check_waiting(job_id)
             self.waiting_samples += 1
             self._waiting_by_job[job_id] += 1
+        metrics = self.state.metrics
         try:
             if request.task_id is not None and request.acknowledge:
                 job.buffer.acknowledge(request.task_id, list(request.acknowledge))
-            batches, hold_id = job.buffer.sample_for(
-                request.task_id,
-                request.batch_size,
-                request.num_batches,
-                timeout_s=request.timeout_s,
-            )
+            started = time.monotonic()
+            try:
+                batches, hold_id = job.buffer.sample_for(
+                    request.task_id,
+                    request.batch_size,
+                    request.num_batches,
+                    timeout_s=request.timeout_s,
+                )
+            finally:
+                metrics.sample_wait.observe(time.monotonic() - started)
+        except SampleTimeout:
+            metrics.sample_timeouts.labels(job_id).inc()
+            raise
         except BufferClosed:
             raise_if_closing(self.state)
             raise
@@ -174,6 +188,7 @@ class DataPlane:
                 # The task ended while this request waited: nobody will train on them.
                 job.buffer.give_back(request.task_id or "")
                 raise conflict("task_not_active", f"task {request.task_id} has ended")
+        metrics.samples_served.labels(job_id).inc(sum(len(b.keys) for b in batches))
         return SampleReply(batches=batches, hold_id=hold_id)
 
     def _check_waiting(self, job_id: str) -> None:

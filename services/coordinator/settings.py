@@ -50,6 +50,9 @@ class CoordinatorSettings:
     #: A secret that may only register workers (slaves can then run without the
     #: cluster token); empty: workers register with the cluster token.
     registration_token: str = ""
+    #: A secret that may only read `/metrics` (a Prometheus server's); empty: only the
+    #: cluster token reads them.
+    metrics_token: str = ""
     scheduler_period_s: float = 0.5
     threads: int = 32
     snapshot_period_s: float = 2.0
@@ -68,6 +71,7 @@ class CoordinatorSettings:
             shared_dir=Path(env_str(env, "DROVER_SHARED_DIR", "runs")),
             token=read_token(env),
             registration_token=read_secret(env, "DROVER_REGISTRATION_TOKEN"),
+            metrics_token=read_secret(env, "DROVER_METRICS_TOKEN"),
             scheduler_period_s=env_float(env, "DROVER_SCHEDULER_PERIOD_S", 0.5),
             threads=env_int(env, "DROVER_THREADS", 32),
             snapshot_period_s=env_float(env, "DROVER_SNAPSHOT_PERIOD_S", 2.0),

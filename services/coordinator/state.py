@@ -12,12 +12,15 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from common.config import JobConfig
 from common.errors import ApiError
 from common.messages import EvalSummary, MetricsPoint, PolicyRef, TaskAssignment, TaskKind, TaskSpec
 from common.storage import SharedStore
 from services.buffer.core import ReplayBuffer
 from services.coordinator.lock import ChangeLock
+from services.coordinator.metrics import CoordinatorMetrics
 
 
 class TaskState(StrEnum):
@@ -195,6 +198,10 @@ class CoordinatorState:
     closing: bool = False
     #: Scheduling passes so far.
     passes: int = 0
+    #: What is counted for Prometheus (the app serves its registry at `/metrics`).
+    metrics: CoordinatorMetrics = field(
+        default_factory=lambda: CoordinatorMetrics(CollectorRegistry())
+    )
 
 
 def must_be(caller: str | None, worker_id: str, what: str) -> None:

@@ -71,6 +71,7 @@ class TaskBoard:
         if state in (TaskState.FAILED, TaskState.LOST) and job is not None:
             workflow_of(job.config).task_ended(job, task, state)
         task.state = state
+        self.state.metrics.tasks_ended.labels(task.kind, state.value).inc()
         worker = self.state.workers.get(task.worker_id)
         if worker is not None:
             worker.task_ids.discard(task.task_id)
@@ -107,6 +108,7 @@ class TaskBoard:
             planned_in_pass=self.state.passes,
         )
         self.state.tasks[task.task_id] = task
+        self.state.metrics.tasks_assigned.labels(spec.kind).inc()
         worker.task_ids.add(task.task_id)
         return Dispatch(
             url=worker.url,

@@ -109,6 +109,7 @@ class WorkerRegistry:
         timeout_s = self.state.limits.lease_timeout_s
         deadline = self.state.clock() - timeout_s
         for worker in [w for w in self.state.workers.values() if w.last_heartbeat_s < deadline]:
+            self.state.metrics.lease_expiries.labels(worker.role).inc()
             self.drop(worker.worker_id, f"missed heartbeats for {timeout_s}s")
 
     def listing(self) -> list[WorkerInfo]:

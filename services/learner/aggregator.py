@@ -37,10 +37,12 @@ from common.config import algorithm_of, read_job_config
 from common.devices import CUDA_DEVICES, local_resources
 from common.logs import setup_logging
 from common.messages import PolicyRef, SampledBatch, parse
+from common.metrics import service_registry
 from common.ranks import LEARNER_RANKS, RANK_DEVICES
 from common.settings import SettingsError, SlaveSettings, env_float
 from common.storage import SharedStore
 from services.learner.core import (
+    LearnerMetrics,
     LearnerRunner,
     SegmentCache,
     SegmentSchema,
@@ -69,8 +71,15 @@ class AggregatorRunner(LearnerRunner):
     ranks'. Between tasks it sends them an idle message every `tick_s`, so that they
     never wait for a message longer than the group's timeout."""
 
-    def __init__(self, store: SharedStore, group: RankGroup, *, tick_s: float) -> None:
-        super().__init__(store, group)
+    def __init__(
+        self,
+        store: SharedStore,
+        group: RankGroup,
+        *,
+        tick_s: float,
+        metrics: LearnerMetrics | None = None,
+    ) -> None:
+        super().__init__(store, group, metrics=metrics)
         #: Called with the reason when the group broke; it must not return (exit).
         self.on_broken: Callable[[str], None] = _exit_broken
         self._turn = threading.Lock()  # the task or the ticker talks to the ranks
@@ -201,8 +210,11 @@ def _serve_rank_zero(
         # A CUDA job needs a GPU on every rank.
         CUDA_DEVICES: len(devices) if all(d.startswith("cuda") for d in devices) else 0,
     }
-    runner = AggregatorRunner(store, group, tick_s=min(5.0, timeout_s / 4))
-    slave = build_slave("learner", runner, settings, resources=resources)
+    registry = service_registry()
+    runner = AggregatorRunner(
+        store, group, tick_s=min(5.0, timeout_s / 4), metrics=LearnerMetrics(registry)
+    )
+    slave = build_slave("learner", runner, settings, resources=resources, metrics=registry)
 
     def broken(reason: str) -> None:
         log.error(

@@ -9,10 +9,11 @@ from __future__ import annotations
 from flask import Flask
 
 from common.devices import local_resources
+from common.metrics import service_registry
 from common.settings import SlaveSettings
 from common.storage import SharedStore
 from services.learner import settings as learner_settings
-from services.learner.core import LearnerRunner
+from services.learner.core import LearnerMetrics, LearnerRunner
 from services.slave.app import create_slave_app
 from services.slave.core import Slave, build_slave
 
@@ -20,10 +21,12 @@ from services.slave.core import Slave, build_slave
 def create_app(settings: SlaveSettings | None = None, *, core: Slave | None = None) -> Flask:
     settings = settings or learner_settings.from_env()
     if core is None:
+        registry = service_registry()
         core = build_slave(
             "learner",
-            LearnerRunner(SharedStore(settings.shared_dir)),
+            LearnerRunner(SharedStore(settings.shared_dir), metrics=LearnerMetrics(registry)),
             settings,
             resources=local_resources(),
+            metrics=registry,
         )
-    return create_slave_app("drover.learner", core, settings.token)
+    return create_slave_app("drover.learner", core, settings.token, settings.metrics_token)

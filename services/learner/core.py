@@ -22,6 +22,7 @@ import collections
 import io
 import logging
 import math
+import os
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -30,6 +31,7 @@ from typing import Any, Literal, TypeVar
 
 import numpy as np
 import torch
+from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from algorithms.base import BatchLearner, Learner, RoundLearner
 from algorithms.registry import ALGORITHMS
@@ -59,6 +61,51 @@ KEEP_CHECKPOINTS = 2
 #: How long training waits for a segment another thread is reading before reading it
 #: itself (a bound, not an expected time: a read takes milliseconds).
 READ_WAIT_S = 30.0
+
+
+#: What torchrun sets in a learner group's ranks: how many times it restarted the group.
+RESTART_COUNT_VAR = "TORCHELASTIC_RESTART_COUNT"
+
+
+class LearnerMetrics:
+    """What a learner counts, in its service's registry (created once per process:
+    the counters live as long as it)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.train_iterations = Counter(
+            "drover_train_iterations",
+            "Training iterations run (the learner's train_iter steps)",
+            registry=registry,
+        )
+        self.policy_version = Gauge(
+            "drover_policy_version",
+            "The policy version this learner last published",
+            registry=registry,
+        )
+        self.publishes = Counter(
+            "drover_policy_publishes",
+            "Policy versions written and announced",
+            registry=registry,
+        )
+        self.checkpoints = Counter(
+            "drover_checkpoint_writes",
+            "Checkpoints written",
+            registry=registry,
+        )
+        self.checkpoint_bytes = Counter(
+            "drover_checkpoint_bytes",
+            "Bytes of checkpoints written",
+            registry=registry,
+        )
+        restarts = Gauge(
+            "drover_learner_group_restarts",
+            f"Times torchrun restarted this learner group ({RESTART_COUNT_VAR}; 0 outside one)",
+            registry=registry,
+        )
+        try:
+            restarts.set(int(os.environ.get(RESTART_COUNT_VAR, "0")))
+        except ValueError:
+            restarts.set(0)
 
 
 class JobOver(Exception):
@@ -607,9 +654,17 @@ class LearnerRunner:
 
     kinds = frozenset({"learn"})
 
-    def __init__(self, store: SharedStore, group: RankGroup | None = None) -> None:
+    def __init__(
+        self,
+        store: SharedStore,
+        group: RankGroup | None = None,
+        *,
+        metrics: LearnerMetrics | None = None,
+    ) -> None:
         self.store = store
         self.group = group
+        #: Counted in the service's registry (a private one when None: tests).
+        self.metrics = metrics or LearnerMetrics(CollectorRegistry())
 
     def run(self, ctx: TaskContext) -> dict[str, Any]:
         job_id = ctx.task.job_id
@@ -641,7 +696,9 @@ class LearnerRunner:
             group.broadcast_state(learner.state_dict())
         session = _RoundSession if spec.mode == "rounds" else _LearnSession
         try:
-            result = session(ctx, config, self.store, learner, resumed.version, group).run()
+            result = session(
+                ctx, config, self.store, learner, resumed.version, group, metrics=self.metrics
+            ).run()
         except GroupBroken:
             raise
         except Exception:
@@ -710,8 +767,11 @@ class _LearnSession:
         learner: Learner,
         version: int,
         group: RankGroup | None = None,
+        *,
+        metrics: LearnerMetrics | None = None,
     ) -> None:
         self.ctx = ctx
+        self.metrics = metrics or LearnerMetrics(CollectorRegistry())
         self.config = config
         self.store = store
         self.learner = learner
@@ -760,6 +820,7 @@ class _LearnSession:
                     outcome = self.trainer.train_batch(batch)
                     if outcome is None:
                         continue
+                    self.metrics.train_iterations.inc()
                     keys += outcome.keys
                     td_abs.append(outcome.td_abs)
                     if learner.train_iter % learn.publish_every_iters == 0:
@@ -866,6 +927,8 @@ class _LearnSession:
             if exc.code in ("job_finished", "task_not_active") or exc.status in (401, 403, 404):
                 raise JobOver(exc.message) from exc
             raise
+        self.metrics.publishes.inc()
+        self.metrics.policy_version.set(self.version)
         set_progress(self.ctx.progress, policy_version=self.version)
 
     def checkpoint(self) -> None:
@@ -883,6 +946,8 @@ class _LearnSession:
         folder = f"{self.job_id}/checkpoints"
         path = self.store.checkpoint_path(self.job_id, self.learner.train_iter)
         self.store.write_bytes(path, buffer.getvalue())
+        self.metrics.checkpoints.inc()
+        self.metrics.checkpoint_bytes.inc(buffer.getbuffer().nbytes)
         for old in self.store.list_dir(folder)[:-KEEP_CHECKPOINTS]:
             self.store.delete(f"{folder}/{old}")
 
@@ -917,6 +982,7 @@ class _RoundSession(_LearnSession):
                 # A round of unusable segments only trains nothing, but the collectors
                 # wait for the next version all the same.
                 outcome = self.trainer.train_round(columns)
+                self.metrics.train_iterations.inc(max(0, learner.train_iter - previous))
                 self.publish()
                 if reply.hold_id is not None:
                     self.trained_holds.append(reply.hold_id)

@@ -7,10 +7,10 @@ import logging
 from typing import Any
 
 from flask import Blueprint, Flask, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from common.http import (
     ApiError,
+    allow,
     body,
     extension,
     install_http_basics,
@@ -22,6 +22,7 @@ from common.messages import (
     TaskAck,
     TaskAssignment,
 )
+from common.metrics import metrics_response
 from common.openapi import documented, install_openapi
 from services.slave.core import EXTENSION, Slave
 
@@ -77,19 +78,28 @@ def readyz() -> Any:
 
 
 @health_bp.get("/metrics")
+@allow("scraper")
 @documented(summary="Prometheus metrics", content_type="text/plain")
 def metrics() -> Response:
-    return Response(generate_latest(_slave().metrics), mimetype=CONTENT_TYPE_LATEST)
+    return metrics_response(_slave().metrics)
 
 
-def create_slave_app(name: str, slave: Slave, token: str = "") -> Flask:
+def create_slave_app(name: str, slave: Slave, token: str = "", metrics_token: str = "") -> Flask:
     """A collector's or learner's Flask app: the task and health blueprints.
 
     Its routes take the secret the slave gave the coordinator at registration, and
-    the cluster `token` when this process has it (operators).
+    the cluster `token` when this process has it (operators); `/metrics` also takes
+    `metrics_token` (a Prometheus server's). Requests are counted in the slave's
+    registry, with the slave's role as their `service`.
     """
     app = Flask(name)
-    install_http_basics(app, [slave.slave_token, token])
+    install_http_basics(
+        app,
+        [slave.slave_token, token],
+        metrics_token=metrics_token or None,
+        service=slave.role,
+        metrics=slave.metrics,
+    )
     app.extensions[EXTENSION] = slave
     app.register_blueprint(tasks_bp)
     app.register_blueprint(health_bp)

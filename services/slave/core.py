@@ -45,6 +45,7 @@ from common.messages import (
     TaskAssignment,
     TaskProgress,
 )
+from common.metrics import service_registry
 from common.settings import SlaveSettings
 from services.coordinator.client import CoordinatorClient
 
@@ -101,7 +102,10 @@ class Slave:
         advertise_url: str,
         shared_root: Path,
         resources: dict[str, Any] | None = None,
+        metrics: CollectorRegistry | None = None,
     ) -> None:
+        """`metrics`: the service's registry, which its runner counts in too (a fresh
+        `service_registry()` when None)."""
         self.role = role
         self.runner = runner
         self.coordinator = coordinator
@@ -111,7 +115,7 @@ class Slave:
         #: What the coordinator must send to this slave's routes: our own secret, so
         #: no credential of the coordinator's ever reaches whoever runs a "worker".
         self.slave_token = secrets.token_urlsafe(32)
-        self.metrics = CollectorRegistry()
+        self.metrics = metrics if metrics is not None else service_registry()
         self._tasks_total = Counter(
             "drover_tasks_total",
             "Tasks by kind and outcome",
@@ -343,11 +347,17 @@ def reportable(progress: dict[str, float]) -> dict[str, float]:
 
 
 def build_slave(
-    role: str, runner: TaskRunner, settings: SlaveSettings, *, resources: dict[str, Any]
+    role: str,
+    runner: TaskRunner,
+    settings: SlaveSettings,
+    *,
+    resources: dict[str, Any],
+    metrics: CollectorRegistry | None = None,
 ) -> Slave:
     """A slave for `role`, configured from its settings, that registers with
     `resources` (what its service has: `common.devices.local_resources()` asks torch,
-    which the collector and learner load anyway and this framework need not)."""
+    which the collector and learner load anyway and this framework need not) and
+    counts in `metrics` (the registry its runner counts in)."""
     return Slave(
         role=role,
         runner=runner,
@@ -359,4 +369,5 @@ def build_slave(
         advertise_url=settings.advertise_url,
         shared_root=Path(settings.shared_dir).resolve(),
         resources=resources,
+        metrics=metrics,
     )

@@ -1,0 +1,100 @@
+"""The coordinator's Prometheus metrics: counters its parts bump as things happen
+(created once, for the process's lifetime) and the per-job gauges, read from the
+coordinator's state at each scrape."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from common.metrics import LATENCY_BUCKETS_S
+
+
+class CoordinatorMetrics:
+    """What the coordinator counts, in `registry` (one per coordinator)."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.registry = registry
+        self.samples_served = Counter(
+            "drover_samples_served",
+            "Replay items handed to learners in sample replies",
+            ["job_id"],
+            registry=registry,
+        )
+        self.sample_wait = Histogram(
+            "drover_sample_wait_seconds",
+            "Time a sample request waited in the buffer for data (its long-poll)",
+            buckets=LATENCY_BUCKETS_S,
+            registry=registry,
+        )
+        self.sample_timeouts = Counter(
+            "drover_sample_timeouts",
+            "Sample long-polls that ended with no data (503 sample_timeout)",
+            ["job_id"],
+            registry=registry,
+        )
+        self.segments_inserted = Counter(
+            "drover_segments_inserted",
+            "Segments newly indexed into a job's buffer (duplicates not counted)",
+            ["job_id"],
+            registry=registry,
+        )
+        self.inserts_rate_limited = Counter(
+            "drover_inserts_rate_limited",
+            "Segment inserts answered 429: the rate limiter made the collector wait",
+            ["job_id"],
+            registry=registry,
+        )
+        self.lease_expiries = Counter(
+            "drover_lease_expiries",
+            "Workers dropped for missing their heartbeats",
+            ["role"],
+            registry=registry,
+        )
+        self.tasks_assigned = Counter(
+            "drover_tasks_assigned",
+            "Tasks planned for a worker",
+            ["kind"],
+            registry=registry,
+        )
+        self.tasks_ended = Counter(
+            "drover_tasks_ended",
+            "Tasks ended, by how: done, failed, cancelled, or lost (planned again)",
+            ["kind", "state"],
+            registry=registry,
+        )
+
+
+class JobGauges(Collector):
+    """The per-job gauges and the worker count, read at each scrape.
+
+    Args:
+        read: returns (job statuses, buffer sizes by job id, registered workers);
+            it takes the coordinator's lock, as any reader does.
+    """
+
+    def __init__(self, read: Callable[[], tuple[list[Any], dict[str, int], int]]) -> None:
+        self.read = read
+
+    def collect(self) -> Iterator[Metric]:
+        jobs, sizes, workers = self.read()
+        gauges = {
+            name: GaugeMetricFamily(f"drover_job_{name}", help_text, labels=["job_id"])
+            for name, help_text in (
+                ("env_steps", "Env steps collected"),
+                ("train_iters", "Learner iterations"),
+                ("policy_version", "Newest policy version"),
+                ("buffer_size", "Items in the replay buffer"),
+            )
+        }
+        for status in jobs:
+            gauges["env_steps"].add_metric([status.job_id], status.env_steps)
+            gauges["train_iters"].add_metric([status.job_id], status.train_iters)
+            gauges["policy_version"].add_metric([status.job_id], status.policy_version)
+            gauges["buffer_size"].add_metric([status.job_id], sizes.get(status.job_id, 0))
+        yield from gauges.values()
+        yield GaugeMetricFamily("drover_workers", "Registered workers", value=workers)
