@@ -49,6 +49,7 @@ def container_specs(
     learner_ranks: int,
     token: str,
     registration_token: str,
+    metrics_token: str,
     image: str = DEFAULT_IMAGE,
 ) -> list[ContainerSpec]:
     """The containers of one run: a coordinator, `collectors` collectors and a learner
@@ -57,6 +58,8 @@ def container_specs(
         "DROVER_SHARED_DIR": SHARED,
         "DROVER_HOST": "0.0.0.0",
         "DROVER_COORDINATOR_URL": f"http://coordinator:{COORDINATOR_PORT}",
+        # May read /metrics and nothing else (a Prometheus scraping the containers).
+        "DROVER_METRICS_TOKEN": metrics_token,
     }
     workers = {**common, "DROVER_REGISTRATION_TOKEN": registration_token}
     specs = [
@@ -198,6 +201,7 @@ def run_in_docker(
         learner_ranks=learner_ranks,
         token=token,
         registration_token=secrets.token_urlsafe(32),
+        metrics_token=secrets.token_urlsafe(32),
         image=image,
     )
     with DockerRun(engine, specs, run_id) as run:

@@ -13,7 +13,7 @@ from drover.docker_backend import ContainerSpec, DockerRun, container_specs
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]
-SECRETS = ("DROVER_TOKEN", "DROVER_REGISTRATION_TOKEN")
+SECRETS = ("DROVER_TOKEN", "DROVER_REGISTRATION_TOKEN", "DROVER_METRICS_TOKEN")
 
 
 def engine_reachable() -> bool:
@@ -34,6 +34,7 @@ def test_the_containers_are_the_compose_services(ranks):
         learner_ranks=ranks,
         token="t" * 32,
         registration_token="r" * 32,
+        metrics_token="m" * 32,
     )
     assert [s.role for s in specs] == [
         "coordinator",

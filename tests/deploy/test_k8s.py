@@ -22,7 +22,7 @@ OVERLAYS = ["cpu", "gpu"]
 KUBERNETES_VERSIONS = ["1.30.0", "1.37.0"]
 #: Created by the operator (`kubectl create secret`, as the base's header and the
 #: README say), never shipped: the API token and the registration secret.
-OPERATOR_SECRETS = {"drover-token": {"token", "registration"}}
+OPERATOR_SECRETS = {"drover-token": {"token", "registration", "metrics"}}
 POD_KINDS = {"Deployment", "Job"}
 
 pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
@@ -144,7 +144,8 @@ def variables_the_services_read() -> set[str]:
     for package in ("common", "services", "drover"):
         for path in (ROOT / package).rglob("*.py"):
             names |= set(re.findall(r"DROVER_[A-Z0-9_]+", path.read_text()))
-    names |= {f"{name}_FILE" for name in ("DROVER_TOKEN", "DROVER_REGISTRATION_TOKEN")}
+    secrets = ("DROVER_TOKEN", "DROVER_REGISTRATION_TOKEN", "DROVER_METRICS_TOKEN")
+    names |= {f"{name}_FILE" for name in secrets}
     names |= {f"DROVER_{name.upper()}" for name in CoordinatorLimits.__dataclass_fields__}
     return names
 

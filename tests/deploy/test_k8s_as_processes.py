@@ -96,6 +96,7 @@ def test_the_cpu_overlay_trains_the_job_when_run_as_processes(tmp_path):
     secret.mkdir(parents=True)
     (secret / "token").write_text(secrets.token_hex(32))
     (secret / "registration").write_text(secrets.token_hex(32))
+    (secret / "metrics").write_text(secrets.token_hex(32))
     ports = {"coordinator": free_port()}
     processes = []
     submit = None
