@@ -5,6 +5,9 @@ drover run CONFIG            train locally: coordinator, collectors, learner
                              --backend docker: as containers, through a Docker engine)
 drover coordinator           serve one coordinator (what compose/Kubernetes run)
 drover collector | learner   serve one slave (drover learner --nproc N: a learner group)
+drover jobs | status JOB | stop JOB | workers | logs ROLE
+                             look at a running cluster (drover/verbs.py)
+drover plot RUN [RUN ...]    evaluation return vs env steps, as a PNG (drover/plot.py)
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from common.errors import ApiError
 from common.http import ServiceUnavailable
 from common.messages import TERMINAL_PHASES, JobStatus
 from common.settings import SettingsError, read_token
+from drover import plot, verbs
 from drover.devices import fit_local_device, local_learner_ranks
 from drover.docker_backend import DockerUnavailable, run_in_docker
 from drover.local import LocalCluster, torchrun_args
@@ -78,7 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     submit.add_argument("config", help="job config: .yaml, .yml, .json or .py (main_config)")
     submit.add_argument(
         "--coordinator",
-        default=os.environ.get("DROVER_COORDINATOR_URL", "http://127.0.0.1:8000"),
+        default=verbs.default_coordinator_url(),
         help="coordinator URL (DROVER_COORDINATOR_URL; http://127.0.0.1:8000)",
     )
     submit.add_argument("--wait", action="store_true", help="wait for the job to end")
@@ -88,6 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         default=120.0,
         help="how long to wait for the coordinator to answer (120)",
     )
+    verbs.add_verbs(sub)
+    plot.add_parser(sub)
     show = sub.add_parser("config", help="print a job config resolved; starts nothing")
     show.add_argument("action", choices=["show"], help="show: the resolved config")
     show.add_argument("config", help="job config: .yaml, .yml, .json or .py (DI-engine's)")
@@ -114,6 +120,10 @@ def main(argv: list[str] | None = None) -> int:
         return show_config(args)
     if args.command == "submit":
         return submit_job(args)
+    if args.command in verbs.NAMES:
+        return verbs.run(args)
+    if args.command == "plot":
+        return plot.run(args)
     if args.command == "learner" and args.nproc != 1:
         return serve_learner_group(args.nproc, args.max_restarts)
     sys.argv = [f"drover {args.command}"]
