@@ -20,6 +20,7 @@ run: install
 	$(BIN)/drover run $(CONFIG)
 
 test: install
+	@command -v chromium >/dev/null || (apt-get install -y --no-install-recommends chromium >/dev/null 2>&1 || true)
 	$(BIN)/pytest -q
 
 lint: install

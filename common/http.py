@@ -91,6 +91,14 @@ def allow(*roles: str) -> Callable[[F], F]:
     return mark
 
 
+def public(view: F) -> F:
+    """Let anyone use a route, with no token, like `/healthz`: only for routes that
+    hold no data (the coordinator's dashboard page and its static files). Place it
+    under the route decorator."""
+    view.__drover_public__ = True  # type: ignore[attr-defined]
+    return view
+
+
 def install_http_basics(
     app: Flask,
     tokens: str | list[str],
@@ -143,6 +151,8 @@ def install_http_basics(
     def _authenticate() -> Response | None:
         g.caller = None
         if request.path in PUBLIC_PATHS:
+            return None
+        if getattr(app.view_functions.get(request.endpoint or ""), "__drover_public__", False):
             return None
         who = identify(request.headers.get("Authorization", ""))
         if who is None:

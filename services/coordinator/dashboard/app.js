@@ -1,0 +1,364 @@
+// drover's dashboard: plain JS, no libraries, no build step. It reads the coordinator's
+// /api/v1 routes with the token kept in sessionStorage and redraws every 2 seconds.
+"use strict";
+
+const API = "/api/v1";
+const TOKEN_KEY = "drover.token";
+const REFRESH_MS = 2000;
+const SVG = "http://www.w3.org/2000/svg";
+
+let timer = null;
+let busy = false;
+let again = false; // a refresh asked for while one was under way (a click)
+
+// --- small helpers ------------------------------------------------------------------
+
+// An element with attributes and children (strings become text: never parsed as HTML).
+function el(tag, attrs, ...children) {
+  const node = document.createElement(tag);
+  for (const [k, v] of Object.entries(attrs || {})) {
+    if (k === "onclick") node.addEventListener("click", v);
+    else node.setAttribute(k, v);
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined) continue;
+    node.append(child instanceof Node ? child : String(child));
+  }
+  return node;
+}
+
+function svg(tag, attrs) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [k, v] of Object.entries(attrs || {})) node.setAttribute(k, v);
+  return node;
+}
+
+function fmt(x, digits = 1) {
+  if (x === null || x === undefined || Number.isNaN(x)) return "–";
+  if (Math.abs(x) >= 1e6) return (x / 1e6).toFixed(2) + "M";
+  if (Math.abs(x) >= 1e4) return (x / 1e3).toFixed(1) + "k";
+  return Number.isInteger(x) ? String(x) : x.toFixed(digits);
+}
+
+function age(seconds) {
+  if (seconds < 60) return seconds.toFixed(1) + " s";
+  if (seconds < 3600) return (seconds / 60).toFixed(1) + " min";
+  return (seconds / 3600).toFixed(1) + " h";
+}
+
+// --- auth and API -------------------------------------------------------------------
+
+class AuthError extends Error {}
+
+function token() {
+  return sessionStorage.getItem(TOKEN_KEY);
+}
+
+async function api(path) {
+  const resp = await fetch(API + path, {
+    headers: { Authorization: "Bearer " + token() },
+    cache: "no-store",
+  });
+  let data = null;
+  try {
+    data = await resp.json();
+  } catch (_) {
+    data = null;
+  }
+  if (resp.status === 401 || resp.status === 403) {
+    const why = data && data.message ? data.message : resp.statusText;
+    throw new AuthError(`The token was refused (${resp.status}): ${why}`);
+  }
+  if (!resp.ok) {
+    const why = data && data.message ? data.message : resp.statusText;
+    throw new Error(`${path}: ${resp.status} ${why}`);
+  }
+  return data;
+}
+
+function showError(message) {
+  const box = document.getElementById("error");
+  box.textContent = message || "";
+  box.hidden = !message;
+}
+
+function showLogin(message) {
+  stop();
+  sessionStorage.removeItem(TOKEN_KEY);
+  document.getElementById("view").replaceChildren();
+  document.getElementById("login").hidden = false;
+  document.getElementById("logout").hidden = true;
+  document.getElementById("updated").textContent = "";
+  showError(message);
+  document.getElementById("token").focus();
+}
+
+// --- charts: inline SVG ---------------------------------------------------------------
+
+// A line chart of points [{x, y}]; `id` names it for tests (data-points: how many).
+function lineChart(id, title, points, xLabel, yLabel) {
+  const W = 480, H = 220, L = 52, R = 12, T = 24, B = 34;
+  const box = el("div", { class: "chart", id, "data-points": points.length });
+  const s = svg("svg", { width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: "img" });
+  const label = (x, y, text, anchor = "middle") => {
+    const t = svg("text", { x, y, "text-anchor": anchor });
+    t.textContent = text;
+    s.append(t);
+  };
+  label(L, 14, title, "start");
+  s.append(svg("line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B }));
+  s.append(svg("line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B }));
+  label((L + W - R) / 2, H - 6, xLabel);
+  if (points.length === 0) {
+    label((L + W - R) / 2, (T + H - B) / 2, "no data yet");
+    box.append(s);
+    return box;
+  }
+  const xs = points.map((p) => p.x), ys = points.map((p) => p.y);
+  let [x0, x1] = [Math.min(...xs), Math.max(...xs)];
+  let [y0, y1] = [Math.min(0, ...ys), Math.max(...ys)];
+  if (x1 === x0) x1 = x0 + 1;
+  if (y1 === y0) y1 = y0 + 1;
+  const px = (x) => L + ((x - x0) / (x1 - x0)) * (W - L - R);
+  const py = (y) => H - B - ((y - y0) / (y1 - y0)) * (H - T - B);
+  label(L - 4, py(y1) + 4, fmt(y1), "end");
+  label(L - 4, py(y0) + 4, fmt(y0), "end");
+  label(px(x0), H - B + 14, fmt(x0));
+  label(px(x1), H - B + 14, fmt(x1), "end");
+  const yl = svg("text", { x: 12, y: (T + H - B) / 2, "text-anchor": "middle",
+    transform: `rotate(-90 12 ${(T + H - B) / 2})` });
+  yl.textContent = yLabel;
+  s.append(yl);
+  const d = points.map((p, i) => `${i ? "L" : "M"}${px(p.x).toFixed(1)},${py(p.y).toFixed(1)}`);
+  s.append(svg("path", { class: "line", d: d.join(" ") }));
+  if (points.length <= 60) {
+    for (const p of points) s.append(svg("circle", { class: "dot", cx: px(p.x), cy: py(p.y), r: 2.5 }));
+  }
+  box.append(s);
+  return box;
+}
+
+// Bars for a histogram: entry i is the count at i (the last: that many or more).
+function barChart(id, title, counts, xLabel) {
+  const W = 480, H = 160, L = 52, R = 12, T = 24, B = 30;
+  const box = el("div", { class: "chart", id, "data-bars": counts.length });
+  const s = svg("svg", { width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: "img" });
+  const t = svg("text", { x: L, y: 14 });
+  t.textContent = title;
+  s.append(t);
+  s.append(svg("line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B }));
+  const top = Math.max(1, ...counts);
+  const w = (W - L - R) / Math.max(1, counts.length);
+  counts.forEach((c, i) => {
+    const h = (c / top) * (H - T - B);
+    s.append(svg("rect", { class: "bar", x: L + i * w + 1, y: H - B - h, width: Math.max(1, w - 2), height: h }));
+    if (counts.length <= 20 || i % Math.ceil(counts.length / 20) === 0) {
+      const lab = svg("text", { x: L + i * w + w / 2, y: H - B + 12, "text-anchor": "middle" });
+      lab.textContent = i === counts.length - 1 ? `${i}+` : String(i);
+      s.append(lab);
+    }
+  });
+  const m = svg("text", { x: L - 4, y: T + 4, "text-anchor": "end" });
+  m.textContent = fmt(top);
+  s.append(m);
+  const xl = svg("text", { x: (L + W - R) / 2, y: H - 4, "text-anchor": "middle" });
+  xl.textContent = xLabel;
+  s.append(xl);
+  box.append(s);
+  return box;
+}
+
+// --- views ----------------------------------------------------------------------------
+
+function phase(p) {
+  return el("span", { class: `phase phase-${p}` }, p);
+}
+
+async function jobsView() {
+  const data = await api("/jobs");
+  const rows = data.jobs
+    .slice()
+    .sort((a, b) => b.started_at - a.started_at)
+    .map((j) =>
+      el(
+        "tr",
+        { class: "job", "data-job-id": j.job_id, onclick: () => (location.hash = `#/jobs/${j.job_id}`) },
+        el("td", {}, el("a", { href: `#/jobs/${j.job_id}` }, j.job_id)),
+        el("td", {}, j.name),
+        el("td", {}, j.algo),
+        el("td", {}, j.env_id),
+        el("td", {}, phase(j.phase)),
+        el("td", {}, fmt(j.env_steps)),
+        el("td", {}, j.last_eval ? fmt(j.last_eval.return_mean, 2) : "–"),
+      ),
+    );
+  return [
+    el("h1", {}, "Jobs"),
+    rows.length
+      ? el(
+          "table",
+          { id: "jobs" },
+          el("thead", {}, el("tr", {}, ["id", "name", "algo", "env", "phase", "env steps", "last eval"].map((h) => el("th", {}, h)))),
+          el("tbody", {}, rows),
+        )
+      : el("p", { class: "muted", id: "no-jobs" }, "No jobs yet: submit one with `drover submit`."),
+  ];
+}
+
+function card(label, value) {
+  return el("div", { class: "card" }, el("span", { class: "muted" }, label), el("b", {}, value));
+}
+
+async function jobView(jobId) {
+  const id = encodeURIComponent(jobId);
+  const [job, metrics] = await Promise.all([api(`/jobs/${id}`), api(`/jobs/${id}/metrics`)]);
+  const returns = metrics.evals.map((e) => ({ x: e.env_steps, y: e.return_mean }));
+  const pts = metrics.points;
+  const rate = [];
+  for (let i = 1; i < pts.length; i++) {
+    const dt = pts[i].t - pts[i - 1].t;
+    if (dt > 0) rate.push({ x: pts[i].t - pts[0].t, y: (pts[i].env_steps - pts[i - 1].env_steps) / dt });
+  }
+  const buf = metrics.buffer;
+  const learners = job.learners.map((l) =>
+    l.rank_devices.length ? `${l.worker_id} (${l.rank_devices.join(", ")})` : l.worker_id,
+  );
+  return [
+    el("h1", {}, el("a", { href: "#/jobs" }, "Jobs"), " / ", job.name, " ", el("span", { class: "muted" }, job.job_id)),
+    el(
+      "div",
+      { class: "cards" },
+      card("phase", phase(job.phase)),
+      card("algo / env", `${job.algo} / ${job.env_id}`),
+      card("env steps", fmt(job.env_steps)),
+      card("train iters", fmt(job.train_iters)),
+      card("policy version", String(job.policy_version)),
+      card("last eval", job.last_eval ? fmt(job.last_eval.return_mean, 2) : "–"),
+      card("best eval", job.best_eval_return === null ? "–" : fmt(job.best_eval_return, 2)),
+      card("stop value", job.stop_value === null ? "–" : fmt(job.stop_value)),
+      card("env steps/s", rate.length ? fmt(rate[rate.length - 1].y) : "–"),
+    ),
+    job.reason ? el("p", { class: "muted" }, job.reason) : null,
+    el(
+      "div",
+      { class: "charts" },
+      lineChart("return-chart", "Evaluation return (mean)", returns, "env steps", "return"),
+      lineChart("throughput-chart", "Throughput", rate, "seconds since the first point", "env steps/s"),
+    ),
+    el("h2", {}, "Replay buffer"),
+    el(
+      "div",
+      { class: "cards", id: "buffer" },
+      card("size", `${fmt(buf.size)} / ${fmt(buf.capacity)}`),
+      card("inserts", fmt(buf.inserts)),
+      card("samples", fmt(buf.samples)),
+      card("sampler", buf.sampler),
+      card("staleness mean", fmt(buf.staleness_mean, 2)),
+      card("samples per insert", fmt(buf.samples_per_insert_ratio, 2)),
+    ),
+    el(
+      "div",
+      { class: "charts" },
+      barChart("lag-chart", "Sampled items by policy lag", buf.sampled_lag_histogram, "versions behind"),
+    ),
+    learners.length ? el("p", { class: "muted" }, "Learners: ", learners.join("; ")) : null,
+  ];
+}
+
+async function workersView() {
+  const data = await api("/workers");
+  const rows = data.workers.map((w) => {
+    const progress = Object.values(w.progress);
+    const rate = (key) => progress.reduce((sum, p) => sum + (p[key] || 0), 0);
+    const steps = w.role === "collector" ? `${fmt(rate("env_steps_per_s"))} env steps/s`
+      : w.role === "learner" ? `${fmt(rate("samples_per_s"))} samples/s` : "–";
+    return el(
+      "tr",
+      { class: "worker", "data-role": w.role },
+      el("td", {}, w.worker_id),
+      el("td", {}, w.role),
+      el("td", {}, w.state),
+      el("td", {}, w.task_ids.join(", ") || "–"),
+      el("td", {}, progress.length ? steps : "–"),
+      el("td", {}, age(w.last_heartbeat_s)),
+    );
+  });
+  return [
+    el("h1", {}, "Workers"),
+    el(
+      "table",
+      { id: "workers" },
+      el("thead", {}, el("tr", {}, ["id", "role", "state", "tasks", "steps/s", "last heartbeat"].map((h) => el("th", {}, h)))),
+      el("tbody", {}, rows),
+    ),
+  ];
+}
+
+// --- routing and refresh -----------------------------------------------------------------
+
+function route() {
+  const hash = location.hash || "#/jobs";
+  const job = hash.match(/^#\/jobs\/(.+)$/);
+  if (job) return { nav: "nav-jobs", render: () => jobView(decodeURIComponent(job[1])) };
+  if (hash === "#/workers") return { nav: "nav-workers", render: workersView };
+  return { nav: "nav-jobs", render: jobsView };
+}
+
+async function refresh() {
+  if (!token()) return;
+  if (busy) {
+    again = true;
+    return;
+  }
+  busy = true;
+  const current = location.hash;
+  const { nav, render } = route();
+  for (const a of document.querySelectorAll("nav a")) a.classList.toggle("active", a.id === nav);
+  try {
+    const nodes = await render();
+    if (location.hash === current) {
+      document.getElementById("view").replaceChildren(...nodes.filter((n) => n !== null));
+      document.getElementById("updated").textContent = "updated " + new Date().toLocaleTimeString();
+      showError("");
+    }
+  } catch (err) {
+    if (err instanceof AuthError) showLogin(err.message);
+    else showError(err.message);
+  } finally {
+    busy = false;
+    if (again) {
+      again = false;
+      refresh();
+    }
+  }
+}
+
+function start() {
+  document.getElementById("login").hidden = true;
+  document.getElementById("logout").hidden = false;
+  stop();
+  refresh();
+  timer = setInterval(refresh, REFRESH_MS);
+}
+
+function stop() {
+  if (timer !== null) clearInterval(timer);
+  timer = null;
+}
+
+document.getElementById("login").addEventListener("submit", (event) => {
+  event.preventDefault();
+  sessionStorage.setItem(TOKEN_KEY, document.getElementById("token").value.trim());
+  showError("");
+  start();
+});
+document.getElementById("logout").addEventListener("click", () => showLogin(""));
+window.addEventListener("hashchange", () => {
+  if (token()) {
+    document.getElementById("view").replaceChildren();
+    refresh();
+  }
+});
+
+if (token()) start();
+else showLogin("");

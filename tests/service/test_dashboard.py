@@ -1,0 +1,145 @@
+"""The coordinator's web dashboard: its files are served without a token and never from
+outside their folder; in a real browser it signs in, lists jobs, draws a job's curves
+and lists workers, and shows nothing but an error for a wrong token."""
+
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from common.config import load_config_file
+from services.coordinator.app import create_app
+from services.coordinator.settings import CoordinatorSettings
+from tests.service.test_coordinator_routes import AUTH, TOKEN
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "cartpole_dqn.yaml"
+WAIT_MS = 120_000
+
+
+@pytest.fixture
+def client(tmp_path):
+    return create_app(CoordinatorSettings(shared_dir=tmp_path, token=TOKEN)).test_client()
+
+
+def test_the_page_and_its_files_need_no_token(client):
+    page = client.get("/")
+    assert page.status_code == 200
+    assert page.mimetype == "text/html"
+    assert b'<script src="/dashboard/app.js">' in page.data
+    script = client.get("/dashboard/app.js")
+    assert script.status_code == 200
+    assert "javascript" in script.mimetype
+    assert b"sessionStorage" in script.data and b"Authorization" in script.data
+    assert client.get("/dashboard/style.css").mimetype == "text/css"
+    assert client.get("/dashboard/index.html").status_code == 200
+
+
+def test_the_api_still_needs_a_token(client):
+    assert client.get("/api/v1/jobs").status_code == 401
+    assert client.get("/api/v1/jobs", headers=AUTH).status_code == 200
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/dashboard/../app.py",
+        "/dashboard/..%2fapp.py",
+        "/dashboard/%2e%2e/%2e%2e/app.py",
+        "/dashboard/..%2F..%2Fapi%2F__init__.py",
+        "/dashboard/%2Fetc%2Fpasswd",
+        "/dashboard//etc/passwd",
+        "/dashboard/no-such-file.js",
+        "/dashboard/",
+    ],
+)
+def test_nothing_outside_the_dashboard_folder_is_served(client, path):
+    for headers in ({}, AUTH):
+        resp = client.get(path, headers=headers)
+        assert resp.status_code in (401, 404), (path, resp.status_code)
+        assert resp.is_json, path  # a JSON error, never a file
+        if headers:
+            assert resp.status_code == 404, path
+
+
+# --- in a real browser ----------------------------------------------------------------
+
+
+def save_screenshot(page, tmp_path):
+    shot = tmp_path / "dashboard.png"
+    page.screenshot(path=str(shot))
+    if os.environ.get("DROVER_TEST_ARTIFACTS"):
+        artifacts = Path(os.environ["DROVER_TEST_ARTIFACTS"])
+        artifacts.mkdir(parents=True, exist_ok=True)
+        shutil.copy(shot, artifacts / shot.name)
+    if os.environ.get("DROVER_SAVE_SCREENSHOT") == "1":
+        shutil.copy(shot, ROOT / "docs" / "dashboard.png")
+    return shot
+
+
+def sign_in(page, url, token):
+    page.goto(url)
+    page.fill("#token", token)
+    page.click("#login button[type=submit]")
+
+
+@pytest.mark.timeout(300)
+def test_the_dashboard_in_a_browser(tmp_path):
+    sync_api = pytest.importorskip(
+        "playwright.sync_api", reason="playwright is not installed (pip install playwright)"
+    )
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser")
+    if chromium is None:
+        pytest.skip("no chromium on PATH (apt-get install chromium)")
+    from drover.local import LocalCluster
+
+    config = load_config_file(EXAMPLE)
+    with (
+        LocalCluster(tmp_path / "run", num_collectors=1) as cluster,
+        sync_api.sync_playwright() as pw,
+    ):
+        job_id = cluster.client.submit_job(config, name="dashboard-test").job_id
+        browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
+        try:
+            page = browser.new_page(viewport={"width": 1100, "height": 900})
+            sign_in(page, cluster.coordinator_url + "/", cluster.token)
+            row = page.locator(f'tr.job[data-job-id="{job_id}"]')
+            row.wait_for(timeout=30_000)
+            assert "dashboard-test" in row.inner_text() and "CartPole-v1" in row.inner_text()
+
+            # A job's page: its return curve gets points as evaluations come in.
+            row.click()
+            page.wait_for_selector("#return-chart", timeout=30_000)
+            page.wait_for_function(
+                "document.querySelector('#return-chart')?.dataset.points >= 2",
+                timeout=WAIT_MS,
+            )
+            page.wait_for_function(
+                "document.querySelector('#throughput-chart')?.dataset.points >= 1",
+                timeout=WAIT_MS,
+            )
+            assert page.locator("#return-chart path.line").count() == 1
+            assert page.locator("#lag-chart").count() == 1
+            assert "Replay buffer" in page.inner_text("main")
+            save_screenshot(page, tmp_path)
+
+            # Workers: the collector and the learner, with their heartbeats.
+            page.click("#nav-workers")
+            page.wait_for_selector('tr.worker[data-role="collector"]', timeout=30_000)
+            page.wait_for_selector('tr.worker[data-role="learner"]', timeout=30_000)
+            assert page.locator("tr.worker").count() == 2
+            assert page.locator("#error").is_hidden()
+
+            # A wrong token: an error, and no data.
+            other = browser.new_context()
+            stranger = other.new_page()
+            sign_in(stranger, cluster.coordinator_url + "/", "not-the-token")
+            stranger.wait_for_selector("#error:not([hidden])", timeout=30_000)
+            assert "refused (401)" in stranger.inner_text("#error")
+            assert stranger.locator("tr.job").count() == 0
+            assert stranger.evaluate("sessionStorage.getItem('drover.token')") is None
+            other.close()
+        finally:
+            browser.close()
+        cluster.client.stop_job(job_id)
