@@ -204,6 +204,7 @@ def run_local(args: argparse.Namespace) -> int:
     if ranks > 1:
         console.print(f"drover: the learner is a group of {ranks} ranks (torchrun)")
     console.print(f"drover: run folder [bold]{cluster.run_dir}[/]", highlight=False)
+    console.print(f"drover: tensorboard --logdir {args.runs_dir}", highlight=False, markup=False)
     status: JobStatus | None = None
     try:
         cluster.start()

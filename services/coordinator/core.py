@@ -273,3 +273,4 @@ class Coordinator:
                 job.buffer.close()
                 self.job_book.sweep_segments(job, now=True)
             self.state.guard.notify()
+        self.job_book.boards.close_all()

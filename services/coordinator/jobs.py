@@ -42,6 +42,7 @@ from services.coordinator.devices import refuse_unless_fits, waiting_reason
 from services.coordinator.snapshot import as_record, eval_from, policy_from, write_job_record
 from services.coordinator.state import CoordinatorState, Job, raise_if_closing
 from services.coordinator.tasks import TaskBoard
+from services.coordinator.tensorboard import JobBoards
 from services.coordinator.workflows import Planner, check_workflow, workflow_of
 
 log = logging.getLogger(__name__)
@@ -51,6 +52,8 @@ class JobBook:
     def __init__(self, state: CoordinatorState, tasks: TaskBoard) -> None:
         self.state = state
         self.tasks = tasks
+        #: Each job's TensorBoard scalars (`<job_id>/tb/coordinator/`).
+        self.boards = JobBoards(state)
 
     # --- admission -------------------------------------------------------------------
 
@@ -212,8 +215,10 @@ class JobBook:
             job.phase, job.reason, job.finished_at = job.ending
             job.terminal_durable = True
             summary = dump(status_of(job))
+            evals = list(job.evals)
             self.state.guard.notify()
         self.state.store.write_json(f"{job.job_id}/summary.json", summary)
+        self.boards.close(job.job_id, evals)
         # Step data is only for training: a finished job keeps policies, checkpoints,
         # evaluations and logs, not segments.
         try:
@@ -271,16 +276,16 @@ class JobBook:
                 continue
             job.buffer.collect_garbage()
             recent = list(job.episode_returns)
-            job.metrics.append(
-                MetricsPoint(
-                    t=round(self.state.wall(), 3),
-                    env_steps=job.env_steps,
-                    train_iters=job.train_iters,
-                    buffer_size=job.buffer.size,
-                    policy_version=job.policy.version if job.policy else 0,
-                    collect_return_mean=statistics.fmean(recent) if recent else None,
-                )
+            point = MetricsPoint(
+                t=round(self.state.wall(), 3),
+                env_steps=job.env_steps,
+                train_iters=job.train_iters,
+                buffer_size=job.buffer.size,
+                policy_version=job.policy.version if job.policy else 0,
+                collect_return_mean=statistics.fmean(recent) if recent else None,
             )
+            job.metrics.append(point)
+            self.boards.record(job, point)
             while len(job.metrics) > limits.metrics_points:
                 job.metrics.popleft()
 

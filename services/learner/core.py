@@ -52,12 +52,16 @@ from common.messages import (
 from common.models import state_to_numpy
 from common.ranks import split_error
 from common.storage import CorruptFileError, SharedStore
+from common.tensorboard import ScalarLog, job_tb_dir
 from services.learner.group import GroupBroken, RankGroup, share_bounds, share_of
 from services.slave.core import TaskContext, patiently
 
 log = logging.getLogger(__name__)
 
 KEEP_CHECKPOINTS = 2
+#: Train iterations between two points of the learner's TensorBoard scalars (a round of
+#: the sync workflow writes one at its end).
+TB_EVERY_ITERS = 10
 #: How long training waits for a segment another thread is reading before reading it
 #: itself (a bound, not an expected time: a read takes milliseconds).
 READ_WAIT_S = 30.0
@@ -785,6 +789,7 @@ class _LearnSession:
         #: Holds (fifo items kept for this task) trained on and not yet acknowledged.
         self.trained_holds: list[str] = []
         self.prioritized = config.policy.other.replay_buffer.type == "prioritized"
+        self.board = TrainBoard(store, self.job_id, learner.train_iter)
 
     def run(self) -> dict[str, Any]:
         learn = self.config.policy.learn
@@ -800,7 +805,10 @@ class _LearnSession:
         try:
             self.publish()  # collectors act with the resumed (or fresh) network at once
             while not ctx.stopped():
+                waited = time.monotonic()
                 reply = future.result()
+                trained = time.monotonic()
+                self.board.wait_s += trained - waited
                 if ctx.stopped():
                     break
                 future = prefetch.submit(self.fetch)
@@ -838,6 +846,14 @@ class _LearnSession:
                         skipped_updates=learner.skipped_updates,
                     )
                     set_rank_rates(ctx.progress, outcome.rank_samples_per_s)
+                    self.board.train_s += time.monotonic() - trained
+                    trained = time.monotonic()
+                    self.board.add(
+                        learner.train_iter,
+                        {"loss": outcome.loss, "q_mean": outcome.q_mean},
+                        outcome.rank_samples_per_s,
+                        every_iters=TB_EVERY_ITERS,
+                    )
                 if self.prioritized and keys:
                     priorities.submit(self.send_priorities, keys, np.concatenate(td_abs))
                 if reply is not None and reply.hold_id is not None:
@@ -852,6 +868,7 @@ class _LearnSession:
             prefetch.shutdown(wait=False, cancel_futures=True)
             reader.shutdown(wait=False, cancel_futures=True)
             priorities.shutdown(wait=False, cancel_futures=True)
+            self.board.log.close()
         self.checkpoint()
         return {"train_iter": learner.train_iter, "policy_version": self.version}
 
@@ -967,7 +984,9 @@ class _RoundSession(_LearnSession):
         try:
             self.publish()  # version v: the collectors start the first round with it
             while not ctx.stopped():
+                waited = time.monotonic()
                 reply = self.fetch_round()
+                self.board.wait_s += time.monotonic() - waited
                 if reply is None:
                     if self.group is not None:
                         self.group.send({"kind": "idle"})
@@ -981,7 +1000,9 @@ class _RoundSession(_LearnSession):
                 previous = learner.train_iter
                 # A round of unusable segments only trains nothing, but the collectors
                 # wait for the next version all the same.
+                trained = time.monotonic()
                 outcome = self.trainer.train_round(columns)
+                self.board.train_s += time.monotonic() - trained
                 self.metrics.train_iterations.inc(max(0, learner.train_iter - previous))
                 self.publish()
                 if reply.hold_id is not None:
@@ -1006,12 +1027,19 @@ class _RoundSession(_LearnSession):
                         approx_kl=round(outcome.approx_kl, 5),
                     )
                     set_rank_rates(ctx.progress, outcome.rank_samples_per_s)
+                    losses = {"loss": outcome.loss, "entropy": outcome.entropy}
+                    losses["approx_kl"] = outcome.approx_kl
+                    self.board.add(
+                        learner.train_iter, losses, outcome.rank_samples_per_s, every_iters=1
+                    )
         except JobOver as exc:
             log.info("learning stops: %s", exc)
             ctx.stop.set()
         except GroupBroken:
             self.checkpoint()
             raise
+        finally:
+            self.board.log.close()
         self.checkpoint()
         return {"train_iter": learner.train_iter, "policy_version": self.version}
 
@@ -1034,6 +1062,41 @@ class _RoundSession(_LearnSession):
                 self.cache.skip(segment.path, f"unreadable header: {exc!r}")
         columns = self.trainer.round_share(batch)
         return columns, [v for path, v in versions.items() if path not in self.cache.unusable]
+
+
+class TrainBoard:
+    """The learner's TensorBoard scalars, in `<job_id>/tb/learner/`, against train_iter:
+    `loss/<term>` for each loss term the algorithm reports, `train/updates_per_s` (since
+    the last point), `train/samples_per_s` (items trained per second, all ranks), and
+    `train/sample_wait_fraction` (of the time since the last point, the part spent
+    waiting for samples rather than training)."""
+
+    def __init__(self, store: SharedStore, job_id: str, train_iter: int) -> None:
+        self.log = ScalarLog(store, job_tb_dir(job_id, "learner"))
+        self._since, self._iter = time.monotonic(), train_iter
+        #: Seconds spent waiting for samples, and training, since the last point.
+        self.wait_s = self.train_s = 0.0
+
+    def add(
+        self,
+        train_iter: int,
+        losses: dict[str, float],
+        rank_samples_per_s: list[float],
+        *,
+        every_iters: int,
+    ) -> None:
+        """A point, when `every_iters` train iterations passed since the last one."""
+        if train_iter - self._iter < every_iters:
+            return
+        now = time.monotonic()
+        busy = self.wait_s + self.train_s
+        values: dict[str, float | None] = {f"loss/{k}": v for k, v in losses.items()}
+        values["train/updates_per_s"] = (train_iter - self._iter) / max(now - self._since, 1e-9)
+        values["train/samples_per_s"] = sum(rank_samples_per_s)
+        values["train/sample_wait_fraction"] = self.wait_s / busy if busy > 0 else None
+        self.log.scalars(train_iter, values)
+        self._since, self._iter = now, train_iter
+        self.wait_s = self.train_s = 0.0
 
 
 def set_rank_rates(progress: dict[str, float], rank_samples_per_s: list[float]) -> None:

@@ -1,0 +1,120 @@
+"""The coordinator's TensorBoard scalars of each job, in `<job_id>/tb/coordinator/`.
+
+Step axis: the job's env steps. Tags: `eval/return_mean`, `eval/return_std` at each
+evaluation; `throughput/env_steps_per_s`, `buffer/size`, `buffer/samples_per_insert`,
+`buffer/sampled_policy_lag_mean`, `tasks/failures` at each metrics point with new env steps.
+
+`record` is called holding the coordinator's lock and only copies what it needs; the
+buffer's stats and the writing run once the lock is let go (`guard.defer`).
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+from common.messages import BufferStats, EvalSummary, MetricsPoint
+from common.storage import SharedStore
+from common.tensorboard import ScalarLog, job_tb_dir
+from services.coordinator.state import CoordinatorState, Job
+
+
+@dataclass
+class _Board:
+    log: ScalarLog
+    #: Evaluations of the job already written (an index into `job.evals`).
+    evals_written: int = 0
+    last_point: MetricsPoint | None = None
+
+
+class JobBoards:
+    def __init__(self, state: CoordinatorState) -> None:
+        self._state = state
+        self._store: SharedStore = state.store
+        self._lock = threading.RLock()
+        self._boards: dict[str, _Board] = {}
+
+    def record(self, job: Job, point: MetricsPoint) -> None:
+        """Write the job's new evaluations and this metrics point (call holding the
+        coordinator's lock; the writing is deferred until it is let go)."""
+        evals = list(job.evals)
+        failures = job.task_failures
+        buffer = job.buffer
+        self._state.guard.defer(
+            lambda: self._write(job.job_id, evals, point, buffer.stats(), failures)
+        )
+
+    def close(self, job_id: str, evals: list[EvalSummary]) -> None:
+        """Write the evaluations not written yet, then flush and close the job's files
+        (the job ended)."""
+        with self._lock:
+            board = self._board(job_id)
+            self._write_evals(board, evals)
+            board.log.close()
+
+    def close_all(self) -> None:
+        with self._lock:
+            boards = list(self._boards.values())
+        for board in boards:
+            board.log.close()
+
+    def _board(self, job_id: str) -> _Board:
+        with self._lock:
+            board = self._boards.get(job_id)
+            if board is None:
+                rel = job_tb_dir(job_id, "coordinator")
+                board = self._boards[job_id] = _Board(ScalarLog(self._store, rel))
+            return board
+
+    def _write(
+        self,
+        job_id: str,
+        evals: list[EvalSummary],
+        point: MetricsPoint,
+        stats: BufferStats,
+        failures: int,
+    ) -> None:
+        with self._lock:  # one writer at a time: evaluations are written once, in order
+            self._write_point(self._board(job_id), evals, point, stats, failures)
+
+    def _write_point(
+        self,
+        board: _Board,
+        evals: list[EvalSummary],
+        point: MetricsPoint,
+        stats: BufferStats,
+        failures: int,
+    ) -> None:
+        self._write_evals(board, evals)
+        last = board.last_point
+        if last is not None and (point.t <= last.t or point.env_steps <= last.env_steps):
+            return  # written late, or no new env step: the step axis only goes forward
+        board.last_point = point
+        rate = None
+        if last is not None:
+            rate = (point.env_steps - last.env_steps) / (point.t - last.t)
+        lags = stats.sampled_lag_histogram
+        sampled = sum(lags)
+        board.log.scalars(
+            point.env_steps,
+            {
+                "throughput/env_steps_per_s": rate,
+                "buffer/size": point.buffer_size,
+                "buffer/samples_per_insert": stats.samples_per_insert_ratio,
+                "buffer/sampled_policy_lag_mean": (
+                    sum(i * n for i, n in enumerate(lags)) / sampled if sampled else None
+                ),
+                "tasks/failures": failures,
+            },
+            wall_time=point.t,
+        )
+
+    @staticmethod
+    def _write_evals(board: _Board, evals: list[EvalSummary]) -> None:
+        new = evals[board.evals_written :]
+        board.evals_written = max(board.evals_written, len(evals))
+        for summary in new:
+            board.log.scalars(
+                summary.env_steps,
+                {"eval/return_mean": summary.return_mean, "eval/return_std": summary.return_std},
+            )

@@ -1,0 +1,72 @@
+"""A short CartPole DQN job leaves TensorBoard event files that TensorBoard reads."""
+
+import time
+
+import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from common.config import load_config_file
+from drover.local import LocalCluster
+from tests.integration.test_cartpole_dqn import EXAMPLE, wait_for_phase
+
+DEADLINE_S = 50
+
+COORDINATOR_TAGS = {
+    "eval/return_mean",
+    "eval/return_std",
+    "throughput/env_steps_per_s",
+    "buffer/size",
+    "buffer/samples_per_insert",
+    "buffer/sampled_policy_lag_mean",
+    "tasks/failures",
+}
+LEARNER_TAGS = {
+    "loss/loss",
+    "loss/q_mean",
+    "train/updates_per_s",
+    "train/samples_per_s",
+    "train/sample_wait_fraction",
+}
+
+
+def scalars(folder):
+    events = EventAccumulator(str(folder))
+    events.Reload()
+    return events, set(events.Tags()["scalars"])
+
+
+def test_a_job_writes_coordinator_and_learner_scalars(tmp_path):
+    config = load_config_file(EXAMPLE)
+    # No return goal: the job succeeds at its 4,000 env steps, evaluated every 50 iters.
+    config["env"]["stop_value"] = None
+    config["policy"]["eval"]["evaluator"]["eval_freq"] = 50
+    config["system"]["max_env_step"] = 4000
+    started = time.monotonic()
+    with LocalCluster(tmp_path / "run", num_collectors=1) as cluster:
+        created = cluster.client.submit_job(config, name="tb")
+        status = wait_for_phase(cluster, created.job_id, DEADLINE_S)
+        assert status.phase == "succeeded", status
+    tb = cluster.run_dir / created.job_id / "tb"
+    assert sorted(p.name for p in tb.iterdir()) == ["coordinator", "learner"]
+    for source, expected in (("coordinator", COORDINATOR_TAGS), ("learner", LEARNER_TAGS)):
+        events, tags = scalars(tb / source)
+        assert expected <= tags, (source, expected - tags)
+        for tag in expected:
+            steps = [e.step for e in events.Scalars(tag)]
+            assert steps and all(a < b for a, b in zip(steps, steps[1:], strict=False)), (
+                source,
+                tag,
+                steps,
+            )
+    # the last evaluation is the one the job reports
+    last = status.last_eval
+    assert last is not None
+    final = events_of(tb / "coordinator", "eval/return_mean")[-1]
+    assert final.step == last.env_steps
+    assert final.value == pytest.approx(last.return_mean, rel=1e-6)
+    assert time.monotonic() - started < 60
+
+
+def events_of(folder, tag):
+    events, _ = scalars(folder)
+    return events.Scalars(tag)
