@@ -1,11 +1,28 @@
-"""Test doubles: a fake coordinator client for slaves, a controllable task runner."""
+"""Test doubles: a fake coordinator client for slaves, a controllable task runner, a
+collect task's context."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
-from common.messages import HeartbeatReply, Registered
+from common.messages import CollectSpec, HeartbeatReply, Registered, TaskAssignment
+
+
+class CollectTaskContext:
+    """What a SegmentUploader needs of its task's context: the task, a coordinator
+    client, and a stop event."""
+
+    def __init__(self, coordinator: Any) -> None:
+        self.task = TaskAssignment(
+            task_id="collect-1", job_id="job-1", spec=CollectSpec(seed=0, num_envs=1)
+        )
+        self.coordinator = coordinator
+        self.stop = threading.Event()
+
+    def stopped(self) -> bool:
+        return self.stop.is_set()
 
 
 class FakeCoordinator:

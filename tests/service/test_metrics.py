@@ -5,7 +5,6 @@ each service instance counts in its own registry; the scrape config matches the 
 annotations."""
 
 import secrets
-import threading
 import time
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from common.config import deep_merge, load_config_file
 from common.errors import ApiError
 from common.http import ServiceUnavailable
-from common.messages import CollectSpec, InsertReply, SegmentRef, TaskAssignment, new_id
+from common.messages import InsertReply, SegmentRef, new_id
 from common.metrics import service_registry
 from common.storage import SharedStore
 from drover.local import LocalCluster
@@ -30,7 +29,7 @@ from services.coordinator.settings import CoordinatorSettings
 from services.learner.core import LearnerMetrics
 from services.slave.app import create_slave_app
 from services.slave.core import Slave
-from tests.fakes import BlockingRunner, FakeCoordinator
+from tests.fakes import BlockingRunner, CollectTaskContext, FakeCoordinator
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The example job, made to train sooner and to evaluate never (no eval tasks).
@@ -307,18 +306,6 @@ def test_the_scrape_config_reads_the_annotations_the_pods_carry():
     assert all("authorization" in job for job in config["scrape_configs"])
 
 
-class _Ctx:
-    def __init__(self, coordinator):
-        self.task = TaskAssignment(
-            task_id="collect-1", job_id="job-1", spec=CollectSpec(seed=0, num_envs=1)
-        )
-        self.coordinator = coordinator
-        self.stop = threading.Event()
-
-    def stopped(self):
-        return self.stop.is_set()
-
-
 class _Store:
     def write_segment(self, *args, **kwargs):
         return 1000  # bytes
@@ -343,7 +330,7 @@ class _BusyThenAccepting:
 def test_the_uploader_counts_segments_bytes_and_retries_by_reason():
     registry = service_registry()
     uploader = SegmentUploader(
-        _Ctx(_BusyThenAccepting()),
+        CollectTaskContext(_BusyThenAccepting()),
         _Store(),
         insert_timeout_s=0.0,
         metrics=CollectorMetrics(registry),

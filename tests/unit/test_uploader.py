@@ -1,26 +1,14 @@
 """A collector's uploader thread that stops on an error fails its task, never hangs it."""
 
-import threading
 import time
 
 import numpy as np
 import pytest
 
 from common.errors import ApiError
-from common.messages import CollectSpec, InsertReply, SegmentRef, TaskAssignment
+from common.messages import InsertReply, SegmentRef
 from services.collector.core import SegmentUploader, UploadFailed, _Pending
-
-
-class Ctx:
-    def __init__(self, coordinator):
-        self.task = TaskAssignment(
-            task_id="collect-1", job_id="job-1", spec=CollectSpec(seed=0, num_envs=1)
-        )
-        self.coordinator = coordinator
-        self.stop = threading.Event()
-
-    def stopped(self):
-        return self.stop.is_set()
+from tests.fakes import CollectTaskContext
 
 
 class FullDisk:
@@ -60,7 +48,7 @@ def pending(seq):
     ids=["full disk", "insert refused for good"],
 )
 def test_a_dead_uploader_fails_the_task_with_its_reason(store, coordinator, reason):
-    ctx = Ctx(coordinator)
+    ctx = CollectTaskContext(coordinator)
     uploader = SegmentUploader(ctx, store, insert_timeout_s=0.0, max_pending=1)
     started = time.monotonic()
     with pytest.raises(UploadFailed, match=reason):
@@ -71,7 +59,7 @@ def test_a_dead_uploader_fails_the_task_with_its_reason(store, coordinator, reas
 
 
 def test_a_working_uploader_acknowledges_every_segment():
-    ctx = Ctx(Accepting())
+    ctx = CollectTaskContext(Accepting())
     uploader = SegmentUploader(ctx, Store(), insert_timeout_s=0.0)
     for seq in range(5):
         uploader.put(pending(seq))
