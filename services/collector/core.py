@@ -16,6 +16,7 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -26,7 +27,7 @@ from tenacity import RetryCallState, RetryError, Retrying, retry_if_exception
 
 from algorithms.base import Actor, SamplingActor, TransitionActor
 from common.advantages import gae
-from common.config import JobConfig, PolicyConfig, algorithm_of, read_job_config
+from common.config import EnvConfig, JobConfig, PolicyConfig, algorithm_of, read_job_config
 from common.envs import make_env
 from common.errors import ApiError
 from common.frames import pack_frames
@@ -41,6 +42,8 @@ from services.slave.core import TaskContext
 log = logging.getLogger(__name__)
 
 A = TypeVar("A", bound=Actor)
+#: The envs a sampling loop steps: a vector env or a stepper.
+E = TypeVar("E")
 
 
 def make_actor(config: JobConfig, protocol: type[A]) -> A:
@@ -341,20 +344,27 @@ class CollectorRunner:
         return loops[spec.mode](ctx, config, spec)
 
     def _sampling_rig(
-        self, ctx: TaskContext, config: JobConfig, spec: CollectSpec
-    ) -> tuple[SamplingActor, PolicyFollower, SegmentUploader, str]:
+        self,
+        ctx: TaskContext,
+        config: JobConfig,
+        spec: CollectSpec,
+        make_envs: Callable[[EnvConfig, int], E],
+    ) -> tuple[SamplingActor, PolicyFollower, E, SegmentUploader, str]:
         """What the unrolls and rounds loops act with: the policy and its follower, the
-        uploader, and this task's segment folder."""
+        envs `make_envs` makes, the uploader, and this task's segment folder. The envs
+        come before the uploader's thread, so envs that cannot be made leave nothing
+        running."""
         policy_cfg = config.policy
         policy = make_actor(config, SamplingActor)
         follower = PolicyFollower(
             policy, self.store, ctx.coordinator, ctx.task.job_id, policy_cfg.collect.policy_poll_s
         )
         torch.manual_seed(spec.seed)
+        envs = make_envs(config.env, spec.num_envs)
         uploader = SegmentUploader(
             ctx, self.store, policy_cfg.collect.insert_timeout_s, metrics=self.metrics
         )
-        return policy, follower, uploader, f"{ctx.worker_id}.{ctx.task.task_id}"
+        return policy, follower, envs, uploader, f"{ctx.worker_id}.{ctx.task.task_id}"
 
     def _ship(
         self,
@@ -399,12 +409,9 @@ class CollectorRunner:
         `unroll_len` steps send one unroll per env, with the behaviour
         log-probabilities V-trace needs."""
         policy_cfg = config.policy
-        policy, follower, uploader, worker_dir = self._sampling_rig(ctx, config, spec)
-        try:
-            stepper = make_stepper(config.env, spec.num_envs)
-        except BaseException:
-            uploader.close()
-            raise
+        policy, follower, stepper, uploader, worker_dir = self._sampling_rig(
+            ctx, config, spec, make_stepper
+        )
         stepper.reset(seed=spec.seed)
         episodes = EpisodeTracker(spec.num_envs)
         env_steps = seq = 0
@@ -472,12 +479,9 @@ class CollectorRunner:
         collector's share of the round with v, compute GAE with v's critic, insert
         it, then wait for v + 1. No step is ever taken with an older version."""
         policy_cfg = config.policy
-        policy, follower, uploader, worker_dir = self._sampling_rig(ctx, config, spec)
-        try:
-            env = make_env(config.env, spec.num_envs)
-        except BaseException:
-            uploader.close()
-            raise
+        policy, follower, env, uploader, worker_dir = self._sampling_rig(
+            ctx, config, spec, make_env
+        )
         round_steps = spec.round_steps or policy_cfg.collect.n_sample
         steps = -(-round_steps // spec.num_envs)  # vector steps per round, rounded up
         obs = env.reset(seed=spec.seed)
