@@ -146,18 +146,30 @@ class Learner(Protocol):
         ...
 
 
+#: What a report's `scalars` are named: `<group>/<name>`, the group one of these, so
+#: every algorithm's TensorBoard reads alike.
+SCALAR_GROUPS = ("loss", "value", "policy", "optim")
+
+
 class BatchReport(Protocol):
     loss: float
     #: The mean value estimate (Q for DQN and SAC, V for IMPALA).
     q_mean: float
     #: Per item |TD error| (or |advantage|): the new priorities.
     td_abs: np.ndarray
+    #: What the learner's TensorBoard shows of this update, by `SCALAR_GROUPS` tag:
+    #: each loss term (`loss/...`), value estimates (`value/...`), the policy's
+    #: entropy and the like (`policy/...`), the gradient norm and learning rate
+    #: (`optim/...`). The same tags, in the same order, at every update.
+    scalars: dict[str, float]
 
 
 class RoundReport(Protocol):
     loss: float
     entropy: float
     approx_kl: float
+    #: As `BatchReport.scalars`, averaged over the round's updates.
+    scalars: dict[str, float]
 
 
 @runtime_checkable

@@ -8,12 +8,14 @@ is not finite makes every rank skip, so the ranks never drift apart.
 
 Usage::
 
-    if not finite_step(loss, optimizer, model.parameters(), max_grad_norm, sync=self.sync):
+    grad_norm = finite_step(loss, optimizer, model.parameters(), max_grad_norm, sync=self.sync)
+    if grad_norm is None:
         self.skipped_updates += 1
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 import torch
@@ -35,10 +37,11 @@ def finite_step(
     max_grad_norm: float | None = None,
     *,
     sync: GradientSync = LOCAL,
-) -> bool:
+) -> float | None:
     """Backpropagate `loss` and step `optimizer`, clipping the gradient norm of
-    `parameters` when `max_grad_norm` is set; returns False, having changed nothing,
-    when the loss (or, when clipping, the gradient norm) is not finite.
+    `parameters` when `max_grad_norm` is set. Returns the gradient's L2 norm before
+    clipping (of `parameters` when clipping, else of every parameter `optimizer`
+    updates), or None, having changed nothing, when the loss or that norm is not finite.
 
     With a `sync` of several ranks, the gradients of every parameter `optimizer`
     updates are averaged across them before clipping, so the clipped norm and the
@@ -49,11 +52,31 @@ def finite_step(
     finite = sync.backward(loss, owned, bool(torch.isfinite(loss.detach())))
     if not finite:
         optimizer.zero_grad(set_to_none=True)
-        return False
+        return None
     if max_grad_norm is not None:
         norm = torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm)
-        if not bool(torch.isfinite(norm)):
-            optimizer.zero_grad(set_to_none=True)
-            return False
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in owned if p.grad is not None])
+    # One read of the norm: on CUDA, the step's only wait for the device.
+    grad_norm = float(norm)
+    if not math.isfinite(grad_norm):
+        optimizer.zero_grad(set_to_none=True)
+        return None
     optimizer.step()
-    return True
+    return grad_norm
+
+
+def learning_rate(optimizer: torch.optim.Optimizer) -> float:
+    """The optimizer's learning rate now (its first parameter group's)."""
+    return float(optimizer.param_groups[0]["lr"])
+
+
+def to_floats(values: dict[str, torch.Tensor]) -> dict[str, float]:
+    """Scalar tensors as floats, read from the device in one transfer (each `float()`
+    on a CUDA tensor would wait for the device once)."""
+    if not values:
+        return {}
+    if next(iter(values.values())).device.type == "cpu":  # no transfer to save: cheaper
+        return {k: float(v.detach()) for k, v in values.items()}
+    stacked = torch.stack([v.detach().reshape(()).float() for v in values.values()])
+    return dict(zip(values, stacked.cpu().tolist(), strict=True))

@@ -401,6 +401,9 @@ class EvalSummary:
     policy_version: int
     train_iter: int
     env_steps: int
+    #: The worst and best episode's return (None in records from before they were kept).
+    return_min: float | None = None
+    return_max: float | None = None
 
 
 @message
@@ -437,6 +440,13 @@ class JobStatus:
     finished_at: float | None
     #: The learners training it now (running jobs only).
     learners: list[LearnerSummary] = field(default_factory=list)
+    #: Its budgets (`system.max_env_step`, `system.max_train_iter`; None: none).
+    max_env_step: int | None = None
+    max_train_iter: int | None = None
+    #: Its tasks that failed, and those whose worker was lost (their work went back to
+    #: the queue for another worker).
+    task_failures: int = 0
+    tasks_reassigned: int = 0
 
 
 # --- small answers -------------------------------------------------------------------

@@ -271,15 +271,18 @@ def status_table(job: JobStatus) -> Table:
     table.add_row("started", f"{started} ({duration(elapsed_s(job))} ago)")
     if job.finished_at is not None:
         table.add_row("ran for", duration(job.finished_at - job.started_at))
-    table.add_row("env steps", f"{job.env_steps:,}")
-    table.add_row("train iters", f"{job.train_iters:,}")
+    table.add_row("env steps", against_budget(job.env_steps, job.max_env_step))
+    table.add_row("train iters", against_budget(job.train_iters, job.max_train_iter))
     table.add_row("policy", f"v{job.policy_version}")
     table.add_row("stop value", "-" if job.stop_value is None else f"{job.stop_value:g}")
     if job.last_eval is not None:
         ev = job.last_eval
+        spread = ""
+        if ev.return_min is not None and ev.return_max is not None:
+            spread = f" [{ev.return_min:.1f}, {ev.return_max:.1f}]"
         table.add_row(
             "last eval",
-            f"{ev.return_mean:.1f} ± {ev.return_std:.1f} over {ev.episodes} episodes "
+            f"{ev.return_mean:.1f} ± {ev.return_std:.1f}{spread} over {ev.episodes} episodes "
             f"(policy v{ev.policy_version}, {ev.train_iter:,} iters, {ev.env_steps:,} env steps)",
         )
     else:
@@ -289,7 +292,15 @@ def status_table(job: JobStatus) -> Table:
         best = f"{job.best_eval_return:.1f} (policy v{job.best_policy_version})"
     table.add_row("best eval", best)
     table.add_row("learners", str(len(job.learners)) if job.learners else "-")
+    table.add_row("tasks", f"{job.task_failures} failed, {job.tasks_reassigned} reassigned")
     return table
+
+
+def against_budget(count: int, budget: int | None) -> str:
+    """`count`, and its share of `budget` when there is one."""
+    if budget is None:
+        return f"{count:,}"
+    return f"{count:,} of {budget:,} ({count / budget:.0%})"
 
 
 def learners_table(job: JobStatus) -> Table:

@@ -231,11 +231,13 @@ def priorities(group: RankGroup, out: Path) -> None:
     learner = new_learner(config, SEED, group)
     group.broadcast_state(learner.state_dict())
     trained: list[list[float]] = []
+    scalars: list[dict[str, float]] = []
     learn_batch = learner.learn_batch
 
     def recording(columns: dict[str, np.ndarray], weights: np.ndarray) -> Any:
         info = learn_batch(columns, weights)
         trained.append(np.asarray(info.td_abs).tolist())
+        scalars.append(dict(info.scalars))
         return info
 
     learner.learn_batch = recording  # type: ignore[method-assign]
@@ -247,16 +249,22 @@ def priorities(group: RankGroup, out: Path) -> None:
         unusable = set(case["unusable_on_rank_1"]) if group.rank == 1 else set()
         trainer = Trainer(learner, SegmentCache(store, JOB, schema, unusable=unusable), group)
         trained.clear()
+        scalars.clear()
         outcome = trainer.train_batch(batch)
         result: dict[str, Any] = {
             "trained_td": trained[0] if trained else None,
+            "scalars": scalars[0] if scalars else None,
             "train_iter": learner.train_iter,
         }
         if group.rank == 0:
             result["outcome"] = (
                 None
                 if outcome is None
-                else {"keys": outcome.keys, "td_abs": outcome.td_abs.tolist()}
+                else {
+                    "keys": outcome.keys,
+                    "td_abs": outcome.td_abs.tolist(),
+                    "scalars": outcome.scalars,
+                }
             )
         results.append(result)
     write_json(out, f"rank-{group.rank}", results)

@@ -63,6 +63,7 @@ class ToyReport:
     loss: float
     q_mean: float
     td_abs: np.ndarray
+    scalars: dict[str, float]
 
 
 class ToyLearner:
@@ -84,10 +85,12 @@ class ToyLearner:
             target = t["reward"] + t["discount"] * (1.0 - t["done"]) * next_q
         td = target - q
         loss = (torch.as_tensor(weights, device=self.device) * td.pow(2)).mean()
-        if not finite_step(loss, self.optimizer, sync=self.sync):
+        if finite_step(loss, self.optimizer, sync=self.sync) is None:
             self.skipped_updates += 1
         self.train_iter += 1
-        return ToyReport(float(loss.detach()), float(q.detach().mean()), td.abs().detach().numpy())
+        loss_value, q_mean = float(loss.detach()), float(q.detach().mean())
+        scalars = {"loss/td": loss_value, "value/q_mean": q_mean}
+        return ToyReport(loss_value, q_mean, td.abs().detach().numpy(), scalars)
 
     def state_dict(self) -> dict:
         return {

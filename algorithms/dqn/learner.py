@@ -11,6 +11,7 @@ Usage::
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -18,7 +19,7 @@ import torch
 from torch.nn import functional as F
 
 from algorithms.dqn.networks import QNetwork
-from algorithms.step import adam, finite_step
+from algorithms.step import adam, finite_step, learning_rate, to_floats
 from algorithms.sync import LOCAL, GradientSync
 from common.config import PolicyConfig
 from common.models import load_numpy_state
@@ -60,6 +61,7 @@ class UpdateInfo:
     loss: float
     q_mean: float
     td_abs: np.ndarray  # per-row |TD error|, for prioritized replay
+    scalars: dict[str, float]  # TensorBoard tags (algorithms.base.BatchReport)
 
 
 class DQN:
@@ -90,14 +92,29 @@ class DQN:
         td = target - q
         loss = (batch.weight * F.smooth_l1_loss(q, target, reduction="none")).mean()
         parameters = self.online.parameters()
-        if not finite_step(loss, self.optimizer, parameters, learn.max_grad_norm, sync=self.sync):
+        grad_norm = finite_step(
+            loss, self.optimizer, parameters, learn.max_grad_norm, sync=self.sync
+        )
+        if grad_norm is None:
             self.skipped_updates += 1
         self.train_iter += 1
         self._update_target()
+        td_abs = td.detach().abs()
+        scalars = to_floats(
+            {
+                "loss/td": loss,
+                "value/q_mean": q.mean(),
+                "value/target_q_mean": target.mean(),
+                "value/td_abs_mean": td_abs.mean(),
+            }
+        )
+        scalars["optim/grad_norm"] = math.nan if grad_norm is None else grad_norm
+        scalars["optim/learning_rate"] = learning_rate(self.optimizer)
         return UpdateInfo(
-            loss=float(loss.detach()),
-            q_mean=float(q.detach().mean()),
-            td_abs=td.detach().abs().cpu().numpy(),
+            loss=scalars["loss/td"],
+            q_mean=scalars["value/q_mean"],
+            td_abs=td_abs.cpu().numpy(),
+            scalars=scalars,
         )
 
     def _update_target(self) -> None:

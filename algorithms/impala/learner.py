@@ -15,6 +15,7 @@ Usage::
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,7 +24,7 @@ import torch
 from algorithms.checkpoint import OneModelState
 from algorithms.impala import COLUMNS
 from algorithms.ppo.networks import ActorCritic
-from algorithms.step import adam, finite_step
+from algorithms.step import adam, finite_step, learning_rate, to_floats
 from common.config import PolicyConfig
 
 
@@ -70,6 +71,7 @@ class UpdateInfo:
     q_mean: float  # the mean value estimate (named like DQN's for the progress report)
     td_abs: np.ndarray  # per-unroll |advantage|, unused by a fifo queue
     entropy: float
+    scalars: dict[str, float]  # TensorBoard tags (algorithms.base.BatchReport)
 
 
 class Impala(OneModelState):
@@ -111,12 +113,34 @@ class Impala(OneModelState):
         entropy = self.model.entropy(dist).mean()
         loss = policy_loss + learn.value_weight * value_loss - learn.entropy_weight * entropy
         parameters = self.model.parameters()
-        if not finite_step(loss, self.optimizer, parameters, learn.max_grad_norm, sync=self.sync):
+        grad_norm = finite_step(
+            loss, self.optimizer, parameters, learn.max_grad_norm, sync=self.sync
+        )
+        if grad_norm is None:
             self.skipped_updates += 1
         self.train_iter += 1
+        with torch.no_grad():
+            # How far the learner's policy has moved from the one that acted: the
+            # importance ratio before V-trace clips it.
+            ratio = (target_logp - t["logp"]).exp()
+            scalars = to_floats(
+                {
+                    "loss/total": loss,
+                    "loss/policy": policy_loss,
+                    "loss/value": value_loss,
+                    "policy/entropy": entropy,
+                    "policy/importance_ratio_mean": ratio.mean(),
+                    "policy/rho_clipped_fraction": (ratio > learn.rho_clip).float().mean(),
+                    "value/v_mean": values.mean(),
+                    "value/vtrace_target_mean": targets.vs.mean(),
+                }
+            )
+        scalars["optim/grad_norm"] = math.nan if grad_norm is None else grad_norm
+        scalars["optim/learning_rate"] = learning_rate(self.optimizer)
         return UpdateInfo(
-            loss=float(loss.detach()),
-            q_mean=float(values.detach().mean()),
+            loss=scalars["loss/total"],
+            q_mean=scalars["value/v_mean"],
             td_abs=targets.pg_advantages.abs().mean(dim=1).cpu().numpy(),
-            entropy=float(entropy.detach()),
+            entropy=scalars["policy/entropy"],
+            scalars=scalars,
         )

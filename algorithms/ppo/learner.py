@@ -13,6 +13,7 @@ Usage::
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +22,7 @@ import torch
 from algorithms.checkpoint import OneModelState
 from algorithms.ppo import COLUMNS
 from algorithms.ppo.networks import ActorCritic
-from algorithms.step import adam, finite_step
+from algorithms.step import adam, finite_step, learning_rate, to_floats
 from common.config import PolicyConfig
 
 
@@ -34,6 +35,9 @@ class RoundInfo:
     approx_kl: float
     clip_fraction: float
     updates: int
+    #: TensorBoard tags, each averaged over the round's minibatch updates
+    #: (algorithms.base.RoundReport).
+    scalars: dict[str, float]
 
 
 class PPO(OneModelState):
@@ -64,13 +68,18 @@ class PPO(OneModelState):
         entropy = self.model.entropy(dist).mean()
         loss = policy_loss + learn.value_weight * value_loss - learn.entropy_weight * entropy
         with torch.no_grad():
-            stats = {
-                "policy_loss": float(policy_loss),
-                "value_loss": float(value_loss),
-                "entropy": float(entropy),
-                "approx_kl": float(((ratio - 1) - (logp - batch["logp"])).mean()),
-                "clip_fraction": float(((ratio - 1).abs() > learn.clip_ratio).float().mean()),
-            }
+            stats = to_floats(
+                {
+                    "loss/total": loss,
+                    "loss/policy": policy_loss,
+                    "loss/value": value_loss,
+                    "policy/entropy": entropy,
+                    "policy/approx_kl": ((ratio - 1) - (logp - batch["logp"])).mean(),
+                    "policy/clip_fraction": ((ratio - 1).abs() > learn.clip_ratio).float().mean(),
+                    "value/v_mean": value.mean(),
+                    "value/return_mean": batch["ret"].mean(),
+                }
+            )
         return loss, stats
 
     def train_round(self, columns: dict[str, np.ndarray], seed: int | None = None) -> RoundInfo:
@@ -80,6 +89,7 @@ class PPO(OneModelState):
         n = len(data["obs"])
         generator = torch.Generator().manual_seed(seed if seed is not None else self.train_iter)
         totals: dict[str, float] = {}
+        norms: list[float] = []
         updates = 0
         for _ in range(learn.epoch_per_collect):
             order = torch.randperm(n, generator=generator)
@@ -87,13 +97,27 @@ class PPO(OneModelState):
                 index = order[start : start + learn.batch_size].to(self.device)
                 loss, stats = self.loss({k: v[index] for k, v in data.items()})
                 parameters = self.model.parameters()
-                if not finite_step(
+                grad_norm = finite_step(
                     loss, self.optimizer, parameters, learn.max_grad_norm, sync=self.sync
-                ):
+                )
+                if grad_norm is None:
                     self.skipped_updates += 1
+                else:
+                    norms.append(grad_norm)
                 self.train_iter += 1
                 updates += 1
-                totals["loss"] = totals.get("loss", 0.0) + float(loss.detach())
                 for key, value in stats.items():
                     totals[key] = totals.get(key, 0.0) + value
-        return RoundInfo(updates=updates, **{k: v / max(updates, 1) for k, v in totals.items()})
+        scalars = {k: v / max(updates, 1) for k, v in totals.items()}
+        scalars["optim/grad_norm"] = sum(norms) / len(norms) if norms else math.nan
+        scalars["optim/learning_rate"] = learning_rate(self.optimizer)
+        return RoundInfo(
+            loss=scalars["loss/total"],
+            policy_loss=scalars["loss/policy"],
+            value_loss=scalars["loss/value"],
+            entropy=scalars["policy/entropy"],
+            approx_kl=scalars["policy/approx_kl"],
+            clip_fraction=scalars["policy/clip_fraction"],
+            updates=updates,
+            scalars=scalars,
+        )

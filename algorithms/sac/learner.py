@@ -14,6 +14,7 @@ Usage::
 from __future__ import annotations
 
 import copy
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -21,7 +22,7 @@ import torch
 
 from algorithms.dqn.learner import TransitionBatch
 from algorithms.sac.networks import SquashedGaussianActor, TwinQ
-from algorithms.step import adam, finite_step
+from algorithms.step import adam, finite_step, learning_rate, to_floats
 from algorithms.sync import LOCAL, GradientSync
 from common.config import PolicyConfig
 from common.models import load_numpy_state
@@ -34,6 +35,7 @@ class UpdateInfo:
     td_abs: np.ndarray
     alpha: float
     entropy: float
+    scalars: dict[str, float]  # TensorBoard tags (algorithms.base.BatchReport)
 
 
 class SAC:
@@ -71,29 +73,47 @@ class SAC:
             target = batch.reward + batch.discount * (1.0 - batch.done) * next_q
         q1, q2 = self.critic(batch.obs, batch.action)
         critic_loss = (batch.weight * ((q1 - target) ** 2 + (q2 - target) ** 2)).mean() / 2
-        stepped = finite_step(critic_loss, self.critic_optimizer, sync=self.sync)
+        critic_norm = finite_step(critic_loss, self.critic_optimizer, sync=self.sync)
 
         action, logp = self.actor.sample(batch.obs)
         q_new = torch.min(*self.critic(batch.obs, action))
         actor_loss = (alpha * logp - q_new).mean()
-        stepped &= finite_step(actor_loss, self.actor_optimizer, sync=self.sync)
+        actor_norm = finite_step(actor_loss, self.actor_optimizer, sync=self.sync)
 
         alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
         # The temperature is averaged like any parameter: one alpha on every rank.
-        stepped &= finite_step(alpha_loss, self.alpha_optimizer, sync=self.sync)
-        if not stepped:
+        alpha_norm = finite_step(alpha_loss, self.alpha_optimizer, sync=self.sync)
+        if None in (critic_norm, actor_norm, alpha_norm):
             self.skipped_updates += 1
 
         with torch.no_grad():
             for t, o in zip(self.target.parameters(), self.critic.parameters(), strict=True):
                 t.lerp_(o, learn.target_theta or 0.005)
         self.train_iter += 1
+        td_abs = (q1 - target).detach().abs()
+        scalars = to_floats(
+            {
+                "loss/critic": critic_loss,
+                "loss/actor": actor_loss,
+                "loss/alpha": alpha_loss,
+                "value/q1_mean": q1.mean(),
+                "value/q2_mean": q2.mean(),
+                "value/target_q_mean": target.mean(),
+                "policy/entropy": -logp.mean(),
+                "policy/alpha": alpha,
+            }
+        )
+        for name, norm in (("critic", critic_norm), ("actor", actor_norm)):
+            scalars[f"optim/{name}_grad_norm"] = math.nan if norm is None else norm
+        scalars["optim/critic_learning_rate"] = learning_rate(self.critic_optimizer)
+        scalars["optim/actor_learning_rate"] = learning_rate(self.actor_optimizer)
         return UpdateInfo(
-            loss=float(critic_loss.detach()),
-            q_mean=float(q1.detach().mean()),
-            td_abs=(q1 - target).detach().abs().cpu().numpy(),
-            alpha=float(alpha),
-            entropy=float(-logp.detach().mean()),
+            loss=scalars["loss/critic"],
+            q_mean=scalars["value/q1_mean"],
+            td_abs=td_abs.cpu().numpy(),
+            alpha=scalars["policy/alpha"],
+            entropy=scalars["policy/entropy"],
+            scalars=scalars,
         )
 
     def state_dict(self) -> dict:

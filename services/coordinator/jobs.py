@@ -145,6 +145,7 @@ class JobBook:
             eval_requested_iter=int(record["eval_requested_iter"]),
             tasks_created=int(record["tasks_created"]),
             task_failures=int(record["task_failures"]),
+            tasks_reassigned=int(record.get("tasks_reassigned", 0)),  # older records lack it
             segments_swept=bool(record["segments_swept"]),
         )
         job.episode_returns.extend(record["episode_returns"])
@@ -345,6 +346,10 @@ def status_of(job: Job, learners: list[LearnerSummary] | None = None) -> JobStat
         started_at=job.started_at,
         finished_at=job.finished_at,
         learners=learners or [],
+        max_env_step=job.config.system.max_env_step,
+        max_train_iter=job.config.system.max_train_iter,
+        task_failures=job.task_failures,
+        tasks_reassigned=job.tasks_reassigned,
     )
 
 
@@ -368,6 +373,7 @@ def job_record(job: Job) -> dict[str, Any]:
         "eval_requested_iter": job.eval_requested_iter,
         "tasks_created": job.tasks_created,
         "task_failures": job.task_failures,
+        "tasks_reassigned": job.tasks_reassigned,
         "episode_returns": list(job.episode_returns),
         "metrics": [dump(p) for p in list(job.metrics)[-600:]],
         "segments_swept": job.segments_swept,

@@ -156,6 +156,9 @@ class Job:
     eval_requested_iter: int = 0
     tasks_created: int = 0
     task_failures: int = 0
+    #: Tasks whose worker was lost (left, or its lease expired): their work went back
+    #: to the queue for another worker.
+    tasks_reassigned: int = 0
     episode_returns: collections.deque = field(
         default_factory=lambda: collections.deque(maxlen=100)
     )

@@ -70,6 +70,8 @@ class TaskBoard:
                 log.info("task %s ended (%s): %d held items back", task.task_id, state, returned)
         if state in (TaskState.FAILED, TaskState.LOST) and job is not None:
             workflow_of(job.config).task_ended(job, task, state)
+            if state == TaskState.LOST:
+                job.tasks_reassigned += 1
         task.state = state
         self.state.metrics.tasks_ended.labels(task.kind, state.value).inc()
         worker = self.state.workers.get(task.worker_id)

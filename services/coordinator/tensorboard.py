@@ -1,8 +1,9 @@
 """The coordinator's TensorBoard scalars of each job, in `<job_id>/tb/coordinator/`.
 
-Step axis: the job's env steps. Tags: `eval/return_mean`, `eval/return_std` at each
-evaluation; `throughput/env_steps_per_s`, `buffer/size`, `buffer/samples_per_insert`,
-`buffer/sampled_policy_lag_mean`, `tasks/failures` at each metrics point with new env steps.
+Step axis: the job's env steps. Tags: `eval/return_mean`, `eval/return_std`,
+`eval/return_min`, `eval/return_max` at each evaluation; `throughput/env_steps_per_s`,
+`buffer/size`, `buffer/samples_per_insert`, `buffer/sampled_policy_lag_mean`,
+`tasks/failures`, `tasks/reassigned` at each metrics point with new env steps.
 
 `record` is called holding the coordinator's lock and only copies what it needs; the
 buffer's stats and the writing run once the lock is let go (`guard.defer`).
@@ -17,6 +18,14 @@ from common.messages import BufferStats, EvalSummary, MetricsPoint
 from common.storage import SharedStore
 from common.tensorboard import ScalarLog, job_tb_dir
 from services.coordinator.state import CoordinatorState, Job
+
+
+@dataclass(frozen=True)
+class _TaskCounts:
+    """A job's task counters at a metrics point."""
+
+    failures: int
+    reassigned: int
 
 
 @dataclass
@@ -38,10 +47,10 @@ class JobBoards:
         """Write the job's new evaluations and this metrics point (call holding the
         coordinator's lock; the writing is deferred until it is let go)."""
         evals = list(job.evals)
-        failures = job.task_failures
+        tasks = _TaskCounts(job.task_failures, job.tasks_reassigned)
         buffer = job.buffer
         self._state.guard.defer(
-            lambda: self._write(job.job_id, evals, point, buffer.stats(), failures)
+            lambda: self._write(job.job_id, evals, point, buffer.stats(), tasks)
         )
 
     def close(self, job_id: str, evals: list[EvalSummary]) -> None:
@@ -72,10 +81,10 @@ class JobBoards:
         evals: list[EvalSummary],
         point: MetricsPoint,
         stats: BufferStats,
-        failures: int,
+        tasks: _TaskCounts,
     ) -> None:
         with self._lock:  # one writer at a time: evaluations are written once, in order
-            self._write_point(self._board(job_id), evals, point, stats, failures)
+            self._write_point(self._board(job_id), evals, point, stats, tasks)
 
     def _write_point(
         self,
@@ -83,7 +92,7 @@ class JobBoards:
         evals: list[EvalSummary],
         point: MetricsPoint,
         stats: BufferStats,
-        failures: int,
+        tasks: _TaskCounts,
     ) -> None:
         self._write_evals(board, evals)
         last = board.last_point
@@ -104,7 +113,8 @@ class JobBoards:
                 "buffer/sampled_policy_lag_mean": (
                     sum(i * n for i, n in enumerate(lags)) / sampled if sampled else None
                 ),
-                "tasks/failures": failures,
+                "tasks/failures": tasks.failures,
+                "tasks/reassigned": tasks.reassigned,
             },
             wall_time=point.t,
         )
@@ -116,5 +126,10 @@ class JobBoards:
         for summary in new:
             board.log.scalars(
                 summary.env_steps,
-                {"eval/return_mean": summary.return_mean, "eval/return_std": summary.return_std},
+                {
+                    "eval/return_mean": summary.return_mean,
+                    "eval/return_std": summary.return_std,
+                    "eval/return_min": summary.return_min,
+                    "eval/return_max": summary.return_max,
+                },
             )

@@ -25,6 +25,7 @@ import math
 import os
 import threading
 import time
+import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Literal, TypeVar
@@ -475,6 +476,8 @@ class BatchOutcome:
     q_mean: float
     #: Items each rank trains per second since the task started, in rank order.
     rank_samples_per_s: list[float]
+    #: The algorithm's TensorBoard scalars (`BatchReport.scalars`), averaged over ranks.
+    scalars: dict[str, float]
 
 
 @dataclass(frozen=True)
@@ -485,6 +488,8 @@ class RoundOutcome:
     entropy: float
     approx_kl: float
     rank_samples_per_s: list[float]
+    #: The algorithm's TensorBoard scalars (`RoundReport.scalars`), averaged over ranks.
+    scalars: dict[str, float]
 
 
 #: A batch position a rank did not train on (its segment was unusable there).
@@ -523,7 +528,7 @@ class Trainer:
                 return None
             info = learner.learn_batch(columns, weights)
             rate = self._rate(len(weights))
-            return BatchOutcome(keys, info.td_abs, info.loss, info.q_mean, [rate])
+            return BatchOutcome(keys, info.td_abs, info.loss, info.q_mean, [rate], info.scalars)
         mine = share_of(batch, group.rank, group.world_size)
         columns, weights, kept = self.cache.gather_kept(mine)
         # A rank with nothing to train on cannot take part in the gradient all-reduce:
@@ -534,15 +539,17 @@ class Trainer:
         width = share_bounds(len(batch.keys), 0, group.world_size)[1]
         td = np.full(width, _DROPPED)
         td[: len(kept)][kept] = np.asarray(info.td_abs, dtype=np.float64)
-        report = np.concatenate([[info.loss, info.q_mean, self._rate(len(weights))], td])
-        table = group.all_gather(report)
+        # Every rank's learner reports the same tags in the same order.
+        scalars = list(info.scalars.values())
+        head = [info.loss, info.q_mean, self._rate(len(weights)), *scalars]
+        table = group.all_gather(np.concatenate([head, td]))
         if group.rank != 0:
             return None  # rank 0 alone reports and sends the priorities
         keys: list[int] = []
         td_abs: list[float] = []
         for rank, row in enumerate(table):
             start, stop = share_bounds(len(batch.keys), rank, group.world_size)
-            for position, value in enumerate(row[3 : 3 + stop - start]):
+            for position, value in enumerate(row[len(head) : len(head) + stop - start]):
                 if value != _DROPPED:  # NaN (a diverging update) is kept: MAX_PRIORITY
                     keys.append(batch.keys[start + position])
                     td_abs.append(value)
@@ -552,6 +559,7 @@ class Trainer:
             loss=float(table[:, 0].mean()),
             q_mean=float(table[:, 1].mean()),
             rank_samples_per_s=table[:, 2].tolist(),
+            scalars=_rank_means(info.scalars, table[:, 3 : len(head)]),
         )
 
     def read_ahead(self, batches: list[SampledBatch]) -> None:
@@ -579,7 +587,9 @@ class Trainer:
             if not rows:
                 return None
             info = learner.train_round(columns)
-            return RoundOutcome(info.loss, info.entropy, info.approx_kl, [self._rate(rows)])
+            return RoundOutcome(
+                info.loss, info.entropy, info.approx_kl, [self._rate(rows)], info.scalars
+            )
         # Every rank must take the same number of minibatch steps: all train on as many
         # rows as the rank with the fewest usable ones.
         rows = group.all_min(rows)
@@ -587,12 +597,26 @@ class Trainer:
             return None
         info = learner.train_round({k: v[:rows] for k, v in columns.items()})
         table = group.all_gather(
-            np.array([info.loss, info.entropy, info.approx_kl, self._rate(rows)])
+            np.array(
+                [info.loss, info.entropy, info.approx_kl, self._rate(rows)]
+                + list(info.scalars.values())
+            )
         )
         if group.rank != 0:
             return None
         mean = table.mean(axis=0)
-        return RoundOutcome(mean[0], mean[1], mean[2], table[:, 3].tolist())
+        return RoundOutcome(
+            mean[0], mean[1], mean[2], table[:, 3].tolist(), _rank_means(info.scalars, table[:, 4:])
+        )
+
+
+def _rank_means(scalars: dict[str, float], table: np.ndarray) -> dict[str, float]:
+    """Each of `scalars`' tags with its mean over the ranks (a table row each), the
+    ranks whose value is not finite (a skipped step's gradient norm) left out."""
+    with warnings.catch_warnings():  # a tag no rank has a finite value of: NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        means = np.nanmean(np.where(np.isfinite(table), table, np.nan), axis=0)
+    return dict(zip(scalars, means.tolist(), strict=True))
 
 
 @dataclass(frozen=True)
@@ -850,7 +874,7 @@ class _LearnSession:
                     trained = time.monotonic()
                     self.board.add(
                         learner.train_iter,
-                        {"loss": outcome.loss, "q_mean": outcome.q_mean},
+                        outcome.scalars,
                         outcome.rank_samples_per_s,
                         every_iters=TB_EVERY_ITERS,
                     )
@@ -1027,10 +1051,11 @@ class _RoundSession(_LearnSession):
                         approx_kl=round(outcome.approx_kl, 5),
                     )
                     set_rank_rates(ctx.progress, outcome.rank_samples_per_s)
-                    losses = {"loss": outcome.loss, "entropy": outcome.entropy}
-                    losses["approx_kl"] = outcome.approx_kl
                     self.board.add(
-                        learner.train_iter, losses, outcome.rank_samples_per_s, every_iters=1
+                        learner.train_iter,
+                        outcome.scalars,
+                        outcome.rank_samples_per_s,
+                        every_iters=1,
                     )
         except JobOver as exc:
             log.info("learning stops: %s", exc)
@@ -1066,8 +1091,10 @@ class _RoundSession(_LearnSession):
 
 class TrainBoard:
     """The learner's TensorBoard scalars, in `<job_id>/tb/learner/`, against train_iter:
-    `loss/<term>` for each loss term the algorithm reports, `train/updates_per_s` (since
-    the last point), `train/samples_per_s` (items trained per second, all ranks), and
+    the algorithm's own tags (`BatchReport.scalars`: each loss term, value estimates,
+    entropy, KL, gradient norm, learning rate), each the mean over the updates since
+    the last point; `train/updates_per_s` (since the last point),
+    `train/samples_per_s` (items trained per second, all ranks), and
     `train/sample_wait_fraction` (of the time since the last point, the part spent
     waiting for samples rather than training)."""
 
@@ -1076,27 +1103,36 @@ class TrainBoard:
         self._since, self._iter = time.monotonic(), train_iter
         #: Seconds spent waiting for samples, and training, since the last point.
         self.wait_s = self.train_s = 0.0
+        #: Per tag, the sum and count of its finite values since the last point.
+        self._sums: dict[str, list[float]] = {}
 
     def add(
         self,
         train_iter: int,
-        losses: dict[str, float],
+        scalars: dict[str, float],
         rank_samples_per_s: list[float],
         *,
         every_iters: int,
     ) -> None:
-        """A point, when `every_iters` train iterations passed since the last one."""
+        """Take one update's (or round's) `scalars`; write a point when `every_iters`
+        train iterations passed since the last one."""
+        for tag, value in scalars.items():
+            if math.isfinite(value):
+                total = self._sums.setdefault(tag, [0.0, 0])
+                total[0] += value
+                total[1] += 1
         if train_iter - self._iter < every_iters:
             return
         now = time.monotonic()
         busy = self.wait_s + self.train_s
-        values: dict[str, float | None] = {f"loss/{k}": v for k, v in losses.items()}
+        values: dict[str, float | None] = {tag: s / n for tag, (s, n) in self._sums.items()}
         values["train/updates_per_s"] = (train_iter - self._iter) / max(now - self._since, 1e-9)
         values["train/samples_per_s"] = sum(rank_samples_per_s)
         values["train/sample_wait_fraction"] = self.wait_s / busy if busy > 0 else None
         self.log.scalars(train_iter, values)
         self._since, self._iter = now, train_iter
         self.wait_s = self.train_s = 0.0
+        self._sums.clear()
 
 
 def set_rank_rates(progress: dict[str, float], rank_samples_per_s: list[float]) -> None:

@@ -14,15 +14,22 @@ DEADLINE_S = 50
 COORDINATOR_TAGS = {
     "eval/return_mean",
     "eval/return_std",
+    "eval/return_min",
+    "eval/return_max",
     "throughput/env_steps_per_s",
     "buffer/size",
     "buffer/samples_per_insert",
     "buffer/sampled_policy_lag_mean",
     "tasks/failures",
+    "tasks/reassigned",
 }
 LEARNER_TAGS = {
-    "loss/loss",
-    "loss/q_mean",
+    "loss/td",
+    "value/q_mean",
+    "value/target_q_mean",
+    "value/td_abs_mean",
+    "optim/grad_norm",
+    "optim/learning_rate",
     "train/updates_per_s",
     "train/samples_per_s",
     "train/sample_wait_fraction",
@@ -64,6 +71,12 @@ def test_a_job_writes_coordinator_and_learner_scalars(tmp_path):
     final = events_of(tb / "coordinator", "eval/return_mean")[-1]
     assert final.step == last.env_steps
     assert final.value == pytest.approx(last.return_mean, rel=1e-6)
+    low = events_of(tb / "coordinator", "eval/return_min")[-1].value
+    high = events_of(tb / "coordinator", "eval/return_max")[-1].value
+    assert (low, high) == (pytest.approx(last.return_min), pytest.approx(last.return_max))
+    assert low <= final.value <= high
+    # the budget the job stopped at is in its status
+    assert status.max_env_step == 4000 and status.env_steps >= 4000
     assert time.monotonic() - started < 60
 
 

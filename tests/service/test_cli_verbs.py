@@ -31,6 +31,7 @@ CARTPOLE_DQN = {
         "type": "dqn",
         "other": {"replay_buffer": {"min_size_to_sample": 20, "replay_buffer_size": 100}},
     },
+    "system": {"max_env_step": 50_000},
 }
 
 
@@ -87,11 +88,14 @@ def test_status_shows_the_job_and_its_buffer(capsys, job_id):
     assert status == 0, err
     assert job_id in out and "phase" in out and "best eval" in out
     assert "buffer" in out and "/ 100" in out  # size / capacity
+    assert "0 of 50,000 (0%)" in out  # env steps against the budget
+    assert "0 failed, 0 reassigned" in out
     status, out, err = drover(capsys, "status", job_id, "--json")
     assert status == 0, err
     data = json.loads(out)
     assert data["job_id"] == job_id and data["stop_value"] == 195
     assert data["buffer"]["capacity"] == 100
+    assert (data["max_env_step"], data["max_train_iter"]) == (50_000, None)
 
 
 def test_stop_stops_the_job(capsys, coordinator, job_id):

@@ -122,6 +122,10 @@ def test_the_dashboard_in_a_browser(tmp_path):
             assert page.locator("#return-chart path.line").count() == 1
             assert page.locator("#lag-chart").count() == 1
             assert "Replay buffer" in page.inner_text("main")
+            # Its env step budget, and how much of it is spent.
+            budget = page.locator('.budget[data-budget="env steps"]')
+            assert "/ 200.0k" in budget.inner_text()
+            assert 0 < float(budget.locator("progress").get_attribute("value")) < 1
             save_screenshot(page, tmp_path)
 
             # Workers: the collector and the learner, with their heartbeats.

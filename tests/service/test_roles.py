@@ -328,6 +328,9 @@ def test_an_evaluation_lost_with_its_worker_is_requested_again_at_once(client, c
     register(client, "collector", "http://127.0.0.1:8102")
     again = [d.task for d in core.plan() if d.task and d.task.kind == "evaluate"]
     assert len(again) == 1 and again[0].spec.policy_version == 1
+    # Its collect and evaluate tasks count as reassigned, not failed.
+    status = client.get(f"/api/v1/jobs/{job_id}", headers=AUTH).json
+    assert (status["tasks_reassigned"], status["task_failures"]) == (2, 0)
 
 
 def test_a_collector_waits_for_a_newer_policy_instead_of_polling(client, core):

@@ -18,6 +18,7 @@ import torch
 from algorithms.base import (
     ACTOR_PROTOCOLS,
     LEARNER_PROTOCOLS,
+    SCALAR_GROUPS,
     ActionSpace,
     Algorithm,
     CollectUnit,
@@ -97,10 +98,11 @@ def synthetic_columns(config: JobConfig, names: tuple[str, ...], rows: int) -> d
     return schema.check(columns)
 
 
-def train_once(learner: Any, columns: dict, rows: int) -> float:
+def train_once(learner: Any, columns: dict, rows: int) -> Any:
+    """One update's (or, for a round learner, one round's) report."""
     if isinstance(learner, RoundLearner):
-        return learner.train_round(columns, seed=0).loss
-    return learner.learn_batch(columns, np.ones(rows, np.float32)).loss
+        return learner.train_round(columns, seed=0)
+    return learner.learn_batch(columns, np.ones(rows, np.float32))
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
@@ -137,8 +139,9 @@ def test_actor_and_learner_fit_each_other_and_train(name, space):
     # One update on the columns it reads moves the published network.
     rows = 8
     before = {k: v.copy() for k, v in state_to_numpy(learner.online).items()}  # not views
-    loss = train_once(learner, synthetic_columns(config, algo.reads, rows), rows)
-    assert np.isfinite(loss) and learner.train_iter >= 1 and learner.skipped_updates == 0
+    columns = synthetic_columns(config, algo.reads, rows)
+    report = train_once(learner, columns, rows)
+    assert np.isfinite(report.loss) and learner.train_iter >= 1 and learner.skipped_updates == 0
     after = state_to_numpy(learner.online)
     assert any(not np.array_equal(before[k], after[k]) for k in before)
 
@@ -156,6 +159,31 @@ def test_actor_and_learner_fit_each_other_and_train(name, space):
     fresh = algo.make_learner(config.policy, "cpu")
     fresh.load_policy(after)
     assert all(np.array_equal(after[k], v) for k, v in state_to_numpy(fresh.online).items())
+
+
+@pytest.mark.parametrize(("name", "space"), CASES)
+def test_reports_name_each_loss_term_the_gradient_norm_and_learning_rate(name, space):
+    """What the learner's TensorBoard shows: `<group>/<name>` tags, the same at every
+    update, with every loss term, a gradient norm and the learning rate in them."""
+    torch.manual_seed(0)
+    algo = ALGORITHMS[name]
+    config = job_config(name, space)
+    learner = algo.make_learner(config.policy, "cpu")
+    rows = 8
+    columns = synthetic_columns(config, algo.reads, rows)
+    first, second = (train_once(learner, columns, rows).scalars for _ in range(2))
+    assert list(first) == list(second)  # a learner group merges them by position
+    groups = {tag.split("/")[0] for tag in first}
+    assert groups <= set(SCALAR_GROUPS) and {"loss", "value", "optim"} <= groups
+    assert all(np.isfinite(v) for v in first.values()), first
+    norms = [v for tag, v in first.items() if tag.endswith("grad_norm")]
+    assert norms and all(v > 0 for v in norms)
+    rates = [v for tag, v in first.items() if tag.endswith("learning_rate")]
+    assert config.policy.learn.learning_rate in rates
+    # Several loss terms where the loss has several (PPO, IMPALA, SAC).
+    if name != "dqn":
+        assert sum(tag.startswith("loss/") for tag in first) >= 3
+        assert "policy/entropy" in first
 
 
 class FakeCoordinator:

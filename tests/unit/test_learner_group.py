@@ -326,6 +326,14 @@ def test_rank_0_reports_every_item_once_with_the_td_of_the_rank_that_trained_it(
     assert outcome["keys"] == group_run.batch.keys
     assert [len(r["trained_td"]) for r in ranks] == [6, 6]
     assert outcome["td_abs"] == ranks[0]["trained_td"] + ranks[1]["trained_td"]
+    # Its TensorBoard scalars: each the mean of the ranks' own; the gradient norm,
+    # of the gradient averaged across the ranks, alike on both.
+    mine, theirs = ranks[0]["scalars"], ranks[1]["scalars"]
+    assert list(outcome["scalars"]) == list(mine) == list(theirs)
+    for tag, value in outcome["scalars"].items():
+        assert value == pytest.approx((mine[tag] + theirs[tag]) / 2), tag
+    assert mine["optim/grad_norm"] == pytest.approx(theirs["optim/grad_norm"])
+    assert mine["loss/td"] != theirs["loss/td"]  # each rank's loss is on its own share
 
 
 def test_a_segment_unusable_on_one_rank_costs_only_that_ranks_items(group_run):

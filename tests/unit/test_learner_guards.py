@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry
 from algorithms.dqn.learner import DQN
 from algorithms.ppo.learner import PPO
 from algorithms.sac.learner import SAC
+from algorithms.step import finite_step
 from common.config import resolve_job_config, with_spaces
 from common.messages import (
     MAX_PRIORITY,
@@ -144,6 +145,22 @@ def test_a_non_finite_loss_is_not_stepped_on(algo):
     for name, value in model.state_dict()[trained].items():
         assert torch.equal(value, before[name]), name
     assert priorities_of(info.td_abs) == [MAX_PRIORITY] * 8
+
+
+@pytest.mark.parametrize("max_grad_norm", [None, 0.01])
+def test_a_step_reports_the_gradient_norm_before_clipping(max_grad_norm):
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 2)
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    loss = layer(torch.ones(4, 3)).pow(2).sum()
+    loss.backward(retain_graph=True)
+    expected = float(torch.nn.utils.get_total_norm([p.grad for p in layer.parameters()]))
+    norm = finite_step(loss, optimizer, layer.parameters(), max_grad_norm)
+    assert norm == pytest.approx(expected) and expected > 0.01
+    # A non-finite loss takes no step and reports no norm.
+    before = [p.clone() for p in layer.parameters()]
+    assert finite_step(loss * float("inf"), optimizer, layer.parameters(), max_grad_norm) is None
+    assert all(torch.equal(a, b) for a, b in zip(before, layer.parameters(), strict=True))
 
 
 def test_ppo_skips_non_finite_minibatches():

@@ -76,11 +76,11 @@ def test_clipping_bounds_the_policy_step():
     ppo = make(epoch_per_collect=1, batch_size=128, learning_rate=1e-2)
     data = batch(ppo)
     loss, stats = ppo.loss({k: torch.as_tensor(v) for k, v in data.items()})
-    assert stats["approx_kl"] == pytest.approx(0.0, abs=1e-6)  # same policy: ratio 1
-    assert stats["clip_fraction"] == 0.0
+    assert stats["policy/approx_kl"] == pytest.approx(0.0, abs=1e-6)  # same policy: ratio 1
+    assert stats["policy/clip_fraction"] == 0.0
     data["logp"] = data["logp"] - 1.0  # the data's policy was much less likely: ratio e
     _, stats = ppo.loss({k: torch.as_tensor(v) for k, v in data.items()})
-    assert stats["clip_fraction"] == 1.0
+    assert stats["policy/clip_fraction"] == 1.0
 
 
 def test_round_columns_flatten_time_and_envs():

@@ -45,12 +45,12 @@ def test_one_update_moves_actor_critic_and_temperature():
     actor = [p.detach().clone() for p in sac.actor.parameters()]
     critic = [p.detach().clone() for p in sac.critic.parameters()]
     target = [p.detach().clone() for p in sac.target.parameters()]
-    alpha = float(sac.log_alpha)
+    alpha = float(sac.log_alpha.detach())
     info = sac.learn_batch(columns, np.ones(n, np.float32))
     assert np.isfinite(info.loss) and info.td_abs.shape == (n,)
     for before, module in ((actor, sac.actor), (critic, sac.critic), (target, sac.target)):
         assert any(not torch.equal(a, b) for a, b in zip(before, module.parameters(), strict=True))
-    assert float(sac.log_alpha) != pytest.approx(alpha)
+    assert float(sac.log_alpha.detach()) != pytest.approx(alpha)
 
 
 def test_continuous_actions_keep_their_shape_in_segments():

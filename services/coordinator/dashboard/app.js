@@ -209,6 +209,19 @@ function card(label, value) {
   return el("div", { class: "card" }, el("span", { class: "muted" }, label), el("b", {}, value));
 }
 
+// A count against its budget (null: no budget), with how much of it is spent.
+function budgetCard(label, value, budget) {
+  if (budget === null || budget === undefined) return card(label, fmt(value));
+  const spent = Math.min(value / budget, 1);
+  return el(
+    "div",
+    { class: "card budget", "data-budget": label },
+    el("span", { class: "muted" }, `${label} (budget)`),
+    el("b", {}, `${fmt(value)} / ${fmt(budget)}`),
+    el("progress", { max: "1", value: String(spent) }),
+  );
+}
+
 async function jobView(jobId) {
   const id = encodeURIComponent(jobId);
   const [job, metrics] = await Promise.all([api(`/jobs/${id}`), api(`/jobs/${id}/metrics`)]);
@@ -230,13 +243,14 @@ async function jobView(jobId) {
       { class: "cards" },
       card("phase", phase(job.phase)),
       card("algo / env", `${job.algo} / ${job.env_id}`),
-      card("env steps", fmt(job.env_steps)),
-      card("train iters", fmt(job.train_iters)),
+      budgetCard("env steps", job.env_steps, job.max_env_step),
+      budgetCard("train iters", job.train_iters, job.max_train_iter),
       card("policy version", String(job.policy_version)),
       card("last eval", job.last_eval ? fmt(job.last_eval.return_mean, 2) : "–"),
       card("best eval", job.best_eval_return === null ? "–" : fmt(job.best_eval_return, 2)),
       card("stop value", job.stop_value === null ? "–" : fmt(job.stop_value)),
       card("env steps/s", rate.length ? fmt(rate[rate.length - 1].y) : "–"),
+      card("tasks failed / reassigned", `${job.task_failures} / ${job.tasks_reassigned}`),
     ),
     job.reason ? el("p", { class: "muted" }, job.reason) : null,
     el(

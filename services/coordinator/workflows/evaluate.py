@@ -98,6 +98,8 @@ class Evaluate:
             policy_version=0,
             train_iter=0,
             env_steps=sum(e["length"] for e in episodes),
+            return_min=min(returns),
+            return_max=max(returns),
         )
         job.evals.append(summary)
         job.env_steps = summary.env_steps

@@ -121,6 +121,8 @@ class AsyncTraining:
             policy_version=result.policy_version,
             train_iter=train_iter,
             env_steps=job.env_steps,
+            return_min=min(returns),
+            return_max=max(returns),
         )
         job.evals.append(summary)
         log.info(
