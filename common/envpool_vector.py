@@ -41,6 +41,7 @@ changes a game's rules or scores:
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import os
@@ -357,7 +358,9 @@ class EnvpoolVector:
         # share the CPUs); by default one per CPU.
         self.num_threads = min(num_envs, config.num_workers or cpu_count())
         self.task = envpool_task(config, training=training)
-        expected = env_spaces(config)
+        # The spaces `sync` plays (its own checks alone: the envpool manager's would
+        # compare both the training and the evaluation task again).
+        expected = env_spaces(dataclasses.replace(config, manager="sync"))
         actual = envpool_spaces(self.task)
         if not same_spaces(expected, actual):
             raise ConfigError(
