@@ -89,14 +89,15 @@ def pong(example, manager, **budget):
 def test_impala_dqn_and_ppo_run_pong_from_pixels_through_the_services(tmp_path):
     pytest.importorskip("envpool")
     # IMPALA steps its envs in worker processes, DQN with envpool's threads; both
-    # double-buffered.
-    impala = pong("pong_impala.yaml", "async", max_env_step=4000)
+    # double-buffered. Each budget leaves a whole evaluation game (about 10 s here)
+    # time to finish before it runs out.
+    impala = pong("pong_impala.yaml", "async", max_env_step=8000)
     impala = deep_merge(
         impala,
         {
             "policy": {
                 "learn": {"batch_size": 8},
-                "eval": {"evaluator": {"eval_freq": 10}},
+                "eval": {"evaluator": {"eval_freq": 2}},
                 "other": {"replay_buffer": {"min_size_to_sample": 8}},
             }
         },
@@ -112,7 +113,7 @@ def test_impala_dqn_and_ppo_run_pong_from_pixels_through_the_services(tmp_path):
     )
     # PPO's rounds: the sync workflow steps its envs in turn, with the sync manager.
     ppo = deep_merge(
-        pong("pong_ppo.yaml", "sync", max_env_step=1024),
+        pong("pong_ppo.yaml", "sync", max_env_step=1536),
         {
             "policy": {
                 "learn": {"batch_size": 64, "epoch_per_collect": 1},
