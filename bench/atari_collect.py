@@ -61,8 +61,8 @@ sys.path.insert(0, str(ROOT))
 from algorithms.registry import ALGORITHMS  # noqa: E402
 from bench.learner_scaling import cpu_line, print_load_before  # noqa: E402
 from common.config import ConfigError, JobConfig, load_config_file, resolve_job_config  # noqa: E402
-from common.envpool_vector import cpu_count, envpool_task  # noqa: E402
-from common.envs import fit_to_env, setup_env_registry  # noqa: E402
+from common.envpool_vector import envpool_task  # noqa: E402
+from common.envs import fit_to_env, setup_env_registry, usable_cpus  # noqa: E402
 from common.frames import pack_frames  # noqa: E402
 from common.messages import SegmentRef, dump  # noqa: E402
 from common.models import state_to_numpy  # noqa: E402
@@ -143,7 +143,7 @@ def run_timed(seconds: float, window_s: float, step: Callable[[Windows], None]) 
 def ceiling(config: JobConfig, seconds: float, window_s: float, num_envs: int) -> Measured:
     """envpool stepping Pong with random actions on every CPU, nothing else."""
     task = envpool_task(config.env, training=True)
-    threads = cpu_count()
+    threads = usable_cpus()
     batch = max(1, num_envs // 2)
     pool = envpool.make(
         task.task_id,
@@ -385,7 +385,7 @@ def main() -> None:
     for fact in machine_facts(torch_threads):
         console.print(fact)
     print_load_before(console)
-    rows = [ceiling(config, args.seconds, args.window, args.ceiling_envs or 4 * cpu_count())]
+    rows = [ceiling(config, args.seconds, args.window, args.ceiling_envs or 4 * usable_cpus())]
     console.print(f"ceiling: {rows[0].frames_per_s:,.0f} frames/s")
     failed: list[str] = []
     with tempfile.TemporaryDirectory(prefix="atari-collect-") as folder:

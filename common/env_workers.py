@@ -58,7 +58,7 @@ import numpy as np
 from pydantic import TypeAdapter
 
 from common.config import ConfigError, EnvConfig
-from common.envs import VectorStep, make_vector_env, setup_env_registry
+from common.envs import VectorStep, make_vector_env, setup_env_registry, usable_cpus
 
 #: How long the workers may take to start and make their envs (Python start, env
 #: packages, Atari ROMs; several workers share the cores while they start).
@@ -282,7 +282,7 @@ class SubprocessVector:
         self._workers: list[_WorkerProcess] = []
         self._blocks: _SharedBlocks | None = None
         self._closed = False
-        num_workers = config.num_workers or _usable_cpus()
+        num_workers = config.num_workers or usable_cpus()
         self._shares = _shares(num_envs, min(num_workers, num_envs))
         try:
             config_json = _config_json(config)
@@ -441,14 +441,6 @@ def _worker_environ() -> dict[str, str]:
     root = str(Path(__file__).resolve().parents[1])
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
     return env
-
-
-def _usable_cpus() -> int:
-    """The CPUs this process may run on (a container's cpuset, not the whole host)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        return os.cpu_count() or 1
 
 
 def _raised(error: dict[str, Any], share: _Share, doing: str) -> Exception:

@@ -44,7 +44,6 @@ import contextlib
 import dataclasses
 import functools
 import math
-import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -63,6 +62,7 @@ from common.envs import (
     frame_stack_of,
     is_atari,
     spaces_from,
+    usable_cpus,
 )
 
 #: The entry points of gymnasium's MuJoCo envs, which envpool has under the same ids.
@@ -128,14 +128,6 @@ class EnvpoolTask:
 
     task_id: str
     options: Mapping[str, Any]
-
-
-def cpu_count() -> int:
-    """The CPUs this process may run on (a container's share, not the host's)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
 
 
 @functools.cache
@@ -356,7 +348,7 @@ class EnvpoolVector:
         self.num_envs = num_envs
         # env.num_workers: envpool's threads (a double-buffered collector's halves
         # share the CPUs); by default one per CPU.
-        self.num_threads = min(num_envs, config.num_workers or cpu_count())
+        self.num_threads = min(num_envs, config.num_workers or usable_cpus())
         self.task = envpool_task(config, training=training)
         # The spaces `sync` plays (its own checks alone: the envpool manager's would
         # compare both the training and the evaluation task again).

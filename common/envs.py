@@ -767,6 +767,14 @@ def env_adapter(config: EnvConfig) -> EnvAdapter:
     return adapter
 
 
+def usable_cpus() -> int:
+    """The CPUs this process may run on (a container's cpuset, not the whole host)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
 def env_spaces(config: EnvConfig) -> Spaces:
     """The spaces of the job's environment, as its adapter reports them.
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import os
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Protocol
@@ -36,7 +35,7 @@ from typing import Protocol
 import numpy as np
 
 from common.config import EnvConfig
-from common.envs import VectorEnvAdapter, VectorStep, make_env
+from common.envs import VectorEnvAdapter, VectorStep, make_env, usable_cpus
 
 #: What the policy gives for a batch of observations: the env's actions, and the
 #: arrays the loop records for each env (the action as recorded, log-probabilities).
@@ -69,13 +68,6 @@ def double_buffered(config: EnvConfig, num_envs: int) -> bool:
     cores, and double buffering measured no faster (bench/atari_collect.py); it pays
     where acting and stepping use different resources (a GPU policy, more cores)."""
     return bool(config.double_buffer) and num_envs >= 2
-
-
-def usable_cpus() -> int:
-    """The CPUs this process may run on (a container's share, not the host's)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
 
 
 def make_stepper(config: EnvConfig, num_envs: int) -> Stepper:
