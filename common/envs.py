@@ -724,6 +724,19 @@ MANAGER_CHECKS: dict[str, Callable[[EnvConfig, Spaces], None]] = {
 }
 
 
+def env_manager(config: EnvConfig) -> VectorFactory:
+    """The vector env factory `env.manager` names.
+
+    Raises:
+        ConfigError: on `env.manager`, for a manager not in `ENV_MANAGERS`.
+    """
+    manager = ENV_MANAGERS.get(config.manager)
+    if manager is None:
+        known = ", ".join(sorted(ENV_MANAGERS))
+        raise ConfigError("env.manager", f"unknown manager '{config.manager}' (known: {known})")
+    return manager
+
+
 class Gymnasium:
     """gymnasium's registry: observations as `_observation_layout` makes them,
     Discrete or flat Box actions, stepped by the job's `env.manager`."""
@@ -736,20 +749,14 @@ class Gymnasium:
             # A throwaway env: a failure to close it says nothing about the job's config.
             with contextlib.suppress(Exception):
                 env.close()
-        if config.manager not in ENV_MANAGERS:
-            known = ", ".join(sorted(ENV_MANAGERS))
-            raise ConfigError("env.manager", f"unknown manager '{config.manager}' (known: {known})")
+        env_manager(config)  # a known one
         check = MANAGER_CHECKS.get(config.manager)
         if check is not None:
             check(config, spaces)
         return spaces
 
     def make(self, config: EnvConfig, num_envs: int, *, training: bool = True) -> VectorEnvAdapter:
-        manager = ENV_MANAGERS.get(config.manager)
-        if manager is None:
-            known = ", ".join(sorted(ENV_MANAGERS))
-            raise ConfigError("env.manager", f"unknown manager '{config.manager}' (known: {known})")
-        return manager(config, num_envs, training)
+        return env_manager(config)(config, num_envs, training)
 
 
 #: The kinds of environment, by `env.adapter`. One today (stepped by any of

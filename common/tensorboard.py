@@ -6,7 +6,7 @@ torch, so the coordinator can use it too. Writing never breaks what it watches: 
 failure (a full disk, a folder gone) is logged once and the writer goes quiet.
 
     log = ScalarLog(store, job_tb_dir(job_id, "learner"))
-    log.scalars(train_iter, {"loss/loss": 0.3, "train/updates_per_s": 41.0})
+    log.scalars(train_iter, {"loss/td": 0.3, "train/updates_per_s": 41.0})
     log.close()  # flushes; later writes are ignored
 """
 
