@@ -33,6 +33,13 @@ function svg(tag, attrs) {
   return node;
 }
 
+// A text label appended to the SVG element `parent`.
+function svgText(parent, x, y, text, anchor = "middle", attrs = {}) {
+  const t = svg("text", { x, y, "text-anchor": anchor, ...attrs });
+  t.textContent = text;
+  parent.append(t);
+}
+
 function fmt(x, digits = 1) {
   if (x === null || x === undefined || Number.isNaN(x)) return "–";
   if (Math.abs(x) >= 1e6) return (x / 1e6).toFixed(2) + "M";
@@ -100,11 +107,7 @@ function lineChart(id, title, points, xLabel, yLabel) {
   const W = 480, H = 220, L = 52, R = 12, T = 24, B = 34;
   const box = el("div", { class: "chart", id, "data-points": points.length });
   const s = svg("svg", { width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: "img" });
-  const label = (x, y, text, anchor = "middle") => {
-    const t = svg("text", { x, y, "text-anchor": anchor });
-    t.textContent = text;
-    s.append(t);
-  };
+  const label = (x, y, text, anchor = "middle") => svgText(s, x, y, text, anchor);
   label(L, 14, title, "start");
   s.append(svg("line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B }));
   s.append(svg("line", { class: "axis", x1: L, y1: T, x2: L, y2: H - B }));
@@ -125,10 +128,7 @@ function lineChart(id, title, points, xLabel, yLabel) {
   label(L - 4, py(y0) + 4, fmt(y0), "end");
   label(px(x0), H - B + 14, fmt(x0));
   label(px(x1), H - B + 14, fmt(x1), "end");
-  const yl = svg("text", { x: 12, y: (T + H - B) / 2, "text-anchor": "middle",
-    transform: `rotate(-90 12 ${(T + H - B) / 2})` });
-  yl.textContent = yLabel;
-  s.append(yl);
+  svgText(s, 12, (T + H - B) / 2, yLabel, "middle", { transform: `rotate(-90 12 ${(T + H - B) / 2})` });
   const d = points.map((p, i) => `${i ? "L" : "M"}${px(p.x).toFixed(1)},${py(p.y).toFixed(1)}`);
   s.append(svg("path", { class: "line", d: d.join(" ") }));
   if (points.length <= 60) {
@@ -143,9 +143,7 @@ function barChart(id, title, counts, xLabel) {
   const W = 480, H = 160, L = 52, R = 12, T = 24, B = 30;
   const box = el("div", { class: "chart", id, "data-bars": counts.length });
   const s = svg("svg", { width: W, height: H, viewBox: `0 0 ${W} ${H}`, role: "img" });
-  const t = svg("text", { x: L, y: 14 });
-  t.textContent = title;
-  s.append(t);
+  svgText(s, L, 14, title, "start");
   s.append(svg("line", { class: "axis", x1: L, y1: H - B, x2: W - R, y2: H - B }));
   const top = Math.max(1, ...counts);
   const w = (W - L - R) / Math.max(1, counts.length);
@@ -153,17 +151,11 @@ function barChart(id, title, counts, xLabel) {
     const h = (c / top) * (H - T - B);
     s.append(svg("rect", { class: "bar", x: L + i * w + 1, y: H - B - h, width: Math.max(1, w - 2), height: h }));
     if (counts.length <= 20 || i % Math.ceil(counts.length / 20) === 0) {
-      const lab = svg("text", { x: L + i * w + w / 2, y: H - B + 12, "text-anchor": "middle" });
-      lab.textContent = i === counts.length - 1 ? `${i}+` : String(i);
-      s.append(lab);
+      svgText(s, L + i * w + w / 2, H - B + 12, i === counts.length - 1 ? `${i}+` : String(i));
     }
   });
-  const m = svg("text", { x: L - 4, y: T + 4, "text-anchor": "end" });
-  m.textContent = fmt(top);
-  s.append(m);
-  const xl = svg("text", { x: (L + W - R) / 2, y: H - 4, "text-anchor": "middle" });
-  xl.textContent = xLabel;
-  s.append(xl);
+  svgText(s, L - 4, T + 4, fmt(top), "end");
+  svgText(s, (L + W - R) / 2, H - 4, xLabel);
   box.append(s);
   return box;
 }
