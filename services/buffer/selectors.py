@@ -113,11 +113,100 @@ class PrioritizedSampler:
         self.tree.rebuild(np.where(live, self._weight(table.priority), 0.0))
 
 
-class UniformSampler(PrioritizedSampler):
-    """Every live item equally likely; weights are 1."""
+class UniformSampler:
+    """Every live item equally likely; weights are 1. No per-item memory.
 
-    def __init__(self, capacity: int) -> None:
-        super().__init__(capacity, alpha=0.0, beta=0.0, beta_anneal_steps=0)
+    The table reuses freed slots before it hands out new ones, lowest first, so the
+    live items sit in ``[0, high)``, ``high`` being one past the highest live slot,
+    with holes only where items left. A draw takes uniform slot numbers in that range
+    and keeps the live ones (each kept one is uniform over the live items), drawing
+    again for those it threw away. When holes make that wasteful (after `max_use` or
+    staleness evictions), it draws from the live slots that one scan of the range
+    lists instead, so a draw never loops for long and costs at most O(high).
+
+    It also keeps the highest priority sent so far, as the prioritized sampler does:
+    new items get it in the priority column, and snapshots save it.
+    """
+
+    consumes = False
+
+    #: Rejection rounds before the rest of a draw comes from the scan.
+    MAX_ROUNDS = 4
+    #: Rejection while its expected candidates stay below this share of the range: a
+    #: candidate (drawn, and its key read at random) costs about what scanning 16 slots
+    #: does (31 ns and 2 ns at 10M slots on a 2-core Xeon).
+    REJECTION_SHARE = 1 / 16
+
+    def __init__(self) -> None:
+        self.max_priority = 1.0
+        self.batches_drawn = 0
+        # One past the highest slot that may be live: raised by inserts, lowered to
+        # one past the highest live slot at each draw, so a draw depends on the table
+        # alone (a restored buffer draws what the original would have).
+        self._high = 0
+
+    def inserted(self, slots: np.ndarray) -> None:
+        if len(slots):
+            self._high = max(self._high, int(slots.max()) + 1)
+
+    def removed(self, slots: np.ndarray) -> None:
+        pass  # `sample` skips free slots; `_top` lowers the range when it finds them
+
+    def update(self, slots: np.ndarray, priorities: np.ndarray) -> None:
+        if len(priorities):
+            self.max_priority = max(self.max_priority, float(priorities.max()))
+
+    def sample(
+        self, n: int, table: ItemTable, rng: np.random.Generator
+    ) -> tuple[np.ndarray, np.ndarray]:
+        live = table.size
+        if live == 0:
+            raise ValueError("cannot sample from an empty table")
+        key = table.key
+        high = self._top(key)
+        weights = np.ones(n, dtype=np.float32)
+        if live == high:  # no holes
+            return rng.integers(0, high, n), weights
+        parts: list[np.ndarray] = []
+        need = n
+        for _ in range(self.MAX_ROUNDS):
+            # A quarter more than expected (and a few): one round almost always does.
+            candidates = int(need * high / live * 1.25) + 16
+            if candidates > high * self.REJECTION_SHARE:
+                break
+            drawn = rng.integers(0, high, candidates)
+            kept = drawn[key[drawn] >= 0][:need]
+            parts.append(kept)
+            need -= len(kept)
+            if need == 0:
+                return np.concatenate(parts), weights
+        slots = np.flatnonzero(key[:high] >= 0)
+        parts.append(slots[rng.integers(0, len(slots), need)])
+        return np.concatenate(parts), weights
+
+    def _top(self, key: np.ndarray) -> int:
+        """One past the highest live slot, scanning down from the last bound in
+        windows that double (the bound falls only as far as inserts raised it)."""
+        high, window = self._high, 1024
+        while high > 0 and key[high - 1] < 0:
+            low = max(0, high - window)
+            found = np.flatnonzero(key[low:high] >= 0)
+            high = low + int(found[-1]) + 1 if len(found) else low
+            window *= 2
+        self._high = high
+        return high
+
+    def available(self, table: ItemTable) -> int:
+        return table.size
+
+    def state(self) -> dict[str, Any]:
+        return {"max_priority": self.max_priority, "batches_drawn": self.batches_drawn}
+
+    def restore(self, state: dict[str, Any], table: ItemTable) -> None:
+        self.max_priority = float(state["max_priority"])
+        self.batches_drawn = int(state["batches_drawn"])
+        self._high = table.capacity
+        self._top(table.key)
 
 
 class FifoSampler:
@@ -181,7 +270,7 @@ def make_sampler(config: ReplayBufferConfig) -> Sampler:
         return PrioritizedSampler(capacity, config.alpha, config.beta, config.beta_anneal_steps)
     if config.type == "fifo":
         return FifoSampler()
-    return UniformSampler(capacity)
+    return UniformSampler()
 
 
 def make_remover(config: ReplayBufferConfig) -> Remover:
