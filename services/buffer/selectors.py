@@ -133,9 +133,10 @@ class UniformSampler:
     #: Rejection rounds before the rest of a draw comes from the scan.
     MAX_ROUNDS = 4
     #: Rejection while its expected candidates stay below this share of the range: a
-    #: candidate (drawn, and its key read at random) costs about what scanning 16 slots
-    #: does (31 ns and 2 ns at 10M slots on a 2-core Xeon).
-    REJECTION_SHARE = 1 / 16
+    #: candidate (drawn, its key read at random) costs 10 to 30 times what scanning a
+    #: slot does (about 30 ns and 1 ns at 10M slots on a 2-core Xeon), so a round of
+    #: rejection costs at most about what one scan does.
+    REJECTION_SHARE = 1 / 32
 
     def __init__(self) -> None:
         self.max_priority = 1.0
