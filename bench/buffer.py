@@ -1,6 +1,7 @@
 """Replay-buffer benchmark: in-process timings, HTTP throughput, index memory.
 
     python bench/buffer.py [--capacity 1000000]
+    python bench/buffer.py --samplers [--sampler-items 1000000 10000000]
     python bench/buffer.py --snapshot-items 10000000 [--snapshot-seconds 10]
 
 1. In-process, a prioritized buffer filled to `capacity`: insert 1,000 items (one
@@ -10,6 +11,13 @@
    of num_batches=8, batch_size=64 from one client, sequentially, for a few seconds.
 3. Memory: resident-set growth of a fresh process that builds and fills a
    `capacity`-item prioritized index.
+4. Samplers, at each of `--sampler-items` (one fresh process each): the index's
+   memory (bytes of the table's arrays and of the sampler's, and the resident-set
+   growth of building and filling it) and the time of one draw of 8 x 64 items, for
+   the uniform sampler, the uniform sampler it replaced (two sum trees, kept here as
+   `sum_tree_uniform`, the reference) and the prioritized one: with every slot
+   live, half of them at random, and 5,000; and a whole request of 8 x 64 from the
+   full buffer. `--samplers` runs only this.
 
 With `--snapshot-items N`, only this instead: a prioritized buffer filled to N items
 (segments of `--snapshot-segment-rows` items) and one thread sampling batches of 256
@@ -27,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import statistics
 import subprocess
 import sys
@@ -47,6 +56,7 @@ from common.config import ReplayBufferConfig  # noqa: E402
 from common.messages import JobSubmit, PriorityUpdate, SampleRequest, SegmentRef  # noqa: E402
 from common.storage import SharedStore  # noqa: E402
 from services.buffer.core import _HOLD_COLUMNS, ReplayBuffer  # noqa: E402
+from services.buffer.selectors import PrioritizedSampler  # noqa: E402
 from services.buffer.table import COLUMNS  # noqa: E402
 from services.coordinator.core import Coordinator  # noqa: E402
 from services.coordinator.snapshot import yield_to_requests  # noqa: E402
@@ -325,6 +335,127 @@ def index_memory_mb(capacity: int) -> tuple[float, int]:
     return float(out[0]), int(out[1])
 
 
+def sum_tree_uniform(capacity: int) -> PrioritizedSampler:
+    """The reference: the uniform sampler before the current one, a prioritized
+    sampler with alpha = beta = 0 (two float64 sum trees over the capacity)."""
+    return PrioritizedSampler(capacity, alpha=0.0, beta=0.0, beta_anneal_steps=0)
+
+
+#: Name: (the config's sampler type, what replaces its sampler, if anything).
+SAMPLERS: dict[str, tuple[str, Callable[[int], PrioritizedSampler] | None]] = {
+    "uniform": ("uniform", None),
+    "uniform, before: two sum trees": ("uniform", sum_tree_uniform),
+    "prioritized": ("prioritized", None),
+}
+
+
+def owned_bytes(value: object) -> int:
+    """Bytes of the numpy arrays a value owns (views are not counted), looking into
+    its attributes, dicts and lists."""
+    if isinstance(value, np.ndarray):
+        return value.nbytes if value.base is None else 0
+    if isinstance(value, dict):
+        return sum(owned_bytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(owned_bytes(v) for v in value)
+    if hasattr(value, "__dict__"):
+        return owned_bytes(vars(value))
+    return 0
+
+
+def median_us(draw: Callable[[], object], repeats: int, budget_s: float = 2.0) -> float:
+    """Median time of `draw` in microseconds, over `repeats` calls or `budget_s`."""
+    times: list[float] = []
+    deadline = time.perf_counter() + budget_s
+    while len(times) < repeats and (not times or time.perf_counter() < deadline):
+        t0 = time.perf_counter()
+        draw()
+        times.append((time.perf_counter() - t0) * 1e6)
+    return statistics.median(times)
+
+
+def rss_mb() -> float:
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS in /proc/self/status")
+
+
+def sampler_probe(name: str, items: int, repeats: int) -> dict[str, float]:
+    """Run in a fresh process: build and fill an `items`-item buffer with sampler
+    `name`, then time draws of 8 x 64 as the table empties."""
+    kind, reference = SAMPLERS[name]
+    before_mb = rss_mb()
+    config = ReplayBufferConfig(type=kind, replay_buffer_size=items, min_size_to_sample=1)
+    buffer = ReplayBuffer("job-bench", config, NoFiles(), error_buffer=0.0)
+    if reference is not None:
+        buffer.sampler = reference(items)
+    for seq in range(-(-items // 10_000)):
+        buffer.insert([ref(seq, min(10_000, items - buffer.size))])
+    grown_mb = rss_mb() - before_mb
+    table, sampler = buffer.table, buffer.sampler
+    rng = np.random.default_rng(0)
+
+    def draw() -> object:
+        return sampler.sample(512, table, rng)
+
+    result = {
+        "table_mb": owned_bytes(table) / 1e6,
+        "sampler_mb": owned_bytes(sampler) / 1e6,
+        "rss_mb": grown_mb,
+        "request_us": median_us(lambda: buffer.sample(64, 8, timeout_s=0), repeats),
+        "full_us": median_us(draw, repeats),
+    }
+    # Holes as max_use or staleness evictions leave them, through the sampler's
+    # protocol (the segments' counts are not kept: only draws are timed from here).
+    for key, keep in (("half_us", items // 2), ("sparse_us", 5_000)):
+        live = table.live_slots()
+        gone = rng.choice(live, size=max(0, len(live) - keep), replace=False)
+        sampler.removed(gone)
+        table.remove(gone)
+        result[key] = median_us(draw, repeats)
+    return result
+
+
+def sampler_table(items_list: list[int], repeats: int) -> Table:
+    table = Table(
+        title="Samplers: index memory and one draw of 8 x 64 (median), each in a fresh process"
+    )
+    for column in ("items", "sampler", "table arrays", "sampler arrays", "RSS growth"):
+        table.add_column(column, justify="left" if column == "sampler" else "right")
+    for column in ("draw: all live", "half live", "5,000 live", "request 8 x 64"):
+        table.add_column(column, justify="right")
+    for items in items_list:
+        for name in SAMPLERS:
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--probe",
+                    name,
+                    "--probe-items",
+                    str(items),
+                    "--repeats",
+                    str(repeats),
+                ],
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=600,
+            ).stdout
+            got = json.loads(out)
+            table.add_row(
+                f"{items:,}",
+                name,
+                f"{got['table_mb']:,.0f} MB",
+                f"{got['sampler_mb']:,.0f} MB" if got["sampler_mb"] else "none",
+                f"{got['rss_mb']:,.0f} MB",
+                *(f"{got[k]:,.0f} µs" for k in ("full_us", "half_us", "sparse_us", "request_us")),
+            )
+    return table
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--capacity", type=int, default=1_000_000)
@@ -334,8 +465,18 @@ def main() -> None:
     parser.add_argument("--snapshot-segment-rows", type=int, default=256)
     parser.add_argument("--snapshot-seconds", type=float, default=10.0)
     parser.add_argument("--snapshot-rate", type=float, default=200.0)
+    parser.add_argument("--samplers", action="store_true", help="run only the sampler bench")
+    parser.add_argument("--sampler-items", type=int, nargs="+", default=[1_000_000, 10_000_000])
+    parser.add_argument("--probe", choices=SAMPLERS, help=argparse.SUPPRESS)
+    parser.add_argument("--probe-items", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    console = Console(width=120)
+    if args.probe:
+        print(json.dumps(sampler_probe(args.probe, args.probe_items, args.repeats)))
+        return
+    console = Console(width=140)
+    if args.samplers:
+        console.print(sampler_table(args.sampler_items, args.repeats))
+        return
     if args.snapshot_items:
         console.print(
             snapshot_bench(
@@ -368,6 +509,7 @@ def main() -> None:
     )
     table.add_row(f"index memory ({size:,} items)", f"{memory_mb:,.0f} MB", "", "< 200 MB")
     console.print(table)
+    console.print(sampler_table(args.sampler_items, args.repeats))
 
 
 if __name__ == "__main__":
