@@ -442,6 +442,13 @@ def check_shape(raw: Any) -> None:
             stack.append((child, f"{path}.{key}", depth + 1))
 
 
+@cache
+def _job_config_adapter() -> TypeAdapter[JobConfig]:
+    """Built once: building the schema costs ~50 ms, more than all else a job
+    submission or a restored record needs."""
+    return TypeAdapter(JobConfig)
+
+
 def resolve_job_config(raw: Any) -> tuple[JobConfig, list[str]]:
     """Merge `raw` over its algorithm's defaults and validate it.
 
@@ -464,7 +471,7 @@ def resolve_job_config(raw: Any) -> tuple[JobConfig, list[str]]:
         field_path, _, message = warnings[0].partition(": ")
         raise ConfigError(field_path, message)
     try:
-        config = TypeAdapter(JobConfig).validate_python(known_keys)
+        config = _job_config_adapter().validate_python(known_keys)
     except ValidationError as exc:
         first = exc.errors(include_url=False)[0]
         raise ConfigError(".".join(str(p) for p in first["loc"]), first["msg"]) from None
@@ -646,7 +653,7 @@ def to_dict(config: JobConfig) -> dict[str, Any]:
 
 def from_resolved(data: dict[str, Any]) -> JobConfig:
     """Read back a config written by `to_dict` (the job's `job.json`)."""
-    return TypeAdapter(JobConfig).validate_python(data)
+    return _job_config_adapter().validate_python(data)
 
 
 def read_job_config(store: Any, job_id: str) -> JobConfig:

@@ -455,6 +455,8 @@ class JobStatus:
 @message
 class JobList:
     jobs: list[JobStatus]
+    #: More jobs follow: pass it as `?page_token=` for the next page (None: no more).
+    next_page_token: str | None = None
 
 
 @message

@@ -45,6 +45,25 @@ def env_float(env: Mapping[str, str], name: str, default: float) -> float:
         raise SettingsError(f"{name}={raw!r} is not a number") from None
 
 
+#: Seconds in each unit a duration may be given in.
+_DURATION_UNITS = {"s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0}
+
+
+def env_duration_s(env: Mapping[str, str], name: str, default: float) -> float:
+    """A duration in seconds, given as seconds (`3600`) or with a unit (`90m`, `12h`,
+    `7d`)."""
+    raw = (env.get(name) or "").strip()
+    if not raw:
+        return default
+    scale = _DURATION_UNITS.get(raw[-1].lower())
+    try:
+        return float(raw[:-1]) * scale if scale is not None else float(raw)
+    except ValueError:
+        raise SettingsError(
+            f"{name}={raw!r} is not a duration (seconds, or a number with s, m, h or d)"
+        ) from None
+
+
 def read_secret(env: Mapping[str, str], name: str) -> str:
     """A secret from `NAME`, or the contents of the file `NAME_FILE` (Kubernetes and
     compose secrets); empty when neither is set."""

@@ -24,6 +24,7 @@ Usage::
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import re
@@ -600,6 +601,14 @@ class ReplayBuffer:
             self._dead.update(self._segments)
             self._release_dead(grace_s=float("-inf"))
             self._cond.notify_all()
+
+    def final_stats(self) -> BufferStats:
+        """The stats of a closed buffer as `release_all` leaves them (every segment
+        released): what an ended job records before its files are deleted."""
+        with self._cond:
+            stats = self.stats()
+            released = self._counters.released_segments + len(self._segments)
+        return dataclasses.replace(stats, live_segments=0, released_segments=released)
 
     def stats(self) -> BufferStats:
         """Counters, and use, staleness and priority over the live items: exact up to

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import sys
 
 from common.envs import setup_env_registry
@@ -14,8 +16,22 @@ from services.coordinator.scheduler import Scheduler
 from services.coordinator.settings import CoordinatorSettings
 from services.coordinator.snapshot import Snapshotter
 
+#: glibc's mallopt parameter for the size from which an allocation is its own mapping.
+_M_MMAP_THRESHOLD = -3
+
+
+def give_freed_buffers_back() -> None:
+    """Keep each large allocation (a buffer's columns) in a mapping of its own, so
+    freeing it gives the memory back to the system. glibc otherwise raises that
+    threshold to the size of the last large block freed, and the next job's columns
+    come from the heap, where they stay taken after that job ends: the coordinator's
+    memory would follow the jobs it ever ran, not those it holds."""
+    with contextlib.suppress(OSError, AttributeError):  # not glibc: its own policy stays
+        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, 1 << 20)
+
 
 def main() -> int:
+    give_freed_buffers_back()
     setup_logging("coordinator")
     try:
         settings = CoordinatorSettings.from_env()

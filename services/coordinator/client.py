@@ -14,6 +14,7 @@ from common.messages import (
     HeartbeatReply,
     InsertReply,
     JobCreated,
+    JobList,
     JobStatus,
     JobSubmit,
     PolicyAnnounce,
@@ -48,8 +49,23 @@ class CoordinatorClient(ServiceClient):
     def submit_job(self, config: dict[str, Any], name: str | None = None) -> JobCreated:
         return self.call_as(JobCreated, "POST", f"{API}/jobs", JobSubmit(config=config, name=name))
 
-    def list_jobs(self) -> list[JobStatus]:
-        return [parse(JobStatus, j) for j in self.call("GET", f"{API}/jobs")["jobs"]]
+    def list_jobs(self, phase: str | None = None) -> list[JobStatus]:
+        """Every job the coordinator holds (of `phase`), newest first, page by page."""
+        jobs: list[JobStatus] = []
+        page = self.jobs_page(phase=phase)
+        jobs.extend(page.jobs)
+        while page.next_page_token is not None:
+            page = self.jobs_page(phase=phase, page_token=page.next_page_token)
+            jobs.extend(page.jobs)
+        return jobs
+
+    def jobs_page(
+        self, *, phase: str | None = None, limit: int | None = None, page_token: str | None = None
+    ) -> JobList:
+        """One page of jobs, newest first; `page_token` continues a previous page."""
+        params = {"phase": phase, "limit": limit, "page_token": page_token}
+        query = {k: v for k, v in params.items() if v is not None}
+        return parse(JobList, self.call("GET", f"{API}/jobs", params=query or None))
 
     def job(self, job_id: str) -> JobStatus:
         return self.call_as(JobStatus, "GET", f"{API}/jobs/{job_id}")

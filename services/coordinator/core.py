@@ -32,6 +32,7 @@ from common.messages import (
     Heartbeat,
     InsertReply,
     JobCreated,
+    JobList,
     JobMetrics,
     JobStatus,
     JobSubmit,
@@ -47,7 +48,7 @@ from common.messages import (
 from common.metrics import service_registry
 from common.storage import SharedStore
 from services.coordinator.data import DataPlane
-from services.coordinator.jobs import JobBook
+from services.coordinator.jobs import MAX_PAGE, JobBook
 from services.coordinator.metrics import CoordinatorMetrics, JobGauges
 from services.coordinator.persistence import Persistence
 from services.coordinator.planning import Planning
@@ -154,8 +155,10 @@ class Coordinator:
     def job_status(self, job_id: str) -> JobStatus:
         return self.job_book.status(job_id)
 
-    def list_jobs(self) -> list[JobStatus]:
-        return self.job_book.listing()
+    def list_jobs(
+        self, *, phase: str | None = None, limit: int = MAX_PAGE, page_token: str | None = None
+    ) -> JobList:
+        return self.job_book.listing(phase=phase, limit=limit, page_token=page_token)
 
     def job_metrics(self, job_id: str) -> JobMetrics:
         return self.job_book.metrics(job_id)
@@ -165,7 +168,7 @@ class Coordinator:
 
     def _gauge_values(self) -> tuple[list[JobStatus], dict[str, int], int]:
         """What the per-job gauges show at a scrape."""
-        return self.list_jobs(), self.buffer_sizes(), len(self.list_workers())
+        return self.list_jobs().jobs, self.buffer_sizes(), len(self.list_workers())
 
     # --- workers ---------------------------------------------------------------------
 
@@ -183,6 +186,11 @@ class Coordinator:
 
     def list_workers(self) -> list[WorkerInfo]:
         return self.registry.listing()
+
+    def task_state(self, task_id: str) -> TaskState | None:
+        """A task's state, ended ones included while they are remembered."""
+        with self.state.guard.changing():
+            return self.tasks_board.state_of(task_id)
 
     # --- tasks -----------------------------------------------------------------------
 
@@ -212,7 +220,7 @@ class Coordinator:
         return self.data.update_priorities(job_id, update, caller=caller)
 
     def buffer_stats(self, job_id: str) -> BufferStats:
-        return self.data.stats(job_id)
+        return self.job_book.buffer_stats(job_id)
 
     # --- policies --------------------------------------------------------------------
 
@@ -263,14 +271,16 @@ class Coordinator:
         with self.state.guard.changing():
             self.state.closing = True
             for job in self.state.jobs.values():
-                job.buffer.close()
+                if job.replay is not None:
+                    job.replay.close()
             self.state.guard.notify()
 
     def close(self) -> None:
         with self.state.guard.changing():
             self.state.closing = True
             for job in self.state.jobs.values():
-                job.buffer.close()
+                if job.replay is not None:
+                    job.replay.close()
                 self.job_book.sweep_segments(job, now=True)
             self.state.guard.notify()
         self.job_book.boards.close_all()

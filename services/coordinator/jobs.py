@@ -24,8 +24,11 @@ from common.config import (
 from common.envs import fit_to_env
 from common.errors import bad_request, conflict, not_found
 from common.messages import (
+    TERMINAL_PHASES,
+    BufferStats,
     EvalSummary,
     JobCreated,
+    JobList,
     JobMetrics,
     JobStatus,
     JobSubmit,
@@ -39,13 +42,22 @@ from common.ranks import RANK_DEVICES, learner_ranks
 from common.storage import SharedStore
 from services.buffer.core import ReplayBuffer
 from services.coordinator.devices import refuse_unless_fits, waiting_reason
-from services.coordinator.snapshot import as_record, eval_from, policy_from, write_job_record
+from services.coordinator.snapshot import (
+    as_record,
+    eval_from,
+    policy_from,
+    read_job_record,
+    write_job_record,
+)
 from services.coordinator.state import CoordinatorState, Job, raise_if_closing
 from services.coordinator.tasks import TaskBoard
 from services.coordinator.tensorboard import JobBoards
 from services.coordinator.workflows import Planner, check_workflow, workflow_of
 
 log = logging.getLogger(__name__)
+
+#: Jobs one listing answers at the most.
+MAX_PAGE = 1000
 
 
 class JobBook:
@@ -82,7 +94,7 @@ class JobBook:
             job_id=job_id,
             name=submit.name or config.exp_name,
             config=config,
-            buffer=self.new_buffer(job_id, config),
+            replay=self.new_buffer(job_id, config),
             started_at=self.state.wall(),
             waiting=waiting,
         )
@@ -125,13 +137,15 @@ class JobBook:
                 )
 
     def from_record(self, record: dict[str, Any]) -> Job:
-        """A job (with an empty buffer) from its record (`job_record`)."""
+        """A job from its record (`job_record`): a running one with an empty buffer,
+        an ended one with none (what its buffer held at the end is in the record)."""
         config = from_resolved(record["config"])
+        ended = record["phase"] in TERMINAL_PHASES
         job = Job(
             job_id=record["job_id"],
             name=record["name"],
             config=config,
-            buffer=self.new_buffer(record["job_id"], config),
+            replay=None if ended else self.new_buffer(record["job_id"], config),
             started_at=float(record["started_at"]),
             phase=record["phase"],
             reason=record["reason"],
@@ -147,10 +161,16 @@ class JobBook:
             task_failures=int(record["task_failures"]),
             tasks_reassigned=int(record.get("tasks_reassigned", 0)),  # older records lack it
             segments_swept=bool(record["segments_swept"]),
+            # Records of jobs that ended before it was kept have none.
+            final_buffer=parse(BufferStats, record["buffer"]) if record.get("buffer") else None,
         )
+        if ended:
+            _let_go_of_series(job)
+            return job
         job.episode_returns.extend(record["episode_returns"])
         job.evaluation.extend(record.get("evaluation", []))
         job.metrics.extend(parse(MetricsPoint, p) for p in record["metrics"])
+        job.unusable_segments.update(record.get("unusable_segments", []))
         return job
 
     # --- lookups -------------------------------------------------------------------
@@ -202,9 +222,13 @@ class JobBook:
             self.finish(job, "failed", f"{what} before stop_value {job.config.env.stop_value}")
 
     def complete_end(self, job: Job, record: dict[str, Any]) -> None:
-        """Write the ending job's record; then show its end; then delete its segments.
+        """Write the ending job's record (with what its buffer held at the end) and its
+        summary; then show its end; then let go of its index and delete its segments.
         When the record cannot be written, the job stays ending and the snapshot
         thread tries again."""
+        # The buffer is closed: nothing changes it any more, so these stats are final.
+        final = job.replay.final_stats() if job.replay is not None else job.final_buffer
+        record = {**record, "buffer": as_record(final)}
         try:
             write_job_record(self.state.store, job.job_id, record)
         except OSError as exc:
@@ -213,19 +237,34 @@ class JobBook:
         with self.state.guard.changing():
             if job.terminal_durable or job.ending is None:
                 return
-            job.phase, job.reason, job.finished_at = job.ending
-            job.terminal_durable = True
-            summary = dump(status_of(job))
-            evals = list(job.evals)
-            self.state.guard.notify()
+            phase, reason, finished_at = job.ending
+            summary = dump(status_of(job, phase=(phase, reason, finished_at)))
+        # The summary is on disk before anybody is shown the end (a reader who sees the
+        # phase finds it); a crash before this line leaves a record without it, and the
+        # restore writes it (`write_missing_summary`).
         self.state.store.write_json(f"{job.job_id}/summary.json", summary)
+        with self.state.guard.changing():
+            job.phase, job.reason, job.finished_at = phase, reason, finished_at
+            job.terminal_durable = True
+            job.final_buffer = final
+            replay, job.replay = job.replay, None
+            evals = list(job.evals)
+            _let_go_of_series(job)
+            self.state.guard.notify()
         self.boards.close(job.job_id, evals)
         # Step data is only for training: a finished job keeps policies, checkpoints,
         # evaluations and logs, not segments.
-        try:
-            job.buffer.release_all()
-        except Exception:
-            log.exception("job %s: releasing its segments failed", job.job_id)
+        if replay is not None:
+            try:
+                replay.release_all()
+            except Exception:
+                log.exception("job %s: releasing its segments failed", job.job_id)
+
+    def write_missing_summary(self, job: Job) -> None:
+        """An ended job's summary, if a crash came between its record and its summary."""
+        path = f"{job.job_id}/summary.json"
+        if not self.state.store.exists(path):
+            self.state.store.write_json(path, dump(status_of(job)))
 
     def sweep_segments(self, job: Job, *, now: bool = False) -> None:
         """Remove what collectors wrote around the end of a job, once they had time to
@@ -245,43 +284,108 @@ class JobBook:
             job = self.get(job_id)
             return status_of(job, learners_of(self.state, job))
 
-    def listing(self) -> list[JobStatus]:
+    def listing(
+        self, *, phase: str | None = None, limit: int = MAX_PAGE, page_token: str | None = None
+    ) -> JobList:
+        """Jobs newest first, `limit` at a time: `page_token` (the last answer's
+        `next_page_token`) continues after the previous page. `phase`: one phase, or
+        "ended" for any terminal one."""
+        after = _page_key(page_token) if page_token else None
         with self.state.guard.changing():
-            return [status_of(j, learners_of(self.state, j)) for j in self.state.jobs.values()]
+            jobs = sorted(
+                (
+                    j
+                    for j in self.state.jobs.values()
+                    if phase is None
+                    or j.phase == phase
+                    or (phase == "ended" and j.phase in TERMINAL_PHASES)
+                ),
+                key=_order,
+                reverse=True,
+            )
+            if after is not None:
+                jobs = [j for j in jobs if _order(j) < after]
+            page = jobs[:limit]
+            statuses = [status_of(j, learners_of(self.state, j)) for j in page]
+        more = len(jobs) > limit
+        return JobList(jobs=statuses, next_page_token=_page_token(page[-1]) if more else None)
+
+    def forget_old(self) -> list[str]:
+        """Forget ended jobs past their retention, and the oldest ended ones past the
+        count kept (call under the lock). Their folders stay. Returns their ids."""
+        limits = self.state.limits
+        ended = sorted(
+            (j for j in self.state.jobs.values() if j.terminal_durable),
+            key=lambda j: j.finished_at or 0.0,
+        )
+        cutoff = self.state.wall() - limits.ended_job_retention_s
+        over = max(0, len(ended) - limits.max_ended_jobs)
+        gone = [
+            j.job_id for i, j in enumerate(ended) if i < over or (j.finished_at or 0.0) < cutoff
+        ]
+        for job_id in gone:
+            del self.state.jobs[job_id]
+            self.state.metrics.forget_job(job_id)
+            self.boards.forget(job_id)
+            log.info("job %s forgotten (ended; past its retention)", job_id)
+        return gone
 
     def metrics(self, job_id: str) -> JobMetrics:
         with self.state.guard.changing():
             job = self.get(job_id)
-            points, evals = list(job.metrics), list(job.evals)
-            unusable = sorted(job.unusable_segments)
+            if job.replay is None:
+                ended = True
+            else:
+                ended = False
+                points, evals = list(job.metrics), list(job.evals)
+                unusable = sorted(job.unusable_segments)
+                buffer = job.replay
+        if ended:
+            # An ended job keeps its series on disk only: its record, read here
+            # without the lock, is the same before and after a restart.
+            return metrics_from_record(read_job_record(self.state.store, job_id) or {}, job)
         # The buffer's stats take its own lock, never the coordinator's.
         return JobMetrics(
             job_id=job_id,
             points=points,
             evals=evals,
-            buffer=job.buffer.stats(),
+            buffer=buffer.stats(),
             unusable_segments=unusable,
         )
+
+    def buffer_stats(self, job_id: str) -> BufferStats:
+        """The job's buffer statistics: live while it runs, as it ended after."""
+        with self.state.guard.changing():
+            job = self.get(job_id)
+            buffer, final = job.replay, job.final_buffer
+        if buffer is not None:
+            return buffer.stats()  # its own lock, never the coordinator's
+        if final is None:
+            raise not_found(f"the buffer statistics of {job_id} (it ended before they were kept)")
+        return final
 
     def buffer_sizes(self) -> dict[str, int]:
         """Each job's buffer size (cheap: no stats are computed)."""
         with self.state.guard.changing():
-            return {job_id: job.buffer.size for job_id, job in self.state.jobs.items()}
+            return {
+                job_id: job.replay.size if job.replay is not None else _final_size(job)
+                for job_id, job in self.state.jobs.items()
+            }
 
     def sample_metrics(self) -> None:
         """One metrics point per running job (call under the lock, every period)."""
         limits = self.state.limits
         for job in self.state.jobs.values():
-            if job.phase != "running":
+            if job.replay is None:
                 self.sweep_segments(job)
                 continue
-            job.buffer.collect_garbage()
+            job.replay.collect_garbage()
             recent = list(job.episode_returns)
             point = MetricsPoint(
                 t=round(self.state.wall(), 3),
                 env_steps=job.env_steps,
                 train_iters=job.train_iters,
-                buffer_size=job.buffer.size,
+                buffer_size=job.replay.size,
                 policy_version=job.policy.version if job.policy else 0,
                 collect_return_mean=statistics.fmean(recent) if recent else None,
             )
@@ -289,6 +393,48 @@ class JobBook:
             self.boards.record(job, point)
             while len(job.metrics) > limits.metrics_points:
                 job.metrics.popleft()
+
+
+def _order(job: Job) -> tuple[float, str]:
+    return (job.started_at, job.job_id)
+
+
+def _page_token(job: Job) -> str:
+    return f"{job.started_at!r}/{job.job_id}"
+
+
+def _page_key(token: str) -> tuple[float, str]:
+    started_at, _, job_id = token.partition("/")
+    try:
+        return (float(started_at), job_id)
+    except ValueError:
+        raise bad_request("page_token", "not a token from a previous listing") from None
+
+
+def _final_size(job: Job) -> int:
+    return job.final_buffer.size if job.final_buffer is not None else 0
+
+
+def _let_go_of_series(job: Job) -> None:
+    """What an ended job no longer keeps in memory: its series (they stay in its
+    record on disk) and its workflow's in-flight data; its last and best evaluation
+    stay, for its status."""
+    job.metrics.clear()
+    del job.evals[:-1]
+    job.evaluation.clear()
+    job.episode_returns.clear()
+    job.unusable_segments.clear()
+
+
+def metrics_from_record(record: dict[str, Any], job: Job) -> JobMetrics:
+    """An ended job's metrics, from its record."""
+    return JobMetrics(
+        job_id=job.job_id,
+        points=[parse(MetricsPoint, p) for p in record.get("metrics", [])],
+        evals=[parse(EvalSummary, e) for e in record.get("evals", [])],
+        buffer=job.final_buffer,
+        unusable_segments=sorted(record.get("unusable_segments", [])),
+    )
 
 
 def learners_of(state: CoordinatorState, job: Job) -> list[LearnerSummary]:
@@ -328,11 +474,19 @@ def _rank_devices(listed: object, world_size: int) -> list[str]:
     return devices if len(devices) == world_size else [listed]
 
 
-def status_of(job: Job, learners: list[LearnerSummary] | None = None) -> JobStatus:
+def status_of(
+    job: Job,
+    learners: list[LearnerSummary] | None = None,
+    *,
+    phase: tuple[str, str, float | None] | None = None,
+) -> JobStatus:
+    """The job's status; `phase`: (phase, reason, finished_at) to show instead of its
+    own (the end it is about to show)."""
+    shown, reason, finished_at = phase or (job.phase, job.reason, job.finished_at)
     return JobStatus(
         job_id=job.job_id,
         name=job.name,
-        phase=job.phase,  # type: ignore[arg-type]
+        phase=shown,  # type: ignore[arg-type]
         algo=job.config.policy.type,
         env_id=job.config.env.env_id,
         env_steps=job.env_steps,
@@ -342,9 +496,9 @@ def status_of(job: Job, learners: list[LearnerSummary] | None = None) -> JobStat
         best_eval_return=job.best_eval.return_mean if job.best_eval else None,
         best_policy_version=job.best_eval.policy_version if job.best_eval else None,
         stop_value=job.config.env.stop_value,
-        reason=job.reason or (job.waiting if job.running else ""),
+        reason=reason or (job.waiting if job.running and phase is None else ""),
         started_at=job.started_at,
-        finished_at=job.finished_at,
+        finished_at=finished_at,
         learners=learners or [],
         max_env_step=job.config.system.max_env_step,
         max_train_iter=job.config.system.max_train_iter,
@@ -378,6 +532,8 @@ def job_record(job: Job) -> dict[str, Any]:
         "metrics": [dump(p) for p in list(job.metrics)[-600:]],
         "segments_swept": job.segments_swept,
         "evaluation": list(job.evaluation),
+        "unusable_segments": sorted(job.unusable_segments),
+        "buffer": as_record(job.final_buffer),
     }
 
 

@@ -4,6 +4,7 @@ coordinator's state at each scrape."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -67,6 +68,17 @@ class CoordinatorMetrics:
             ["kind", "state"],
             registry=registry,
         )
+
+    def forget_job(self, job_id: str) -> None:
+        """Remove a forgotten job's series (a scrape no longer shows them)."""
+        for counter in (
+            self.samples_served,
+            self.sample_timeouts,
+            self.segments_inserted,
+            self.inserts_rate_limited,
+        ):
+            with contextlib.suppress(KeyError):  # never counted for this job
+                counter.remove(job_id)
 
 
 class JobGauges(Collector):

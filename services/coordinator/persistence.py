@@ -1,9 +1,11 @@
 """Saving and restoring the coordinator's jobs (the file layout is snapshot.py's).
 
-Every running job is snapshotted every few seconds, and each ended job once more;
-at start, every job folder under the shared root is restored: an ended job as its
-durable record says, a running one from its newest snapshot plus the segment files
-and policy versions written after it.
+Every running job is snapshotted every few seconds; an ended job's snapshot files are
+removed (its durable record holds all that is kept of it). At start, every job folder
+under the shared root is restored: an ended job as its durable record says (no
+index is built for it; one ended past its retention is not loaded at all), a running
+one from its newest snapshot plus the segment files and policy versions written
+after it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,8 @@ import threading
 import time
 from typing import Any
 
-from common.messages import TERMINAL_PHASES
+from common.config import from_resolved
+from common.messages import TERMINAL_PHASES, dump
 from common.storage import CorruptFileError
 from services.coordinator.data import DataPlane
 from services.coordinator.jobs import JobBook, ending_record, job_record
@@ -21,7 +24,9 @@ from services.coordinator.policies import PolicyPointer
 from services.coordinator.snapshot import (
     read_job_record,
     read_job_snapshot,
+    remove_job_snapshot,
     state_path,
+    write_job_record,
     write_job_snapshot,
 )
 from services.coordinator.state import CoordinatorState, Job
@@ -58,11 +63,12 @@ class Persistence:
                     state.guard.defer(
                         lambda job=job, record=record: self.jobs.complete_end(job, record)
                     )
-            todo = [
-                job
-                for job in state.jobs.values()
-                if job.phase == "running" or not job.final_snapshot
-            ]
+            todo = [job for job in state.jobs.values() if job.replay is not None]
+            ended = [j for j in state.jobs.values() if j.terminal_durable and not j.final_snapshot]
+        for job in ended:
+            # Its record says all that is kept: the last snapshot is of no more use.
+            remove_job_snapshot(state.store, job.job_id)
+            job.final_snapshot = True
         for job in todo:
             started = time.perf_counter()
             # One cut of record and buffer: the record is taken holding the
@@ -80,8 +86,6 @@ class Persistence:
             )
             timings[job.job_id] = (taken.longest_lock_hold_s, time.perf_counter() - started)
             del taken  # its bytes are reused by the next snapshot once let go
-            if record["phase"] != "running":
-                job.final_snapshot = True
         return timings
 
     @staticmethod
@@ -114,11 +118,12 @@ class Persistence:
                 self.policies.recover(job)
                 self.data.sweep_orphans(job, grace_s=0.0)
             else:
-                job.buffer.close()
-                job.final_snapshot = job.terminal_durable = True
+                job.terminal_durable = True
+                self.jobs.write_missing_summary(job)
                 self.jobs.sweep_segments(job, now=True)
             with state.guard.changing():
                 state.jobs[job.job_id] = job
+                self.jobs.forget_old()  # past the count kept: the oldest ended go
                 state.guard.notify()
             restored.append(job.job_id)
             log.info(
@@ -126,9 +131,10 @@ class Persistence:
                 job.job_id,
                 job.phase,
                 job.env_steps,
-                job.buffer.size,
+                job.replay.size if job.replay is not None else 0,
             )
-        return restored
+        with state.guard.changing():
+            return [job_id for job_id in restored if job_id in state.jobs]
 
     def _restore_job(self, job_id: str) -> Job | None:
         """A job from its folder: ended if its durable record says so; else as its
@@ -137,6 +143,11 @@ class Persistence:
         store = self.state.store
         record = read_job_record(store, job_id)
         if record is not None and record["phase"] in TERMINAL_PHASES:
+            finished_at = record["finished_at"] or 0.0
+            if finished_at < self.state.wall() - self.state.limits.ended_job_retention_s:
+                return None  # past its retention: forgotten, its folder untouched
+            if record.get("buffer") is None:
+                record = self._with_final_buffer(record)
             return self.jobs.from_record(record)
         if store.exists(state_path(job_id)):
             snapshot, data, buffer_meta = read_job_snapshot(store, job_id)
@@ -144,3 +155,16 @@ class Persistence:
             job.buffer.restore_snapshot(data, buffer_meta)
             return job
         return self.jobs.from_record(record) if record is not None else None
+
+    def _with_final_buffer(self, record: dict[str, Any]) -> dict[str, Any]:
+        """The record of a job that ended before its buffer's final statistics were
+        kept, with them: from its last snapshot (an empty buffer's without one), saved
+        once, so no later start builds its index again."""
+        store, job_id = self.state.store, record["job_id"]
+        buffer = self.jobs.new_buffer(job_id, from_resolved(record["config"]))
+        if store.exists(state_path(job_id)):
+            _, data, buffer_meta = read_job_snapshot(store, job_id)
+            buffer.restore_snapshot(data, buffer_meta)
+        record = {**record, "buffer": dump(buffer.stats())}
+        write_job_record(store, job_id, record)
+        return record

@@ -119,6 +119,7 @@ class Planning:
                 self._last_metrics_s = state.clock()
                 try:
                     self.jobs.sample_metrics()
+                    self.jobs.forget_old()
                 except Exception:
                     log.exception("sampling metrics failed")
             return plan

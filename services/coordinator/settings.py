@@ -14,13 +14,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.http import ServerLimits
-from common.settings import SettingsError, env_float, env_int, env_str, read_secret, read_token
+from common.settings import (
+    SettingsError,
+    env_duration_s,
+    env_float,
+    env_int,
+    env_str,
+    read_secret,
+    read_token,
+)
 from services.coordinator.state import CoordinatorLimits
+
+#: Limits given as a duration (`90m`, `12h`, `7d`, or seconds), by their variable.
+DURATION_VARIABLES = {"ended_job_retention_s": "DROVER_ENDED_JOB_RETENTION"}
 
 
 def limit_variable(name: str) -> str:
     """The environment variable of a `CoordinatorLimits` field."""
-    return f"DROVER_{name.upper()}"
+    return DURATION_VARIABLES.get(name, f"DROVER_{name.upper()}")
 
 
 def limits_from_env(env: Mapping[str, str]) -> CoordinatorLimits:
@@ -32,6 +43,8 @@ def limits_from_env(env: Mapping[str, str]) -> CoordinatorLimits:
             continue
         if isinstance(default, tuple):
             values[spec.name] = tuple(h.strip() for h in env[name].split(",") if h.strip())
+        elif spec.name in DURATION_VARIABLES:
+            values[spec.name] = env_duration_s(env, name, default)
         elif isinstance(default, int):
             values[spec.name] = env_int(env, name, default)
         else:

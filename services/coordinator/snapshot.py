@@ -79,6 +79,15 @@ def write_job_snapshot(
             store.delete(f"{job_id}/coordinator/{name}")
 
 
+def remove_job_snapshot(store: SharedStore, job_id: str) -> None:
+    """Remove a job's snapshot (an ended job's record is all that is kept of it):
+    `state.json` first, so no moment leaves it naming a removed arrays file."""
+    store.delete(state_path(job_id))
+    for name in store.list_dir(f"{job_id}/coordinator"):
+        if name.startswith("buffer-"):
+            store.delete(f"{job_id}/coordinator/{name}")
+
+
 def read_job_snapshot(store: SharedStore, job_id: str) -> tuple[dict, bytes, dict]:
     """(job record, buffer arrays, buffer record) of a job's newest snapshot."""
     state = store.read_json(state_path(job_id))

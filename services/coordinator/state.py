@@ -16,9 +16,17 @@ from prometheus_client import CollectorRegistry
 
 from common.config import JobConfig
 from common.errors import ApiError
-from common.messages import EvalSummary, MetricsPoint, PolicyRef, TaskAssignment, TaskKind, TaskSpec
+from common.messages import (
+    BufferStats,
+    EvalSummary,
+    MetricsPoint,
+    PolicyRef,
+    TaskAssignment,
+    TaskKind,
+    TaskSpec,
+)
 from common.storage import SharedStore
-from services.buffer.core import ReplayBuffer
+from services.buffer.core import BufferClosed, ReplayBuffer
 from services.coordinator.lock import ChangeLock
 from services.coordinator.metrics import CoordinatorMetrics
 
@@ -79,6 +87,14 @@ class CoordinatorLimits:
     max_dispatch_failures: int = 3
     orphan_sweep_period_s: float = 10.0
     metrics_points: int = 3600
+    #: An ended job is forgotten (by this coordinator; its folder stays) this long
+    #: after it ended (`DROVER_ENDED_JOB_RETENTION`: seconds, or 90m, 12h, 7d).
+    ended_job_retention_s: float = 7 * 24 * 3600.0
+    #: ... and, past this many ended jobs, the oldest ended ones go first.
+    max_ended_jobs: int = 1000
+    #: Ended tasks remembered (so a late message for one is told it ended, not that
+    #: it never existed); older ones are forgotten.
+    ended_tasks_kept: int = 10_000
 
 
 @dataclass
@@ -118,12 +134,24 @@ class Worker:
     progress: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class EndedTask:
+    """What is remembered of a task that ended (the task itself is let go)."""
+
+    job_id: str
+    kind: TaskKind
+    worker_id: str
+    state: TaskState
+
+
 @dataclass
 class Job:
     job_id: str
     name: str
     config: JobConfig
-    buffer: ReplayBuffer
+    #: The job's replay index while it runs; None once the job ended and released it
+    #: (what it held at the end is `final_buffer`).
+    replay: ReplayBuffer | None
     started_at: float
     phase: str = "running"
     reason: str = ""
@@ -163,11 +191,24 @@ class Job:
         default_factory=lambda: collections.deque(maxlen=100)
     )
     metrics: collections.deque[MetricsPoint] = field(default_factory=collections.deque)
+    #: The buffer's statistics when the job ended (kept in its record).
+    final_buffer: BufferStats | None = None
 
     @property
     def running(self) -> bool:
         """Takes data and tasks: running, and not ending."""
         return self.phase == "running" and self.ending is None
+
+    @property
+    def buffer(self) -> ReplayBuffer:
+        """The live replay index.
+
+        Raises:
+            BufferClosed: the job ended and its index was released.
+        """
+        if self.replay is None:
+            raise BufferClosed(f"job {self.job_id} has ended")
+        return self.replay
 
 
 @dataclass(frozen=True)
@@ -194,7 +235,12 @@ class CoordinatorState:
     guard: ChangeLock = field(default_factory=ChangeLock)
     jobs: dict[str, Job] = field(default_factory=dict)
     workers: dict[str, Worker] = field(default_factory=dict)
+    #: Tasks assigned or running; an ended task leaves for `ended_tasks`.
     tasks: dict[str, Task] = field(default_factory=dict)
+    #: The last `limits.ended_tasks_kept` tasks that ended, oldest first.
+    ended_tasks: collections.OrderedDict[str, EndedTask] = field(
+        default_factory=collections.OrderedDict
+    )
     #: Cancellations the next scheduling pass sends.
     cancels: list[Dispatch] = field(default_factory=list)
     #: The coordinator is stopping: requests are answered "retry later".

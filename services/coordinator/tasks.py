@@ -12,9 +12,9 @@ import logging
 from common.errors import bad_request, conflict, not_found
 from common.messages import TaskSpec, new_id
 from services.coordinator.state import (
-    ACTIVE,
     CoordinatorState,
     Dispatch,
+    EndedTask,
     Job,
     Task,
     TaskState,
@@ -34,16 +34,24 @@ class TaskBoard:
         """The task, which must still be assigned or running."""
         task = self.state.tasks.get(task_id)
         if task is None:
-            raise not_found(f"task {task_id}")
-        if task.state not in ACTIVE:
+            ended = self.state.ended_tasks.get(task_id)
+            if ended is None:
+                raise not_found(f"task {task_id}")
             # A late message for a task that was reassigned or ended: refuse it, so
             # nothing is counted twice.
-            raise conflict("task_not_active", f"task {task_id} is {task.state}")
+            raise conflict("task_not_active", f"task {task_id} is {ended.state}")
         return task
 
     def is_active(self, task_id: str | None) -> bool:
-        task = self.state.tasks.get(task_id or "")
-        return task is not None and task.state in ACTIVE
+        return (task_id or "") in self.state.tasks
+
+    def state_of(self, task_id: str) -> TaskState | None:
+        """A task's state, ended ones included (None: unknown, or long forgotten)."""
+        task = self.state.tasks.get(task_id)
+        if task is not None:
+            return task.state
+        ended = self.state.ended_tasks.get(task_id)
+        return ended.state if ended is not None else None
 
     def check_sender(
         self, job_id: str, task_id: str | None, kind: str, caller: str | None = None
@@ -54,13 +62,16 @@ class TaskBoard:
                 raise bad_request("task_id", f"a worker sends the {kind} task it acts for")
             return
         task = self.state.tasks.get(task_id)
-        if task is None or task.job_id != job_id or task.kind != kind:
+        facts = task or self.state.ended_tasks.get(task_id)
+        if facts is None or facts.job_id != job_id or facts.kind != kind:
             raise conflict("task_not_active", f"{kind} task {task_id} is not a task of {job_id}")
-        if task.state not in ACTIVE:
-            raise conflict("task_not_active", f"task {task_id} is {task.state}")
+        if task is None:
+            raise conflict("task_not_active", f"task {task_id} is {facts.state}")
         must_be(caller, task.worker_id, f"act for task {task_id}")
 
     def end(self, task: Task, state: TaskState) -> None:
+        """End an active task: it leaves the task map (its facts stay in its job's
+        counts, and in the bounded memory of ended tasks)."""
         job = self.state.jobs.get(task.job_id)
         if task.kind == "learn" and job is not None and job.running and state != TaskState.DONE:
             # Items handed to this task that it never acknowledged go back (to a job
@@ -78,12 +89,17 @@ class TaskBoard:
         if worker is not None:
             worker.task_ids.discard(task.task_id)
             worker.progress.pop(task.task_id, None)
+        self.state.tasks.pop(task.task_id, None)
+        ended = self.state.ended_tasks
+        ended[task.task_id] = EndedTask(task.job_id, task.kind, task.worker_id, state)
+        while len(ended) > self.state.limits.ended_tasks_kept:
+            ended.popitem(last=False)
         self.state.guard.notify()
 
     def cancel_job_tasks(self, job: Job) -> None:
         """Cancel the job's tasks; their workers are told on the next pass."""
-        for task in self.state.tasks.values():
-            if task.job_id == job.job_id and task.state in ACTIVE:
+        for task in list(self.state.tasks.values()):
+            if task.job_id == job.job_id:
                 worker = self.state.workers.get(task.worker_id)
                 self.end(task, TaskState.CANCELLED)
                 if worker is not None:
@@ -94,7 +110,7 @@ class TaskBoard:
         return [
             t
             for t in self.state.tasks.values()
-            if t.job_id == job.job_id and t.state in ACTIVE and kind in (None, t.kind)
+            if t.job_id == job.job_id and kind in (None, t.kind)
         ]
 
     def active_kinds(self, job: Job) -> dict[str, int]:

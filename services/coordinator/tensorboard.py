@@ -34,6 +34,8 @@ class _Board:
     #: Evaluations of the job already written (an index into `job.evals`).
     evals_written: int = 0
     last_point: MetricsPoint | None = None
+    #: The job ended and its files are closed: late writes are dropped.
+    closed: bool = False
 
 
 class JobBoards:
@@ -58,7 +60,17 @@ class JobBoards:
         (the job ended)."""
         with self._lock:
             board = self._board(job_id)
+            if board.closed:
+                return
             self._write_evals(board, evals)
+            board.log.close()
+            board.closed = True
+
+    def forget(self, job_id: str) -> None:
+        """The coordinator forgot the job: so does this (its files stay)."""
+        with self._lock:
+            board = self._boards.pop(job_id, None)
+        if board is not None and not board.closed:
             board.log.close()
 
     def close_all(self) -> None:
@@ -84,7 +96,9 @@ class JobBoards:
         tasks: _TaskCounts,
     ) -> None:
         with self._lock:  # one writer at a time: evaluations are written once, in order
-            self._write_point(self._board(job_id), evals, point, stats, tasks)
+            board = self._board(job_id)
+            if not board.closed:
+                self._write_point(board, evals, point, stats, tasks)
 
     def _write_point(
         self,

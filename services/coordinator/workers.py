@@ -11,7 +11,7 @@ import secrets
 from common.errors import ApiError, not_found
 from common.http import Caller
 from common.messages import Heartbeat, Registered, WorkerInfo, WorkerRegistration, new_id
-from services.coordinator.state import ACTIVE, CoordinatorState, TaskState, Worker, must_be
+from services.coordinator.state import CoordinatorState, TaskState, Worker, must_be
 from services.coordinator.tasks import TaskBoard
 from services.coordinator.urls import check_worker_url
 
@@ -76,7 +76,7 @@ class WorkerRegistry:
             cancel = []
             for report in beat.tasks:
                 task = self.state.tasks.get(report.task_id)
-                if task is None or task.worker_id != worker_id or task.state not in ACTIVE:
+                if task is None or task.worker_id != worker_id:
                     cancel.append(report.task_id)
                     continue
                 task.state = TaskState.RUNNING
@@ -170,7 +170,7 @@ class WorkerRegistry:
         limits = self.state.limits
         with self.state.guard.changing():
             task = self.state.tasks.get(task_id)
-            if task is None or task.state not in ACTIVE:
+            if task is None:
                 return
             log.warning("could not assign %s to %s: %s", task_id, task.worker_id, error)
             worker = self.state.workers.get(task.worker_id)

@@ -304,8 +304,10 @@ def test_policy_versions_are_monotonic_and_served(client, core):
 def test_evaluation_result_reaching_stop_value_succeeds_the_job(client, core):
     job_id = submit(client)
     c = register(client, "collector", "http://c").json
+    collect_ids = []
     for dispatch in core.plan():
         core.dispatched(dispatch.task.task_id)  # the collector took its collect task
+        collect_ids.append(dispatch.task.task_id)
     path, sha = core.store.write_policy(job_id, 1, 10, "dqn", {"w": np.ones(2, np.float32)})
     post(
         client,
@@ -331,14 +333,16 @@ def test_evaluation_result_reaching_stop_value_succeeds_the_job(client, core):
     late = post(client, f"/api/v1/tasks/{task_id}/complete", {"result": {}})
     assert late.status_code == 409
     assert post(client, "/api/v1/tasks/nope/fail", {"error": "x"}).status_code == 404
-    # the job's collect task is cancelled through the heartbeat answer
-    collect = next(t for t in core.tasks.values() if t.kind == "collect")
+    # the job's collect task is cancelled through the heartbeat answer; it left the
+    # task map, and is remembered as cancelled
+    (collect_id,) = collect_ids
+    assert collect_id not in core.tasks and core.task_state(collect_id) == "cancelled"
     beat = post(
         client,
         f"/api/v1/workers/{c['worker_id']}/heartbeat",
-        {"tasks": [{"task_id": collect.task_id, "state": "running"}]},
+        {"tasks": [{"task_id": collect_id, "state": "running"}]},
     )
-    assert beat.json["cancel"] == [collect.task_id]
+    assert beat.json["cancel"] == [collect_id]
 
 
 def test_repeated_task_failures_fail_the_job(client, core):

@@ -245,7 +245,7 @@ def test_an_assignment_never_confirmed_is_planned_again(tmp_path):
     now[0] = 6.0
     (again,) = core.plan()
     assert again.task.task_id != first.task.task_id
-    assert core.tasks[first.task.task_id].state == "lost"
+    assert core.task_state(first.task.task_id) == "lost"
 
 
 def test_priorities_and_samples_are_bounded(client, core):

@@ -2,12 +2,14 @@
 
 from typing import Any
 
-from flask import Blueprint, send_file
+from flask import Blueprint, request, send_file
 
+from common.errors import bad_request
 from common.http import body, reply
 from common.messages import JobCreated, JobList, JobMetrics, JobStatus, JobSubmit
 from common.openapi import documented
 from services.coordinator.api import core, version_query
+from services.coordinator.jobs import MAX_PAGE
 
 bp = Blueprint("jobs", __name__, url_prefix="/api/v1/jobs")
 
@@ -18,10 +20,32 @@ def submit() -> Any:
     return reply(core().submit_job(body(JobSubmit)), 201)
 
 
+#: What `?phase=` takes: one phase, or "ended" for any terminal one.
+PHASES = ("pending", "running", "succeeded", "failed", "stopped", "ended")
+
+
 @bp.get("")
-@documented(summary="List jobs", reply=JobList)
+@documented(
+    summary="List jobs, newest first, a page at a time",
+    reply=JobList,
+    query={
+        "phase": {"type": "string", "enum": list(PHASES)},
+        "limit": {"type": "string", "pattern": "^[0-9]+$"},
+        "page_token": {"type": "string", "maxLength": 256},
+    },
+)
 def list_jobs() -> Any:
-    return reply(JobList(jobs=core().list_jobs()))
+    phase = request.args.get("phase")
+    if phase is not None and phase not in PHASES:
+        raise bad_request("phase", f"'{phase[:32]}' is not one of {', '.join(PHASES)}")
+    limit = version_query("limit")
+    if limit is not None and not 1 <= limit <= MAX_PAGE:
+        raise bad_request("limit", f"{limit} is not from 1 to {MAX_PAGE}")
+    return reply(
+        core().list_jobs(
+            phase=phase, limit=limit or MAX_PAGE, page_token=request.args.get("page_token")
+        )
+    )
 
 
 @bp.get("/<job_id>")

@@ -1,0 +1,209 @@
+"""What the coordinator keeps of ended jobs and tasks: a small durable record, no index,
+no task objects; ended jobs listed in pages and forgotten after their retention."""
+
+from prometheus_client import generate_latest
+
+from common.messages import JobSubmit, WorkerRegistration
+from common.storage import SharedStore
+from services.coordinator.core import Coordinator, CoordinatorLimits
+from services.coordinator.snapshot import read_job_record, state_path
+from tests.service.test_coordinator_routes import (  # noqa: F401 (fixtures)
+    AUTH,
+    CONFIG,
+    client,
+    core,
+    get,
+    insert_segments,
+    post,
+    register,
+    submit,
+)
+
+
+class WallClock:
+    def __init__(self, t: float = 1_000_000.0) -> None:
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def restarted(tmp_path, **limits):
+    again = Coordinator(SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000, **limits))
+    again.restore_jobs()
+    return again
+
+
+def answers(core, job_id):  # noqa: F811
+    """What users read of a job: its status, its buffer, its metrics."""
+    return core.job_status(job_id), core.buffer_stats(job_id), core.job_metrics(job_id)
+
+
+def test_an_ended_job_lets_go_of_its_index_and_answers_the_same_after_a_restart(
+    tmp_path,
+    client,  # noqa: F811
+    core,  # noqa: F811
+):
+    job_id = submit(client)
+    insert_segments(client, core, job_id, 4)
+    learner = register(client, "learner", "http://l").json["worker_id"]
+    assert learner
+    sampled = post(client, f"/api/v1/jobs/{job_id}/samples", {"batch_size": 8, "num_batches": 2})
+    assert sampled.status_code == 200, sampled.json
+    core.snapshot_jobs()
+    assert core.store.exists(state_path(job_id))
+    assert post(client, f"/api/v1/jobs/{job_id}/priorities", {"keys": [], "priorities": []})
+    client.delete(f"/api/v1/jobs/{job_id}", headers=AUTH)
+
+    job = core.jobs[job_id]
+    assert job.phase == "stopped" and job.replay is None  # the index is let go at once
+    before = answers(core, job_id)
+    assert before[1].inserts == 40 and before[1].samples == 16 and before[1].size == 40
+    assert before[2].buffer == before[1] and len(before[2].points) >= 0
+    assert read_job_record(core.store, job_id)["buffer"]["inserts"] == 40
+    core.snapshot_jobs()  # an ended job's snapshot is of no more use
+    assert not core.store.exists(state_path(job_id))
+    assert not [n for n in core.store.list_dir(f"{job_id}/coordinator") if "buffer-" in n]
+
+    again = restarted(tmp_path)
+    assert again.jobs[job_id].replay is None  # no index is built for an ended job
+    assert answers(again, job_id) == before
+    resp = get(client, f"/api/v1/jobs/{job_id}/buffer")
+    assert resp.status_code == 200 and resp.json["inserts"] == 40
+
+
+def test_the_summary_is_on_disk_before_the_end_is_shown(
+    client,  # noqa: F811
+    core,  # noqa: F811
+    monkeypatch,
+):
+    job_id = submit(client)
+    seen = {}
+    write_json = core.store.write_json
+
+    def watching(rel, data):
+        if rel.endswith("summary.json"):
+            seen["phase shown while the summary was written"] = core.job_status(job_id).phase
+            seen["summary says"] = data["phase"]
+        return write_json(rel, data)
+
+    monkeypatch.setattr(core.store, "write_json", watching)
+    core.stop_job(job_id)
+    assert seen == {
+        "phase shown while the summary was written": "running",
+        "summary says": "stopped",
+    }
+    assert core.job_status(job_id).phase == "stopped"
+
+
+def test_ended_tasks_leave_the_task_map_and_only_the_newest_are_remembered(tmp_path):
+    core = Coordinator(  # noqa: F811
+        SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000, ended_tasks_kept=4)
+    )
+    for i in range(3):
+        core.register_worker(
+            WorkerRegistration(role="collector", url=f"http://c{i}", slave_token="s" * 32)
+        )
+    task_ids = []
+    for _ in range(3):
+        job_id = core.submit_job(JobSubmit(config=CONFIG)).job_id
+        for dispatch in core.plan():
+            if dispatch.task is not None:
+                core.dispatched(dispatch.task.task_id)
+                task_ids.append(dispatch.task.task_id)
+        assert core.tasks
+        core.stop_job(job_id)
+        assert core.tasks == {}  # nothing ended stays in the task map
+    assert len(task_ids) > 4
+    # the newest ended ones are remembered as ended (a late message: 409) ...
+    assert [core.task_state(t) for t in task_ids[-4:]] == ["cancelled"] * 4
+    # ... the older ones are forgotten (a late message: 404)
+    assert core.task_state(task_ids[0]) is None
+
+
+def test_jobs_are_listed_newest_first_in_pages_and_by_phase(
+    client,  # noqa: F811
+    core,  # noqa: F811
+):
+    ids = [submit(client) for _ in range(5)]
+    for job_id in ids[:3]:
+        core.stop_job(job_id)
+    pages, token = [], None
+    while True:
+        query = "?limit=2" + (f"&page_token={token}" if token else "")
+        resp = get(client, f"/api/v1/jobs{query}")
+        assert resp.status_code == 200, resp.json
+        pages.append([j["job_id"] for j in resp.json["jobs"]])
+        token = resp.json["next_page_token"]
+        if token is None:
+            break
+    assert pages == [ids[::-1][0:2], ids[::-1][2:4], ids[::-1][4:5]]
+    ended = get(client, "/api/v1/jobs?phase=ended").json["jobs"]
+    assert [j["job_id"] for j in ended] == ids[:3][::-1]
+    running = get(client, "/api/v1/jobs?phase=running").json["jobs"]
+    assert [j["job_id"] for j in running] == ids[3:][::-1]
+    for bad, field in (
+        ("?limit=0", "limit"),
+        ("?limit=x", "limit"),
+        ("?phase=done", "phase"),
+        ("?page_token=nope", "page_token"),
+    ):
+        resp = get(client, f"/api/v1/jobs{bad}")
+        assert resp.status_code == 400 and field in resp.json["message"], (bad, resp.json)
+
+
+def test_ended_jobs_are_forgotten_after_their_retention_with_their_series(tmp_path):
+    wall = WallClock()
+    limits = CoordinatorLimits(max_buffer_items=1000, ended_job_retention_s=3600.0)
+    core = Coordinator(SharedStore(tmp_path), limits, wall_clock=wall)  # noqa: F811
+    old = core.submit_job(JobSubmit(config=CONFIG)).job_id
+    core.metrics.segments_inserted.labels(old).inc()
+    core.stop_job(old)
+    wall.t += 1800
+    young = core.submit_job(JobSubmit(config=CONFIG)).job_id
+    core.stop_job(young)
+    assert f'job_id="{old}"' in generate_latest(core.metrics.registry).decode()
+
+    wall.t += 1801  # past the first one's retention, not the second's
+    core.plan()
+    assert old not in core.jobs and young in core.jobs
+    assert f'job_id="{old}"' not in generate_latest(core.metrics.registry).decode()
+    assert core.store.exists(f"{old}/job.json")  # its folder is untouched
+    again = Coordinator(SharedStore(tmp_path), limits, wall_clock=wall)
+    assert again.restore_jobs() == [young]
+
+
+def test_past_the_count_kept_the_oldest_ended_jobs_go_first(tmp_path):
+    wall = WallClock()
+    limits = CoordinatorLimits(max_buffer_items=1000, max_ended_jobs=2)
+    core = Coordinator(SharedStore(tmp_path), limits, wall_clock=wall)  # noqa: F811
+    ids = []
+    for _ in range(4):
+        wall.t += 1
+        ids.append(core.submit_job(JobSubmit(config=CONFIG)).job_id)
+        core.stop_job(ids[-1])
+    running = core.submit_job(JobSubmit(config=CONFIG)).job_id
+    core.plan()
+    assert set(core.jobs) == {ids[2], ids[3], running}
+    again = Coordinator(SharedStore(tmp_path), limits, wall_clock=wall)
+    assert set(again.restore_jobs()) == {ids[2], ids[3], running}
+
+
+def test_a_job_that_ended_before_final_statistics_were_kept_gets_them_once(
+    tmp_path,
+    client,  # noqa: F811
+    core,  # noqa: F811
+):
+    job_id = submit(client)
+    insert_segments(client, core, job_id, 3)
+    core.snapshot_jobs()
+    core.stop_job(job_id)
+    # An older coordinator's terminal record: no final buffer statistics, and its last
+    # snapshot left in place.
+    record = read_job_record(core.store, job_id)
+    del record["buffer"]
+    core.store.write_json(f"{job_id}/coordinator/record.json", {"format": 1, "job": record})
+    assert core.store.exists(state_path(job_id))
+    again = restarted(tmp_path)
+    assert again.buffer_stats(job_id).inserts == 30
+    assert read_job_record(core.store, job_id)["buffer"]["inserts"] == 30
