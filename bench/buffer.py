@@ -184,9 +184,11 @@ def sample_latencies(
     return latencies, snapshots
 
 
-def coordinator_with_job(items: int, shared_dir: str) -> tuple[Coordinator, str]:
+def coordinator_with_job(
+    items: int, shared_dir: str, core: Coordinator | None = None
+) -> tuple[Coordinator, str]:
     """A coordinator whose one job has a prioritized buffer of `items` items."""
-    core = Coordinator(SharedStore(shared_dir))
+    core = core or Coordinator(SharedStore(shared_dir))
     config = {
         "policy": {
             "learn": {"batch_size": 256},
@@ -257,6 +259,108 @@ def snapshot_bench(items: int, rows: int, seconds: float, rate: float) -> Table:
         )
     shared.cleanup()
     return table
+
+
+class CountingStore(SharedStore):
+    """A shared store that counts the bytes it writes under one job's `coordinator/`."""
+
+    written = 0
+
+    def write_bytes(self, rel: str, data: bytes | memoryview) -> int:  # type: ignore[override]
+        if "/coordinator/" in rel:
+            self.written += len(data)
+        return super().write_bytes(rel, data)
+
+    def write_json(self, rel: str, data: object) -> None:  # type: ignore[override]
+        if "/coordinator/" in rel:
+            self.written += len(json.dumps(data))
+        super().write_json(rel, data)
+
+
+def steady_bench(
+    items_list: list[int], seconds: float, insert_rate: float, sample_rate: float, period_s: float
+) -> Table:
+    """Snapshots during steady training: inserts of 64-item segments at `insert_rate`
+    items/s into a full prioritized buffer (evicting the oldest), samples of 256 with
+    their priorities sent back at `sample_rate`/s, and the coordinator's snapshot thread
+    every `period_s`. Per buffer size and snapshot mode: bytes written per second, the
+    sample latency while snapshots run, and the time a new coordinator takes to
+    restore the job from what was written."""
+    table = Table(
+        title=f"Snapshots during steady training: {insert_rate:,.0f} items/s inserted in "
+        f"64-item segments, {sample_rate:.0f} samples of 256 (+ priorities) a second, a "
+        f"snapshot every {period_s:g} s, {seconds:.0f} s each"
+    )
+    for column in ("items", "snapshots", "written/s", "per item inserted", "sample p50", "p99"):
+        table.add_column(column, justify="right")
+    table.add_column("restore", justify="right")
+    for items in items_list:
+        for mode, compact_at in (("a whole cut each time (before)", 0.0), ("deltas (now)", 1.0)):
+            row = steady_run(items, compact_at, seconds, insert_rate, sample_rate, period_s)
+            table.add_row(f"{items:,}", mode, *row)
+    return table
+
+
+def steady_run(
+    items: int,
+    compact_at: float,
+    seconds: float,
+    insert_rate: float,
+    sample_rate: float,
+    period_s: float,
+) -> list[str]:
+    """One row of `steady_bench`."""
+    shared = tempfile.TemporaryDirectory()
+    store = CountingStore(shared.name)
+    core = Coordinator(store)
+    core.persistence.compact_at = compact_at
+    _, job_id = coordinator_with_job(items, shared.name, core=core)
+    buffer = core.jobs[job_id].buffer
+    seq = 0
+    while buffer.size < items:
+        buffer.insert([ref(seq, min(256, items - buffer.size), job=job_id)])
+        seq += 1
+    core.snapshot_jobs()  # the first cut, before the timed window
+    store.written = 0
+    stop = threading.Event()
+
+    def inserting() -> None:
+        due, n = time.perf_counter(), seq
+        while not stop.is_set():
+            buffer.insert([ref(n, 64, job=job_id)], force=True)
+            n += 1
+            due += 64 / insert_rate
+            time.sleep(max(0.0, due - time.perf_counter()))
+
+    def snapshotting() -> None:
+        yield_to_requests()
+        while not stop.wait(period_s):
+            core.snapshot_jobs()
+
+    threads = [threading.Thread(target=inserting), threading.Thread(target=snapshotting)]
+    for thread in threads:
+        thread.start()
+    started = time.perf_counter()
+    latencies, _ = sample_latencies(buffer, seconds, sample_rate, None, (core, job_id))
+    stop.set()
+    for thread in threads:
+        thread.join()
+    elapsed = time.perf_counter() - started
+    written = store.written
+    t0 = time.perf_counter()
+    again = Coordinator(SharedStore(shared.name))
+    again.restore_jobs()
+    restore_s = time.perf_counter() - t0
+    assert again.jobs[job_id].buffer.size == items
+    core.close()
+    shared.cleanup()
+    return [
+        f"{written / elapsed / 1e6:,.2f} MB/s",
+        f"{written / (insert_rate * elapsed):,.0f} B",
+        f"{statistics.median(latencies):.2f} ms",
+        f"{np.percentile(latencies, 99):.2f} ms",
+        f"{restore_s:.2f} s",
+    ]
 
 
 def in_process(capacity: int, repeats: int) -> dict[str, list[float]]:
@@ -465,6 +569,15 @@ def main() -> None:
     parser.add_argument("--snapshot-segment-rows", type=int, default=256)
     parser.add_argument("--snapshot-seconds", type=float, default=10.0)
     parser.add_argument("--snapshot-rate", type=float, default=200.0)
+    parser.add_argument(
+        "--steady-items",
+        type=int,
+        nargs="+",
+        help="run the steady-training snapshot bench at these sizes (e.g. 1000000 10000000)",
+    )
+    parser.add_argument("--steady-seconds", type=float, default=20.0)
+    parser.add_argument("--steady-insert-rate", type=float, default=20_000.0)
+    parser.add_argument("--steady-sample-rate", type=float, default=100.0)
     parser.add_argument("--samplers", action="store_true", help="run only the sampler bench")
     parser.add_argument("--sampler-items", type=int, nargs="+", default=[1_000_000, 10_000_000])
     parser.add_argument("--probe", choices=SAMPLERS, help=argparse.SUPPRESS)
@@ -476,6 +589,17 @@ def main() -> None:
     console = Console(width=140)
     if args.samplers:
         console.print(sampler_table(args.sampler_items, args.repeats))
+        return
+    if args.steady_items:
+        console.print(
+            steady_bench(
+                args.steady_items,
+                args.steady_seconds,
+                args.steady_insert_rate,
+                args.steady_sample_rate,
+                period_s=2.0,
+            )
+        )
         return
     if args.snapshot_items:
         console.print(

@@ -18,6 +18,8 @@ Usage::
     buffer.update_priorities(keys, priorities)
     buffer.set_learner_version(12)                     # staleness eviction
     taken = buffer.cut(at_cut=lambda: my_record())     # one instant; the lock held briefly
+    change = buffer.delta()                            # what changed since the last cut
+    buffer.restore_snapshot(taken.data, taken.meta, deltas=[(change.data, change.meta)])
     buffer.save(store, "job-1/coordinator/buffer")     # and buffer.restore(store, ...)
 """
 
@@ -31,20 +33,21 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 import numpy as np
 from safetensors.numpy import load as st_load
+from safetensors.numpy import save as st_save
 
 from common.config import ReplayBufferConfig
 from common.messages import BufferStats, SampledBatch, SampledSegment, SegmentRef
 from services.buffer.limiter import RateLimiter
 from services.buffer.selectors import make_remover, make_sampler
 from services.buffer.snapshot import ArrayFileBuilder
-from services.buffer.table import COLUMNS, ItemTable, undo
+from services.buffer.table import COLUMNS, ItemTable, apply_changes, squash, undo
 
 LAG_BUCKETS = 32
 #: Live items over which `stats` computes its means and extremes exactly; above it,
@@ -170,6 +173,9 @@ class ReplayBuffer:
         self._cond = threading.Condition()
         self._closed = False
         self._segments: dict[int, _Segment] = {}
+        # Segments added and removed since the last cut (what a delta saves of them).
+        self._segments_added: dict[int, str] = {}
+        self._segments_removed: set[int] = set()
         self._segment_ids: dict[str, int] = {}
         self._next_segment_id = 0
         # Highest accepted sequence number per collector folder: a re-sent segment whose
@@ -325,6 +331,7 @@ class ReplayBuffer:
         table.write("priority", slots, getattr(self.sampler, "max_priority", 1.0))
         self.sampler.inserted(slots)
         self._segments[segment_id] = _Segment(path=ref.path, live_items=n)
+        self._segments_added[segment_id] = ref.path
         self._segment_ids[ref.path] = segment_id
         if self.config.max_staleness is not None:
             stale = ref.policy_version < self._learner_version - self.config.max_staleness
@@ -575,6 +582,8 @@ class ReplayBuffer:
         cutoff = self._clock() - (self._release_grace_s if grace_s is None else grace_s)
         for sid in [s for s in self._dead if self._segments[s].last_sampled_s <= cutoff]:
             entry = self._segments.pop(sid)
+            if self._segments_added.pop(sid, None) is None:
+                self._segments_removed.add(sid)
             # Total: the path leaves the index only if it still names this segment.
             if self._segment_ids.get(entry.path) == sid:
                 del self._segment_ids[entry.path]
@@ -695,6 +704,9 @@ class ReplayBuffer:
             meta, rest = self._cut_state()
             spare, self._snapshot_spare = self._snapshot_spare, None
             journal = self.table.open_journal()
+            # The next `delta` saves what changes from this instant on.
+            self.table.record_changes()
+            self._segments_added, self._segments_removed = {}, set()
             try:
                 record = at_cut() if at_cut is not None else None
             except BaseException:
@@ -737,14 +749,61 @@ class ReplayBuffer:
             duration_s=time.perf_counter() - started,
         )
 
+    def delta(
+        self,
+        at_cut: Callable[[], T] | None = None,
+        *,
+        cut_lock: AbstractContextManager[Any] | None = None,
+    ) -> BufferSnapshot[T] | None:
+        """What changed since the last `cut` or `delta`, at one instant: each column's
+        slots written and their last values, the segments added and removed, and the
+        small state whole. Restoring the last `cut` and its deltas in order gives the
+        state at the last delta. Costs what changed, not the buffer's size.
+
+        Args:
+            at_cut, cut_lock: as for `cut`.
+
+        Returns:
+            The delta, or None when there is no cut to build on (none was made, or the
+            changes outgrew what is kept between snapshots): make a `cut` instead.
+        """
+        started = time.perf_counter()
+        with cut_lock if cut_lock is not None else contextlib.nullcontext(), self._cond:
+            cut_at = time.perf_counter()
+            changes = self.table.take_changes()
+            if changes is None:
+                return None
+            meta, (holds, _, dead) = self._cut_state(with_segments=False)
+            added, self._segments_added = self._segments_added, {}
+            removed, self._segments_removed = self._segments_removed, set()
+            record = at_cut() if at_cut is not None else None
+            hold_s = time.perf_counter() - cut_at
+        arrays = squash(changes, self.capacity)
+        arrays |= self._holds_arrays(holds)
+        arrays |= _segment_arrays(added, prefix="added_")
+        arrays["removed_segments"] = np.array(sorted(removed), dtype=np.int64)
+        arrays["dead_segments"] = np.array(sorted(dead), dtype=np.int64)
+        data = memoryview(st_save(arrays))
+        meta["delta"] = True
+        meta["changed"] = bool(changes or added or removed)
+        meta["arrays_sha256"] = hashlib.sha256(data).hexdigest()
+        return BufferSnapshot(
+            data=data,
+            meta=meta,
+            at_cut=record,
+            longest_lock_hold_s=hold_s,
+            duration_s=time.perf_counter() - started,
+        )
+
     def snapshot(self) -> tuple[memoryview, dict[str, Any]]:
         """`cut` without a record of the caller's: (arrays' bytes, JSON record)."""
         taken = self.cut()
         return taken.data, taken.meta
 
-    def _cut_state(self) -> tuple[dict[str, Any], _Containers]:
+    def _cut_state(self, *, with_segments: bool = True) -> tuple[dict[str, Any], _Containers]:
         """(The JSON record, what the arrays are made from): what is not a column. Called
-        with the lock held: copies of containers only, their contents read after."""
+        with the lock held: copies of containers only, their contents read after (the
+        segments only `with_segments`: a delta saves only their changes)."""
         meta = {
             "format": SNAPSHOT_FORMAT,
             "job_id": self.job_id,
@@ -765,7 +824,8 @@ class ReplayBuffer:
             "inserted_env_steps": self._inserted_env_steps,
         }
         # Holds and a segment's path never change once made: shallow copies suffice.
-        return meta, (list(self._holds.values()), self._segments.copy(), set(self._dead))
+        segments = self._segments.copy() if with_segments else {}
+        return meta, (list(self._holds.values()), segments, set(self._dead))
 
     def _small_arrays(
         self, holds: list[_Hold], segments: dict[int, _Segment], dead: set[int]
@@ -773,38 +833,49 @@ class ReplayBuffer:
         """What a snapshot saves besides the columns: held items (saved as items to give
         back: a restored coordinator has no tasks, so nobody would acknowledge them),
         and each segment's id and path (its live items are counted again at restore)."""
+        arrays = self._holds_arrays(holds)
+        arrays |= _segment_arrays({sid: entry.path for sid, entry in segments.items()})
+        arrays["dead_segments"] = np.array(sorted(dead), dtype=np.int64)
+        return arrays
+
+    def _holds_arrays(self, holds: list[_Hold]) -> dict[str, np.ndarray]:
         arrays = {}
         for column in _HOLD_COLUMNS:
             parts = [getattr(h, column) for h in holds]
             dtype = getattr(self.table, column).dtype
             arrays[f"held_{column}"] = np.concatenate(parts) if parts else np.zeros(0, dtype)
-        ids = np.fromiter(segments, dtype=np.int64, count=len(segments))
-        paths = [segments[sid].path.encode() for sid in ids.tolist()]
-        order = np.argsort(ids, kind="stable")
-        arrays["segment_ids"] = ids[order]
-        lengths = np.fromiter(map(len, paths), dtype=np.int64, count=len(paths))
-        arrays["segment_path_bytes"] = lengths[order]
-        arrays["segment_paths"] = np.frombuffer(
-            b"".join(paths[i] for i in order.tolist()), dtype=np.uint8
-        )
-        arrays["dead_segments"] = np.array(sorted(dead), dtype=np.int64)
         return arrays
 
-    def restore_snapshot(self, data: bytes | memoryview, meta: dict[str, Any]) -> None:
-        """Load a state from `cut` or `snapshot` into this (empty, same-capacity)
-        buffer. Snapshots of the first format (segments listed in the record, the free
-        list and arrival order saved as arrays) are read too.
+    def restore_snapshot(
+        self,
+        data: bytes | memoryview,
+        meta: dict[str, Any],
+        *,
+        deltas: Sequence[tuple[bytes | memoryview, dict[str, Any]]] = (),
+    ) -> None:
+        """Load a state from `cut` or `snapshot`, and the `delta`s made after it in
+        order, into this (empty, same-capacity) buffer. Snapshots of the first format
+        (segments listed in the record, the free list and arrival order saved as
+        arrays) are read too.
 
         Raises:
-            ValueError: the arrays do not match the record, or it is another buffer's.
+            ValueError: the arrays do not match their record, or it is another buffer's.
         """
-        if hashlib.sha256(data).hexdigest() != meta["arrays_sha256"]:
-            raise ValueError("buffer arrays do not match their record")
-        if meta["capacity"] != self.capacity or meta["job_id"] != self.job_id:
-            raise ValueError("buffer state saved for another buffer")
-        if meta.get("format", 1) > SNAPSHOT_FORMAT:
-            raise ValueError(f"buffer snapshot format {meta['format']} is not supported")
-        arrays = st_load(data if isinstance(data, bytes) else bytes(data))
+        arrays = self._checked_arrays(data, meta)
+        if deltas:
+            # Writable columns and a segment map to apply the changes to.
+            arrays = {name: np.array(a) for name, a in arrays.items()}
+            segments = _segments_from(arrays)
+            for delta_data, delta_meta in deltas:
+                change = self._checked_arrays(delta_data, delta_meta)
+                apply_changes(arrays, change)
+                for sid in change["removed_segments"].tolist():
+                    segments.pop(sid, None)
+                segments |= _segments_from(change, prefix="added_")
+                for name in ("dead_segments", *(f"held_{c}" for c in _HOLD_COLUMNS)):
+                    arrays[name] = change[name]
+                meta = delta_meta
+            arrays |= _segment_arrays(segments)
         with self._cond:
             self.table.restore(arrays, meta["table"])
             if "segments" in meta:  # the first format
@@ -837,6 +908,15 @@ class ReplayBuffer:
             if "held_segment" in arrays:
                 self._readd(*(arrays[f"held_{c}"] for c in _HOLD_COLUMNS))
 
+    def _checked_arrays(self, data: bytes | memoryview, meta: dict[str, Any]) -> dict:
+        if hashlib.sha256(data).hexdigest() != meta["arrays_sha256"]:
+            raise ValueError("buffer arrays do not match their record")
+        if meta["capacity"] != self.capacity or meta["job_id"] != self.job_id:
+            raise ValueError("buffer state saved for another buffer")
+        if meta.get("format", 1) > SNAPSHOT_FORMAT:
+            raise ValueError(f"buffer snapshot format {meta['format']} is not supported")
+        return st_load(data if isinstance(data, bytes) else bytes(data))
+
     def _restored_segments(self, arrays: dict[str, np.ndarray]) -> dict[int, _Segment]:
         """Segments from their ids and paths; a segment's live items are its items in
         the table and those held (held ones are still counted in their segments).
@@ -845,10 +925,7 @@ class ReplayBuffer:
             ValueError: an item names a segment the snapshot does not have.
         """
         ids = arrays["segment_ids"]
-        ends = np.cumsum(arrays["segment_path_bytes"]).tolist()
-        blob = arrays["segment_paths"].tobytes()
-        starts = [0, *ends[:-1]] if ends else []  # an empty buffer has no segments
-        paths = [blob[a:b].decode() for a, b in zip(starts, ends, strict=True)]
+        paths = list(_segments_from(arrays).values())
         table = self.table
         owners = np.concatenate([table.segment[table.key >= 0], arrays["held_segment"]])
         where = np.searchsorted(ids, owners)
@@ -870,3 +947,24 @@ class ReplayBuffer:
         """Load a state written by `save`."""
         meta = json.loads(files.read_bytes(f"{prefix}.json"))
         self.restore_snapshot(files.read_bytes(f"{prefix}.safetensors"), meta)
+
+
+def _segment_arrays(segments: dict[int, str], prefix: str = "") -> dict[str, np.ndarray]:
+    """Segments by id as arrays: ids ascending, each path's length, the paths' bytes."""
+    ids = np.fromiter(segments, dtype=np.int64, count=len(segments))
+    order = np.argsort(ids, kind="stable")
+    paths = [segments[sid].encode() for sid in ids[order].tolist()]
+    return {
+        f"{prefix}segment_ids": ids[order],
+        f"{prefix}segment_path_bytes": np.fromiter(map(len, paths), np.int64, len(paths)),
+        f"{prefix}segment_paths": np.frombuffer(b"".join(paths), dtype=np.uint8),
+    }
+
+
+def _segments_from(arrays: dict[str, np.ndarray], prefix: str = "") -> dict[int, str]:
+    """`_segment_arrays` read back."""
+    ends = np.cumsum(arrays[f"{prefix}segment_path_bytes"]).tolist()
+    blob = arrays[f"{prefix}segment_paths"].tobytes()
+    starts = [0, *ends[:-1]] if ends else []  # no segments: no paths
+    ids = arrays[f"{prefix}segment_ids"].tolist()
+    return {sid: blob[a:b].decode() for sid, a, b in zip(ids, starts, ends, strict=True)}

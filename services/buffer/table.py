@@ -9,7 +9,9 @@ determines the free list and the arrival order (`restore` derives both from it).
 
 Every change to a column goes through `write`, which first appends the values it
 overwrites to each open journal: a snapshot opens one at its cut, copies the columns
-without the lock, and undoes the journal on the copy (see `ReplayBuffer.cut`).
+without the lock, and undoes the journal on the copy (see `ReplayBuffer.cut`). Once
+`record_changes` is called, `write` also keeps what it writes, until `take_changes`:
+what a snapshot of only the changes since the last one saves (`ReplayBuffer.delta`).
 """
 
 from __future__ import annotations
@@ -31,6 +33,33 @@ def undo(journal: list[JournalEntry], columns: dict[str, np.ndarray]) -> None:
     """Undo a journal's writes on copies of the columns, last to first."""
     for column, index, overwritten in reversed(journal):
         columns[column][index] = overwritten
+
+
+def squash(changes: list[JournalEntry], capacity: int) -> dict[str, np.ndarray]:
+    """A change log as arrays: per column, the slots written and each one's last value
+    (`<column>.slots`, `<column>.values`), so a slot written many times costs once."""
+    by_column: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
+    for column, index, values in changes:
+        slots = np.arange(capacity)[index] if isinstance(index, slice) else index
+        indexes, written = by_column.setdefault(column, ([], []))
+        indexes.append(np.asarray(slots, dtype=np.int64).reshape(-1))
+        written.append(np.broadcast_to(values, np.shape(slots)).reshape(-1))
+    arrays = {}
+    for column, (indexes, written) in by_column.items():
+        slots, values = np.concatenate(indexes), np.concatenate(written)
+        # The last write of each slot wins: unique over the reversed log.
+        last, first_in_reversed = np.unique(slots[::-1], return_index=True)
+        arrays[f"{column}.slots"] = last
+        arrays[f"{column}.values"] = values[::-1][first_in_reversed]
+    return arrays
+
+
+def apply_changes(columns: dict[str, np.ndarray], arrays: dict[str, np.ndarray]) -> None:
+    """Write `squash`ed changes into `columns` (arrays by column name)."""
+    for name, slots in arrays.items():
+        column, _, part = name.rpartition(".")
+        if part == "slots" and column in columns:
+            columns[column][slots] = arrays[f"{column}.values"]
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:
@@ -62,6 +91,13 @@ class ItemTable:
         self.uses = _read_only(self._columns["uses"])
         self.priority = _read_only(self._columns["priority"])
         self._journals: list[list[JournalEntry]] = []
+        #: What `write` wrote since `record_changes` or the last `take_changes` (None:
+        #: not recorded), and about how many bytes that is.
+        self._changes: list[JournalEntry] | None = None
+        self._changes_bytes = 0
+        #: The change log outgrew `max_changes_bytes` and was dropped.
+        self.changes_lost = False
+        self.max_changes_bytes = max(32 << 20, 8 * capacity)
         self.size = 0
         self.counter = 0
         self._freed = 0  # slots freed so far: the next one freed gets key -2 - _freed
@@ -89,6 +125,28 @@ class ItemTable:
             for journal in self._journals:
                 journal.append(entry)
         array[index] = values
+        if self._changes is not None:
+            if isinstance(index, slice):
+                change = (column, index, array[index].copy())
+            else:
+                change = (column, np.array(index, dtype=np.int64), array[index])
+            self._changes.append(change)
+            self._changes_bytes += change[2].nbytes * 2
+            if self._changes_bytes > self.max_changes_bytes:
+                # Too much to keep: the next snapshot saves the whole table instead.
+                self._changes, self._changes_bytes, self.changes_lost = None, 0, True
+
+    def record_changes(self) -> None:
+        """Keep what `write` writes from now on (dropping what was kept so far)."""
+        self._changes, self._changes_bytes, self.changes_lost = [], 0, False
+
+    def take_changes(self) -> list[JournalEntry] | None:
+        """What was written since `record_changes` or the last call, and start anew
+        (None: nothing was recorded, or too much, so it was dropped)."""
+        changes = self._changes
+        if changes is not None:
+            self._changes, self._changes_bytes = [], 0
+        return changes
 
     def open_journal(self) -> list[JournalEntry]:
         """From now on, each column write first appends what it overwrites to the

@@ -3,7 +3,8 @@
     <job_id>/coordinator/record.json                the job's record, written at once on
                                                     submission and on every phase change
     <job_id>/coordinator/state.json                 the job's record + the buffer's record
-    <job_id>/coordinator/buffer-<generation>.safetensors   the buffer's arrays
+    <job_id>/coordinator/buffer-<generation>.safetensors   the buffer's arrays (a cut)
+    <job_id>/coordinator/delta-<generation>-<n>.safetensors   what changed after it
 
 `record.json` makes what the coordinator answers durable before it answers: a job
 answered `201` exists after any crash, and a job that ended stays ended (its segments
@@ -11,10 +12,13 @@ are deleted only after its terminal record is on disk). `state.json` adds the bu
 every few seconds; inserts acknowledged since the last one are on disk as segment
 files whose headers carry their references, and are indexed again on restore.
 
-A snapshot writes a new arrays file first, then `state.json` naming it (and its
-digest), then removes older arrays files; every write is atomic. A crash at any point
-leaves a `state.json` whose arrays file exists, so a restarted coordinator always
-finds a consistent pair.
+Most snapshots write only what changed since the last one: a delta file, then
+`state.json` naming the cut and every delta after it (each with its digest). Once the
+deltas add up to the cut's size, the next snapshot is a whole new cut, and the files
+of the old chain are removed after `state.json` names the new one. Every write is
+atomic, and a file is removed only once no `state.json` names it, so a crash at any
+point leaves a `state.json` whose files all exist: a restarted coordinator always
+finds a consistent chain.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import contextlib
 import logging
 import os
 import threading
+from dataclasses import dataclass, field
 from typing import Any
 
 from common.messages import EvalSummary, PolicyRef, dump, parse
@@ -59,24 +64,52 @@ def read_job_record(store: SharedStore, job_id: str) -> dict[str, Any] | None:
     return state["job"]
 
 
-def write_job_snapshot(
-    store: SharedStore,
-    job_id: str,
-    record: dict[str, Any],
-    buffer: tuple[bytes | memoryview, dict],
-    gen: int,
+def cut_path(job_id: str, gen: int) -> str:
+    return f"{job_id}/coordinator/buffer-{gen:010d}.safetensors"
+
+
+def delta_path(job_id: str, gen: int, n: int) -> str:
+    return f"{job_id}/coordinator/delta-{gen:010d}-{n:06d}.safetensors"
+
+
+@dataclass
+class SnapshotChain:
+    """A job's snapshot on disk: a cut and the deltas written after it."""
+
+    generation: int
+    cut_file: str
+    cut_meta: dict[str, Any]
+    cut_bytes: int
+    #: Each delta's file and buffer record, oldest first.
+    deltas: list[dict[str, Any]] = field(default_factory=list)
+    delta_bytes: int = 0
+    #: The job's and the buffer's records last written (an unchanged job writes none).
+    last_written: tuple[dict[str, Any], dict[str, Any]] | None = None
+
+
+def write_snapshot_state(
+    store: SharedStore, job_id: str, record: dict[str, Any], chain: SnapshotChain
 ) -> None:
-    data, buffer_meta = buffer
-    arrays = f"{job_id}/coordinator/buffer-{gen:010d}.safetensors"
-    store.write_bytes(arrays, data)
+    """`state.json`: the job's record and the chain it restores from."""
     store.write_json(
         state_path(job_id),
-        {"format": FORMAT_VERSION, "job": record, "buffer": buffer_meta, "buffer_file": arrays},
+        {
+            "format": FORMAT_VERSION,
+            "job": record,
+            "buffer": chain.cut_meta,
+            "buffer_file": chain.cut_file,
+            "deltas": chain.deltas,
+        },
     )
-    current = arrays.rsplit("/", 1)[1]
+
+
+def prune_snapshot_files(store: SharedStore, job_id: str, chain: SnapshotChain) -> None:
+    """Remove the job's cut and delta files that `chain` does not name."""
+    keep = {chain.cut_file, *(d["file"] for d in chain.deltas)}
     for name in store.list_dir(f"{job_id}/coordinator"):
-        if name.startswith("buffer-") and name != current:
-            store.delete(f"{job_id}/coordinator/{name}")
+        rel = f"{job_id}/coordinator/{name}"
+        if name.startswith(("buffer-", "delta-")) and rel not in keep:
+            store.delete(rel)
 
 
 def remove_job_snapshot(store: SharedStore, job_id: str) -> None:
@@ -84,16 +117,30 @@ def remove_job_snapshot(store: SharedStore, job_id: str) -> None:
     `state.json` first, so no moment leaves it naming a removed arrays file."""
     store.delete(state_path(job_id))
     for name in store.list_dir(f"{job_id}/coordinator"):
-        if name.startswith("buffer-"):
+        if name.startswith(("buffer-", "delta-")):
             store.delete(f"{job_id}/coordinator/{name}")
 
 
-def read_job_snapshot(store: SharedStore, job_id: str) -> tuple[dict, bytes, dict]:
-    """(job record, buffer arrays, buffer record) of a job's newest snapshot."""
+@dataclass(frozen=True)
+class SavedJob:
+    """A job's newest snapshot, read back."""
+
+    record: dict[str, Any]
+    cut: tuple[bytes, dict[str, Any]]
+    #: The deltas after the cut, oldest first: (arrays, buffer record) each.
+    deltas: list[tuple[bytes, dict[str, Any]]]
+
+
+def read_job_snapshot(store: SharedStore, job_id: str) -> SavedJob:
+    """A job's newest snapshot: its record, its buffer's cut and the deltas after it."""
     state = store.read_json(state_path(job_id))
     if state.get("format") != FORMAT_VERSION:
         raise ValueError(f"{job_id}: snapshot format {state.get('format')} is not supported")
-    return state["job"], store.read_bytes(state["buffer_file"]), state["buffer"]
+    return SavedJob(
+        record=state["job"],
+        cut=(store.read_bytes(state["buffer_file"]), state["buffer"]),
+        deltas=[(store.read_bytes(d["file"]), d["meta"]) for d in state.get("deltas", [])],
+    )
 
 
 def eval_from(data: dict | None) -> EvalSummary | None:
