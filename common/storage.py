@@ -14,13 +14,16 @@ atomic (temp file in the same folder, fsync, `os.replace`), so a reader sees a w
 file or none. Arrays are stored with safetensors and records as JSON: no pickle.
 
 Every read goes through one open that takes regular files only (a FIFO or a device
-put in a file's place would block or never end) and refuses a file over a size limit
-before reading a byte of it (a sparse file can claim any size).
+put in a file's place would block or never end, and a symbolic link is refused
+without being followed: files here are written by `os.replace`, never linked) and
+refuses a file over a size limit before reading a byte of it (a sparse file can
+claim any size).
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import math
@@ -166,13 +169,23 @@ class SharedStore:
         """The open file and its size: a regular file of at most `max_bytes`.
 
         Opened non-blocking, so a FIFO in a file's place is refused at once instead of
-        waiting for a writer forever; the size is checked before anything is read.
+        waiting for a writer forever, and without following a symbolic link in its
+        place (which could lead anywhere between `resolve` and this open); the type
+        and size are checked on the opened descriptor, before anything is read.
 
         Raises:
-            CorruptFileError: not a regular file, or over `max_bytes`.
+            CorruptFileError: not a regular file (a FIFO, a device, a socket, a
+                folder, a symbolic link), or over `max_bytes`.
             OSError: it cannot be opened (FileNotFoundError when it is not there).
         """
-        fd = os.open(self.resolve(rel), os.O_RDONLY | os.O_NONBLOCK)
+        try:
+            fd = os.open(self.resolve(rel), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        except OSError as exc:
+            if exc.errno == errno.ELOOP:
+                raise CorruptFileError(f"{rel} is a symbolic link, not a regular file") from None
+            if exc.errno == errno.ENXIO:  # a socket
+                raise CorruptFileError(f"{rel} is not a regular file") from None
+            raise
         try:
             info = os.fstat(fd)
             if not stat.S_ISREG(info.st_mode):

@@ -1,5 +1,7 @@
 import json
 import os
+import socket
+import stat
 import threading
 
 import numpy as np
@@ -130,6 +132,46 @@ def test_a_folder_in_a_files_place_is_refused(store):
     store.resolve(SEGMENT).mkdir(parents=True)
     with pytest.raises(CorruptFileError, match="not a regular file"):
         store.read_segment(SEGMENT)
+
+
+READS = ["read_segment", "read_bytes", "segment_rows", "read_segment_header", "read_json"]
+
+
+@pytest.mark.parametrize("read", READS)
+def test_a_symlink_in_a_files_place_is_refused_even_inside_the_root(store, read):
+    target = "j/segments/w/00000001.safetensors"
+    store.write_segment(target, {"obs": np.zeros((2, 4), np.float32)}, header={})
+    os.symlink(store.resolve(target), store.resolve(SEGMENT))
+    with pytest.raises(CorruptFileError, match="is a symbolic link, not a regular file"):
+        getattr(store, read)(SEGMENT)
+
+
+def make_device(store, rel):
+    store.resolve(rel).parent.mkdir(parents=True, exist_ok=True)
+    try:  # the node of /dev/zero, which never ends
+        os.mknod(store.resolve(rel), 0o600 | stat.S_IFCHR, os.makedev(1, 5))
+    except PermissionError:
+        pytest.skip("making a device node needs CAP_MKNOD")
+
+
+def make_socket(store, rel):
+    store.resolve(rel).parent.mkdir(parents=True, exist_ok=True)
+    sock = socket.socket(socket.AF_UNIX)
+    sock.bind(str(store.resolve(rel)))
+    return sock
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("read", READS)
+@pytest.mark.parametrize("make", [make_device, make_socket], ids=["device", "socket"])
+def test_a_device_or_a_socket_in_a_files_place_is_refused(store, read, make):
+    made = make(store, SEGMENT)
+    try:
+        with pytest.raises(CorruptFileError, match="not a regular file"):
+            getattr(store, read)(SEGMENT)
+    finally:
+        if made is not None:
+            made.close()
 
 
 @pytest.mark.timeout(10)
