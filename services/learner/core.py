@@ -19,6 +19,7 @@ sessions also send each reply's batches to the other ranks, and each rank's
 from __future__ import annotations
 
 import collections
+import functools
 import io
 import logging
 import math
@@ -55,6 +56,7 @@ from common.ranks import split_error
 from common.storage import CorruptFileError, SharedStore
 from common.tensorboard import ScalarLog, job_tb_dir
 from services.learner.group import GroupBroken, RankGroup, share_bounds, share_of
+from services.learner.reads import READS, Read
 from services.slave.core import TaskContext, patiently
 
 log = logging.getLogger(__name__)
@@ -63,9 +65,11 @@ KEEP_CHECKPOINTS = 2
 #: Train iterations between two points of the learner's TensorBoard scalars (a round of
 #: the sync workflow writes one at its end).
 TB_EVERY_ITERS = 10
-#: How long training waits for a segment another thread is reading before reading it
-#: itself (a bound, not an expected time: a read takes milliseconds).
-READ_WAIT_S = 30.0
+#: The longest a segment file's read may take, from when it was asked for, before the
+#: segment is skipped as unusable (a bound, not an expected time: a read takes
+#: milliseconds). A read that never returns (a hung mount, a FIFO opened the blocking
+#: way) holds one of the reading threads (services/learner/reads.py), never training.
+READ_TIMEOUT_S = 5.0
 
 
 #: What torchrun sets in a learner group's ranks: how many times it restarted the group.
@@ -282,7 +286,10 @@ class SegmentCache:
     Segments never change, so no invalidation.
 
     A segment that cannot be read, or does not fit the schema, costs its rows, not the
-    job: it is skipped, listed in `unusable`, and not read again.
+    job: it is skipped, listed in `unusable`, and not read again. So does one whose read
+    takes longer than `read_timeout_s`: reads run on their own threads
+    (services/learner/reads.py), waited for with that bound, so a file whose read never
+    returns holds a thread of those, never the batch it is in nor the batches after it.
     """
 
     def __init__(
@@ -292,31 +299,38 @@ class SegmentCache:
         schema: SegmentSchema,
         max_segments: int = 4096,
         unusable: set[str] | None = None,
+        *,
+        read_timeout_s: float = READ_TIMEOUT_S,
     ) -> None:
         self.store = store
         self.job_id = job_id
         self.schema = schema
         self.columns = tuple(schema.columns)
         self.max_segments = max_segments
+        self.read_timeout_s = read_timeout_s
         #: Paths skipped (shared with the task context, which reports them).
         self.unusable: set[str] = unusable if unusable is not None else set()
         self._cache: collections.OrderedDict[str, dict[str, np.ndarray]] = collections.OrderedDict()
         self._lock = threading.Lock()
-        #: Segments being read now, each with the event set when it is done.
-        self._loading: dict[str, threading.Event] = {}
+        #: Segments being read now: each read, and the monotonic time past which nobody
+        #: waits for it.
+        self._loading: dict[str, tuple[Read, float]] = {}
 
     def skip(self, path: str, reason: object) -> None:
         """List a segment as unusable: none of its rows is used from now on."""
         with self._lock:
             self._cache.pop(path, None)
+            listed = path in self.unusable
             self.unusable.add(path)
-        log.warning("skipping unusable segment %s: %s", path, reason)
+        if not listed:
+            log.warning("skipping unusable segment %s: %s", path, reason)
 
     def get(self, path: str) -> dict[str, np.ndarray] | None:
         """The segment's checked columns; None when it is unusable.
 
         Thread-safe: `read_ahead` loads segments on another thread while training
-        asks for them here; a segment being loaded is waited for, not read twice."""
+        asks for them here; a segment being read is waited for, not read twice, and
+        never past `read_timeout_s` from when its read was asked for."""
         with self._lock:
             columns = self._cache.get(path)
             if columns is not None:
@@ -324,35 +338,66 @@ class SegmentCache:
                 return columns
             if path in self.unusable:
                 return None
-            loading = self._loading.get(path)
-            if loading is None:
-                self._loading[path] = threading.Event()
-        if loading is not None:
-            # Another thread is reading it; past the bound, read it here as well.
-            loading.wait(READ_WAIT_S)
-            with self._lock:
-                columns = self._cache.get(path)
-            if columns is not None or path in self.unusable:
-                return columns
-            return self._load(path)
+            read, deadline = self._start(path)
         try:
-            return self._load(path)
-        finally:
+            result: dict[str, np.ndarray] | None = READS.result(read, deadline - time.monotonic())
+            return result
+        except TimeoutError:
+            self.skip(path, f"not read within {self.read_timeout_s:g} s")  # first: no new read
             with self._lock:
-                self._loading.pop(path).set()
+                self._loading.pop(path, None)
+            return None
+
+    def start_reads(self, paths: list[str]) -> None:
+        """Start reading the segments of `paths` that are neither cached nor being
+        read, without waiting for them (reads overlap: each releases the GIL)."""
+        with self._lock:
+            for path in paths:
+                if path not in self._cache and path not in self.unusable:
+                    self._start(path)
+
+    def _start(self, path: str) -> tuple[Read, float]:
+        """The read of `path` under way, started now if it is not (holding the lock)."""
+        loading = self._loading.get(path)
+        if loading is None:
+            read = READS.submit(functools.partial(self._load, path))
+            loading = self._loading[path] = (read, time.monotonic() + self.read_timeout_s)
+        return loading
 
     def _load(self, path: str) -> dict[str, np.ndarray] | None:
+        """Read and check one segment (on its reading thread) and cache it."""
+        columns: dict[str, np.ndarray] | None = None
         try:
             self.store.resolve(path, under=f"{self.job_id}/segments")
             columns = self.schema.check(self.store.read_segment(path))
         except _UNUSABLE as exc:
             self.skip(path, exc)
-            return None
-        with self._lock:
-            self._cache[path] = columns
-            if len(self._cache) > self.max_segments:
-                self._cache.popitem(last=False)
+        finally:
+            with self._lock:
+                self._loading.pop(path, None)
+                if path in self.unusable:  # also when its read outlived the bound
+                    columns = None
+                elif columns is not None:
+                    self._cache[path] = columns
+                    if len(self._cache) > self.max_segments:
+                        self._cache.popitem(last=False)
         return columns
+
+    def header(self, path: str) -> dict[str, Any] | None:
+        """The record the segment's header holds (`SharedStore.read_segment_header`;
+        empty when it holds none), read within `read_timeout_s`; None when the segment
+        is unusable or its header cannot be read in time (it is then skipped)."""
+        if path in self.unusable:
+            return None
+        read = READS.submit(functools.partial(self.store.read_segment_header, path))
+        try:
+            header: dict[str, Any] | None = READS.result(read, self.read_timeout_s)
+            return header or {}
+        except TimeoutError:
+            self.skip(path, f"header not read within {self.read_timeout_s:g} s")
+        except _UNUSABLE as exc:
+            self.skip(path, f"unreadable header: {exc!r}")
+        return None
 
     def read_ahead(self, batches: list[SampledBatch]) -> None:
         """Load the segments of batches about to be trained, so that reading files
@@ -389,6 +434,7 @@ class SegmentCache:
             return {}, np.zeros(0, np.float32), np.zeros(0, bool)
         parts: list[dict[str, np.ndarray]] = []
         keep: list[bool] = []
+        self.start_reads([segment.path for segment in batch.segments])
         for segment in batch.segments:
             columns = self.get(segment.path)
             rows = None
@@ -1080,8 +1126,10 @@ class _RoundSession(_LearnSession):
         for segment in batch.segments:
             if segment.path in self.cache.unusable or segment.path in versions:
                 continue
+            header = self.cache.header(segment.path)
+            if header is None:
+                continue  # skipped
             try:
-                header = self.store.read_segment_header(segment.path) or {}
                 versions[segment.path] = int(header["policy_version"])
             except _UNUSABLE as exc:  # KeyError: no version recorded
                 self.cache.skip(segment.path, f"unreadable header: {exc!r}")

@@ -1,9 +1,11 @@
 """Non-finite values never leave the learner: not as weights, checkpoints, progress or
 priorities; and a non-finite loss is not stepped on."""
 
+import contextlib
 import io
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -15,6 +17,7 @@ from algorithms.ppo.learner import PPO
 from algorithms.sac.learner import SAC
 from algorithms.step import finite_step
 from common.config import resolve_job_config, with_spaces
+from common.errors import ApiError
 from common.messages import (
     MAX_PRIORITY,
     LearnSpec,
@@ -242,3 +245,133 @@ def test_a_policy_file_names_the_algorithm_that_wrote_it(tmp_path, algo):
         learn = _LearnSession(context(), config, store, learner, 0)
     learn.publish()
     assert store.read_policy(store.policy_path(JOB, 1)).algo == algo
+
+
+def reads_without_a_bound(store, monkeypatch):
+    """Make the store open segment files the blocking way, as a read on a hung mount
+    does (or any open without O_NONBLOCK): a FIFO's open waits for a writer."""
+    for name in ("read_segment", "read_segment_header"):
+        read = getattr(store, name)
+
+        def blocking(path, read=read):
+            with open(store.resolve(path), "rb") as f:
+                f.read()
+            return read(path)
+
+        monkeypatch.setattr(store, name, blocking)
+
+
+def end_of_file(store, path):
+    """Open the FIFO for writing and close it: a reader blocked in its open ends."""
+    with contextlib.suppress(OSError):  # ENXIO: no reader
+        os.close(os.open(store.resolve(path), os.O_WRONLY | os.O_NONBLOCK))
+
+
+class Sampler(Coordinator):
+    """A coordinator that answers one sample request, then says the job is over."""
+
+    def __init__(self, reply):
+        super().__init__()
+        self.replies = [reply]
+
+    def sample(self, job_id, **request):
+        if not self.replies:
+            raise ApiError(404, "not_found", "the job is over")
+        return self.replies.pop()
+
+
+@pytest.mark.timeout(30)
+def test_a_segment_whose_read_never_returns_costs_only_its_own_rows(tmp_path, monkeypatch):
+    config, _ = resolve_job_config(
+        {"policy": {"type": "dqn", "other": {"replay_buffer": {"type": "prioritized"}}}}
+    )
+    config = with_spaces(config, 4, 2)
+    store = SharedStore(tmp_path)
+    before, fifo, after = (store.segment_path(JOB, "w", i) for i in range(3))
+    rows = {
+        "obs": np.zeros((4, 4), np.float32),
+        "action": np.array([0, 1, 0, 1]),
+        "reward": np.ones(4, np.float32),
+        "next_obs": np.zeros((4, 4), np.float32),
+        "done": np.zeros(4, np.float32),
+        "discount": np.full(4, 0.99, np.float32),
+    }
+    store.write_segment(before, rows)
+    os.mkfifo(store.resolve(fifo))
+    store.write_segment(after, rows)
+    reads_without_a_bound(store, monkeypatch)
+
+    def batch(*segments):
+        keys = [key for _, key, _ in segments]
+        return SampledBatch(
+            keys=keys,
+            segments=[SampledSegment(path=p, rows=[row]) for p, _, row in segments],
+            weights=[1.0] * len(keys),
+        )
+
+    # The file's rows are in the first batch and the second: the rows around them, and
+    # the batch after them, all train.
+    reply = SampleReply(
+        batches=[
+            batch((before, 10, 0), (fifo, 20, 0), (after, 30, 0)),
+            batch((fifo, 21, 1), (after, 31, 1)),
+            batch((before, 11, 1)),
+        ]
+    )
+    ctx = TaskContext(
+        task=TaskAssignment(task_id="t-1", job_id=JOB, spec=LearnSpec(seed=0)),
+        worker_id="learner-1",
+        coordinator=Sampler(reply),  # type: ignore[arg-type]
+        metrics=CollectorRegistry(),
+    )
+    learn = _LearnSession(ctx, config, store, DQN(config.policy), 0)
+    learn.cache.read_timeout_s = 0.5
+    try:
+        started = time.monotonic()
+        assert learn.run()["train_iter"] == 3
+        assert time.monotonic() - started < 10
+        assert ctx.unusable_segments == {fifo}
+        assert ctx.progress["unusable_segments"] == 1
+        deadline = time.monotonic() + 10
+        while len(ctx.coordinator.priorities) < 1:
+            assert time.monotonic() < deadline, "no priorities were sent"
+            time.sleep(0.01)
+        assert sorted(ctx.coordinator.priorities[0][0]) == [10, 11, 30, 31]
+    finally:
+        end_of_file(store, fifo)
+
+
+@pytest.mark.timeout(20)
+def test_a_round_skips_a_segment_whose_header_read_never_returns(tmp_path, monkeypatch):
+    config = config_of("ppo")
+    ctx = context()
+    store = SharedStore(tmp_path)
+    learn = _RoundSession(ctx, config, store, PPO(config.policy), 1)
+    learn.cache.read_timeout_s = 0.5
+    good, fifo = (store.segment_path(JOB, "w", i) for i in range(2))
+    columns = {
+        "obs": np.zeros((3, 4), np.float32),
+        "action": np.array([0, 1, 0]),
+        "logp": np.zeros(3, np.float32),
+        "adv": np.arange(3, dtype=np.float32),
+        "ret": np.zeros(3, np.float32),
+    }
+    store.write_segment(good, columns, header={"policy_version": 1})
+    os.mkfifo(store.resolve(fifo))
+    reads_without_a_bound(store, monkeypatch)
+    batch = SampledBatch(
+        keys=list(range(5)),
+        segments=[
+            SampledSegment(path=fifo, rows=[0, 1]),
+            SampledSegment(path=good, rows=[0, 1, 2]),
+        ],
+        weights=[1.0] * 5,
+    )
+    try:
+        started = time.monotonic()
+        round_columns, versions = learn.round_data(SampleReply(batches=[batch]))
+        assert time.monotonic() - started < 5
+        assert round_columns["adv"].tolist() == [0.0, 1.0, 2.0] and versions == [1]
+        assert ctx.unusable_segments == {fifo}
+    finally:
+        end_of_file(store, fifo)

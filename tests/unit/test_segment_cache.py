@@ -1,4 +1,7 @@
+import contextlib
 import os
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -9,6 +12,7 @@ from common.config import resolve_job_config, with_spaces
 from common.messages import SampledBatch, SampledSegment
 from common.storage import SharedStore
 from services.learner.core import SegmentCache, SegmentSchema
+from services.learner.reads import BoundedReads
 
 OBS, ACTIONS = 4, 3
 
@@ -260,8 +264,6 @@ def test_a_batch_whose_keys_do_not_match_its_rows_trains_nothing(tmp_path):
 
 def test_reading_ahead_on_another_thread_reads_each_segment_once(tmp_path, monkeypatch):
     import collections
-    import threading
-    import time
 
     store = SharedStore(tmp_path)
     paths = [store.segment_path("job-1", "w", i) for i in range(20)]
@@ -289,3 +291,113 @@ def test_reading_ahead_on_another_thread_reads_each_segment_once(tmp_path, monke
     reader.join(timeout=10)
     assert not reader.is_alive()
     assert sorted(reads) == sorted(paths) and set(reads.values()) == {1}
+
+
+def reads_without_a_bound(store, monkeypatch):
+    """Make the store open segment files the blocking way, as a read on a hung mount
+    does (or any open without O_NONBLOCK): a FIFO's open waits for a writer."""
+    read_segment = store.read_segment
+
+    def read(path):
+        with open(store.resolve(path), "rb") as f:
+            f.read()
+        return read_segment(path)
+
+    monkeypatch.setattr(store, "read_segment", read)
+
+
+def end_of_file(store, path):
+    """What an attacker's writer does at last: open the FIFO and close it (releasing a
+    reader blocked in its open); nothing when no reader is waiting."""
+    with contextlib.suppress(OSError):  # ENXIO: no reader
+        os.close(os.open(store.resolve(path), os.O_WRONLY | os.O_NONBLOCK))
+
+
+def within(seconds, call, *args):
+    """`call(*args)` on a thread, which must return within `seconds`."""
+    result = []
+    thread = threading.Thread(target=lambda: result.append(call(*args)), daemon=True)
+    thread.start()
+    thread.join(seconds)
+    assert result, f"{call.__name__} did not return within {seconds} s"
+    return result[0]
+
+
+@pytest.mark.timeout(20)
+def test_a_read_that_never_returns_costs_its_own_rows_not_the_batches_around_it(
+    tmp_path, monkeypatch
+):
+    store = SharedStore(tmp_path)
+    before, fifo, after = (store.segment_path("job-1", "w", i) for i in range(3))
+    store.write_segment(before, good(4))
+    write_fifo(store, fifo)
+    store.write_segment(after, good(4, start=10.0))
+    reads_without_a_bound(store, monkeypatch)
+    cache = SegmentCache(store, "job-1", dqn_schema(), read_timeout_s=0.5)
+
+    def batch(*segments):
+        rows = [row for _, rows in segments for row in rows]
+        return SampledBatch(
+            keys=rows,
+            segments=[SampledSegment(path=p, rows=r) for p, r in segments],
+            weights=[1.0] * len(rows),
+        )
+
+    batches = [
+        batch((before, [1]), (fifo, [0, 1]), (after, [2])),
+        batch((fifo, [3]), (after, [3])),
+        batch((before, [0])),
+    ]
+    try:
+        started = time.monotonic()
+        # The batches after the first are read ahead while the first trains.
+        reader = threading.Thread(target=cache.read_ahead, args=(batches[1:],), daemon=True)
+        reader.start()
+        columns, _, keys = within(5, cache.gather, batches[0])
+        assert keys == [1, 2] and columns["reward"].tolist() == [1.0, 12.0]
+        assert cache.unusable == {fifo}
+        assert within(5, cache.gather, batches[1])[2] == [3]
+        assert within(5, cache.gather, batches[2])[2] == [0]
+        # One wait of the bound in all, however many threads asked for the file.
+        assert time.monotonic() - started < 2.5
+        reader.join(5)
+        assert not reader.is_alive(), "reading ahead did not end"
+        # The writer's end of file changes nothing: the file stays skipped.
+        end_of_file(store, fifo)
+        started = time.monotonic()
+        assert within(5, cache.gather, batches[0])[2] == [1, 2]
+        assert time.monotonic() - started < 0.5 and cache.unusable == {fifo}
+    finally:
+        end_of_file(store, fifo)  # a read still blocked in its open ends
+
+
+@pytest.mark.timeout(10)
+def test_a_read_past_its_bound_gives_its_place_to_the_reads_after_it():
+    reads = BoundedReads(size=1, name="test-read")
+    release = threading.Event()
+    try:
+        stuck = reads.submit(release.wait)
+        with pytest.raises(TimeoutError):
+            reads.result(stuck, 0.1)
+        # The one thread is still in the stuck read: another took its place.
+        assert reads.result(reads.submit(lambda: 42), 5) == 42
+        assert reads.threads_started == 2
+    finally:
+        release.set()
+
+
+@pytest.mark.timeout(10)
+def test_a_read_given_up_before_it_started_is_dropped():
+    reads = BoundedReads(size=1, name="test-read")
+    release, ran = threading.Event(), []
+    try:
+        busy = reads.submit(release.wait)
+        queued = reads.submit(lambda: ran.append(1))
+        with pytest.raises(TimeoutError):
+            reads.result(queued, 0.1)
+        release.set()
+        assert reads.result(busy, 5) is True
+        assert reads.result(reads.submit(lambda: "after"), 5) == "after"
+        assert ran == [] and reads.threads_started == 1  # no thread was stuck
+    finally:
+        release.set()
