@@ -115,7 +115,12 @@ class DataPlane:
         store = self.state.store
         root, indexed = f"{job.job_id}/segments", 0
         for folder in store.list_dir(root):
-            for name in store.list_dir(f"{root}/{folder}"):
+            try:
+                names = store.list_dir(f"{root}/{folder}")
+            except PathError as exc:  # a symlink out of the root: never listed
+                log.warning("segment folder %s/%s is unusable (%s): skipped", root, folder, exc)
+                continue
+            for name in names:
                 path = f"{root}/{folder}/{name}"
                 try:
                     kind = job.buffer.classify(path)
@@ -135,7 +140,10 @@ class DataPlane:
                     log.warning("segment %s is unusable (%s): deleting it", path, exc)
                 except BufferClosed:
                     return indexed
-                store.delete(path)
+                try:
+                    store.delete(path)
+                except PathError:  # a symlink out of the root is refused here too: left
+                    continue
         if indexed:
             log.info("job %s: indexed %d segment files found on disk", job.job_id, indexed)
         return indexed
