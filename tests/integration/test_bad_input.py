@@ -427,6 +427,94 @@ def test_poisoned_segments_are_skipped_and_listed_never_trained_on(running):
     assert all(np.isfinite(w).all() for w in weights.values())
 
 
+def train_iters_while(cluster, job_id, done, *, timeout_s, what):
+    """Poll the job's train_iters until `done()`; returns the longest time they stood
+    still meanwhile."""
+    deadline = time.monotonic() + timeout_s
+    last, since, longest = cluster.client.job(job_id).train_iters, time.monotonic(), 0.0
+    while not done():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.1)
+        now, iters = time.monotonic(), cluster.client.job(job_id).train_iters
+        if iters != last:
+            last, since = iters, now
+        longest = max(longest, now - since)
+    return longest
+
+
+def test_a_segment_swapped_for_a_fifo_costs_its_own_rows_only(running):
+    """Issue 23: a segment replaced by a FIFO after its insert was acknowledged, between
+    two good ones. It is skipped and listed; the good ones around it are not; training
+    never pauses for it, nor after the FIFO's writer gives it an end of file."""
+    cluster, job_id = running
+    store = SharedStore(cluster.shared_dir)
+    before, fifo, after = (store.segment_path(job_id, "fifo-attack", i) for i in range(3))
+    store.write_segment(before, columns())
+    assert operator_insert(cluster, job_id, before).status_code == 200
+    store.write_segment(fifo, columns())
+    assert operator_insert(cluster, job_id, fifo).status_code == 200
+    store.resolve(fifo).unlink()
+    os.mkfifo(store.resolve(fifo))
+    store.write_segment(after, columns())
+    assert operator_insert(cluster, job_id, after).status_code == 200
+    started = cluster.client.job(job_id).train_iters
+
+    def listed_and_trained_past_it():
+        unusable = cluster.client.metrics(job_id)["unusable_segments"]
+        return fifo in unusable and cluster.client.job(job_id).train_iters > started + 50
+
+    # Without a bound on its read, training stood still for as long as the read did.
+    paused_s = train_iters_while(
+        cluster, job_id, listed_and_trained_past_it, timeout_s=30, what="the FIFO held training"
+    )
+    assert paused_s < 10, f"training paused {paused_s:.1f} s"
+    # Its writer opens it and closes it (an end of file): nothing changes.
+    os.close(os.open(store.resolve(fifo), os.O_RDWR | os.O_NONBLOCK))
+    now = cluster.client.job(job_id).train_iters
+    paused_s = train_iters_while(
+        cluster,
+        job_id,
+        lambda: cluster.client.job(job_id).train_iters > now + 50,
+        timeout_s=30,
+        what="training did not go on after the end of file",
+    )
+    assert paused_s < 10, f"training paused {paused_s:.1f} s"
+    unusable = set(cluster.client.metrics(job_id)["unusable_segments"])
+    assert fifo in unusable and not {before, after} & unusable
+    assert cluster.client.job(job_id).phase == "running"
+
+
+def test_special_files_in_segment_folders_never_stop_the_orphan_sweep(running, tmp_path):
+    """A link out of the root (a file or a folder) and a FIFO among the segment folders:
+    the coordinator's periodic sweep passes them by and still deletes an unreadable
+    file it finds after them."""
+    cluster, job_id = running
+    store = SharedStore(cluster.shared_dir)
+    segments = store.resolve(f"{job_id}/segments")
+    target = tmp_path / "outside.safetensors"
+    store.write_segment(f"{job_id}/segments/w/00000000.safetensors", columns())
+    target.write_bytes(store.read_bytes(f"{job_id}/segments/w/00000000.safetensors"))
+    store.delete(f"{job_id}/segments/w/00000000.safetensors")
+    (segments / "a-links").mkdir()
+    os.symlink(target, segments / "a-links" / "00000000.safetensors")
+    os.symlink(tmp_path, segments / "b-out-of-root")
+    fifo = store.segment_path(job_id, "c-fifo", 0)
+    store.resolve(fifo).parent.mkdir()
+    os.mkfifo(store.resolve(fifo))
+    # Never inserted, and too old to be one a collector is about to insert.
+    garbage = store.segment_path(job_id, "zz-orphans", 0)
+    store.write_bytes(garbage, b"\x20\x00\x00\x00\x00\x00\x00\x00not safetensors at all")
+    old = time.time() - 3600
+    for path in (fifo, garbage):
+        os.utime(store.resolve(path), (old, old))
+    deadline = time.monotonic() + 40  # sweeps run every 10 s
+    while store.exists(garbage) or store.exists(fifo):
+        assert time.monotonic() < deadline, "the sweep stopped at a special file"
+        time.sleep(0.5)
+    assert target.read_bytes()  # what a link leads to is never touched
+    assert cluster.client.job(job_id).phase == "running"
+
+
 def test_bad_numbers_in_messages_are_refused_not_500(running):
     cluster, job_id = running
     reg = {"role": "learner", "url": "http://127.0.0.1:9", "slave_token": "b" * 32}
