@@ -15,7 +15,6 @@ import time
 from common.errors import ApiError, bad_request, conflict
 from common.messages import (
     MAX_SAMPLE_ITEMS,
-    BufferStats,
     InsertReply,
     MessageError,
     PriorityUpdate,
@@ -225,9 +224,3 @@ class DataPlane:
             return job.buffer.update_priorities(update.keys, update.priorities)
         except ValueError as exc:
             raise bad_request("priorities", str(exc)) from None
-
-    def stats(self, job_id: str) -> BufferStats:
-        with self.state.guard.changing():
-            job = self.jobs.get(job_id)
-        # The buffer's stats take its own lock, never the coordinator's.
-        return job.buffer.stats()
