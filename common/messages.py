@@ -13,10 +13,10 @@ import json
 import uuid
 from dataclasses import dataclass, field
 from functools import cache
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, ClassVar, Literal, TypeVar
 
 from annotated_types import Ge, Gt, Le, MaxLen, MinLen
-from pydantic import ConfigDict, Field, TypeAdapter, ValidationError, with_config
+from pydantic import ConfigDict, FailFast, Field, TypeAdapter, ValidationError, with_config
 
 T = TypeVar("T")
 
@@ -31,10 +31,11 @@ MAX_BATCH_SIZE = 8192
 MAX_NUM_BATCHES = 256
 MAX_WAIT_S = 60.0
 MAX_SEGMENTS_PER_INSERT = 256
-MAX_KEYS_PER_UPDATE = MAX_BATCH_SIZE * 64
 #: Items one sample request may take (batch_size x num_batches): three such replies
 #: must not cost a server much memory.
 MAX_SAMPLE_ITEMS = 65_536
+#: A learner sends one priority update for each sample reply it trained on.
+MAX_KEYS_PER_UPDATE = MAX_SAMPLE_ITEMS
 #: Priorities above this are refused: one huge value would pin the sampler's maximum
 #: (which every new item gets) for the rest of the job. Learners clip to it.
 MAX_PRIORITY = 1e6
@@ -42,6 +43,14 @@ MAX_PRIORITY = 1e6
 MAX_INT32 = 2**31 - 1
 #: Rows of one segment file; env steps and episode lengths of one segment.
 MAX_SEGMENT_ROWS = 1 << 20
+#: Episodes one segment reference lists. A collector sends the last ones that ended
+#: (the coordinator keeps only the last 100 returns of a job), so an insert of
+#: MAX_SEGMENTS_PER_INSERT references stays a body of a few MiB.
+MAX_EPISODES_PER_SEGMENT = 1024
+#: Tasks one heartbeat reports: a worker runs at most one task of each kind.
+MAX_TASKS_PER_HEARTBEAT = 8
+#: Episodes one evaluation result reports.
+MAX_EVAL_EPISODES = 100_000
 #: Returns, losses and other reported floats: finite, and within this magnitude.
 MAX_ABS_FLOAT = 1e15
 
@@ -68,6 +77,38 @@ Progress = Annotated[dict[Annotated[str, MinLen(1), MaxLen(64)], Number], MaxLen
 WaitSeconds = Annotated[float, Ge(0), Le(MAX_WAIT_S)]
 RelPath = Annotated[str, MinLen(1), MaxLen(1024)]
 Ident = Annotated[str, MinLen(1), MaxLen(128)]
+#: Episodes listed in one segment reference. FailFast: a list of bad values costs
+#: one validation error, not one each.
+EpisodeList = Annotated[list[T], FailFast(), MaxLen(MAX_EPISODES_PER_SEGMENT)]
+
+KIB = 1024
+MIB = 1024 * KIB
+
+
+@dataclass(frozen=True)
+class BodyLimit:
+    """The most a request body carrying one message may hold.
+
+    Every message a route takes declares one (`body_limit`), sized for the largest
+    legitimate body. A body over `max_bytes` is refused from its Content-Length,
+    before it is read; one with more arrays, objects, values, keys or nesting than
+    the message can hold is refused by a scan of its bytes, before any object is
+    built (common/http.py): parsing builds an object for each, and validation an
+    error for each bad one, so a few MiB of `{}` would otherwise cost a server a GiB.
+
+    The scan counts bytes, so a `{`, `[`, `,` or `:` inside a string counts too: the
+    counts are upper bounds, and the limits are generous for that reason.
+    """
+
+    max_bytes: int
+    #: Objects and arrays, the body's own object included (`{` and `[` bytes).
+    max_containers: int
+    #: Values after the first of each array and object (`,` bytes).
+    max_values: int
+    #: Keys of all its objects (`:` bytes): each unknown one would be an error.
+    max_keys: int
+    #: Levels of arrays and objects inside one another, the body's own object included.
+    max_depth: int
 
 
 class MessageError(ValueError):
@@ -151,6 +192,11 @@ class WorkerRegistration:
     #: (common/devices.py); a job on CUDA runs only on workers with CUDA devices.
     resources: Resources = field(default_factory=dict)
 
+    #: Every field at its bound in ASCII is about 11 KiB.
+    body_limit: ClassVar[BodyLimit] = BodyLimit(
+        max_bytes=16 * KIB, max_containers=64, max_values=512, max_keys=256, max_depth=2
+    )
+
 
 @message
 class Registered:
@@ -173,7 +219,14 @@ class TaskProgress:
 
 @message
 class Heartbeat:
-    tasks: Annotated[list[TaskProgress], MaxLen(64)] = field(default_factory=list)
+    tasks: Annotated[list[TaskProgress], MaxLen(MAX_TASKS_PER_HEARTBEAT)] = field(
+        default_factory=list
+    )
+
+    #: Every field at its bound in ASCII is about 870 KiB (mostly the unusable paths).
+    body_limit: ClassVar[BodyLimit] = BodyLimit(
+        max_bytes=MIB, max_containers=256, max_values=4096, max_keys=1024, max_depth=4
+    )
 
 
 @message
@@ -243,6 +296,11 @@ class TaskAssignment:
     job_id: Ident
     spec: TaskSpec
 
+    #: Every field at its bound in ASCII is under 2 KiB.
+    body_limit: ClassVar[BodyLimit] = BodyLimit(
+        max_bytes=16 * KIB, max_containers=64, max_values=256, max_keys=64, max_depth=2
+    )
+
     @property
     def kind(self) -> TaskKind:
         return self.spec.kind
@@ -251,18 +309,38 @@ class TaskAssignment:
 @message
 class EvalResult:
     policy_version: Version
-    returns: Annotated[list[Number], MinLen(1), MaxLen(100_000)]
-    lengths: Annotated[list[Count], MaxLen(100_000)]
+    returns: Annotated[list[Number], FailFast(), MinLen(1), MaxLen(MAX_EVAL_EPISODES)]
+    lengths: Annotated[list[Count], FailFast(), MaxLen(MAX_EVAL_EPISODES)]
 
 
 @message
 class TaskComplete:
     result: dict[str, Any] = field(default_factory=dict)
 
+    #: The largest result is an EvalResult of MAX_EVAL_EPISODES returns and lengths:
+    #: about 3.3 MiB with every return at full precision.
+    body_limit: ClassVar[BodyLimit] = BodyLimit(
+        max_bytes=4 * MIB,
+        max_containers=64,
+        max_values=2 * MAX_EVAL_EPISODES + 256,
+        max_keys=256,
+        max_depth=4,
+    )
+
 
 @message
 class TaskFail:
     error: Annotated[str, MaxLen(4096)]
+
+    #: 4,096 characters at their worst as JSON (12 bytes for an emoji, `\ud83d\ude00`);
+    #: a traceback may hold a bracket, a comma or a colon in every character.
+    body_limit: ClassVar[BodyLimit] = BodyLimit(
+        max_bytes=64 * KIB,
+        max_containers=4096 + 8,
+        max_values=4096 + 8,
+        max_keys=4096 + 8,
+        max_depth=1,
+    )
 
 
 # --- data plane ------------------------------------------------------------------
@@ -277,22 +355,31 @@ class SegmentRef:
     rows: SegmentRows
     env_steps: SegmentCount
     policy_version: Version
-    episode_returns: Annotated[list[Number], MaxLen(MAX_SEGMENT_ROWS)] = field(default_factory=list)
-    episode_lengths: Annotated[list[Count], MaxLen(MAX_SEGMENT_ROWS)] = field(default_factory=list)
+    #: Returns and lengths of the (last) episodes that ended in the segment.
+    episode_returns: EpisodeList[Number] = field(default_factory=list)
+    episode_lengths: EpisodeList[Count] = field(default_factory=list)
     #: For episode buffers: (first row, length) of each whole episode in the segment.
-    episodes: Annotated[list[tuple[SegmentCount, SegmentRows]], MaxLen(MAX_SEGMENT_ROWS)] = field(
-        default_factory=list
-    )
+    episodes: EpisodeList[tuple[SegmentCount, SegmentRows]] = field(default_factory=list)
 
 
 @message
 class SegmentInsert:
-    segments: Annotated[list[SegmentRef], MinLen(1), MaxLen(MAX_SEGMENTS_PER_INSERT)]
+    segments: Annotated[list[SegmentRef], FailFast(), MinLen(1), MaxLen(MAX_SEGMENTS_PER_INSERT)]
     # How long the insert may wait for the rate limiter before answering 429.
     timeout_s: WaitSeconds = 0.0
     # The collect task that wrote the segments: refused once that task was reassigned
     # (a worker back from a lost lease). Tools inserting by hand may leave it out.
     task_id: Ident | None = None
+
+    #: MAX_SEGMENTS_PER_INSERT references with 1 KiB paths and 100 episodes each (at
+    #: full precision) are about 1.9 MiB; one reference at every bound, about 64 KiB.
+    body_limit: ClassVar[BodyLimit] = BodyLimit(
+        max_bytes=2 * MIB,
+        max_containers=MAX_SEGMENTS_PER_INSERT * 128,
+        max_values=MAX_SEGMENTS_PER_INSERT * 512,
+        max_keys=MAX_SEGMENTS_PER_INSERT * 8 + 8,
+        max_depth=5,
+    )
 
 
 @message
@@ -315,6 +402,11 @@ class SampleRequest:
     task_id: Ident | None = None
     #: Holds (`SampleReply.hold_id`) whose items this learner has trained on.
     acknowledge: Annotated[list[Ident], MaxLen(64)] = field(default_factory=list)
+
+    #: Every field at its bound in ASCII is about 8.5 KiB.
+    body_limit: ClassVar[BodyLimit] = BodyLimit(
+        max_bytes=16 * KIB, max_containers=8, max_values=256, max_keys=64, max_depth=2
+    )
 
 
 @bulk_message
@@ -346,10 +438,20 @@ class SampleReply:
 
 @message
 class PriorityUpdate:
-    keys: Annotated[list[ItemKey], MaxLen(MAX_KEYS_PER_UPDATE)]
-    priorities: Annotated[list[Priority], MaxLen(MAX_KEYS_PER_UPDATE)]
+    keys: Annotated[list[ItemKey], FailFast(), MaxLen(MAX_KEYS_PER_UPDATE)]
+    priorities: Annotated[list[Priority], FailFast(), MaxLen(MAX_KEYS_PER_UPDATE)]
     #: The learn task the update comes from (a learner must name it).
     task_id: Ident | None = None
+
+    #: MAX_KEYS_PER_UPDATE keys of 19 digits and priorities at full precision are
+    #: about 2.9 MiB.
+    body_limit: ClassVar[BodyLimit] = BodyLimit(
+        max_bytes=4 * MIB,
+        max_containers=8,
+        max_values=2 * MAX_KEYS_PER_UPDATE + 8,
+        max_keys=64,
+        max_depth=2,
+    )
 
 
 @message
@@ -371,6 +473,11 @@ class PolicyAnnounce:
     train_iter: Count = 0
     task_id: Ident | None = None
 
+    #: Every field at its bound in ASCII is about 1.3 KiB.
+    body_limit: ClassVar[BodyLimit] = BodyLimit(
+        max_bytes=16 * KIB, max_containers=8, max_values=64, max_keys=64, max_depth=1
+    )
+
     def ref(self) -> PolicyRef:
         return PolicyRef(
             version=self.version, path=self.path, sha256=self.sha256, train_iter=self.train_iter
@@ -384,6 +491,12 @@ class PolicyAnnounce:
 class JobSubmit:
     config: dict[str, Any]
     name: Annotated[str, MaxLen(128)] | None = None
+
+    #: A config holds at most 10,000 keys and items nested 12 levels below its top
+    #: (common/config.py: MAX_CONFIG_ITEMS, MAX_CONFIG_DEPTH); the examples are 1 KiB.
+    body_limit: ClassVar[BodyLimit] = BodyLimit(
+        max_bytes=MIB, max_containers=20_000, max_values=20_000, max_keys=20_000, max_depth=14
+    )
 
 
 @message

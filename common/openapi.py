@@ -15,6 +15,7 @@ from flask import Flask
 from pydantic import TypeAdapter
 
 from common.http import PUBLIC_PATHS
+from common.messages import BodyLimit
 
 F = TypeVar("F", bound=Callable[..., Any])
 REF = "#/components/schemas/{model}"
@@ -42,8 +43,12 @@ def documented(
 ) -> Callable[[F], F]:
     """Declare a view's request body and answer for the OpenAPI document.
 
-    `no_content`: when the view may also answer 204 with no body, what that means.
+    `body` must declare its `body_limit` (common/messages.py: BodyLimit), the most a
+    request may send; the document states it. `no_content`: when the view may also
+    answer 204 with no body, what that means.
     """
+    if body is not None and not isinstance(getattr(body, "body_limit", None), BodyLimit):
+        raise TypeError(f"{body.__name__} declares no body_limit: how large may its body be?")
 
     def mark(view: F) -> F:
         view.__openapi__ = {  # type: ignore[attr-defined]
@@ -99,7 +104,9 @@ def openapi_document(app: Flask, title: str, version: str = "1") -> dict[str, An
                 },
             }
             if doc["body"] is not None:
+                limit = doc["body"].body_limit
                 operation["requestBody"] = {
+                    "description": f"at most {limit.max_bytes} bytes (413 beyond)",
                     "required": True,
                     "content": {
                         "application/json": {

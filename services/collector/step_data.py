@@ -16,6 +16,8 @@ import collections
 
 import numpy as np
 
+from common.messages import MAX_EPISODES_PER_SEGMENT
+
 
 def as_obs(array: np.ndarray) -> np.ndarray:
     """Observations as step data stores them: uint8 images stay uint8 (a quarter of
@@ -47,8 +49,11 @@ class EpisodeTracker:
         return finished
 
     def take(self) -> tuple[list[float], list[int]]:
-        """The episodes finished since the last call."""
-        out = (self._returns, self._lengths)
+        """The episodes finished since the last call: the last MAX_EPISODES_PER_SEGMENT
+        of them, as many as a segment reference lists (the coordinator keeps the last
+        100 returns of a job, so the older ones would be dropped there)."""
+        keep = MAX_EPISODES_PER_SEGMENT
+        out = (self._returns[-keep:], self._lengths[-keep:])
         self._returns, self._lengths = [], []
         return out
 

@@ -189,9 +189,12 @@ def test_registrations_are_bounded(tmp_path):
         "role": "collector",
         "url": "http://127.0.0.1:4",
         "slave_token": SLAVE_TOKEN,
-        "resources": {f"k{i}": i for i in range(1000)},
+        "resources": {f"k{i}": i for i in range(33)},
     }
     assert post(client, "/api/v1/workers", big).status_code == 400
+    # Far past the bound, it is refused before it is parsed.
+    huge = dict(big, resources={f"k{i}": i for i in range(1000)})
+    assert post(client, "/api/v1/workers", huge).status_code == 413
     nested = dict(big, resources={"gpu": {"deep": [1, 2, 3]}})
     assert post(client, "/api/v1/workers", nested).status_code == 400
 
