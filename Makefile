@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= examples/cartpole_dqn.yaml
 
-.PHONY: install run test lint format bench bench-learning bench-chaos bench-learner bench-atari bench-atari-collect bench-atari-learner up down clean
+.PHONY: install run test lint format bench bench-learning bench-chaos bench-learner bench-atari bench-atari-collect bench-atari-learner bench-fleet up down clean
 
 # The stamp is refreshed whenever pyproject.toml changes, so `make test` on a fresh
 # clone installs once and later runs start at once.
@@ -53,6 +53,11 @@ bench-atari-collect: install
 
 bench-atari-learner: install
 	$(BIN)/python bench/atari_learner.py
+
+# One coordinator under 8 to 128 simulated collectors and 4 learners (a few minutes),
+# then the 64-collector row again under py-spy.
+bench-fleet: install
+	$(BIN)/python bench/fleet.py
 
 up:
 	docker compose up --build

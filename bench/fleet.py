@@ -20,10 +20,13 @@ asyncio loop (no thread per worker):
   shapes, the `SegmentRef` in the header, `SharedStore.write_segment`), and inserts
   them at `--insert-rate` a second, heartbeating all along. The files are written
   before the timed window, enough for the whole of it at the nominal rate, so disk
-  writes do not count; every insert names a real file of the job's schema, whose
-  header the coordinator reads. A `429` waits its `Retry-After`, as a collector does,
-  and sends the same segment again; an insert that falls behind its schedule is sent
-  at once, so the offered load stays the nominal one;
+  writes do not count: they wait in a folder beside the shared root and each is
+  moved into its place (a rename) just before its insert, so the coordinator's
+  orphan sweep sees what it would see with real collectors. Every insert names a
+  real file of the job's schema, whose header the coordinator reads. A `429` waits
+  its `Retry-After`, as a collector does, and sends the same segment again; an
+  insert that falls behind its schedule is sent at once, so the offered load stays
+  the nominal one;
 - a simulated learner registers as a learner, takes its job's learn task, and in a
   closed loop asks for 8 batches of 64 (naming its task, acknowledging holds), then
   sends a priority for every key it got.
@@ -106,9 +109,6 @@ BACK_PRESSURE = {
     ("sample", 503, "sample_timeout"),
     ("sample", 503, "too_many_waiting"),
 }
-#: The coordinator's settings for the bench: a prewritten segment must never be
-#: indexed by the orphan sweep before its insert (the sweep still lists every file).
-COORDINATOR_ENV = {"DROVER_ORPHAN_GRACE_S": "3600"}
 
 
 # --- the generator's side: HTTP over asyncio -------------------------------------------
@@ -367,28 +367,38 @@ class SimCollector(SimWorker):
 
     def __init__(self, plan: dict[str, Any], url: str, tally: Tally) -> None:
         super().__init__(plan, url, tally)
-        #: Each prewritten segment's insert body, in order.
-        self.bodies: list[bytes] = []
+        #: Each prewritten segment: where it waits, where it goes, its insert's body.
+        self.segments: list[tuple[Path, Path, bytes]] = []
 
-    def prewrite(self, store: SharedStore, count: int) -> None:
-        """Write `count` segments into this task's own folder, with the collector's
-        own writer: n-step transitions of the job's observation and action shapes
-        (read from the job's resolved config), the `SegmentRef` in each header."""
+    def prewrite(self, shared: SharedStore, staging: SharedStore, count: int) -> None:
+        """Write `count` segments for this task's own folder, with the collector's own
+        writer: n-step transitions of the job's observation and action shapes (read
+        from the job's resolved config), the `SegmentRef` in each header. They wait
+        outside the shared root, on the same file system, each moved into its place
+        just before its insert: the coordinator's orphan sweep finds no more files
+        that no insert claimed than with real collectors."""
         assert self.task is not None
         job_id, task_id = self.task["job_id"], self.task["task_id"]
-        policy = store.read_json(f"{job_id}/job.json")["policy"]
+        policy = shared.read_json(f"{job_id}/job.json")["policy"]
         columns = transitions(policy, SEGMENT_ROWS, seed=hash(task_id) & 0xFFFF)
         folder = f"{self.worker_id}.{task_id}"
         for seq in range(count):
             ref = SegmentRef(
-                path=store.segment_path(job_id, folder, seq),
+                path=shared.segment_path(job_id, folder, seq),
                 rows=SEGMENT_ROWS,
                 env_steps=SEGMENT_ROWS,
                 policy_version=0,
             )
-            store.write_segment(ref.path, columns, header=dump(ref))
+            staging.write_segment(ref.path, columns, header=dump(ref))
             body = {"segments": [ref], "timeout_s": INSERT_TIMEOUT_S, "task_id": task_id}
-            self.bodies.append(json.dumps(dump(body), default=dump).encode())
+            self.segments.append(
+                (
+                    staging.resolve(ref.path),
+                    shared.resolve(ref.path),
+                    json.dumps(dump(body), default=dump).encode(),
+                )
+            )
+        shared.resolve(ref.path).parent.mkdir(parents=True, exist_ok=True)
 
     async def run(self, go_s: float, stop: asyncio.Event) -> None:
         assert self.task is not None
@@ -396,20 +406,24 @@ class SimCollector(SimWorker):
         path = f"{API}/jobs/{self.task['job_id']}/segments"
         # Each collector starts at its own phase, so the fleet does not insert in step.
         due = go_s + random.uniform(0, 1 / rate)
-        seq = 0
+        seq = placed = 0
         while not self.cancelled:
             wait = due - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
             if time.monotonic() >= tally.end_s:
                 return
-            if seq >= len(self.bodies):
+            if seq >= len(self.segments):
                 tally.ran_out += 1
                 return
+            waiting, place, body = self.segments[seq]
+            if placed == seq:  # an insert sent again finds its file in place
+                os.replace(waiting, place)
+                placed += 1
             sent = time.monotonic()
             try:
                 status, headers, answer = await self.data.request(
-                    "POST", path, self.bodies[seq], self.credential, REQUEST_TIMEOUT_S + 2.0
+                    "POST", path, body, self.credential, REQUEST_TIMEOUT_S + 2.0
                 )
             except (OSError, TimeoutError, HttpError) as exc:
                 tally.failed("insert", sent, exc)
@@ -585,12 +599,12 @@ async def generate(plan: dict[str, Any]) -> None:
     beating = [asyncio.create_task(w.heartbeats(stop)) for w in workers]
     await asyncio.wait_for(asyncio.gather(*(w.assigned for w in workers)), plan["assign_timeout_s"])
     kinds = collections.Counter(w.task["spec"]["kind"] for w in workers if w.task)
-    store = SharedStore(plan["shared_dir"])
+    shared, staging = SharedStore(plan["shared_dir"]), SharedStore(plan["staging_dir"])
     count = math.ceil(plan["insert_rate"] * plan["run_s"] * PREWRITE_MARGIN) + 2
     loop = asyncio.get_running_loop()
     with ThreadPoolExecutor(4) as pool:  # overlaps the fsyncs
         await asyncio.gather(
-            *(loop.run_in_executor(pool, c.prewrite, store, count) for c in collectors)
+            *(loop.run_in_executor(pool, c.prewrite, shared, staging, count) for c in collectors)
         )
     say({"ready": True, "kinds": dict(kinds), "segments_each": count})
     go = json.loads(await loop.run_in_executor(None, sys.stdin.readline))
@@ -737,9 +751,7 @@ def run_row(
 
     run_s = args.warmup_s + args.seconds
     with tempfile.TemporaryDirectory(prefix="fleet-") as tmp:
-        cluster = LocalCluster(
-            Path(tmp) / "shared", num_collectors=0, num_learners=0, extra_env=COORDINATOR_ENV
-        )
+        cluster = LocalCluster(Path(tmp) / "shared", num_collectors=0, num_learners=0)
         generators: list[Generator] = []
         spy: subprocess.Popen | None = None
         try:
@@ -757,6 +769,7 @@ def run_row(
                     "coordinator_port": cluster.coordinator.port,
                     "registration_token": cluster.registration_token,
                     "shared_dir": str(cluster.shared_dir),
+                    "staging_dir": str(Path(tmp) / "staging"),
                     "collectors": c,
                     "learners": m,
                     "insert_rate": args.insert_rate,
@@ -871,11 +884,10 @@ def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def py_spy() -> list[str]:
+    """The py-spy command: the one beside this Python, else on the PATH."""
     here = Path(sys.executable).parent / "py-spy"
     found = str(here) if here.exists() else shutil.which("py-spy")
-    if found is None:
-        raise SystemExit("--profile-at needs py-spy (pip install py-spy)")
-    return [found]
+    return [found] if found else []
 
 
 # --- the parent's side: the profile and the table --------------------------------------
@@ -1062,9 +1074,12 @@ def main(argv: list[str] | None = None) -> int:
 
     from bench.learner_scaling import cpu_line, print_load_before
 
-    console = Console(width=200)
+    console = Console(width=230)
     console.print(cpu_line())
     print_load_before(console)
+    if args.profile_at is not None and not py_spy():
+        console.print("[yellow]py-spy is not installed (pip install py-spy): no profile")
+        args.profile_at = None
     rows = []
     for n in args.collectors:
         rows.append(run_row(args, n))
@@ -1089,8 +1104,8 @@ def main(argv: list[str] | None = None) -> int:
         "inserts, 503 sample_timeout / too_many_waiting on samples. Coordinator CPU: utime + "
         "stime over the window, as a share of one core. Generator CPU: the fleet's own "
         "processes, likewise. Others' CPU: the rest of the machine's busy time meanwhile, in "
-        f"cores. Segments written before the window "
-        f"({SEGMENT_ROWS} rows, the job's schema), so disk writes do not count."
+        f"cores. Segments ({SEGMENT_ROWS} rows, the job's schema) written before the window "
+        "and moved into place at each insert, so disk writes do not count."
     )
     for row in rows:
         priority = row["priority_latency_ms"]
