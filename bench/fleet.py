@@ -18,13 +18,16 @@ asyncio loop (no thread per worker):
   64-row segment files into its own folder (`<job>/segments/<worker>.<task>/`) with the
   collector's own writer (`NStepBuilder` rows of the job's observation and action
   shapes, the `SegmentRef` in the header, `SharedStore.write_segment`), and inserts
-  them at `--insert-rate` a second, heartbeating all along. The files are written
+  them as they become ready, `--insert-rate` a second, heartbeating all along. As the
+  collector's uploader does, one insert carries every segment ready and not sent yet,
+  up to the few it holds (`MAX_SEGMENTS_PER_UPLOAD`): one a request while the
+  coordinator keeps up, more once it falls behind. The files are written
   before the timed window, enough for the whole of it at the nominal rate, so disk
   writes do not count: they wait in a folder beside the shared root and each is
   moved into its place (a rename) just before its insert, so the coordinator's
   orphan sweep sees what it would see with real collectors. Every insert names a
   real file of the job's schema, whose header the coordinator reads. A `429` waits
-  its `Retry-After`, as a collector does, and sends the same segment again; an
+  its `Retry-After`, as a collector does, and sends the same segments again; an
   insert that falls behind its schedule is sent at once, so the offered load stays
   the nominal one;
 - a simulated learner registers as a learner, takes its job's learn task, and in a
@@ -84,6 +87,7 @@ sys.path.insert(0, str(ROOT))
 
 from common.messages import SegmentRef, dump  # noqa: E402
 from common.storage import SharedStore  # noqa: E402
+from services.collector.core import MAX_SEGMENTS_PER_UPLOAD  # noqa: E402
 from services.collector.step_data import NStepBuilder  # noqa: E402
 
 API = "/api/v1"
@@ -96,6 +100,8 @@ BATCH_SIZE, NUM_BATCHES = 64, 8
 SAMPLE_TIMEOUT_S, INSERT_TIMEOUT_S = 5.0, 2.0
 #: Every request's own limit on top of its long-poll.
 REQUEST_TIMEOUT_S = 10.0
+#: An insert's wait: the request's own and the rate limiter's.
+INSERT_WAIT_S = REQUEST_TIMEOUT_S + 2.0
 #: Segments written ahead beyond the window's nominal need (a late start, jitter).
 PREWRITE_MARGIN = 1.05
 #: The row the targets are for, and the targets.
@@ -232,6 +238,8 @@ class Tally:
     start_s: float = math.inf
     end_s: float = math.inf
     insert_ms: list[float] = field(default_factory=list)
+    #: Segments each answered insert carried.
+    segments_per_insert: list[int] = field(default_factory=list)
     sample_ms: list[float] = field(default_factory=list)
     priority_ms: list[float] = field(default_factory=list)
     rows_indexed: int = 0
@@ -266,6 +274,7 @@ class Tally:
     def result(self) -> dict[str, Any]:
         return {
             "insert_ms": [round(x, 3) for x in self.insert_ms],
+            "segments_per_insert": self.segments_per_insert,
             "sample_ms": [round(x, 3) for x in self.sample_ms],
             "priority_ms": [round(x, 3) for x in self.priority_ms],
             "rows_indexed": self.rows_indexed,
@@ -367,8 +376,8 @@ class SimCollector(SimWorker):
 
     def __init__(self, plan: dict[str, Any], url: str, tally: Tally) -> None:
         super().__init__(plan, url, tally)
-        #: Each prewritten segment: where it waits, where it goes, its insert's body.
-        self.segments: list[tuple[Path, Path, bytes]] = []
+        #: Each prewritten segment: where it waits, where it goes, its reference.
+        self.segments: list[tuple[Path, Path, dict[str, Any]]] = []
 
     def prewrite(self, shared: SharedStore, staging: SharedStore, count: int) -> None:
         """Write `count` segments for this task's own folder, with the collector's own
@@ -390,14 +399,7 @@ class SimCollector(SimWorker):
                 policy_version=0,
             )
             staging.write_segment(ref.path, columns, header=dump(ref))
-            body = {"segments": [ref], "timeout_s": INSERT_TIMEOUT_S, "task_id": task_id}
-            self.segments.append(
-                (
-                    staging.resolve(ref.path),
-                    shared.resolve(ref.path),
-                    json.dumps(dump(body), default=dump).encode(),
-                )
-            )
+            self.segments.append((staging.resolve(ref.path), shared.resolve(ref.path), dump(ref)))
         shared.resolve(ref.path).parent.mkdir(parents=True, exist_ok=True)
 
     async def run(self, go_s: float, stop: asyncio.Event) -> None:
@@ -405,49 +407,55 @@ class SimCollector(SimWorker):
         tally, rate = self.tally, self.plan["insert_rate"]
         path = f"{API}/jobs/{self.task['job_id']}/segments"
         # Each collector starts at its own phase, so the fleet does not insert in step.
-        due = go_s + random.uniform(0, 1 / rate)
+        start = go_s + random.uniform(0, 1 / rate)
         seq = placed = 0
         while not self.cancelled:
-            wait = due - time.monotonic()
+            # Segment i is ready at start + i / rate; like the collector's uploader, an
+            # insert takes every ready segment not sent yet, up to what it holds.
+            wait = start + seq / rate - time.monotonic()
             if wait > 0:
                 await asyncio.sleep(wait)
-            if time.monotonic() >= tally.end_s:
+            now = time.monotonic()
+            if now >= tally.end_s:
                 return
             if seq >= len(self.segments):
                 tally.ran_out += 1
                 return
-            waiting, place, body = self.segments[seq]
-            if placed == seq:  # an insert sent again finds its file in place
+            ready = min(int((now - start) * rate) + 1, len(self.segments))
+            batch = self.segments[seq : min(ready, seq + MAX_SEGMENTS_PER_UPLOAD)]
+            for waiting, place, _ in batch[placed - seq :]:  # a retry finds its files
                 os.replace(waiting, place)
                 placed += 1
+            body = {
+                "segments": [ref for _, _, ref in batch],
+                "timeout_s": INSERT_TIMEOUT_S,
+                "task_id": self.task["task_id"],
+            }
             sent = time.monotonic()
             try:
                 status, headers, answer = await self.data.request(
-                    "POST", path, body, self.credential, REQUEST_TIMEOUT_S + 2.0
+                    "POST", path, json.dumps(body).encode(), self.credential, INSERT_WAIT_S
                 )
             except (OSError, TimeoutError, HttpError) as exc:
                 tally.failed("insert", sent, exc)
                 await asyncio.sleep(0.1)
-                due = max(due, time.monotonic())
-                continue  # the same segment again: inserts are idempotent by path
+                continue  # the same segments again: inserts are idempotent by path
             kind = tally.answered("insert", sent, status, answer)
             if kind == "ok":
                 if tally.timed(sent):
                     tally.insert_ms.append((time.monotonic() - sent) * 1e3)
+                    tally.segments_per_insert.append(len(batch))
                     reply = json.loads(answer)
                     tally.rows_indexed += reply["accepted"] * SEGMENT_ROWS
                     tally.duplicates += reply["duplicates"]
-                seq += 1
+                seq += len(batch)
                 self.progress["env_steps"] = seq * SEGMENT_ROWS
-                due += 1 / rate
             elif kind == "back-pressure":
                 await asyncio.sleep(retry_after_s(headers, answer))
-                due = max(due, time.monotonic())
             else:
                 await asyncio.sleep(0.1)
-                due = max(due, time.monotonic())
                 if status < 500:
-                    seq += 1  # refused for good: the next one
+                    seq += len(batch)  # refused for good: the next ones
 
 
 class SimLearner(SimWorker):
@@ -836,6 +844,7 @@ def run_row(
         "profiled": profile_to is not None,
         **merged,
         "inserts_per_s": len(merged["insert_ms"]) / args.seconds,
+        "segments_per_s": sum(merged["segments_per_insert"]) / args.seconds,
         "transitions_per_s": merged["rows_indexed"] / args.seconds,
         "samples_per_s": len(merged["sample_ms"]) / args.seconds,
         "coordinator_cpu_share": coordinator_cpu_s / window_s,
@@ -855,6 +864,7 @@ def run_row(
 def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
     merged: dict[str, Any] = {
         "insert_ms": [],
+        "segments_per_insert": [],
         "sample_ms": [],
         "priority_ms": [],
         "errors": collections.Counter(),
@@ -863,7 +873,7 @@ def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
     for key in ("rows_indexed", "duplicates", "heartbeats", "ran_out", "cpu_s"):
         merged[key] = sum(r[key] for r in results)
     for r in results:
-        for key in ("insert_ms", "sample_ms", "priority_ms"):
+        for key in ("insert_ms", "segments_per_insert", "sample_ms", "priority_ms"):
             merged[key] += r[key]
         merged["errors"].update(r["errors"])
         merged["back_pressure"].update(r["back_pressure"])
@@ -970,14 +980,17 @@ def table_of(rows: list[dict[str, Any]], args: argparse.Namespace) -> Any:
     table = Table(
         title=f"Fleet load: one coordinator, {args.jobs} job(s) with {args.buffer_items:,}-item "
         f"prioritized buffers; each collector inserts {SEGMENT_ROWS}-row segments at "
-        f"{args.insert_rate:g}/s, each learner samples {NUM_BATCHES} x {BATCH_SIZE} and sends "
+        f"{args.insert_rate:g}/s (those ready go in one insert, up to "
+        f"{MAX_SEGMENTS_PER_UPLOAD}, as the collector's uploader sends them), each learner "
+        f"samples {NUM_BATCHES} x {BATCH_SIZE} and sends "
         f"priorities in a closed loop; {args.seconds:g} s a row after {args.warmup_s:g} s "
         "of warm-up"
     )
     for column in (
         "collectors",
         "learners",
-        "inserts/s (offered)",
+        "segments/s (offered)",
+        "inserts/s",
         "transitions/s",
         "insert ms p50/p99/max",
         "samples/s",
@@ -1003,7 +1016,8 @@ def table_of(rows: list[dict[str, Any]], args: argparse.Namespace) -> Any:
         table.add_row(
             label,
             f"{row['learners']}",
-            f"{row['inserts_per_s']:,.0f} ({offered:,.0f})",
+            f"{row['segments_per_s']:,.0f} ({offered:,.0f})",
+            f"{row['inserts_per_s']:,.0f}",
             f"{row['transitions_per_s']:,.0f}",
             latency_cell(row["insert_latency_ms"]),
             f"{row['samples_per_s']:,.0f}",
@@ -1026,7 +1040,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--jobs", type=int, default=4)
     parser.add_argument("--seconds", type=float, default=20.0, help="the timed window a row")
     parser.add_argument("--warmup-s", type=float, default=3.0)
-    parser.add_argument("--insert-rate", type=float, default=20.0, help="inserts/s a collector")
+    parser.add_argument(
+        "--insert-rate", type=float, default=20.0, help="segments/s a collector writes"
+    )
     parser.add_argument("--buffer-items", type=int, default=1_000_000)
     parser.add_argument(
         "--samples-per-insert", type=float, help="the jobs' rate limiter (default: none)"
@@ -1105,7 +1121,8 @@ def main(argv: list[str] | None = None) -> int:
         "stime over the window, as a share of one core. Generator CPU: the fleet's own "
         "processes, likewise. Others' CPU: the rest of the machine's busy time meanwhile, in "
         f"cores. Segments ({SEGMENT_ROWS} rows, the job's schema) written before the window "
-        "and moved into place at each insert, so disk writes do not count."
+        "and moved into place at each insert, so disk writes do not count. Segments/s: those "
+        "acknowledged; inserts/s: the requests that carried them."
     )
     for row in rows:
         priority = row["priority_latency_ms"]

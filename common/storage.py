@@ -35,7 +35,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -99,6 +99,8 @@ class SharedStore:
     def __init__(self, root: str | Path) -> None:
         self.root = Path(root).resolve()
         self.root.mkdir(parents=True, exist_ok=True)
+        self._root_str = str(self.root)
+        self._root_prefix = self._root_str.rstrip("/") + "/"
 
     # --- paths --------------------------------------------------------------------
 
@@ -115,19 +117,19 @@ class SharedStore:
         """
         if not isinstance(rel, str) or not rel or "\x00" in rel or "\\" in rel:
             raise PathError(f"path {rel!r} must be a non-empty relative path")
-        pure = PurePosixPath(rel)
-        if pure.is_absolute() or ".." in pure.parts or str(pure) != rel:
+        # Normalized means no empty, "." or ".." part and no leading or trailing slash
+        # (string checks: this runs for every segment of every insert).
+        parts = rel.split("/")
+        if "" in parts or "." in parts or ".." in parts:
             raise PathError(f"path {rel!r} must be relative, normalized and without '..'")
-        if under is not None and pure.parts[: len(PurePosixPath(under).parts)] != (
-            PurePosixPath(under).parts
-        ):
+        if under is not None and parts[: under.count("/") + 1] != under.split("/"):
             raise PathError(f"path {rel!r} is outside {under!r}")
-        full = self.root / pure
+        full = self._root_prefix + rel
         # A symlink inside the tree could still point outside it.
-        real = Path(os.path.realpath(full))
-        if real != self.root and self.root not in real.parents:
+        real = os.path.realpath(full)
+        if real != self._root_str and not real.startswith(self._root_prefix):
             raise PathError(f"path {rel!r} leads outside the shared root")
-        return full
+        return Path(full)
 
     @staticmethod
     def job_dir(job_id: str) -> str:
@@ -165,7 +167,9 @@ class SharedStore:
         return target
 
     @contextlib.contextmanager
-    def _open_regular(self, rel: str, max_bytes: int) -> Iterator[tuple[BinaryIO, int]]:
+    def _open_regular(
+        self, rel: str, max_bytes: int, under: str | None = None
+    ) -> Iterator[tuple[BinaryIO, int]]:
         """The open file and its size: a regular file of at most `max_bytes`.
 
         Opened non-blocking, so a FIFO in a file's place is refused at once instead of
@@ -179,7 +183,9 @@ class SharedStore:
             OSError: it cannot be opened (FileNotFoundError when it is not there).
         """
         try:
-            fd = os.open(self.resolve(rel), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+            fd = os.open(
+                self.resolve(rel, under=under), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW
+            )
         except OSError as exc:
             if exc.errno == errno.ELOOP:
                 raise CorruptFileError(f"{rel} is a symbolic link, not a regular file") from None
@@ -278,8 +284,9 @@ class SharedStore:
             raise CorruptFileError(f"{rel}: the header's record is not a JSON object")
         return value
 
-    def segment_rows(self, rel: str) -> int:
-        """The number of rows of a segment, from its header alone (a bounded read).
+    def segment_rows(self, rel: str, *, under: str | None = None) -> int:
+        """The number of rows of a segment, from its header alone (a bounded read);
+        `under` as in `resolve`.
 
         The header must describe a whole safetensors file: every tensor's byte range
         fits its dtype and shape, the ranges tile the data that follows the header,
@@ -289,7 +296,7 @@ class SharedStore:
             CorruptFileError: not a regular file, over `MAX_SEGMENT_BYTES`, an absurd
                 header size, an unreadable header, or tensors that disagree.
         """
-        with self._open_regular(rel, MAX_SEGMENT_BYTES) as (f, size):
+        with self._open_regular(rel, MAX_SEGMENT_BYTES, under) as (f, size):
             header = _read_safetensors_header(f, rel, size)
             data_bytes = size - f.tell()
         return _rows_of(header, data_bytes, rel)

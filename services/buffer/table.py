@@ -40,7 +40,8 @@ def squash(changes: list[JournalEntry], capacity: int) -> dict[str, np.ndarray]:
     (`<column>.slots`, `<column>.values`), so a slot written many times costs once."""
     by_column: dict[str, tuple[list[np.ndarray], list[np.ndarray]]] = {}
     for column, index, values in changes:
-        slots = np.arange(capacity)[index] if isinstance(index, slice) else index
+        # A slice's slots, without building every slot number of the table first.
+        slots = np.arange(*index.indices(capacity)) if isinstance(index, slice) else index
         indexes, written = by_column.setdefault(column, ([], []))
         indexes.append(np.asarray(slots, dtype=np.int64).reshape(-1))
         written.append(np.broadcast_to(values, np.shape(slots)).reshape(-1))

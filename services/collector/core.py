@@ -156,8 +156,17 @@ class _Pending:
     ref: SegmentRef
 
 
+#: Segments written but not yet inserted that a collector holds before its stepping
+#: loop waits (the rate limiter's back-pressure reaches the envs through this).
+UPLOAD_QUEUE_SEGMENTS = 2
+#: Segments one insert carries at most with the default queue: the one taken and those
+#: queued behind it.
+MAX_SEGMENTS_PER_UPLOAD = UPLOAD_QUEUE_SEGMENTS + 1
+
+
 class SegmentUploader:
-    """Writes segments and inserts their references, in its own thread.
+    """Writes segments and inserts their references, in its own thread; the segments
+    queued while an insert is out go together in the next one.
 
     An insert is retried until the coordinator accepts it or the task stops: `429`
     waits its `Retry-After`; an unreachable or restarting coordinator is retried with
@@ -172,7 +181,7 @@ class SegmentUploader:
         ctx: TaskContext,
         store: SharedStore,
         insert_timeout_s: float,
-        max_pending: int = 2,
+        max_pending: int = UPLOAD_QUEUE_SEGMENTS,
         *,
         metrics: CollectorMetrics | None = None,
     ) -> None:
@@ -188,6 +197,7 @@ class SegmentUploader:
         #: Why the uploader thread stopped, when an error stopped it.
         self.error: str | None = None
         self._queue: queue.Queue[_Pending | None] = queue.Queue(maxsize=max_pending)
+        self._max_batch = max_pending + 1
         self._thread = threading.Thread(target=self._loop, name="uploader", daemon=True)
         self._thread.start()
 
@@ -225,24 +235,42 @@ class SegmentUploader:
 
     def _loop(self) -> None:
         while True:
-            item = self._queue.get()
-            if item is None:
+            first = self._queue.get()
+            if first is None:
                 return
+            # What queued up meanwhile goes in the same insert: one request when the
+            # coordinator keeps up, fewer per segment when it does not.
+            batch, last = [first], False
+            while len(batch) < self._max_batch:
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+                if item is None:
+                    last = True
+                    break
+                batch.append(item)
             if self.ctx.stopped() or self.error is not None:
+                if last:
+                    return
                 continue  # drain without writing: the task is over
             try:
-                # Images are written with each frame once (common/frames.py); here, off
-                # the env loop's thread.
-                columns = pack_frames(item.columns)
-                size = self.store.write_segment(item.ref.path, columns, header=dump(item.ref))
-                self.metrics.segments_written.inc()
-                self.metrics.segment_bytes.inc(size)
-                self._insert(item.ref)
+                for item in batch:
+                    # Images are written with each frame once (common/frames.py); here,
+                    # off the env loop's thread.
+                    columns = pack_frames(item.columns)
+                    size = self.store.write_segment(item.ref.path, columns, header=dump(item.ref))
+                    self.metrics.segments_written.inc()
+                    self.metrics.segment_bytes.inc(size)
+                self._insert([item.ref for item in batch])
             except Exception as exc:  # a full disk, a refusal no retry can fix
-                log.exception("uploading %s failed", item.ref.path)
-                self.error = f"uploading {item.ref.path} failed: {type(exc).__name__}: {exc}"
+                paths = ", ".join(item.ref.path for item in batch)
+                log.exception("uploading %s failed", paths)
+                self.error = f"uploading {paths} failed: {type(exc).__name__}: {exc}"
+            if last:
+                return
 
-    def _insert(self, ref: SegmentRef) -> None:
+    def _insert(self, refs: list[SegmentRef]) -> None:
         ctx = self.ctx
         retrying = Retrying(
             retry=retry_if_exception(is_transient),
@@ -256,7 +284,7 @@ class SegmentUploader:
                 with attempt:
                     reply = ctx.coordinator.insert_segments(
                         ctx.task.job_id,
-                        [ref],
+                        refs,
                         timeout_s=self.insert_timeout_s,
                         task_id=ctx.task.task_id,
                     )
@@ -269,8 +297,8 @@ class SegmentUploader:
             ctx.stop.set()
             return
         self.job_env_steps = reply.env_steps
-        self.segments_sent += 1
-        self.rows_acknowledged += ref.rows
+        self.segments_sent += len(refs)
+        self.rows_acknowledged += sum(ref.rows for ref in refs)
 
     def _retrying(self, state: RetryCallState) -> None:
         exc = state.outcome.exception() if state.outcome is not None else None

@@ -84,8 +84,7 @@ class DataPlane:
         trusted: it decides what the buffer evicts). Reads the header only."""
         store = self.state.store
         try:
-            store.resolve(ref.path, under=f"{job_id}/segments")
-            rows = store.segment_rows(ref.path)
+            rows = store.segment_rows(ref.path, under=f"{job_id}/segments")
         except PathError as exc:
             raise bad_request(f"{field}.path", str(exc)) from None
         except FileNotFoundError:

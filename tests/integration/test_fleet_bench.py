@@ -15,6 +15,7 @@ from common.config import algorithm_of, resolve_job_config, to_dict
 from common.envs import fit_to_env
 from common.messages import SegmentRef, dump
 from common.storage import SharedStore
+from services.collector.core import MAX_SEGMENTS_PER_UPLOAD
 from services.learner.core import SegmentSchema
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,10 +36,15 @@ def test_fleet_bench_quick(tmp_path: Path) -> None:
     assert (row["collectors"], row["learners"], row["jobs"]) == (2, 1, 1)
     assert row["tasks"] == {"collect": 2, "learn": 1}
     assert row["errors"] == {}, row["errors"]
-    # 2 collectors at 20 inserts/s for 2 s: at most 80 (and one more each for its phase).
+    # 2 collectors writing 20 segments/s for 2 s: at most 80 (and one more each for its
+    # phase); an insert carries every segment ready and unsent, up to the collector's cap.
     inserts = len(row["insert_ms"])
-    assert 0 < inserts <= 82
-    assert row["rows_indexed"] == SEGMENT_ROWS * inserts  # every insert a new segment
+    segments = sum(row["segments_per_insert"])
+    assert len(row["segments_per_insert"]) == inserts
+    assert all(1 <= n <= MAX_SEGMENTS_PER_UPLOAD for n in row["segments_per_insert"])
+    assert 0 < inserts <= segments <= 82
+    assert row["rows_indexed"] == SEGMENT_ROWS * segments  # every segment a new one
+    assert row["segments_per_s"] == segments / 2.0
     assert row["duplicates"] == 0 and row["ran_out"] == 0
     assert row["transitions_per_s"] == row["rows_indexed"] / 2.0
     assert row["sample_ms"] and row["priority_ms"]

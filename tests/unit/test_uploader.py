@@ -1,5 +1,6 @@
 """A collector's uploader thread that stops on an error fails its task, never hangs it."""
 
+import threading
 import time
 
 import numpy as np
@@ -65,3 +66,35 @@ def test_a_working_uploader_acknowledges_every_segment():
         uploader.put(pending(seq))
     uploader.close()
     assert uploader.segments_sent == 5 and uploader.error is None
+
+
+class Slow:
+    """Holds the first insert until released, recording what each insert carried."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.inserts: list[list[str]] = []
+
+    def insert_segments(self, job_id, refs, **kwargs):
+        self.inserts.append([ref.path for ref in refs])
+        self.release.wait(5)
+        return InsertReply(accepted=len(refs), duplicates=0, env_steps=8 * len(refs))
+
+
+@pytest.mark.timeout(20)
+def test_segments_queued_during_an_insert_go_in_the_next_one():
+    coordinator = Slow()
+    ctx = CollectTaskContext(coordinator)
+    uploader = SegmentUploader(ctx, Store(), insert_timeout_s=0.0, max_pending=2)
+    uploader.put(pending(0))
+    deadline = time.monotonic() + 5
+    while not coordinator.inserts and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for seq in (1, 2):  # queued while the first insert is out
+        uploader.put(pending(seq))
+    coordinator.release.set()
+    uploader.close()
+    path = [pending(seq).ref.path for seq in range(3)]
+    assert coordinator.inserts == [[path[0]], [path[1], path[2]]]
+    assert uploader.segments_sent == 3 and uploader.rows_acknowledged == 24
+    assert uploader.error is None
