@@ -3,6 +3,7 @@
     python bench/fleet.py [--collectors 8,32,64,128] [--learners 4] [--jobs 4]
         [--seconds 20] [--insert-rate 20] [--profile-at 64]
     python bench/fleet.py --quick        # a smoke run: 2 collectors, 1 learner, 2 s
+    python bench/fleet.py --coordinator-from DIR   # another checkout's coordinator
 
 For each N in `--collectors`, a fresh coordinator process (`python -m
 services.coordinator`, waitress, on a free port of 127.0.0.1, a temporary shared root)
@@ -422,7 +423,7 @@ class SimCollector(SimWorker):
                 tally.ran_out += 1
                 return
             ready = min(int((now - start) * rate) + 1, len(self.segments))
-            batch = self.segments[seq : min(ready, seq + MAX_SEGMENTS_PER_UPLOAD)]
+            batch = self.segments[seq : min(ready, seq + self.plan["segments_per_insert"])]
             for waiting, place, _ in batch[placed - seq :]:  # a retry finds its files
                 os.replace(waiting, place)
                 placed += 1
@@ -759,7 +760,11 @@ def run_row(
 
     run_s = args.warmup_s + args.seconds
     with tempfile.TemporaryDirectory(prefix="fleet-") as tmp:
-        cluster = LocalCluster(Path(tmp) / "shared", num_collectors=0, num_learners=0)
+        # Another checkout's coordinator, to compare versions in one run.
+        extra_env = {"PYTHONPATH": str(args.coordinator_from)} if args.coordinator_from else {}
+        cluster = LocalCluster(
+            Path(tmp) / "shared", num_collectors=0, num_learners=0, extra_env=extra_env
+        )
         generators: list[Generator] = []
         spy: subprocess.Popen | None = None
         try:
@@ -781,6 +786,7 @@ def run_row(
                     "collectors": c,
                     "learners": m,
                     "insert_rate": args.insert_rate,
+                    "segments_per_insert": args.segments_per_insert,
                     "warmup_s": args.warmup_s,
                     "run_s": run_s,
                     "assign_timeout_s": 60.0,
@@ -981,7 +987,7 @@ def table_of(rows: list[dict[str, Any]], args: argparse.Namespace) -> Any:
         title=f"Fleet load: one coordinator, {args.jobs} job(s) with {args.buffer_items:,}-item "
         f"prioritized buffers; each collector inserts {SEGMENT_ROWS}-row segments at "
         f"{args.insert_rate:g}/s (those ready go in one insert, up to "
-        f"{MAX_SEGMENTS_PER_UPLOAD}, as the collector's uploader sends them), each learner "
+        f"{args.segments_per_insert}, as the collector's uploader sends them), each learner "
         f"samples {NUM_BATCHES} x {BATCH_SIZE} and sends "
         f"priorities in a closed loop; {args.seconds:g} s a row after {args.warmup_s:g} s "
         "of warm-up"
@@ -1055,7 +1061,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--profile-out", type=Path, help="py-spy's raw stacks (default: a temp file)"
     )
+    parser.add_argument(
+        "--segments-per-insert",
+        type=int,
+        default=MAX_SEGMENTS_PER_UPLOAD,
+        help="most segments one insert carries (1: a collector before batching)",
+    )
     parser.add_argument("--no-profile", action="store_true")
+    parser.add_argument(
+        "--coordinator-from",
+        type=Path,
+        help="run the coordinator from this checkout (an earlier version, to compare)",
+    )
     parser.add_argument("--quick", action="store_true", help="a smoke run: 2 collectors, 1 learner")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--generator", action="store_true", help=argparse.SUPPRESS)
@@ -1074,6 +1091,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--learners: from 0 to --jobs (a job has one learner)")
     if args.seconds <= 0 or args.warmup_s < 0 or args.insert_rate <= 0 or args.procs < 1:
         parser.error("--seconds, --insert-rate and --procs must be positive")
+    if args.segments_per_insert < 1:
+        parser.error("--segments-per-insert: at least 1")
     if args.profile_at is None and not args.no_profile and TARGET_COLLECTORS in args.collectors:
         args.profile_at = TARGET_COLLECTORS
     if args.no_profile:

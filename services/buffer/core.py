@@ -207,6 +207,11 @@ class ReplayBuffer:
 
     # --- inserts -------------------------------------------------------------------
 
+    def insert_would_wait(self, num_items: int) -> bool:
+        """Whether the rate limiter holds an insert of `num_items` items now."""
+        with self._cond:
+            return not self.limiter.can_insert(num_items)
+
     def insert(
         self, refs: list[SegmentRef], *, timeout_s: float = 0.0, force: bool = False
     ) -> InsertResult:

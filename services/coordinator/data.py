@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import collections
 import logging
+import random
+import threading
 import time
 
 from common.errors import ApiError, bad_request, conflict
@@ -32,6 +34,42 @@ from services.coordinator.tasks import TaskBoard
 
 log = logging.getLogger(__name__)
 
+#: The mean wait a `busy` insert is told to take (jittered by half either way, so the
+#: collectors refused together do not come back together).
+BUSY_RETRY_S = 0.2
+
+
+class InsertSlot:
+    def __init__(self, slots: InsertSlots | None) -> None:
+        self._slots = slots
+
+    def release(self) -> None:
+        """Give the slot back (once; later calls do nothing)."""
+        slots, self._slots = self._slots, None
+        if slots is not None:
+            slots.give_back()
+
+
+class InsertSlots:
+    """A count of the inserts being indexed, bounded by `limit` (0: unbounded)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.taken = 0
+        self._lock = threading.Lock()
+
+    def take(self) -> InsertSlot | None:
+        """A slot, or None when `limit` are taken."""
+        with self._lock:
+            if self.limit and self.taken >= self.limit:
+                return None
+            self.taken += 1
+        return InsertSlot(self)
+
+    def give_back(self) -> None:
+        with self._lock:
+            self.taken -= 1
+
 
 class DataPlane:
     def __init__(self, state: CoordinatorState, jobs: JobBook, tasks: TaskBoard) -> None:
@@ -40,11 +78,31 @@ class DataPlane:
         self.tasks = tasks
         self.waiting_samples = 0
         self._waiting_by_job: collections.Counter[str] = collections.Counter()
+        self._insert_slots = InsertSlots(state.limits.max_concurrent_inserts)
 
     # --- inserts -------------------------------------------------------------------
 
     def insert(
         self, job_id: str, insert: SegmentInsert, *, caller: str | None = None
+    ) -> InsertReply:
+        """Check and index a collector's segments. At most `max_concurrent_inserts`
+        are indexed at once; one more is answered 429 `busy` at once."""
+        slot = self._insert_slots.take()
+        if slot is None:
+            self.state.metrics.inserts_busy.inc()
+            raise ApiError(
+                429,
+                "busy",
+                f"{self._insert_slots.limit} inserts are being indexed; retry shortly",
+                retry_after_s=random.uniform(0.5, 1.5) * BUSY_RETRY_S,
+            )
+        try:
+            return self._insert(job_id, insert, caller, slot)
+        finally:
+            slot.release()
+
+    def _insert(
+        self, job_id: str, insert: SegmentInsert, caller: str | None, slot: InsertSlot
     ) -> InsertReply:
         guard = self.state.guard
         with guard.changing():
@@ -61,6 +119,10 @@ class DataPlane:
         for i, ref in enumerate(insert.segments):
             self.check_segment_file(job_id, ref, f"segments.{i}")
         metrics = self.state.metrics
+        if insert.timeout_s > 0 and job.buffer.insert_would_wait(
+            sum(ref.rows for ref in insert.segments)
+        ):
+            slot.release()  # waiting for learners costs nothing: other jobs' inserts go on
         try:
             result = job.buffer.insert(insert.segments, timeout_s=insert.timeout_s)
         except ValueError as exc:

@@ -50,6 +50,11 @@ class CoordinatorMetrics:
             ["job_id"],
             registry=registry,
         )
+        self.inserts_busy = Counter(
+            "drover_inserts_busy",
+            "Segment inserts answered 429 busy: max_concurrent_inserts were being indexed",
+            registry=registry,
+        )
         self.lease_expiries = Counter(
             "drover_lease_expiries",
             "Workers dropped for missing their heartbeats",

@@ -72,6 +72,11 @@ class CoordinatorLimits:
     #: ... and at most this many for one job, so one job's empty buffer cannot starve
     #: the learners of the others.
     max_waiting_samples_per_job: int = 4
+    #: Segment inserts indexed at once; more are answered 429 `busy` (a short, jittered
+    #: Retry-After), so a fleet that offers more than one core can index waits at its
+    #: collectors instead of in the server's queue, where learners' samples would wait
+    #: behind it. Lower favours samples, higher favours inserts; 0: no bound.
+    max_concurrent_inserts: int = 4
     #: Collectors waiting at once for a newer policy version (each holds a server
     #: thread); past it they are answered at once and poll instead.
     max_waiting_policy_polls: int = 8

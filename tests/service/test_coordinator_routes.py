@@ -608,3 +608,56 @@ def test_each_worker_has_its_own_credential_and_acts_only_as_itself(client, core
     assert heartbeat(a, {"Authorization": f"Bearer {a['worker_id']}.guess"}).status_code == 401
     client.delete(f"/api/v1/workers/{a['worker_id']}", headers=as_a)
     assert heartbeat(a, as_a).status_code == 401
+
+
+def test_inserts_past_max_concurrent_are_busy_and_a_rate_limited_one_holds_no_slot(tmp_path):
+    import threading
+
+    core = Coordinator(
+        SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000, max_concurrent_inserts=1)
+    )
+    client = create_app(CoordinatorSettings(shared_dir=tmp_path, token=TOKEN), core=core)
+    client = client.test_client()
+    limited = {"samples_per_insert": 1.0, "error_buffer": 20.0, "min_size_to_sample": 10}
+    config = {
+        **CONFIG,
+        "policy": {
+            "learn": {"batch_size": 5, "num_batches": 2},
+            "collect": {"n_sample": 10},
+            "other": {"replay_buffer": {**limited, "replay_buffer_size": 100}},
+        },
+    }
+    held, free = submit(client, config), submit(client)
+
+    def insert(job_id, seq, timeout_s=0.0, c=client):
+        body = {"segments": [write_segment(core, job_id, seq)], "timeout_s": timeout_s}
+        return post(c, f"/api/v1/jobs/{job_id}/segments", body)
+
+    # An insert being indexed takes the one slot: the next is told to come back shortly.
+    slot = core.data._insert_slots.take()
+    resp = insert(free, 0)
+    assert resp.status_code == 429 and resp.json["error"] == "busy", resp.json
+    assert 0.1 <= resp.json["retry_after_s"] <= 0.3 and "Retry-After" in resp.headers
+    assert "drover_inserts_busy_total 1.0" in get(client, "/metrics").text
+    slot.release()
+    slot.release()  # once only
+    assert insert(free, 0).status_code == 200
+    # An insert the rate limiter holds waits for learners, not for the core: it gives
+    # its slot back, and other jobs' inserts are indexed meanwhile.
+    for seq in range(3):  # min_size_to_sample and the band: the next one waits
+        assert insert(held, seq).status_code == 200
+    answers = []
+    waiting = threading.Thread(
+        target=lambda: answers.append(insert(held, 3, 3.0, client.application.test_client()))
+    )
+    waiting.start()
+    buffer = core.job_book.running(held).buffer
+    wait_until(
+        lambda: buffer.stats().waiting_inserters == 1 or answers,
+        what="the held insert waiting",
+    )
+    assert not answers, answers[0].json
+    assert insert(free, 1).status_code == 200
+    assert core.data._insert_slots.taken == 0
+    client.delete(f"/api/v1/jobs/{held}", headers=AUTH)  # wakes it
+    waiting.join(5)

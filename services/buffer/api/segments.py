@@ -15,7 +15,7 @@ bp = Blueprint("segments", __name__, url_prefix="/api/v1/jobs/<job_id>/segments"
 @bp.post("")
 @allow("collector")
 @documented(
-    summary="Index segments a collector wrote (idempotent by path; 429 when ahead)",
+    summary="Index segments a collector wrote (idempotent by path; 429 when ahead or busy)",
     body=SegmentInsert,
     reply=InsertReply,
 )
