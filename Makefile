@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= examples/cartpole_dqn.yaml
 
-.PHONY: install run test lint format bench bench-learning bench-chaos bench-learner bench-atari bench-atari-collect bench-atari-learner bench-fleet up down clean
+.PHONY: install run test test-full lint format bench bench-learning bench-chaos bench-learner bench-atari bench-atari-collect bench-atari-learner bench-fleet bench-soak up down clean
 
 # The stamp is refreshed whenever pyproject.toml changes, so `make test` on a fresh
 # clone installs once and later runs start at once.
@@ -22,6 +22,11 @@ run: install
 test: install
 	@command -v chromium >/dev/null || (apt-get install -y --no-install-recommends chromium >/dev/null 2>&1 || true)
 	$(BIN)/pytest -q
+
+# Everything, the tests marked long included (the 10-minute soak).
+test-full: install
+	@command -v chromium >/dev/null || (apt-get install -y --no-install-recommends chromium >/dev/null 2>&1 || true)
+	$(BIN)/pytest -q -m ''
 
 lint: install
 	$(BIN)/ruff check .
@@ -58,6 +63,10 @@ bench-atari-learner: install
 # then the 64-collector row again under py-spy.
 bench-fleet: install
 	$(BIN)/python bench/fleet.py
+
+# The coordinator for 10 minutes under collectors, learners, job churn and two kill -9s.
+bench-soak: install
+	$(BIN)/python bench/soak.py
 
 up:
 	docker compose up --build
