@@ -13,9 +13,11 @@ task the coordinator sends them (a small HTTP server answers `POST /v1/tasks` an
 them (a restart) register again and take whatever task comes next.
 
 - a collector writes 64-row segments of its job's schema into its own folder
-  (`SharedStore.write_segment`, the `SegmentRef` in the header) at `--insert-rate` a
-  second and inserts each one; a segment counts as acknowledged when an insert of it
-  is answered 200 (accepted, or a duplicate of one indexed before);
+  (`SharedStore.write_segment`, the `SegmentRef` in the header) and inserts each one:
+  as fast as it can until its job's buffer has been filled, then `--insert-rate` a
+  second, so what is watched is a full buffer's steady state (evictions included); a
+  segment counts as acknowledged when an insert of it is answered 200 (accepted, or a
+  duplicate of one indexed before);
 - a learner samples 8 batches of 64 in a closed loop, acknowledging its holds, and
   sends a priority for every key.
 
@@ -27,10 +29,11 @@ are counted, and after the restart each main job's env steps must reach them (wh
 was acknowledged is durable: the index's snapshot, then the files found on disk).
 
 The coordinator's resident set (VmRSS) is read every 5 s. Printed: a line a minute,
-then the checks: RSS after warm-up within `--rss-growth-mb` in each of the
-coordinator's lives, no error (a 5xx, an unexpected 4xx; the documented back-pressure
-answers and a coordinator that is down or forgot its workers during a restart are
-counted apart), nothing acknowledged lost. Exit status 1 when a check fails.
+then the checks: RSS after warm-up (`--warmup-s` into each of the coordinator's
+lives, and past the buffers' filling) within `--rss-growth-mb` in each life, no error
+(a 5xx, an unexpected 4xx; the documented back-pressure answers and a coordinator
+that is down or forgot its workers during a restart are counted apart), nothing
+acknowledged lost. Exit status 1 when a check fails.
 """
 
 from __future__ import annotations
@@ -260,8 +263,11 @@ class SimCollector(SimWorker):
         next_s = time.monotonic() + random.uniform(0, period_s)
         for seq in range(1 << 30):
             self.check(task)
-            time.sleep(max(0.0, next_s - time.monotonic()))
-            next_s = max(next_s + period_s, time.monotonic() - period_s)
+            if self.soak.filled(job_id):
+                time.sleep(max(0.0, next_s - time.monotonic()))
+                next_s = max(next_s + period_s, time.monotonic() - period_s)
+            else:  # fill the buffer first, so what is measured is a full buffer's life
+                next_s = time.monotonic()
             ref = SegmentRef(
                 path=store.segment_path(job_id, folder, seq),
                 rows=SEGMENT_ROWS,
@@ -400,6 +406,16 @@ class Soak:
         self.life_started_s: list[float] = []
         self.recoveries: list[dict[str, Any]] = []
         self.jobs_churned = 0
+        self.main_jobs: list[str] = []
+        #: When every main job's buffer had been filled (seconds since the start).
+        self.filled_s: float | None = None
+
+    def filled(self, job_id: str) -> bool:
+        """Whether a job's collectors have acknowledged a buffer's worth (churned
+        jobs count as filled: they run at the nominal rate)."""
+        if job_id not in self.main_jobs:
+            return True
+        return self.tally.acknowledged[job_id] >= self.args.buffer_items
 
     def coordinator_rss_mb(self) -> float | None:
         process = self.cluster.coordinator.process
@@ -418,7 +434,7 @@ class Soak:
         started = time.monotonic()
         self.life_started_s.append(0.0)
         per_job = [len(part) for part in _split(range(args.collectors), args.learners)]
-        main_jobs = [
+        main_jobs = self.main_jobs = [
             cluster.client.submit_job(
                 job_config(args, collectors=n, buffer_items=args.buffer_items)
             ).job_id
@@ -447,6 +463,9 @@ class Soak:
                 if kills_at and now >= kills_at[0]:
                     kills_at.pop(0)
                     self._kill_and_restart(main_jobs, started)
+                if self.filled_s is None and all(self.filled(j) for j in main_jobs):
+                    self.filled_s = now
+                    say(f"{now:6.0f} s  every main job's buffer filled")
                 if now >= next_rss_s:
                     rss = self.coordinator_rss_mb()
                     if rss is not None:
@@ -529,9 +548,12 @@ class Soak:
 
     def _result(self, main_jobs: list[str], final: dict[str, Any]) -> dict[str, Any]:
         warmup_s = self.args.warmup_s
+        filled_s = self.filled_s if self.filled_s is not None else float("inf")
         lives = []
         for life, start_s in enumerate(self.life_started_s):
-            points = [mb for t, n, mb in self.rss if n == life and t >= start_s + warmup_s]
+            # A life's warm-up: its first `warmup_s`, and the buffers' filling.
+            settled_s = max(start_s, filled_s) + warmup_s
+            points = [mb for t, n, mb in self.rss if n == life and t >= settled_s]
             if len(points) >= 2:
                 lives.append(
                     {
@@ -547,6 +569,7 @@ class Soak:
             "minutes": self.args.minutes,
             "main_jobs": main_jobs,
             "jobs_churned": self.jobs_churned,
+            "filled_s": self.filled_s,
             "rss_by_life": lives,
             "recoveries": self.recoveries,
             "final": final,
@@ -573,6 +596,7 @@ def checks(result: dict[str, Any], args: argparse.Namespace) -> list[tuple[str, 
         ("nothing acknowledged lost", lost == 0 and result["final"]["acknowledged"] > 0),
         ("the learners sampled", result["samples"] > 0),
         ("jobs came and went", result["jobs_churned"] > 0),
+        ("the buffers were filled", result["filled_s"] is not None),
     ]
 
 
@@ -595,7 +619,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--churn-s", type=float, default=3.0)
     parser.add_argument("--max-ended-jobs", type=int, default=20)
     parser.add_argument("--warmup-s", type=float, default=60.0, help="of each coordinator life")
-    parser.add_argument("--rss-growth-mb", type=float, default=64.0)
+    parser.add_argument("--rss-growth-mb", type=float, default=32.0)
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args(argv)
     if args.minutes <= 0 or args.insert_rate <= 0 or args.churn_s <= 0:

@@ -62,6 +62,7 @@ COORDINATOR = {
     "drover_sample_timeouts": "counter",
     "drover_segments_inserted": "counter",
     "drover_inserts_rate_limited": "counter",
+    "drover_inserts_busy": "counter",
     "drover_lease_expiries": "counter",
     "drover_tasks_assigned": "counter",
     "drover_tasks_ended": "counter",
