@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= examples/cartpole_dqn.yaml
 
-.PHONY: install run test test-full lint format bench bench-learning bench-chaos bench-learner bench-atari bench-atari-collect bench-atari-learner bench-fleet bench-soak up down clean
+.PHONY: install run test test-full test-engine lint format bench bench-learning bench-chaos bench-learner bench-atari bench-atari-collect bench-atari-learner bench-fleet bench-soak up down clean
 
 # The stamp is refreshed whenever pyproject.toml changes, so `make test` on a fresh
 # clone installs once and later runs start at once.
@@ -23,10 +23,18 @@ test: install
 	@command -v chromium >/dev/null || (apt-get install -y --no-install-recommends chromium >/dev/null 2>&1 || true)
 	$(BIN)/pytest -q
 
+# The images built and run on a real Docker engine: compose and --backend docker train
+# the default job (tests/engine). Starts a private dockerd when none is reachable (root)
+# and stops it at the end; the images stay cached in its data root.
+test-engine: install
+	@command -v dockerd >/dev/null && command -v debootstrap >/dev/null && command -v docker-compose >/dev/null \
+		|| apt-get install -y --no-install-recommends docker.io debootstrap docker-compose >/dev/null
+	$(BIN)/pytest -q -s --durations=0 -m engine tests/engine
+
 # Everything, the tests marked long included (the 10-minute soak).
 test-full: install
 	@command -v chromium >/dev/null || (apt-get install -y --no-install-recommends chromium >/dev/null 2>&1 || true)
-	$(BIN)/pytest -q -m ''
+	$(BIN)/pytest -q -m 'not engine'
 
 lint: install
 	$(BIN)/ruff check .

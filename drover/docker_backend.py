@@ -19,7 +19,12 @@ from typing import Any
 from common.messages import TERMINAL_PHASES, JobStatus
 from services.coordinator.client import CoordinatorClient
 
+#: Each call to the engine: creating a container can take tens of seconds on an engine
+#: whose storage driver copies the image (vfs).
+ENGINE_TIMEOUT_S = 300
 DEFAULT_IMAGE = "drover:latest"
+#: The coordinator's own image (the Dockerfile's `coordinator` target): no torch.
+DEFAULT_COORDINATOR_IMAGE = "drover-coordinator:latest"
 COORDINATOR_PORT = 8000
 SHARED = "/shared"
 
@@ -51,6 +56,7 @@ def container_specs(
     registration_token: str,
     metrics_token: str,
     image: str = DEFAULT_IMAGE,
+    coordinator_image: str = DEFAULT_COORDINATOR_IMAGE,
 ) -> list[ContainerSpec]:
     """The containers of one run: a coordinator, `collectors` collectors and a learner
     (a group of `learner_ranks` ranks), as docker-compose.yml defines them."""
@@ -66,7 +72,7 @@ def container_specs(
         ContainerSpec(
             role="coordinator",
             name=f"{run_id}-coordinator",
-            image=image,
+            image=coordinator_image,
             command=["coordinator"],
             environment={
                 **common,
@@ -103,7 +109,7 @@ def container_specs(
 class DockerRun:
     """One run's network, volume and containers. Usage::
 
-    with DockerRun(docker.from_env(timeout=30), specs, run_id) as run:
+    with DockerRun(docker.from_env(timeout=ENGINE_TIMEOUT_S), specs, run_id) as run:
         client = run.coordinator_client(token)
     """
 
@@ -116,13 +122,15 @@ class DockerRun:
         self._containers: list[Any] = []
 
     def __enter__(self) -> DockerRun:
-        try:
-            self.engine.images.get(self.specs[0].image)
-        except Exception as exc:  # docker.errors.ImageNotFound, APIError
-            raise DockerUnavailable(
-                f"image {self.specs[0].image} not found ({exc}); build it: docker build "
-                f"-t {self.specs[0].image} -f deploy/docker/Dockerfile ."
-            ) from exc
+        for spec in self.specs:
+            try:
+                self.engine.images.get(spec.image)
+            except Exception as exc:  # docker.errors.ImageNotFound, APIError
+                target = " --target coordinator" if spec.role == "coordinator" else ""
+                raise DockerUnavailable(
+                    f"image {spec.image} not found ({exc}); build it: docker build{target} "
+                    f"-t {spec.image} -f deploy/docker/Dockerfile ."
+                ) from exc
         self._network = self.engine.networks.create(self.run_id, driver="bridge")
         self.engine.volumes.create(self.volume_name)
         try:
@@ -143,9 +151,15 @@ class DockerRun:
             ports={f"{port}/tcp": ("127.0.0.1", None) for port in spec.published},
             shm_size=spec.shm_size,
             labels={"drover.run": self.run_id, "drover.role": spec.role},
+            # Created on the run's network, reachable by its role's name as under
+            # compose (http://coordinator:8000). Connected after its creation instead,
+            # it would also keep the engine's default network, which may be `none`
+            # (an engine without a default bridge), and then it resolves no name.
+            network=self.run_id,
+            networking_config={
+                self.run_id: self.engine.api.create_endpoint_config(aliases=[spec.role])
+            },
         )
-        # Reachable by its role's name, as under compose (http://coordinator:8000).
-        self._network.connect(container, aliases=[spec.role])
         container.start()
         return container
 
@@ -189,7 +203,7 @@ def run_in_docker(
         import docker  # here: the local backend never needs it
 
         try:
-            engine = docker.from_env(timeout=30)
+            engine = docker.from_env(timeout=ENGINE_TIMEOUT_S)
             engine.ping()
         except Exception as exc:  # docker.errors.DockerException
             raise DockerUnavailable(f"cannot reach a Docker engine: {exc}") from exc

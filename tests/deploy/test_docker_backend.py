@@ -123,8 +123,13 @@ class FakeEngine:
                 engine.created.append(container)
                 return container
 
+        class Api:
+            def create_endpoint_config(self, aliases):
+                return {"Aliases": aliases}
+
         self.images, self.networks = Images(), Networks()
         self.volumes, self.containers = Volumes(), Containers()
+        self.api = Api()
 
 
 def test_a_run_is_one_network_and_one_volume_and_is_torn_down():
@@ -140,7 +145,10 @@ def test_a_run_is_one_network_and_one_volume_and_is_torn_down():
     assert collector.kwargs["ports"] == {}
     for container in engine.created:
         assert container.kwargs["volumes"] == {"r-shared": {"bind": "/shared", "mode": "rw"}}
-    assert ("connect", "r", "r-coordinator", ["coordinator"]) in engine.log
+    # each on the run's network from its creation, named by its role there
+    for container, role in ((coordinator, "coordinator"), (collector, "collector")):
+        assert container.kwargs["network"] == "r"
+        assert container.kwargs["networking_config"] == {"r": {"Aliases": [role]}}
     assert ("volume", "r-shared") in engine.log
     ends = [entry for entry in engine.log if entry[0] in ("stop", "remove", "remove network")]
     assert ends == [

@@ -205,7 +205,8 @@ def test_compose_runs_what_the_manifests_run():
     manifests = {obj["metadata"]["name"]: (obj, c) for obj, _, c in containers(objects)}
     for role, service in compose.items():
         obj, container = manifests[role]
-        assert service["image"] == container["image"] == "drover:latest", role
+        image = "drover-coordinator:latest" if role == "coordinator" else "drover:latest"
+        assert service["image"] == container["image"] == image, role
         assert service["command"][0] == container["args"][0], role
         env = service["environment"]
         assert {n for n in env if n.startswith("DROVER_")} <= known, role
@@ -215,3 +216,15 @@ def test_compose_runs_what_the_manifests_run():
             assert service["deploy"]["replicas"] == obj["spec"]["replicas"]
     job = (K8S / "base" / "cartpole_dqn.yaml").read_text()
     assert (ROOT / compose["submit"]["command"][1]).read_text() == job
+
+
+def test_the_manifests_run_only_images_the_build_makes():
+    """Each image a manifest names is one the Dockerfile builds: its worker target
+    (drover:latest, or drover:cuda with a CUDA torch), its coordinator target."""
+    dockerfile = (ROOT / "deploy" / "docker" / "Dockerfile").read_text()
+    assert " AS worker" in dockerfile and " AS coordinator" in dockerfile
+    built = {"drover:latest", "drover:cuda", "drover-coordinator:latest"}
+    for overlay in ("cpu", "gpu"):
+        images = {c["image"] for _, _, c in containers(render(overlay))}
+        assert images <= built, (overlay, images - built)
+        assert "drover-coordinator:latest" in images and "drover:latest" in images
