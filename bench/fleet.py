@@ -389,16 +389,10 @@ class SimCollector(SimWorker):
         that no insert claimed than with real collectors."""
         assert self.task is not None
         job_id, task_id = self.task["job_id"], self.task["task_id"]
-        policy = shared.read_json(f"{job_id}/job.json")["policy"]
-        columns = transitions(policy, SEGMENT_ROWS, seed=hash(task_id) & 0xFFFF)
+        columns = task_columns(shared, job_id, task_id)
         folder = f"{self.worker_id}.{task_id}"
         for seq in range(count):
-            ref = SegmentRef(
-                path=shared.segment_path(job_id, folder, seq),
-                rows=SEGMENT_ROWS,
-                env_steps=SEGMENT_ROWS,
-                policy_version=0,
-            )
+            ref = segment_ref(shared, job_id, folder, seq)
             staging.write_segment(ref.path, columns, header=dump(ref))
             self.segments.append((staging.resolve(ref.path), shared.resolve(ref.path), dump(ref)))
         shared.resolve(ref.path).parent.mkdir(parents=True, exist_ok=True)
@@ -527,6 +521,23 @@ class SimLearner(SimWorker):
                 continue
             if tally.answered("priorities", sent, status, answer) == "ok" and tally.timed(sent):
                 tally.priority_ms.append((time.monotonic() - sent) * 1e3)
+
+
+def task_columns(store: SharedStore, job_id: str, task_id: str) -> dict[str, np.ndarray]:
+    """The rows every segment of a simulated collect task holds: n-step transitions of
+    its job's observation and action shapes (read from the job's resolved config)."""
+    policy = store.read_json(f"{job_id}/job.json")["policy"]
+    return transitions(policy, SEGMENT_ROWS, seed=hash(task_id) & 0xFFFF)
+
+
+def segment_ref(store: SharedStore, job_id: str, folder: str, seq: int) -> SegmentRef:
+    """The reference of a simulated collector's segment `seq` in its own `folder`."""
+    return SegmentRef(
+        path=store.segment_path(job_id, folder, seq),
+        rows=SEGMENT_ROWS,
+        env_steps=SEGMENT_ROWS,
+        policy_version=0,
+    )
 
 
 def transitions(policy: dict[str, Any], rows: int, seed: int) -> dict[str, np.ndarray]:

@@ -57,10 +57,17 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.fleet import BATCH_SIZE, NUM_BATCHES, SEGMENT_ROWS, transitions  # noqa: E402
+from bench.fleet import (  # noqa: E402
+    BATCH_SIZE,
+    NUM_BATCHES,
+    SEGMENT_ROWS,
+    segment_ref,
+    split,
+    task_columns,
+)
 from common.errors import ApiError  # noqa: E402
 from common.http import ServiceUnavailable  # noqa: E402
-from common.messages import SegmentRef, TaskAssignment, TaskProgress, dump, parse  # noqa: E402
+from common.messages import TaskAssignment, TaskProgress, dump, parse  # noqa: E402
 from common.storage import SharedStore  # noqa: E402
 from drover.local import LocalCluster  # noqa: E402
 from services.coordinator.client import CoordinatorClient  # noqa: E402
@@ -256,8 +263,7 @@ class SimCollector(SimWorker):
 
     def run(self, task: TaskAssignment) -> None:
         store, job_id = self.soak.store, task.job_id
-        policy = store.read_json(f"{job_id}/job.json")["policy"]
-        columns = transitions(policy, SEGMENT_ROWS, seed=hash(task.task_id) & 0xFFFF)
+        columns = task_columns(store, job_id, task.task_id)
         folder = f"{self.worker_id}.{task.task_id}"
         period_s = 1.0 / self.soak.args.insert_rate
         next_s = time.monotonic() + random.uniform(0, period_s)
@@ -268,12 +274,7 @@ class SimCollector(SimWorker):
                 next_s = max(next_s + period_s, time.monotonic() - period_s)
             else:  # fill the buffer first, so what is measured is a full buffer's life
                 next_s = time.monotonic()
-            ref = SegmentRef(
-                path=store.segment_path(job_id, folder, seq),
-                rows=SEGMENT_ROWS,
-                env_steps=SEGMENT_ROWS,
-                policy_version=0,
-            )
+            ref = segment_ref(store, job_id, folder, seq)
             store.write_segment(ref.path, columns, header=dump(ref))
             reply = self.call(
                 task,
@@ -433,7 +434,7 @@ class Soak:
         cluster.start()
         started = time.monotonic()
         self.life_started_s.append(0.0)
-        per_job = [len(part) for part in _split(range(args.collectors), args.learners)]
+        per_job = split(args.collectors, args.learners)
         main_jobs = self.main_jobs = [
             cluster.client.submit_job(
                 job_config(args, collectors=n, buffer_items=args.buffer_items)
@@ -602,10 +603,6 @@ def checks(result: dict[str, Any], args: argparse.Namespace) -> list[tuple[str, 
 
 def say(line: str) -> None:
     print(line, flush=True)
-
-
-def _split(items: range, parts: int) -> list[list[int]]:
-    return [list(items[i::parts]) for i in range(parts)]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
