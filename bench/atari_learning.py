@@ -100,13 +100,13 @@ def main() -> None:
                     f"{point[0]:>12,} frames  return {point[1]:6.1f} ± {point[2]:4.1f}  "
                     f"train iters {point[3]:,}  {wall_s:,.0f} s"
                 )
-            if status.phase not in ("pending", "running"):
+            if status.phase != "running":
                 break
             if time.monotonic() - started > args.timeout_s:
                 cluster.client.stop_job(job_id)
                 console.print("time limit reached: job stopped")
                 stop_by = time.monotonic() + 30
-                while status.phase in ("pending", "running") and time.monotonic() < stop_by:
+                while status.phase == "running" and time.monotonic() < stop_by:
                     time.sleep(0.5)
                     status = cluster.client.job(job_id)
                 break

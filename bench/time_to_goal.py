@@ -53,7 +53,7 @@ def one_seed(seed: int, work: Path, deadline_s: float, example: Path = EXAMPLE) 
             progress = collector_progress(cluster)
             if progress:
                 rates = progress
-            if status.phase not in ("pending", "running"):
+            if status.phase != "running":
                 break
             if time.monotonic() - started > deadline_s:
                 cluster.client.stop_job(job_id)

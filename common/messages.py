@@ -22,7 +22,7 @@ T = TypeVar("T")
 
 TaskKind = Literal["collect", "evaluate", "learn"]
 WorkerRole = Literal["collector", "learner"]
-JobPhase = Literal["pending", "running", "succeeded", "failed", "stopped"]
+JobPhase = Literal["running", "succeeded", "failed", "stopped"]
 TERMINAL_PHASES: frozenset[str] = frozenset({"succeeded", "failed", "stopped"})
 
 # Bounds shared by the routes: generous for real use, small enough that one request

@@ -44,7 +44,6 @@ DEFAULT_COORDINATOR_URL = "http://127.0.0.1:8000"
 NAMES = frozenset({"jobs", "status", "stop", "workers", "logs"})
 ROLE_PATTERN = re.compile(r"^(coordinator|collector|learner)(-\d+)?$")
 PHASE_COLORS = {
-    "pending": "yellow",
     "running": "cyan",
     "succeeded": "green",
     "failed": "red",

@@ -21,7 +21,7 @@ def submit() -> Any:
 
 
 #: What `?phase=` takes: one phase, or "ended" for any terminal one.
-PHASES = ("pending", "running", "succeeded", "failed", "stopped", "ended")
+PHASES = ("running", "succeeded", "failed", "stopped", "ended")
 
 
 @bp.get("")
