@@ -24,11 +24,14 @@ test: install
 	$(BIN)/pytest -q
 
 # The images built and run on a real Docker engine: compose and --backend docker train
-# the default job (tests/engine). Starts a private dockerd when none is reachable (root)
-# and stops it at the end; the images stay cached in its data root.
+# the default job (tests/engine), and Prometheus scrapes them. Starts a private dockerd
+# when none is reachable (root) and stops it at the end; the images stay cached in its
+# data root.
 test-engine: install
 	@command -v dockerd >/dev/null && command -v debootstrap >/dev/null && command -v docker-compose >/dev/null \
-		|| apt-get install -y --no-install-recommends docker.io debootstrap docker-compose >/dev/null
+		&& command -v promtool >/dev/null \
+		|| { echo "installing Debian's docker.io, debootstrap, docker-compose and prometheus"; \
+		     apt-get install -y --no-install-recommends docker.io debootstrap docker-compose prometheus >/dev/null; }
 	$(BIN)/pytest -q -s --durations=0 -m engine tests/engine
 
 # Everything, the tests marked long included (the 10-minute soak).

@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
         "--connect-timeout-s",
         type=float,
         default=120.0,
-        help="how long to wait for the coordinator to answer (120)",
+        help="how long to wait for the coordinator to answer, at the start and, with "
+        "--wait, whenever it stops answering (120)",
     )
     verbs.add_verbs(sub)
     plot.add_parser(sub)
@@ -273,12 +274,13 @@ def submit_job(args: argparse.Namespace) -> int:
     print(created.job_id, flush=True)
     if not args.wait:
         return 0
-    while True:
-        status = client.job(created.job_id)
-        if status.phase in TERMINAL_PHASES:
-            console.print(f"job {status.job_id} {status.phase}: {status.reason}", highlight=False)
-            return 0 if status.phase == "succeeded" else 1
-        time.sleep(2.0)
+    try:
+        # A coordinator restarting mid-job (compose's restart policy) is waited out.
+        status = client.wait_for_end(created.job_id, outage_s=args.connect_timeout_s)
+    except ServiceUnavailable as exc:
+        return error(f"the coordinator stopped answering: {exc}")
+    console.print(f"job {status.job_id} {status.phase}: {status.reason}", highlight=False)
+    return 0 if status.phase == "succeeded" else 1
 
 
 def watch(cluster: LocalCluster, job_id: str, started: float, timeout_s: float) -> JobStatus:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.messages import TERMINAL_PHASES, JobStatus
+from common.messages import JobStatus
 from services.coordinator.client import CoordinatorClient
 
 #: Each call to the engine: creating a container can take tens of seconds on an engine
@@ -26,6 +26,8 @@ DEFAULT_IMAGE = "drover:latest"
 #: The coordinator's own image (the Dockerfile's `coordinator` target): no torch.
 DEFAULT_COORDINATOR_IMAGE = "drover-coordinator:latest"
 COORDINATOR_PORT = 8000
+#: How long the coordinator may stop answering mid-job (a restart) before the run fails.
+COORDINATOR_OUTAGE_S = 120.0
 SHARED = "/shared"
 
 
@@ -45,6 +47,9 @@ class ContainerSpec:
     #: Container port -> published on 127.0.0.1 (a free host port).
     published: list[int] = field(default_factory=list)
     shm_size: str | None = None
+    #: A process that dies is started again in its container (compose's `restart`);
+    #: the engine leaves one that an operator stopped or `docker kill`ed stopped.
+    restart: str = "unless-stopped"
 
 
 def container_specs(
@@ -150,6 +155,7 @@ class DockerRun:
             volumes={self.volume_name: {"bind": SHARED, "mode": "rw"}},
             ports={f"{port}/tcp": ("127.0.0.1", None) for port in spec.published},
             shm_size=spec.shm_size,
+            restart_policy={"Name": spec.restart},
             labels={"drover.run": self.run_id, "drover.role": spec.role},
             # Created on the run's network, reachable by its role's name as under
             # compose (http://coordinator:8000). Connected after its creation instead,
@@ -231,11 +237,17 @@ def run_in_docker(
                     raise TimeoutError("the coordinator container did not answer") from None
                 time.sleep(1.0)
         say(f"job {job_id} submitted")
-        while (status := client.job(job_id)).phase not in TERMINAL_PHASES:
-            if time.monotonic() > deadline:
-                client.stop_job(job_id)
-                raise TimeoutError(f"job {job_id} did not end within {timeout_s}s")
-            say(f"{status.phase}: {status.env_steps} env steps, v{status.policy_version}")
-            time.sleep(5.0)
+        try:
+            # The coordinator's container restarts if its process dies: waited out.
+            status = client.wait_for_end(
+                job_id,
+                outage_s=COORDINATOR_OUTAGE_S,
+                poll_s=5.0,
+                deadline=deadline,
+                on_status=lambda s: say(f"{s.phase}: {s.env_steps} env steps, v{s.policy_version}"),
+            )
+        except TimeoutError:
+            client.stop_job(job_id)
+            raise TimeoutError(f"job {job_id} did not end within {timeout_s}s") from None
         say(f"results are in the volume {run.volume_name} (docker volume rm {run.volume_name})")
         return status

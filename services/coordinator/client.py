@@ -6,10 +6,13 @@ its client change land in one diff. Every call has a timeout (ServiceClient).
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from typing import Any
 
-from common.http import ServiceClient
+from common.http import ServiceClient, ServiceUnavailable
 from common.messages import (
+    TERMINAL_PHASES,
     Heartbeat,
     HeartbeatReply,
     InsertReply,
@@ -69,6 +72,41 @@ class CoordinatorClient(ServiceClient):
 
     def job(self, job_id: str) -> JobStatus:
         return self.call_as(JobStatus, "GET", f"{API}/jobs/{job_id}")
+
+    def wait_for_end(
+        self,
+        job_id: str,
+        *,
+        outage_s: float,
+        poll_s: float = 2.0,
+        deadline: float | None = None,
+        on_status: Callable[[JobStatus], None] | None = None,
+    ) -> JobStatus:
+        """The job's status once it is in a terminal phase, polled every `poll_s`.
+
+        A coordinator that stops answering may be restarting (its state is durable),
+        so that is waited out for up to `outage_s` seconds at a time.
+
+        Raises:
+            ServiceUnavailable: the coordinator did not answer for `outage_s`.
+            TimeoutError: `deadline` (a time.monotonic() value) passed first.
+        """
+        answered = time.monotonic()
+        while True:
+            try:
+                status = self.job(job_id)
+                answered = time.monotonic()
+            except ServiceUnavailable:
+                if time.monotonic() - answered > outage_s:
+                    raise
+                status = None
+            if status is not None and status.phase in TERMINAL_PHASES:
+                return status
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"job {job_id} did not end in time")
+            if status is not None and on_status is not None:
+                on_status(status)
+            time.sleep(poll_s)
 
     def stop_job(self, job_id: str) -> None:
         self.call("DELETE", f"{API}/jobs/{job_id}")

@@ -54,6 +54,7 @@ def test_the_containers_are_the_compose_services(ranks):
             if name not in SECRETS:
                 assert spec.environment[name] == value, (spec.role, name)
         assert spec.shm_size == service.get("shm_size"), spec.role
+        assert spec.restart == service["restart"], spec.role
         published = [int(p.split(":")[1]) for p in service.get("ports", [])]
         assert spec.published == published, spec.role
     assert {s.name for s in specs} == {s.name for s in specs if s.name.startswith("drover-test-")}
@@ -145,6 +146,7 @@ def test_a_run_is_one_network_and_one_volume_and_is_torn_down():
     assert collector.kwargs["ports"] == {}
     for container in engine.created:
         assert container.kwargs["volumes"] == {"r-shared": {"bind": "/shared", "mode": "rw"}}
+        assert container.kwargs["restart_policy"] == {"Name": "unless-stopped"}
     # each on the run's network from its creation, named by its role there
     for container, role in ((coordinator, "coordinator"), (collector, "collector")):
         assert container.kwargs["network"] == "r"

@@ -4,20 +4,28 @@ engine (make test-engine; deselected from make test)."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import requests
+import yaml
 
-from tests.engine.conftest import ROOT, docker
+from tests.engine.conftest import BASE_IMAGE, ROOT, docker
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(3600)]
 
 PROJECT = "drover-engine-test"
-TOKEN = "drover-dev-token"  # docker-compose.yml's default
+TOKEN = "drover-dev-token"  # docker-compose.yml's defaults
+METRICS_TOKEN = "drover-dev-metrics"
+PROMETHEUS_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
+#: Where the scrape config expects the metrics secret (its credentials_file).
+PROMETHEUS_TOKEN_PATH = "/etc/prometheus/drover-metrics-token"
 
 
 def compose(engine: dict[str, str], *args: str, timeout_s: float = 300, check: bool = True):
@@ -31,6 +39,10 @@ def compose(engine: dict[str, str], *args: str, timeout_s: float = 300, check: b
         check=check,
         cwd=ROOT,
     )
+
+
+def running_containers(engine: dict[str, str], name_filter: str) -> list[str]:
+    return docker(engine, "ps", "-q", "--filter", name_filter).stdout.split()
 
 
 def project_containers(engine: dict[str, str]) -> list[str]:
@@ -62,39 +74,178 @@ def test_the_images_are_lean_and_the_coordinator_has_no_torch(engine, images):
     assert sizes["drover-coordinator:latest"] < sizes["drover:latest"]
 
 
-def wait_for_running_job(timeout_s: float) -> str:
+def compose_scrape_config(
+    folder: Path, credentials_file: str = PROMETHEUS_TOKEN_PATH, scrape_interval_s: int = 2
+) -> tuple[Path, Path]:
+    """deploy/prometheus/prometheus.yml's compose jobs (Debian's Prometheus has no
+    Kubernetes discovery built in), scraping every few seconds, and the metrics secret
+    in a file beside it; returns (config, secret file). Each job reads the secret from
+    `credentials_file`: the config's own path where the file is mounted there."""
+    config = yaml.safe_load(PROMETHEUS_CONFIG.read_text())
+    config["global"]["scrape_interval"] = f"{scrape_interval_s}s"
+    config["global"]["scrape_timeout"] = f"{scrape_interval_s}s"
+    jobs = [job for job in config["scrape_configs"] if "kubernetes_sd_configs" not in job]
+    for job in jobs:
+        assert job["authorization"]["credentials_file"] == PROMETHEUS_TOKEN_PATH, job
+        job["authorization"]["credentials_file"] = credentials_file
+    config["scrape_configs"] = jobs
+    secret = folder / "drover-metrics-token"
+    secret.write_text(METRICS_TOKEN)
+    path = folder / "prometheus.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path, secret
+
+
+def test_promtool_accepts_the_compose_jobs_of_the_scrape_config(tmp_path):
+    if shutil.which("promtool") is None:
+        pytest.fail("make test-engine needs promtool (apt-get install prometheus)")
+    # promtool checks that the secret's file exists: here, the one written beside.
+    config, _ = compose_scrape_config(tmp_path, str(tmp_path / "drover-metrics-token"))
+    jobs = yaml.safe_load(config.read_text())["scrape_configs"]
+    assert {job["job_name"] for job in jobs} == {
+        "drover-coordinator",
+        "drover-learner",
+        "drover-collector",
+    }
+    check = subprocess.run(
+        ["promtool", "check", "config", str(config)], capture_output=True, text=True, timeout=60
+    )
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+@pytest.fixture(scope="session")
+def prometheus_image(engine, tmp_path_factory) -> str:
+    """An image holding the host's Prometheus (Debian's; no registry to pull one from)."""
+    binary = shutil.which("prometheus")
+    if binary is None:
+        pytest.fail("make test-engine needs prometheus (apt-get install prometheus)")
+    context = tmp_path_factory.mktemp("prometheus-image")
+    shutil.copy(binary, context / "prometheus")
+    (context / "Dockerfile").write_text(
+        f"FROM {BASE_IMAGE}\nCOPY prometheus /usr/local/bin/prometheus\n"
+        'ENTRYPOINT ["/usr/local/bin/prometheus"]\n'
+    )
+    tag = "drover-test-prometheus:latest"
+    docker(engine, "build", "-t", tag, str(context), timeout_s=600)
+    return tag
+
+
+def start_prometheus(engine: dict[str, str], image: str, folder: Path) -> str:
+    """Prometheus on the compose network, scraping with the metrics secret."""
+    config, secret = compose_scrape_config(folder)
+    name = f"{PROJECT}-prometheus"
+    docker(engine, "rm", "-f", name, check=False)
+    docker(
+        engine,
+        *("run", "-d", "--name", name, "--network", f"{PROJECT}_default"),
+        *("-v", f"{config}:/etc/prometheus/prometheus.yml:ro"),
+        *("-v", f"{secret}:{PROMETHEUS_TOKEN_PATH}:ro"),
+        image,
+        *("--config.file=/etc/prometheus/prometheus.yml", "--storage.tsdb.path=/tmp/tsdb"),
+        timeout_s=300,
+    )
+    return name
+
+
+def scrape_targets(engine: dict[str, str], prometheus: str) -> list[dict]:
+    """Prometheus's active targets, read through its API from inside its container."""
+    query = (
+        "import urllib.request; print(urllib.request.urlopen("
+        "'http://127.0.0.1:9090/api/v1/targets?state=active', timeout=5).read().decode())"
+    )
+    out = docker(engine, "exec", prometheus, "python3", "-c", query, check=False)
+    if out.returncode != 0:
+        return []
+    return json.loads(out.stdout)["data"]["activeTargets"]
+
+
+def wait_until_every_service_is_scraped(
+    engine: dict[str, str], prometheus: str, collectors: int, timeout_s: float
+) -> list[dict]:
+    deadline = time.monotonic() + timeout_s
+    targets: list[dict] = []
+    while time.monotonic() < deadline:
+        targets = scrape_targets(engine, prometheus)
+        components = sorted(
+            t["labels"].get("component", "") for t in targets if t["health"] == "up"
+        )
+        if components == sorted(["coordinator", "learner", *["collector"] * collectors]):
+            return targets
+        time.sleep(1)
+    raise AssertionError(f"Prometheus did not scrape every service: {targets}")
+
+
+def jobs(timeout_s: float = 5) -> list[dict]:
+    return requests.get(
+        "http://127.0.0.1:8000/api/v1/jobs",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=timeout_s,
+    ).json()["jobs"]
+
+
+def wait_for_job(predicate, timeout_s: float, what: str) -> dict:
+    """The first job of the compose coordinator that `predicate` accepts."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         try:
-            jobs = requests.get(
-                "http://127.0.0.1:8000/api/v1/jobs",
-                headers={"Authorization": f"Bearer {TOKEN}"},
-                timeout=5,
-            ).json()["jobs"]
-            running = [j for j in jobs if j["phase"] == "running" and j["env_steps"] > 0]
-            if running:
-                return running[0]["job_id"]
+            found = [job for job in jobs() if predicate(job)]
+            if found:
+                return found[0]
         except (requests.RequestException, KeyError, ValueError):
-            pass
+            pass  # restarting
         time.sleep(1)
-    raise AssertionError("no job ran on the compose cluster in time")
+    raise AssertionError(f"no job {what} on the compose cluster in time")
 
 
-def test_compose_up_trains_the_default_job_through_a_collector_kill_and_a_coordinator_restart(
-    engine, images
+def crash(engine: dict[str, str], container: str, timeout_s: float = 60) -> None:
+    """The container's main process killed (-9) from the host, as a crash would:
+    `docker kill` is an operator's stop, which no restart policy undoes. Returns once
+    the engine has started it again."""
+    pid = int(docker(engine, "inspect", "-f", "{{.State.Pid}}", container).stdout)
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = docker(engine, "inspect", "-f", "{{.RestartCount}} {{.State.Running}}", container)
+        restarts, running = state.stdout.split()
+        if int(restarts) >= 1 and running == "true":
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"{container} was not restarted after its process died")
+
+
+def test_compose_up_trains_the_default_job_through_a_collector_crash_and_a_coordinator_restart(
+    engine, images, prometheus_image, tmp_path
 ):
     compose(engine, "down", "-v", check=False)
+    prometheus = f"{PROJECT}-prometheus"
     try:
-        up = compose(engine, "up", "-d", "--no-build", timeout_s=600)
+        # No learner yet: the job cannot end before the crash and the restart.
+        up = compose(engine, "up", "-d", "--no-build", "--scale", "learner=0", timeout_s=600)
         assert up.returncode == 0, up.stderr
-        wait_for_running_job(300)
-        # A collector killed: compose's restart policy, or the coordinator handing its
-        # task to the other one; either way the job goes on.
+        running = wait_for_job(lambda j: j["phase"] == "running" and j["env_steps"] > 0, 300, "ran")
+        # A collector crashes: compose's restart policy starts it again.
         (collector, *_) = compose(engine, "ps", "-q", "collector").stdout.split()
-        docker(engine, "kill", collector)
-        # The coordinator restarted mid-job resumes it (durable state on the volume).
+        crash(engine, collector)
+        # The coordinator restarted mid-job resumes it (durable state on the volume),
+        # with at least the env steps it had acknowledged.
+        acknowledged = wait_for_job(lambda j: j["job_id"] == running["job_id"], 30, "listed")
         (coordinator,) = compose(engine, "ps", "-q", "coordinator").stdout.split()
         docker(engine, "restart", coordinator, timeout_s=120)
+        wait_for_job(
+            lambda j: (
+                j["job_id"] == running["job_id"]
+                and j["phase"] == "running"
+                and j["env_steps"] >= acknowledged["env_steps"]
+            ),
+            120,
+            "resumed",
+        )
+        up = compose(engine, "up", "-d", "--no-build", "learner", timeout_s=600)
+        assert up.returncode == 0, up.stderr
+        # Every service scraped with the metrics secret, on the compose network.
+        prometheus = start_prometheus(engine, prometheus_image, tmp_path)
+        targets = wait_until_every_service_is_scraped(engine, prometheus, 2, timeout_s=120)
+        assert all(t["lastError"] == "" for t in targets), targets
         (submit,) = compose(engine, "ps", "-q", "submit").stdout.split()
         exit_code = docker(engine, "wait", submit, timeout_s=1800).stdout.strip()
         assert exit_code == "0", docker(engine, "logs", "--tail", "50", submit).stderr
@@ -106,6 +257,7 @@ def test_compose_up_trains_the_default_job_through_a_collector_kill_and_a_coordi
         )
         assert json.loads(summary.stdout)["phase"] == "succeeded"
     finally:
+        docker(engine, "rm", "-f", prometheus, check=False)
         down = compose(engine, "down", check=False)
         assert project_containers(engine) == [], down.stderr
         compose(engine, "down", "-v", check=False)
@@ -113,15 +265,26 @@ def test_compose_up_trains_the_default_job_through_a_collector_kill_and_a_coordi
 
 def test_drover_run_with_the_docker_backend_trains_and_tears_down(engine, images):
     before = set(docker(engine, "network", "ls", "-q").stdout.split())
-    proc = subprocess.run(
+    proc = subprocess.Popen(
         [sys.executable, "-m", "drover.cli", "run", str(ROOT / "examples" / "cartpole_dqn.yaml")]
         + ["--backend", "docker", "--timeout-s", "1200"],
         env=engine,
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
         text=True,
-        timeout=1500,
         cwd=ROOT,
     )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    try:
+        # A collector crashes as soon as it runs: the backend's restart policy starts
+        # it again, and the job still succeeds.
+        deadline = time.monotonic() + 300
+        while not (found := running_containers(engine, "name=drover-.*-collector-0")):
+            assert proc.poll() is None and time.monotonic() < deadline, "no collector ran"
+            time.sleep(0.2)
+        crash(engine, found[0])
+        out, _ = proc.communicate(timeout=1500)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, out[-3000:]
     assert docker(engine, "ps", "-aq", "--filter", "name=drover-").stdout.split() == []
     assert set(docker(engine, "network", "ls", "-q").stdout.split()) <= before
