@@ -1,10 +1,9 @@
 """Test doubles: a fake coordinator client for slaves, a controllable task runner, a
-collect task's context."""
+collect task's context, a segment-file sink. (Waiting: `tests.helpers.wait_until`.)"""
 
 from __future__ import annotations
 
 import threading
-import time
 from typing import Any
 
 from common.messages import CollectSpec, HeartbeatReply, Registered, TaskAssignment
@@ -75,14 +74,6 @@ class BlockingRunner:
         if seed != 7:
             ctx.stop.wait(30)
         return {"seed": seed}
-
-
-def wait_until(predicate, timeout_s: float = 10.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        time.sleep(0.01)
 
 
 class DeletedFiles:

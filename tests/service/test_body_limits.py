@@ -44,7 +44,8 @@ from services.coordinator.core import Coordinator
 from services.coordinator.settings import CoordinatorSettings
 from services.slave.app import create_slave_app
 from services.slave.core import Slave
-from tests.fakes import BlockingRunner, FakeCoordinator, wait_until
+from tests.fakes import BlockingRunner, FakeCoordinator
+from tests.helpers import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "test-token"

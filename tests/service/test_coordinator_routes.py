@@ -5,82 +5,22 @@ from common.storage import SharedStore
 from services.coordinator.app import create_app
 from services.coordinator.core import Coordinator, CoordinatorLimits
 from services.coordinator.settings import CoordinatorSettings
-from tests.fakes import wait_until
-
-TOKEN = "test-token"
-AUTH = {"Authorization": f"Bearer {TOKEN}"}
-CONFIG = {
-    "env": {"env_id": "CartPole-v1", "stop_value": 150, "n_evaluator_episode": 2},
-    "policy": {
-        "other": {"replay_buffer": {"min_size_to_sample": 20, "replay_buffer_size": 100}},
-        "eval": {"evaluator": {"eval_freq": 10}},
-    },
-}
-
+from tests.coordinator_app import (
+    AUTH,
+    CONFIG,
+    TOKEN,
+    get,
+    insert_segments,
+    post,
+    register,
+    submit,
+    write_segment,
+)
+from tests.helpers import wait_until
 
 SMALL_BUFFER = {
     "policy": {"other": {"replay_buffer": {"replay_buffer_size": 100, "min_size_to_sample": 10}}}
 }
-
-
-@pytest.fixture
-def core(tmp_path):
-    return Coordinator(SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000))
-
-
-@pytest.fixture
-def client(tmp_path, core):
-    app = create_app(CoordinatorSettings(shared_dir=tmp_path, token=TOKEN), core=core)
-    return app.test_client()
-
-
-def post(client, path, body=None, **kw):
-    return client.post(path, json=body, headers=AUTH, **kw)
-
-
-def get(client, path, **kw):
-    return client.get(path, headers=AUTH, **kw)
-
-
-SLAVE_TOKEN = "s" * 32
-
-
-def register(client, role, url):
-    """A worker's registration, with the secret the coordinator would call it with."""
-    body = {"role": role, "url": url, "slave_token": SLAVE_TOKEN}
-    return post(client, "/api/v1/workers", body)
-
-
-def submit(client, config=CONFIG):
-    resp = post(client, "/api/v1/jobs", {"config": config, "name": "t"})
-    assert resp.status_code == 201, resp.json
-    return resp.json["job_id"]
-
-
-def write_segment(core, job_id, seq, rows=10, worker="w1"):
-    path = core.store.segment_path(job_id, worker, seq)
-    core.store.write_segment(
-        path,
-        {
-            "obs": np.zeros((rows, 4), np.float32),
-            "action": np.zeros(rows, np.int64),
-            "reward": np.ones(rows, np.float32),
-            "next_obs": np.zeros((rows, 4), np.float32),
-            "done": np.zeros(rows, np.float32),
-            "discount": np.ones(rows, np.float32),
-        },
-    )
-    return {"path": path, "rows": rows, "env_steps": rows, "policy_version": 0}
-
-
-def insert_segments(client, core, job_id, count):
-    for seq in range(count):
-        resp = post(
-            client,
-            f"/api/v1/jobs/{job_id}/segments",
-            {"segments": [write_segment(core, job_id, seq)]},
-        )
-        assert resp.status_code == 200, resp.json
 
 
 # --- auth and error format ------------------------------------------------------

@@ -11,7 +11,7 @@ import pytest
 from common.config import load_config_file
 from services.coordinator.app import create_app
 from services.coordinator.settings import CoordinatorSettings
-from tests.service.test_coordinator_routes import AUTH, TOKEN
+from tests.coordinator_app import AUTH, TOKEN
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "cartpole_dqn.yaml"

@@ -16,45 +16,30 @@ from services.coordinator.workflows import WORKFLOWS
 from services.coordinator.workflows.training import AsyncTraining
 from services.learner.app import create_app as learner_app
 from services.slave.core import EXTENSION, Slave
-from tests.fakes import BlockingRunner, FakeCoordinator, wait_until
-from tests.service.test_coordinator_routes import (  # noqa: F401 (fixtures)
+from tests.coordinator_app import (
     CONFIG,
-    SLAVE_TOKEN,
-    client,
-    core,
     get,
+    planned,
     post,
+    reason,
+    register_worker,
     submit,
 )
+from tests.fakes import BlockingRunner, FakeCoordinator
+from tests.helpers import wait_until
 
 CUDA = deep_merge(CONFIG, {"policy": {"cuda": True}})
 CPU_ONLY = {"cuda_devices": 0, "cpu_count": 8}
 ONE_GPU = {"cuda_devices": 1, "cpu_count": 8}
 
 
-def register(client, role, url, resources):  # noqa: F811
-    body = {"role": role, "url": url, "slave_token": SLAVE_TOKEN, "resources": resources}
-    resp = post(client, "/api/v1/workers", body)
-    assert resp.status_code == 201, resp.json
-    return resp.json["worker_id"]
-
-
-def planned(core):  # noqa: F811
-    """(worker id, task kind) of every assignment of the next pass."""
-    return sorted((d.worker_id, d.task.kind) for d in core.plan() if d.task)
-
-
-def reason(client, job_id):  # noqa: F811
-    return get(client, f"/api/v1/jobs/{job_id}").json["reason"]
-
-
 @pytest.mark.parametrize(
     ("policy", "field"),
     [({"cuda": True}, "config.policy.cuda"), ({"device": "cuda"}, "config.policy.device")],
 )
-def test_a_cuda_job_is_refused_when_the_registered_learners_have_no_cuda(client, policy, field):  # noqa: F811
-    register(client, "collector", "http://c", ONE_GPU)
-    register(client, "learner", "http://l", CPU_ONLY)
+def test_a_cuda_job_is_refused_when_the_registered_learners_have_no_cuda(client, policy, field):
+    register_worker(client, "collector", "http://c", ONE_GPU)
+    register_worker(client, "learner", "http://l", CPU_ONLY)
     resp = post(client, "/api/v1/jobs", {"config": deep_merge(CONFIG, {"policy": policy})})
     assert resp.status_code == 400
     message = resp.json["message"]
@@ -66,46 +51,46 @@ def test_a_cuda_job_is_refused_when_the_registered_learners_have_no_cuda(client,
     assert post(client, "/api/v1/jobs", {"config": CONFIG}).status_code == 201
 
 
-def test_a_cuda_job_is_refused_when_the_registered_collectors_have_no_cuda(client):  # noqa: F811
+def test_a_cuda_job_is_refused_when_the_registered_collectors_have_no_cuda(client):
     # collectors act with the policy on the job's device too
-    register(client, "collector", "http://c", CPU_ONLY)
-    register(client, "learner", "http://l", ONE_GPU)
+    register_worker(client, "collector", "http://c", CPU_ONLY)
+    register_worker(client, "learner", "http://l", ONE_GPU)
     resp = post(client, "/api/v1/jobs", {"config": CUDA})
     assert resp.status_code == 400
     assert "config.policy.cuda" in resp.json["message"]
     assert "registered collectors" in resp.json["message"]
 
 
-def test_a_worker_that_reports_no_devices_does_not_count_as_cuda(client):  # noqa: F811
-    register(client, "collector", "http://c", ONE_GPU)
-    register(client, "learner", "http://l", {})
+def test_a_worker_that_reports_no_devices_does_not_count_as_cuda(client):
+    register_worker(client, "collector", "http://c", ONE_GPU)
+    register_worker(client, "learner", "http://l", {})
     assert post(client, "/api/v1/jobs", {"config": CUDA}).status_code == 400
 
 
-def test_a_cuda_evaluation_needs_cuda_collectors_only(client):  # noqa: F811
-    register(client, "collector", "http://c", ONE_GPU)
-    register(client, "learner", "http://l", CPU_ONLY)
+def test_a_cuda_evaluation_needs_cuda_collectors_only(client):
+    register_worker(client, "collector", "http://c", ONE_GPU)
+    register_worker(client, "learner", "http://l", CPU_ONLY)
     evaluate = deep_merge(CUDA, {"system": {"workflow": "evaluate"}})
     assert post(client, "/api/v1/jobs", {"config": evaluate}).status_code == 201
 
 
-def test_a_cuda_job_waits_for_cuda_workers_and_is_never_given_to_cpu_ones(client, core):  # noqa: F811
+def test_a_cuda_job_waits_for_cuda_workers_and_is_never_given_to_cpu_ones(client, core):
     # nothing registered yet: accepted, and the answer says it waits
     created = post(client, "/api/v1/jobs", {"config": CUDA}).json
     job_id = created["job_id"]
     assert any("waiting for a collector and a learner with CUDA" in w for w in created["warnings"])
     assert "waiting for a collector and a learner with CUDA" in reason(client, job_id)
-    cpu_collector = register(client, "collector", "http://c0", CPU_ONLY)
-    cpu_learner = register(client, "learner", "http://l0", CPU_ONLY)
+    cpu_collector = register_worker(client, "collector", "http://c0", CPU_ONLY)
+    cpu_learner = register_worker(client, "learner", "http://l0", CPU_ONLY)
     assert planned(core) == []
     waiting = reason(client, job_id)
     assert "waiting for a collector and a learner with CUDA (policy.cuda: true)" in waiting
     assert "set policy.cuda: false" in waiting
     assert get(client, f"/api/v1/jobs/{job_id}").json["phase"] == "running"
-    gpu_learner = register(client, "learner", "http://l1", ONE_GPU)
+    gpu_learner = register_worker(client, "learner", "http://l1", ONE_GPU)
     assert planned(core) == [(gpu_learner, "learn")]
     assert reason(client, job_id).startswith("waiting for a collector with CUDA")
-    gpu_collector = register(client, "collector", "http://c1", {"cuda_devices": 2})
+    gpu_collector = register_worker(client, "collector", "http://c1", {"cuda_devices": 2})
     assert planned(core) == [(gpu_collector, "collect")]
     assert reason(client, job_id) == ""
     assert {t.worker_id for t in core.tasks.values()} == {gpu_learner, gpu_collector}
@@ -116,15 +101,15 @@ def test_a_cuda_job_waits_for_cuda_workers_and_is_never_given_to_cpu_ones(client
     assert workers[cpu_learner]["resources"] == CPU_ONLY
 
 
-def test_a_cpu_job_runs_on_any_worker(client, core):  # noqa: F811
+def test_a_cpu_job_runs_on_any_worker(client, core):
     job_id = submit(client)
-    register(client, "collector", "http://c", ONE_GPU)
-    register(client, "learner", "http://l", CPU_ONLY)
+    register_worker(client, "collector", "http://c", ONE_GPU)
+    register_worker(client, "learner", "http://l", CPU_ONLY)
     assert [kind for _, kind in planned(core)] == ["collect", "learn"]
     assert reason(client, job_id) == ""
 
 
-def test_a_sync_round_is_split_over_the_collectors_that_can_run_it(client, core):  # noqa: F811
+def test_a_sync_round_is_split_over_the_collectors_that_can_run_it(client, core):
     ppo = {
         "env": {"env_id": "CartPole-v1"},
         "policy": {
@@ -135,9 +120,9 @@ def test_a_sync_round_is_split_over_the_collectors_that_can_run_it(client, core)
         },
     }
     submit(client, ppo)
-    register(client, "learner", "http://l", ONE_GPU)
-    register(client, "collector", "http://c0", ONE_GPU)
-    register(client, "collector", "http://c1", CPU_ONLY)
+    register_worker(client, "learner", "http://l", ONE_GPU)
+    register_worker(client, "collector", "http://c0", ONE_GPU)
+    register_worker(client, "collector", "http://c1", CPU_ONLY)
     collects = [d.task.spec for d in core.plan() if d.task and d.task.kind == "collect"]
     # one collector can run it: it collects the whole round, not half of it
     assert [spec.round_steps for spec in collects] == [64]
@@ -158,13 +143,13 @@ class Careless(AsyncTraining):
 
 
 def test_a_task_is_never_assigned_to_a_worker_without_the_jobs_device(
-    client,  # noqa: F811
-    core,  # noqa: F811
+    client,
+    core,
     monkeypatch,
 ):
     monkeypatch.setitem(WORKFLOWS, "careless", Careless(core.workers))
     submit(client, deep_merge(CUDA, {"system": {"workflow": "careless"}}))
-    register(client, "collector", "http://c", CPU_ONLY)
+    register_worker(client, "collector", "http://c", CPU_ONLY)
     # the job's planning is refused and undone; no task exists
     assert core.plan() == []
     assert core.tasks == {}

@@ -7,11 +7,9 @@ from common.messages import JobSubmit, WorkerRegistration
 from common.storage import SharedStore
 from services.coordinator.core import Coordinator, CoordinatorLimits
 from services.coordinator.snapshot import read_job_record, state_path
-from tests.service.test_coordinator_routes import (  # noqa: F401 (fixtures)
+from tests.coordinator_app import (
     AUTH,
     CONFIG,
-    client,
-    core,
     get,
     insert_segments,
     post,
@@ -34,15 +32,15 @@ def restarted(tmp_path, **limits):
     return again
 
 
-def answers(core, job_id):  # noqa: F811
+def answers(core, job_id):
     """What users read of a job: its status, its buffer, its metrics."""
     return core.job_status(job_id), core.buffer_stats(job_id), core.job_metrics(job_id)
 
 
 def test_an_ended_job_lets_go_of_its_index_and_answers_the_same_after_a_restart(
     tmp_path,
-    client,  # noqa: F811
-    core,  # noqa: F811
+    client,
+    core,
 ):
     job_id = submit(client)
     insert_segments(client, core, job_id, 4)
@@ -73,8 +71,8 @@ def test_an_ended_job_lets_go_of_its_index_and_answers_the_same_after_a_restart(
 
 
 def test_the_summary_is_on_disk_before_the_end_is_shown(
-    client,  # noqa: F811
-    core,  # noqa: F811
+    client,
+    core,
     monkeypatch,
 ):
     job_id = submit(client)
@@ -97,7 +95,7 @@ def test_the_summary_is_on_disk_before_the_end_is_shown(
 
 
 def test_ended_tasks_leave_the_task_map_and_only_the_newest_are_remembered(tmp_path):
-    core = Coordinator(  # noqa: F811
+    core = Coordinator(
         SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000, ended_tasks_kept=4)
     )
     for i in range(3):
@@ -122,8 +120,8 @@ def test_ended_tasks_leave_the_task_map_and_only_the_newest_are_remembered(tmp_p
 
 
 def test_jobs_are_listed_newest_first_in_pages_and_by_phase(
-    client,  # noqa: F811
-    core,  # noqa: F811
+    client,
+    core,
 ):
     ids = [submit(client) for _ in range(5)]
     for job_id in ids[:3]:
@@ -155,7 +153,7 @@ def test_jobs_are_listed_newest_first_in_pages_and_by_phase(
 def test_ended_jobs_are_forgotten_after_their_retention_with_their_series(tmp_path):
     wall = WallClock()
     limits = CoordinatorLimits(max_buffer_items=1000, ended_job_retention_s=3600.0)
-    core = Coordinator(SharedStore(tmp_path), limits, wall_clock=wall)  # noqa: F811
+    core = Coordinator(SharedStore(tmp_path), limits, wall_clock=wall)
     old = core.submit_job(JobSubmit(config=CONFIG)).job_id
     core.metrics.segments_inserted.labels(old).inc()
     core.stop_job(old)
@@ -176,7 +174,7 @@ def test_ended_jobs_are_forgotten_after_their_retention_with_their_series(tmp_pa
 def test_past_the_count_kept_the_oldest_ended_jobs_go_first(tmp_path):
     wall = WallClock()
     limits = CoordinatorLimits(max_buffer_items=1000, max_ended_jobs=2)
-    core = Coordinator(SharedStore(tmp_path), limits, wall_clock=wall)  # noqa: F811
+    core = Coordinator(SharedStore(tmp_path), limits, wall_clock=wall)
     ids = []
     for _ in range(4):
         wall.t += 1
@@ -191,8 +189,8 @@ def test_past_the_count_kept_the_oldest_ended_jobs_go_first(tmp_path):
 
 def test_a_job_that_ended_before_final_statistics_were_kept_gets_them_once(
     tmp_path,
-    client,  # noqa: F811
-    core,  # noqa: F811
+    client,
+    core,
 ):
     job_id = submit(client)
     insert_segments(client, core, job_id, 3)

@@ -4,14 +4,14 @@ job (`policy.learn.multi_gpu`) goes to the biggest group, and a job's status sho
 group training it with its world size and per-rank throughput."""
 
 from common.config import deep_merge
-from tests.service.test_coordinator_routes import (  # noqa: F401 (fixtures)
+from tests.coordinator_app import (
     CONFIG,
-    client,
-    core,
     get,
+    planned,
     post,
+    reason,
+    register_worker,
 )
-from tests.service.test_devices import planned, reason, register
 
 SOLO = {"cuda_devices": 0, "cpu_count": 8}
 
@@ -23,9 +23,9 @@ def group(ranks):
 BATCH_64 = deep_merge(CONFIG, {"policy": {"learn": {"batch_size": 64}}})
 
 
-def test_a_job_whose_batch_does_not_split_over_the_only_group_is_refused(client):  # noqa: F811
-    register(client, "collector", "http://c", SOLO)
-    register(client, "learner", "http://l3", group(3))
+def test_a_job_whose_batch_does_not_split_over_the_only_group_is_refused(client):
+    register_worker(client, "collector", "http://c", SOLO)
+    register_worker(client, "learner", "http://l3", group(3))
     resp = post(client, "/api/v1/jobs", {"config": BATCH_64})
     assert resp.status_code == 400
     assert resp.json["message"] == (
@@ -37,34 +37,34 @@ def test_a_job_whose_batch_does_not_split_over_the_only_group_is_refused(client)
     assert post(client, "/api/v1/jobs", {"config": fits}).status_code == 201
 
 
-def test_a_job_never_goes_to_a_group_it_does_not_split_over(client, core):  # noqa: F811
-    register(client, "collector", "http://c", SOLO)
+def test_a_job_never_goes_to_a_group_it_does_not_split_over(client, core):
+    register_worker(client, "collector", "http://c", SOLO)
     # submitted before any learner registered: taken, and waits for one it splits over
     job_id = post(client, "/api/v1/jobs", {"config": BATCH_64}).json["job_id"]
-    three = register(client, "learner", "http://l3", group(3))
+    three = register_worker(client, "learner", "http://l3", group(3))
     assert [kind for _, kind in planned(core)] == ["collect"]
     assert reason(client, job_id) == (
         "waiting for a learner whose ranks split the job's batches: policy.learn.batch_size "
         "64 does not split evenly over a learner group of 3 ranks: use a multiple of 3 "
         "(each rank trains on an equal share)"
     )
-    two = register(client, "learner", "http://l2", group(2))
+    two = register_worker(client, "learner", "http://l2", group(2))
     assert planned(core) == [(two, "learn")]
     assert three not in {worker for worker, _ in planned(core)}
     assert reason(client, job_id) == ""
 
 
-def test_a_multi_gpu_job_goes_to_the_biggest_group(client, core):  # noqa: F811
-    register(client, "learner", "http://solo", SOLO)
-    biggest = register(client, "learner", "http://l4", group(4))
-    register(client, "learner", "http://l2", group(2))
+def test_a_multi_gpu_job_goes_to_the_biggest_group(client, core):
+    register_worker(client, "learner", "http://solo", SOLO)
+    biggest = register_worker(client, "learner", "http://l4", group(4))
+    register_worker(client, "learner", "http://l2", group(2))
     config = deep_merge(BATCH_64, {"policy": {"learn": {"multi_gpu": True}}})
     post(client, "/api/v1/jobs", {"config": config})
     assert planned(core) == [(biggest, "learn")]
 
 
-def test_a_jobs_status_shows_the_group_training_it(client, core):  # noqa: F811
-    learner = register(client, "learner", "http://l2", group(2))
+def test_a_jobs_status_shows_the_group_training_it(client, core):
+    learner = register_worker(client, "learner", "http://l2", group(2))
     job_id = post(client, "/api/v1/jobs", {"config": BATCH_64}).json["job_id"]
     (dispatch,) = [d for d in core.plan() if d.task]
     core.dispatched(dispatch.task.task_id)

@@ -5,15 +5,12 @@ each service instance counts in its own registry; the scrape config matches the 
 annotations."""
 
 import secrets
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-import requests
 import yaml
 from prometheus_client import generate_latest
-from prometheus_client.parser import text_string_to_metric_families
 
 from common.config import deep_merge, load_config_file
 from common.errors import ApiError
@@ -30,6 +27,7 @@ from services.learner.core import LearnerMetrics
 from services.slave.app import create_slave_app
 from services.slave.core import Slave
 from tests.fakes import BlockingRunner, CollectTaskContext, FakeCoordinator
+from tests.helpers import parse_metrics, scrape, total, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 #: The example job, made to train sooner and to evaluate never (no eval tasks).
@@ -92,45 +90,11 @@ LEARNER = {
 }
 
 
-def parse(text):
-    """{family name: family}; fails the test if the text does not parse."""
-    return {family.name: family for family in text_string_to_metric_families(text)}
-
-
-def total(families, name, **labels):
-    """The sum of a family's `_total` (or plain, for gauges) samples matching `labels`."""
-    return sum(
-        sample.value
-        for sample in families[name].samples
-        if sample.name in (name, f"{name}_total")
-        and all(sample.labels.get(k) == v for k, v in labels.items())
-    )
-
-
 def check_types(families, expected, service):
     missing = sorted(set(expected) - set(families))
     assert not missing, f"{service} lacks {missing}"
     wrong = {n: families[n].type for n, t in expected.items() if families[n].type != t}
     assert not wrong, f"{service}: wrong types {wrong}"
-
-
-def scrape(url):
-    resp = requests.get(
-        f"{url}/metrics", headers={"Authorization": f"Bearer {METRICS_TOKEN}"}, timeout=5
-    )
-    assert resp.status_code == 200, (url, resp.status_code, resp.text[:200])
-    assert resp.headers["Content-Type"].startswith("text/plain")
-    return parse(resp.text)
-
-
-def wait_for(predicate, deadline_s, what):
-    deadline = time.monotonic() + deadline_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out after {deadline_s}s waiting for {what}"
-        time.sleep(0.2)
 
 
 @pytest.mark.timeout(120)
@@ -149,7 +113,7 @@ def test_every_service_metrics_move_during_a_job(tmp_path):
         def scrape_all():
             dead = cluster.dead_services()
             assert not dead, f"{dead[0].name} died:\n{dead[0].log_tail()}"
-            return {name: scrape(url) for name, url in urls.items()}
+            return {name: scrape(url, METRICS_TOKEN) for name, url in urls.items()}
 
         def training():
             scraped = scrape_all()
@@ -159,7 +123,7 @@ def test_every_service_metrics_move_during_a_job(tmp_path):
             )
             return scraped if moving else None
 
-        first = wait_for(training, 40, "the learner to train")
+        first = wait_until(training, 40, "the learner to train")
 
         def moved():
             scraped = scrape_all()
@@ -172,7 +136,7 @@ def test_every_service_metrics_move_during_a_job(tmp_path):
             ok = all(total(scraped[s], n) > total(first[s], n) for s, n in later)
             return scraped if ok else None
 
-        second = wait_for(moved, 20, "the counters to move")
+        second = wait_until(moved, 20, "the counters to move")
         cluster.client.stop_job(job_id)
 
     for name, families in (*first.items(), *second.items()):
@@ -220,7 +184,7 @@ def test_the_metrics_secret_reads_metrics_and_nothing_else(coordinator_client):
     assert client.get("/metrics").status_code == 401
     resp = client.get("/metrics", headers=bearer(METRICS_TOKEN))
     assert resp.status_code == 200
-    parse(resp.data.decode())
+    parse_metrics(resp.data.decode())
     for method, path in (("GET", "/api/v1/jobs"), ("GET", "/api/v1/workers")):
         resp = client.open(path, method=method, headers=bearer(METRICS_TOKEN))
         assert resp.status_code == 403 and resp.json["error"] == "forbidden", path
@@ -233,7 +197,7 @@ def test_requests_are_counted_by_route_method_and_status(coordinator_client):
     client.get(f"/api/v1/jobs/{job}", headers=bearer(TOKEN))  # 404: no such job
     client.get(f"/no/such/{secrets.token_hex(4)}", headers=bearer(TOKEN))  # no such route
     client.get("/api/v1/jobs")  # 401, refused before any view
-    families = parse(client.get("/metrics", headers=bearer(TOKEN)).data.decode())
+    families = parse_metrics(client.get("/metrics", headers=bearer(TOKEN)).data.decode())
     requests_total = families["drover_http_requests"]
     counted = {
         (s.labels["route"], s.labels["method"], s.labels["status"])
@@ -270,7 +234,9 @@ def test_a_slave_counts_in_its_own_registry(tmp_path):
     clients[0].get("/healthz")
     seen = []
     for client in clients:
-        families = parse(client.get("/metrics", headers=bearer(METRICS_TOKEN)).data.decode())
+        families = parse_metrics(
+            client.get("/metrics", headers=bearer(METRICS_TOKEN)).data.decode()
+        )
         check_types(families, {**EVERY_SERVICE, "drover_tasks": "counter"}, "slave")
         seen.append(total(families, "drover_http_requests", route="/healthz"))
         assert client.get("/v1/status", headers=bearer(METRICS_TOKEN)).status_code == 403
@@ -345,7 +311,7 @@ def test_the_uploader_counts_segments_bytes_and_retries_by_reason():
     uploader.put(_Pending(columns={"obs": np.zeros((8, 4), np.float32)}, ref=ref))
     uploader.close()
     assert uploader.segments_sent == 1 and uploader.error is None
-    families = parse(generate_latest(registry).decode())
+    families = parse_metrics(generate_latest(registry).decode())
     assert total(families, "drover_segments_written") == 1
     assert total(families, "drover_segment_bytes") == 1000
     assert total(families, "drover_insert_retries", reason="rate_limited") == 1
@@ -356,5 +322,5 @@ def test_a_learner_group_shows_torchruns_restart_count(monkeypatch):
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "3")
     registry = service_registry()
     LearnerMetrics(registry)
-    families = parse(generate_latest(registry).decode())
+    families = parse_metrics(generate_latest(registry).decode())
     assert total(families, "drover_learner_group_restarts") == 3

@@ -20,7 +20,8 @@ from services.coordinator.core import Coordinator, CoordinatorLimits
 from services.coordinator.settings import CoordinatorSettings
 from services.slave.app import create_slave_app
 from services.slave.core import Slave
-from tests.fakes import BlockingRunner, FakeCoordinator, wait_until
+from tests.fakes import BlockingRunner, FakeCoordinator
+from tests.helpers import wait_until
 
 # No 5xx, and every answer as the document says (status, content type, body). A job's
 # `config` is an open object in the document and validated in depth by the

@@ -8,7 +8,7 @@ from common.storage import SharedStore
 from services.coordinator.app import create_app
 from services.coordinator.core import Coordinator, CoordinatorLimits
 from services.coordinator.settings import CoordinatorSettings
-from tests.service.test_coordinator_routes import (
+from tests.coordinator_app import (
     AUTH,
     CONFIG,
     SLAVE_TOKEN,

@@ -2,7 +2,8 @@ import pytest
 
 from services.slave.app import create_slave_app
 from services.slave.core import Slave
-from tests.fakes import BlockingRunner, FakeCoordinator, wait_until
+from tests.fakes import BlockingRunner, FakeCoordinator
+from tests.helpers import wait_until
 
 TOKEN = "slave-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}

@@ -4,10 +4,8 @@ import pytest
 
 from common.storage import SharedStore
 from services.coordinator.core import Coordinator, CoordinatorLimits
-from tests.service.test_coordinator_routes import (  # noqa: F401 (fixtures)
+from tests.coordinator_app import (
     CONFIG,
-    client,
-    core,
     post,
     submit,
     write_segment,
@@ -22,8 +20,8 @@ def restarted(tmp_path):
 
 def test_an_insert_caught_between_buffer_and_count_is_counted_in_the_cut(
     tmp_path,
-    client,  # noqa: F811
-    core,  # noqa: F811
+    client,
+    core,
     monkeypatch,
 ):
     job_id = submit(client)
@@ -71,8 +69,8 @@ def test_the_snapshot_thread_yields_the_cores_to_requests():
 
 def test_a_job_snapshotted_before_its_first_insert_comes_back(
     tmp_path,
-    client,  # noqa: F811
-    core,  # noqa: F811
+    client,
+    core,
 ):
     job_id = submit(client)
     core.snapshot_jobs()  # an empty buffer: no segments yet
@@ -80,7 +78,7 @@ def test_a_job_snapshotted_before_its_first_insert_comes_back(
     assert again.phase == "running" and again.buffer.size == 0
 
 
-def snapshot_files(core, job_id):  # noqa: F811
+def snapshot_files(core, job_id):
     return sorted(
         n for n in core.store.list_dir(f"{job_id}/coordinator") if n.endswith(".safetensors")
     )
@@ -88,8 +86,8 @@ def snapshot_files(core, job_id):  # noqa: F811
 
 def test_snapshots_write_what_changed_and_a_restart_reads_the_chain_back(
     tmp_path,
-    client,  # noqa: F811
-    core,  # noqa: F811
+    client,
+    core,
     monkeypatch,
 ):
     replay = {"replay_buffer_size": 1000, "min_size_to_sample": 20}
@@ -130,8 +128,8 @@ def test_snapshots_write_what_changed_and_a_restart_reads_the_chain_back(
 
 def test_a_failed_delta_makes_the_next_snapshot_a_whole_cut(
     tmp_path,
-    client,  # noqa: F811
-    core,  # noqa: F811
+    client,
+    core,
     monkeypatch,
 ):
     job_id = submit(client)

@@ -7,10 +7,8 @@ from common.config import ConfigError, resolve_job_config
 from common.messages import CollectSpec
 from services.coordinator.workflows import WORKFLOWS, check_workflow
 from services.coordinator.workflows.training import AsyncTraining
-from tests.service.test_coordinator_routes import (  # noqa: F401 (fixtures)
+from tests.coordinator_app import (
     CONFIG,
-    client,
-    core,
     post,
     register,
     submit,
@@ -69,7 +67,7 @@ class CollectOnly(AsyncTraining):
         ]
 
 
-def test_a_workflow_added_to_the_registry_runs_with_no_other_change(client, core, monkeypatch):  # noqa: F811
+def test_a_workflow_added_to_the_registry_runs_with_no_other_change(client, core, monkeypatch):
     monkeypatch.setitem(WORKFLOWS, "collect_only", CollectOnly())
     job_id = submit(client, {**CONFIG, "system": {"workflow": "collect_only"}})
     register(client, "collector", "http://127.0.0.1:8101")

@@ -9,6 +9,7 @@ from common.messages import SegmentRef
 from services.buffer.core import BufferClosed, RateLimited, ReplayBuffer, SampleTimeout
 from services.buffer.limiter import RateLimiter
 from tests.fakes import DeletedFiles
+from tests.helpers import wait_until
 
 
 class FakeClock:
@@ -102,7 +103,7 @@ def test_sample_long_poll_is_released_by_an_insert():
     got = []
     t = threading.Thread(target=lambda: got.append(buf.sample(4, 1, timeout_s=5)))
     t.start()
-    time.sleep(0.05)
+    wait_until(lambda: buf.stats().waiting_samplers, 5, "the sample to wait")
     buf.insert([ref(1)])
     t.join(5)
     assert len(got) == 1 and len(got[0][0].keys) == 4
@@ -118,7 +119,7 @@ def test_rate_limiter_blocks_inserts_until_samples_catch_up():
     released = []
     t = threading.Thread(target=lambda: released.append(buf.insert([ref(2)], timeout_s=5)))
     t.start()
-    time.sleep(0.05)
+    wait_until(lambda: buf.stats().waiting_inserters, 5, "the insert to wait")
     assert released == []
     buf.sample(10, 1, timeout_s=0)  # diff falls to 0: the waiting insert proceeds
     t.join(5)
@@ -147,7 +148,7 @@ def test_close_wakes_waiters_and_refuses_more():
 
     t = threading.Thread(target=waiter)
     t.start()
-    time.sleep(0.05)
+    wait_until(lambda: buf.stats().waiting_samplers, 5, "the sample to wait")
     buf.close()
     t.join(5)
     assert len(errors) == 1
@@ -172,10 +173,7 @@ def test_a_file_indexed_while_its_insert_waits_counts_once():
     waiting = []
     t = threading.Thread(target=lambda: waiting.append(buf.insert([ref(2)], timeout_s=5)))
     t.start()
-    deadline = time.monotonic() + 5
-    while buf.stats().waiting_inserters == 0:
-        assert time.monotonic() < deadline, "the insert never waited"
-        time.sleep(0.01)
+    wait_until(lambda: buf.stats().waiting_inserters, 5, "the insert to wait")
     swept = buf.insert([ref(2)], force=True)  # the sweep finds the file on disk
     assert swept.accepted == 1
     buf.sample(30, 1, timeout_s=0)  # lets the waiting insert go on

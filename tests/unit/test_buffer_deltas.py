@@ -7,7 +7,7 @@ import threading
 import numpy as np
 import pytest
 
-from tests.unit.test_buffer_snapshot import (
+from tests.buffers import (
     PER,
     assert_columns_equal,
     assert_same_tree,

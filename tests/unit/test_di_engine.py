@@ -1,14 +1,13 @@
 """DI-engine configs (main_config + create_config) run the algorithm and env they
 name, with DI-engine's knobs moved to drover's keys, or are refused naming the key."""
 
-import textwrap
-
 import pytest
 
 from common.config import ConfigError, load_config, resolve_job_config
 from common.di_engine import from_di_engine
 from drover.cli import main as drover
 from services.coordinator.workflows import check_workflow
+from tests.helpers import DI_ENGINE_FILE
 
 
 def create(policy, env):
@@ -117,34 +116,6 @@ def test_an_explicit_env_id_wins_and_old_gym_ids_are_renamed():
     assert raw["env"]["env_id"] == "CartPole-v1"
     raw, notes = from_di_engine({"env": {"env_id": "LunarLander-v2"}}, create("dqn", "lunarlander"))
     assert raw["env"]["env_id"] == "LunarLander-v3" and notes
-
-
-DI_ENGINE_FILE = textwrap.dedent(
-    """
-    from easydict import EasyDict
-
-    cartpole_ppo_config = dict(
-        exp_name='cartpole_ppo_seed0',
-        env=dict(collector_env_num=8, evaluator_env_num=5, n_evaluator_episode=5, stop_value=195),
-        policy=dict(
-            cuda=False,
-            model=dict(obs_shape=4, action_shape=2, encoder_hidden_size_list=[64, 64]),
-            learn=dict(epoch_per_collect=2, batch_size=64, learning_rate=0.001),
-            collect=dict(n_sample=256, discount_factor=0.9, gae_lambda=0.95),
-            eval=dict(evaluator=dict(eval_freq=100)),
-        ),
-    )
-    main_config = EasyDict(cartpole_ppo_config)
-    create_config = EasyDict(dict(
-        env=dict(type='cartpole', import_names=['dizoo.classic_control.cartpole.envs']),
-        env_manager=dict(type='base'),
-        policy=dict(type='ppo'),
-    ))
-
-    if __name__ == "__main__":
-        raise SystemExit("only DI-engine's entry runs this")
-    """
-)
 
 
 def test_a_di_engine_file_is_read_with_its_create_config(tmp_path):

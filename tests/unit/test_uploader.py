@@ -10,6 +10,7 @@ from common.errors import ApiError
 from common.messages import InsertReply, SegmentRef
 from services.collector.core import SegmentUploader, UploadFailed, _Pending
 from tests.fakes import CollectTaskContext
+from tests.helpers import wait_until
 
 
 class FullDisk:
@@ -87,9 +88,7 @@ def test_segments_queued_during_an_insert_go_in_the_next_one():
     ctx = CollectTaskContext(coordinator)
     uploader = SegmentUploader(ctx, Store(), insert_timeout_s=0.0, max_pending=2)
     uploader.put(pending(0))
-    deadline = time.monotonic() + 5
-    while not coordinator.inserts and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(lambda: coordinator.inserts, 5, "the first insert")
     for seq in (1, 2):  # queued while the first insert is out
         uploader.put(pending(seq))
     coordinator.release.set()
