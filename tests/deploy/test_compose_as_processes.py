@@ -13,9 +13,10 @@ from pathlib import Path
 import yaml
 
 from drover.local import free_port
-from tests.deploy.test_k8s_as_processes import stop_all, wait_for_success
+from tests.helpers import stop_all, wait_for_success
 
 ROOT = Path(__file__).resolve().parents[2]
+JOB_DEADLINE_S = 240
 
 
 def interpolate(value: str) -> str:
@@ -60,6 +61,6 @@ def test_the_compose_file_trains_the_job_when_run_as_processes(tmp_path):
                 else:
                     processes.append(process)
         assert submit is not None, "no submit service"
-        wait_for_success(submit, "the submit service", tmp_path)
+        wait_for_success(submit, "the submit service", tmp_path, JOB_DEADLINE_S)
     finally:
         stop_all(processes, submit)

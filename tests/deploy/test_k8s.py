@@ -5,7 +5,6 @@ consistent with each other and with what the services read."""
 
 import re
 import shutil
-import subprocess
 from pathlib import Path
 
 import kubernetes_validate
@@ -15,6 +14,7 @@ from yamllint import config as yamllint_config
 from yamllint import linter
 
 from services.coordinator.state import CoordinatorLimits
+from tests.helpers import render
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "deploy" / "k8s"
@@ -26,17 +26,6 @@ OPERATOR_SECRETS = {"drover-token": {"token", "registration", "metrics"}}
 POD_KINDS = {"Deployment", "Job"}
 
 pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
-
-
-def render(overlay: str) -> list[dict]:
-    out = subprocess.run(
-        ["kubectl", "kustomize", str(K8S / "overlays" / overlay)],
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=60,
-    ).stdout
-    return [doc for doc in yaml.safe_load_all(out) if doc]
 
 
 @pytest.fixture(scope="module", params=OVERLAYS)

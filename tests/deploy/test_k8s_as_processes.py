@@ -9,15 +9,13 @@ the syntax. Traffic stays on 127.0.0.1; every wait has a deadline."""
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
 from drover.local import free_port
-from tests.deploy.test_k8s import render
+from tests.helpers import render, stop_all, wait_for_success
 
 pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
 JOB_DEADLINE_S = 240
@@ -114,34 +112,7 @@ def test_the_cpu_overlay_trains_the_job_when_run_as_processes(tmp_path):
                 else:
                     processes.append(process)
         assert submit is not None, "no submit Job in the manifests"
-        wait_for_success(submit, "the submit Job", tmp_path)
+        wait_for_success(submit, "the submit Job", tmp_path, JOB_DEADLINE_S)
         assert "succeeded" in submit_log.read_text()
     finally:
         stop_all(processes, submit)
-
-
-def wait_for_success(process, what, log_dir):
-    """Wait (with a deadline) for the one-shot process; it must exit 0. Otherwise the
-    failure shows the end of every log in `log_dir`."""
-    try:
-        code = process.wait(timeout=JOB_DEADLINE_S)
-    except subprocess.TimeoutExpired:
-        code = None
-    logs = "\n".join(f"--- {p.name}\n{p.read_text()[-2000:]}" for p in log_dir.glob("*.log"))
-    assert code == 0, f"{what} ended with {code}:\n{logs}"
-
-
-def stop_all(services, submit):
-    """SIGTERM each service's process group, SIGKILL what is left after 20 s, and kill
-    the one-shot process if it still runs."""
-    for process in services:
-        if process.poll() is None:
-            os.killpg(process.pid, signal.SIGTERM)
-    deadline = time.monotonic() + 20
-    for process in services:
-        try:
-            process.wait(max(0.1, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-    if submit is not None and submit.poll() is None:
-        submit.kill()

@@ -18,9 +18,11 @@ import pytest
 import requests
 from safetensors.numpy import load as safetensors_load
 
-from common.config import deep_merge, load_config_file
+from common.config import deep_merge
 from common.storage import SharedStore
 from drover.local import LocalCluster
+from jobconfig import load_config_file
+from tests.helpers import assert_alive, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 # The example job, long enough to outlast the catalogue.
@@ -40,10 +42,7 @@ def running(tmp_path_factory):
     ) as cluster:
         cluster.wait_for_workers()
         job_id = cluster.client.submit_job(CONFIG).job_id
-        deadline = time.monotonic() + 60
-        while cluster.client.job(job_id).train_iters < 50:
-            assert time.monotonic() < deadline, "the job did not start training"
-            time.sleep(0.2)
+        wait_until(lambda: cluster.client.job(job_id).train_iters >= 50, 60, "training")
         yield cluster, job_id
 
 
@@ -221,10 +220,8 @@ def test_bad_requests_get_their_answers_and_the_job_loses_nothing(running):
         assert body["error"] == code and body["message"], (what, body)
 
     # Nothing was lost: the job runs on and keeps collecting.
-    time.sleep(1.0)
-    status = cluster.client.job(job_id)
-    assert status.phase == "running"
-    assert status.env_steps > steps_before
+    wait_until(lambda: cluster.client.job(job_id).env_steps > steps_before, 30, "more env steps")
+    assert cluster.client.job(job_id).phase == "running"
     assert cluster.client.buffer_stats(job_id)["inserts"] >= before
     assert not cluster.dead_services()
 
@@ -299,10 +296,7 @@ def test_a_worker_credential_never_leads_to_the_cluster_token(running):
             resp = send(cluster, method, path, token=credential, json=body)
             assert resp.status_code == 403, (method, path, resp.text[:200])
         # The scheduler calls the URL with the secret the worker gave, never the token.
-        deadline = time.monotonic() + 20
-        while not Recorder.seen:
-            assert time.monotonic() < deadline, "the scheduler never called the worker"
-            time.sleep(0.1)
+        wait_until(lambda: Recorder.seen, 20, "the scheduler to call the worker")
         assert set(Recorder.seen) == {f"Bearer {own_secret}"}
         # Advertised URLs are checked before anything is sent to them.
         for bad in ("http://169.254.169.254", "file:///etc/passwd", "http://u:p@127.0.0.1:1"):
@@ -409,20 +403,20 @@ def test_poisoned_segments_are_skipped_and_listed_never_trained_on(running):
         f.truncate(1 << 40)
     paths.update(fifo=fifo, sparse=sparse)
 
-    deadline = time.monotonic() + 90
-    while not set(paths.values()) <= set(cluster.client.metrics(job_id)["unusable_segments"]):
+    def unlisted():
         listed = set(cluster.client.metrics(job_id)["unusable_segments"])
-        missing = [w for w, p in paths.items() if p not in listed]
-        assert time.monotonic() < deadline, f"never reported unusable: {missing}"
-        time.sleep(0.5)
+        return [what for what, path in paths.items() if path not in listed]
+
+    wait_until(
+        lambda: not unlisted(),
+        90,
+        lambda: f"each to be reported unusable; never were: {unlisted()}",
+    )
     status = cluster.client.job(job_id)
     assert status.phase == "running", status.reason
     # Training went on, and what it publishes is finite.
     before = status.train_iters
-    deadline = time.monotonic() + 30
-    while cluster.client.job(job_id).train_iters <= before:
-        assert time.monotonic() < deadline, "the learner stopped training"
-        time.sleep(0.2)
+    wait_until(lambda: cluster.client.job(job_id).train_iters > before, 30, "more training")
     weights = safetensors_load(cluster.client.policy_bytes(job_id))
     assert all(np.isfinite(w).all() for w in weights.values())
 
@@ -507,10 +501,11 @@ def test_special_files_in_segment_folders_never_stop_the_orphan_sweep(running, t
     old = time.time() - 3600
     for path in (fifo, garbage):
         os.utime(store.resolve(path), (old, old))
-    deadline = time.monotonic() + 40  # sweeps run every 10 s
-    while store.exists(garbage) or store.exists(fifo):
-        assert time.monotonic() < deadline, "the sweep stopped at a special file"
-        time.sleep(0.5)
+    wait_until(  # sweeps run every 10 s
+        lambda: not (store.exists(garbage) or store.exists(fifo)),
+        40,
+        "the sweep to delete the FIFO and the orphan after the special files",
+    )
     assert target.read_bytes()  # what a link leads to is never touched
     assert cluster.client.job(job_id).phase == "running"
 
@@ -658,20 +653,36 @@ def test_workers_that_never_answer_do_not_hold_up_assignments(running):
             }
             resp = send(cluster, "POST", "/api/v1/workers", token=cluster.token, json=reg)
             ids.add(resp.json()["worker_id"])
-        deadline = time.monotonic() + 90
-        while ids & {w.worker_id for w in cluster.client.workers()}:
-            assert time.monotonic() < deadline, "workers that never answer were kept"
-            time.sleep(0.5)
-        # Meanwhile the live job went on evaluating.
-        assert len(cluster.client.metrics(job_id)["evals"]) > evals_before
+        wait_until(
+            lambda: not ids & {w.worker_id for w in cluster.client.workers()},
+            90,
+            "the workers that never answer to be dropped",
+        )
+        # The live job goes on evaluating.
+        wait_until(
+            lambda: len(cluster.client.metrics(job_id)["evals"]) > evals_before,
+            60,
+            "another evaluation",
+        )
     finally:
         for hole in holes:
             hole.close()
 
 
 def test_the_job_trained_and_evaluated_throughout(running):
+    """Whatever ran before it (or nothing: it passes alone), the job trains on and is
+    evaluated, and no service died."""
     cluster, job_id = running
-    status = cluster.client.job(job_id)
-    assert status.phase == "running" and status.train_iters > 500
-    assert len(cluster.client.metrics(job_id)["evals"]) >= 2
-    assert not cluster.dead_services()
+    wait_until(
+        lambda: (
+            cluster.client.job(job_id).train_iters > 500
+            and len(cluster.client.metrics(job_id)["evals"]) >= 2
+        ),
+        120,
+        lambda: (
+            f"500 train iterations and 2 evaluations; at {cluster.client.job(job_id)}, "
+            f"{len(cluster.client.metrics(job_id)['evals'])} evaluations"
+        ),
+    )
+    assert cluster.client.job(job_id).phase == "running"
+    assert_alive(cluster)

@@ -4,32 +4,14 @@ import os
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
-from common.config import load_config_file
 from common.errors import ApiError
 from drover.local import LocalCluster
+from jobconfig import load_config_file
 from services.slave.client import SlaveClient
-
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "cartpole_dqn.yaml"
-DEADLINE_S = 180
-
-
-def wait_for_phase(cluster, job_id, deadline_s):
-    deadline = time.monotonic() + deadline_s
-    while True:
-        status = cluster.client.job(job_id)
-        if status.phase not in ("pending", "running"):
-            return status
-        dead = cluster.dead_services()
-        assert not dead, f"{dead[0].name} died:\n{dead[0].log_tail()}"
-        assert time.monotonic() < deadline, (
-            f"job still {status.phase} after {deadline_s}s: {status}"
-        )
-        time.sleep(0.25)
+from tests.helpers import DEADLINE_S, EXAMPLE, ROOT, wait_for_end
 
 
 def drover(*args, timeout_s=DEADLINE_S):
@@ -47,7 +29,7 @@ def test_dqn_cartpole_reaches_195_through_the_services(tmp_path):
     config = load_config_file(EXAMPLE)
     with LocalCluster(tmp_path / "run", num_collectors=2) as cluster:
         created = cluster.client.submit_job(config, name="it")
-        status = wait_for_phase(cluster, created.job_id, DEADLINE_S)
+        status = wait_for_end(cluster, created.job_id, DEADLINE_S)
         assert status.phase == "succeeded", status
         assert status.last_eval is not None and status.last_eval.return_mean >= 195
         assert status.last_eval.episodes == 10

@@ -1,11 +1,9 @@
 """A DI-engine PPO config file, as DI-engine's users write them, trains PPO through
 the services on DI-engine's CartPole (v0, goal 195)."""
 
-import time
-
-from common.config import load_config
 from drover.local import LocalCluster
-from tests.unit.test_di_engine import DI_ENGINE_FILE
+from jobconfig import load_config
+from tests.helpers import DI_ENGINE_FILE, wait_for_end
 
 
 def test_a_di_engine_ppo_file_trains_ppo_to_its_goal(tmp_path):
@@ -14,11 +12,7 @@ def test_a_di_engine_ppo_file_trains_ppo_to_its_goal(tmp_path):
     raw, _ = load_config(path)
     with LocalCluster(tmp_path / "run", num_collectors=2) as cluster:
         job_id = cluster.client.submit_job(raw).job_id
-        deadline = time.monotonic() + 240
-        while (status := cluster.client.job(job_id)).phase == "running":
-            assert not cluster.dead_services(), cluster.dead_services()[0].log_tail()
-            assert time.monotonic() < deadline, status
-            time.sleep(0.25)
+        status = wait_for_end(cluster, job_id, 240)
     assert (status.algo, status.env_id) == ("ppo", "CartPole-v0")
     assert status.phase == "succeeded", status
     assert status.last_eval.return_mean >= 195

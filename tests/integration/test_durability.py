@@ -6,7 +6,8 @@ import signal
 import time
 
 from common.storage import SharedStore
-from tests.integration.test_failures import CONFIG, cluster_for, finish, wait_for
+from tests.helpers import FAULT_TOLERANT_JOB as CONFIG
+from tests.helpers import fast_lease_cluster, finish, wait_for_end, wait_until
 
 
 def kill_and_restart_coordinator(cluster):
@@ -17,7 +18,7 @@ def kill_and_restart_coordinator(cluster):
 
 
 def test_a_job_answered_201_survives_a_kill_right_after(tmp_path):
-    with cluster_for(tmp_path) as cluster:
+    with fast_lease_cluster(tmp_path) as cluster:
         cluster.wait_for_workers()
         job_id = cluster.client.submit_job(CONFIG).job_id
         # Before any periodic snapshot could run.
@@ -28,13 +29,11 @@ def test_a_job_answered_201_survives_a_kill_right_after(tmp_path):
 
 
 def test_a_finished_job_stays_finished_after_a_kill_right_after_its_end(tmp_path):
-    with cluster_for(tmp_path) as cluster:
+    with fast_lease_cluster(tmp_path) as cluster:
         cluster.wait_for_workers()
         job_id = cluster.client.submit_job(CONFIG).job_id
-        deadline = time.monotonic() + 180
-        while (status := cluster.client.job(job_id)).phase == "running":
-            assert time.monotonic() < deadline, "the job did not end"
-            time.sleep(0.02)
+        # Polled often: the kill comes right after the end.
+        status = wait_for_end(cluster, job_id, 180, max_interval_s=0.02)
         assert status.phase == "succeeded", status
         summary = cluster.shared_dir / job_id / "summary.json"
         written = summary.read_bytes()
@@ -49,4 +48,6 @@ def test_a_finished_job_stays_finished_after_a_kill_right_after_its_end(tmp_path
         assert cluster.client.job(job_id).phase == "succeeded"
         assert summary.read_bytes() == written
         store = SharedStore(cluster.shared_dir)
-        wait_for(lambda: not store.list_dir(f"{job_id}/segments"), 30, "the segments to be removed")
+        wait_until(
+            lambda: not store.list_dir(f"{job_id}/segments"), 30, "the segments to be removed"
+        )

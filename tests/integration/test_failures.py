@@ -1,58 +1,23 @@
 """Failures injected into real processes on 127.0.0.1: the job survives each one.
 
 Every assertion reads public status (the REST API, the shared folder a user sees);
-each wait has a deadline. Leases are short here (3 s) so the tests stay quick.
+each wait has a deadline. Leases are short here (3 s) so the tests stay quick
+(tests.helpers.FAST_LEASES).
 """
 
 import os
 import signal
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from common.config import deep_merge, load_config_file
+from common.config import deep_merge
 from common.errors import ApiError
 from common.messages import SegmentRef
 from common.storage import SharedStore
-from drover.local import LocalCluster
-
-ROOT = Path(__file__).resolve().parents[2]
-# The example job, evaluated less often so it outlasts the faults injected into it.
-CONFIG = deep_merge(
-    load_config_file(ROOT / "examples" / "cartpole_dqn.yaml"),
-    {
-        "policy": {
-            "learn": {"checkpoint_every_iters": 100},
-            "eval": {"evaluator": {"eval_freq": 3000}},
-        }
-    },
-)
-FAST_LEASES = {
-    "DROVER_HEARTBEAT_INTERVAL_S": "0.5",
-    "DROVER_LEASE_TIMEOUT_S": "3",
-    "DROVER_SCHEDULER_PERIOD_S": "0.2",
-    "DROVER_SNAPSHOT_PERIOD_S": "1",
-    "DROVER_ORPHAN_GRACE_S": "2",
-}
-JOB_DEADLINE_S = 180
-
-
-def wait_for(predicate, deadline_s, what):
-    deadline = time.monotonic() + deadline_s
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            what = what() if callable(what) else what  # a callable says what it saw
-            raise AssertionError(f"timed out after {deadline_s}s waiting for {what}")
-        time.sleep(0.1)
-
-
-def cluster_for(tmp_path, collectors=2):
-    return LocalCluster(tmp_path / "run", num_collectors=collectors, extra_env=FAST_LEASES)
+from tests.helpers import FAULT_TOLERANT_JOB as CONFIG
+from tests.helpers import fast_lease_cluster, finish, wait_until
 
 
 def tasks_by_role(cluster):
@@ -63,31 +28,20 @@ def tasks_by_role(cluster):
     return out
 
 
-def finish(cluster, job_id):
-    def ended():
-        cluster.supervise()
-        status = cluster.client.job(job_id)
-        return status if status.phase not in ("pending", "running") else None
-
-    status = wait_for(ended, JOB_DEADLINE_S, "the job to end")
-    assert status.phase == "succeeded", status
-    return status
-
-
 def test_collector_killed_then_replaced(tmp_path):
-    with cluster_for(tmp_path) as cluster:
+    with fast_lease_cluster(tmp_path) as cluster:
         job_id = cluster.client.submit_job(CONFIG).job_id
-        wait_for(lambda: cluster.client.job(job_id).env_steps > 500, 60, "collection")
+        wait_until(lambda: cluster.client.job(job_id).env_steps > 500, 60, "collection")
         victim = cluster.collectors[0]
         os.kill(victim.process.pid, signal.SIGKILL)
         killed_at = time.monotonic()
         victim.wait(5)
         # the other collector goes on alone
         before = cluster.client.job(job_id).env_steps
-        wait_for(lambda: cluster.client.job(job_id).env_steps > before + 500, 60, "more data")
+        wait_until(lambda: cluster.client.job(job_id).env_steps > before + 500, 60, "more data")
         # a replacement registers and is given a collect task
         cluster.supervise()
-        wait_for(
+        wait_until(
             lambda: sum(
                 "collect" in k
                 for _, url, k in tasks_by_role(cluster)["collector"]
@@ -105,17 +59,17 @@ def test_collector_killed_then_replaced(tmp_path):
 
 def test_stopped_collector_loses_its_lease_and_its_late_messages_are_refused(tmp_path):
     config = deep_merge(CONFIG, {"system": {"collector_num": 2}})
-    with cluster_for(tmp_path, collectors=3) as cluster:
+    with fast_lease_cluster(tmp_path, collectors=3) as cluster:
         job_id = cluster.client.submit_job(config).job_id
         busy = lambda: [w for w in tasks_by_role(cluster).get("collector", []) if w[2]]  # noqa: E731
-        wait_for(lambda: len(busy()) == 2, 60, "two busy collectors")
+        wait_until(lambda: len(busy()) == 2, 60, "two busy collectors")
         worker_id, url, _ = busy()[0]
         old_task = next(w for w in cluster.client.workers() if w.worker_id == worker_id).task_ids[0]
         victim = next(s for s in cluster.collectors if s.url == url)
         os.kill(victim.process.pid, signal.SIGSTOP)
         stopped_at = time.monotonic()
         # the idle collector takes over within the lease plus a scheduling period
-        wait_for(
+        wait_until(
             lambda: (
                 worker_id not in {w.worker_id for w in cluster.client.workers()}
                 and len(busy()) == 2
@@ -136,7 +90,7 @@ def test_stopped_collector_loses_its_lease_and_its_late_messages_are_refused(tmp
         assert cluster.client.job(job_id).env_steps >= env_steps
         os.kill(victim.process.pid, signal.SIGCONT)
         # it is told to register again and does; its old task is not given back
-        wait_for(
+        wait_until(
             lambda: any(
                 w.url == url and w.worker_id != worker_id for w in cluster.client.workers()
             ),
@@ -147,9 +101,9 @@ def test_stopped_collector_loses_its_lease_and_its_late_messages_are_refused(tmp
 
 
 def test_learner_killed_resumes_from_checkpoint(tmp_path):
-    with cluster_for(tmp_path) as cluster:
+    with fast_lease_cluster(tmp_path) as cluster:
         job_id = cluster.client.submit_job(CONFIG).job_id
-        wait_for(lambda: cluster.client.job(job_id).policy_version >= 5, 60, "a few versions")
+        wait_until(lambda: cluster.client.job(job_id).policy_version >= 5, 60, "a few versions")
         learner = cluster.learners[0]
         old_id = next(w.worker_id for w in cluster.client.workers() if w.role == "learner")
         before = cluster.client.job(job_id)
@@ -170,13 +124,13 @@ def test_learner_killed_resumes_from_checkpoint(tmp_path):
                         return progress
             return None
 
-        progress = wait_for(resumed, 60, "the restarted learner's progress")
+        progress = wait_until(resumed, 60, "the restarted learner's progress")
         print(f"learner training again {time.monotonic() - killed_at:.1f}s after the kill")
         # it went on from the checkpoint and the newest published version, not from 0
         assert progress["train_iter"] >= before.train_iters - 50
         after = cluster.client.job(job_id)
         assert after.train_iters >= before.train_iters
-        wait_for(
+        wait_until(
             lambda: cluster.client.job(job_id).policy_version > before.policy_version,
             60,
             "a newer version",
@@ -185,9 +139,9 @@ def test_learner_killed_resumes_from_checkpoint(tmp_path):
 
 
 def test_coordinator_killed_and_restarted_resumes_the_job(tmp_path):
-    with cluster_for(tmp_path) as cluster:
+    with fast_lease_cluster(tmp_path) as cluster:
         job_id = cluster.client.submit_job(CONFIG).job_id
-        wait_for(lambda: cluster.client.job(job_id).env_steps > 1000, 60, "collection")
+        wait_until(lambda: cluster.client.job(job_id).env_steps > 1000, 60, "collection")
         time.sleep(1.2)  # at least one snapshot of this state
         before_status = cluster.client.job(job_id)
         before_buffer = cluster.client.buffer_stats(job_id)
@@ -206,7 +160,7 @@ def test_coordinator_killed_and_restarted_resumes_the_job(tmp_path):
         assert status.policy_version >= before_status.policy_version
         lost = max(0, before_buffer["inserts"] - buffer["inserts"])
         # workers register again by themselves and the job moves on
-        wait_for(lambda: cluster.client.job(job_id).env_steps > status.env_steps, 60, "new data")
+        wait_until(lambda: cluster.client.job(job_id).env_steps > status.env_steps, 60, "new data")
         print(
             f"coordinator resumed collecting {time.monotonic() - restarted_at:.1f}s after "
             f"its restart; acknowledged items lost: {lost}"
@@ -216,12 +170,12 @@ def test_coordinator_killed_and_restarted_resumes_the_job(tmp_path):
 
 
 def test_duplicate_insert_counts_once_and_a_new_collector_gets_work(tmp_path):
-    with cluster_for(tmp_path) as cluster:
+    with fast_lease_cluster(tmp_path) as cluster:
         job_id = cluster.client.submit_job(CONFIG).job_id
-        wait_for(lambda: cluster.client.job(job_id).env_steps > 0, 60, "collection")
+        wait_until(lambda: cluster.client.job(job_id).env_steps > 0, 60, "collection")
         # scaling out mid-job: the new collector is given a collect task at once
         added = cluster.add_collector()
-        wait_for(
+        wait_until(
             lambda: any(
                 url == added.url and "collect" in k
                 for _, url, k in tasks_by_role(cluster)["collector"]

@@ -15,9 +15,10 @@ import sys
 import threading
 from pathlib import Path
 
-from common.config import deep_merge, load_config_file
+from common.config import deep_merge
 from drover.local import LocalCluster, free_port
-from tests.integration.test_failures import wait_for
+from jobconfig import load_config_file
+from tests.helpers import wait_for_end, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = {
@@ -75,14 +76,6 @@ class PolicyWatch:
         return self.seen
 
 
-def run_to_end(cluster, job_id, deadline_s):
-    def ended():
-        status = cluster.client.job(job_id)
-        return status if status.phase not in ("pending", "running") else None
-
-    return wait_for(ended, deadline_s, "the job to end")
-
-
 def test_dqn_learns_cartpole_on_a_group_seen_as_one_learner(tmp_path):
     config = load_config_file(ROOT / "examples" / "cartpole_dqn.yaml")
     with group_cluster(tmp_path) as cluster:
@@ -96,13 +89,13 @@ def test_dqn_learns_cartpole_on_a_group_seen_as_one_learner(tmp_path):
             (summary, *_) = cluster.client.job(job_id).learners or [None]
             return summary if summary and len(summary.rank_samples_per_s) == 2 else None
 
-        summary = wait_for(group_training, 60, "the group's per-rank throughput")
+        summary = wait_until(group_training, 60, "the group's per-rank throughput")
         assert summary.world_size == 2 and summary.rank_devices == ["cpu", "cpu"]
         assert all(rate > 0 for rate in summary.rank_samples_per_s)
         workers = {w.role: w for w in cluster.client.workers()}
         progress = next(iter(workers["learner"].progress.values()))
         assert progress["world_size"] == 2 and progress["rank_1_samples_per_s"] > 0
-        status = run_to_end(cluster, job_id, 180)
+        status = wait_for_end(cluster, job_id, 180)
         assert status.phase == "succeeded", status
         assert status.last_eval.return_mean >= 195
 
@@ -111,7 +104,7 @@ def test_ppo_reaches_475_on_a_group(tmp_path):
     config = load_config_file(ROOT / "examples" / "cartpole_ppo.yaml")
     with group_cluster(tmp_path) as cluster:
         job_id = cluster.client.submit_job(config).job_id
-        status = run_to_end(cluster, job_id, 300)
+        status = wait_for_end(cluster, job_id, 300)
         assert status.phase == "succeeded", status
         assert status.last_eval.return_mean >= 475
         buffer = cluster.client.buffer_stats(job_id)
@@ -134,17 +127,17 @@ def test_a_killed_and_a_hung_rank_restart_the_group_and_the_job_succeeds(tmp_pat
         agent = cluster.learners[0].process.pid
         job_id = cluster.client.submit_job(config).job_id
         watch = PolicyWatch(cluster, job_id)
-        wait_for(lambda: cluster.client.job(job_id).train_iters >= 100, 90, "training")
+        wait_until(lambda: cluster.client.job(job_id).train_iters >= 100, 90, "training")
 
         killed = rank_pids(agent)[1]
         os.kill(killed, signal.SIGKILL)
-        restarted = wait_for(
+        restarted = wait_until(
             lambda: (pids := rank_pids(agent)).get(1) not in (None, killed) and pids,
             60,
             "torchrun to restart the group",
         )
         after_kill = cluster.client.job(job_id).train_iters
-        wait_for(
+        wait_until(
             lambda: cluster.client.job(job_id).train_iters >= after_kill + 100,
             90,
             lambda: (
@@ -158,7 +151,7 @@ def test_a_killed_and_a_hung_rank_restart_the_group_and_the_job_succeeds(tmp_pat
         try:
             # Rank 0's next collective times out (8 s), the group exits, and torchrun
             # stops the hung rank (SIGTERM, then SIGKILL after 30 s) and restarts it.
-            wait_for(
+            wait_until(
                 lambda: rank_pids(agent).get(1) not in (None, hung),
                 90,
                 "the hung rank to be replaced",
@@ -166,7 +159,7 @@ def test_a_killed_and_a_hung_rank_restart_the_group_and_the_job_succeeds(tmp_pat
         finally:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(hung, signal.SIGCONT)
-        status = run_to_end(cluster, job_id, 240)
+        status = wait_for_end(cluster, job_id, 240)
         seen = watch.stop()
         assert status.phase == "succeeded", status
         assert cluster.learners[0].alive(), "torchrun gave up on the group"
@@ -198,7 +191,7 @@ def test_two_torchrun_nodes_form_one_group_through_the_c10d_rendezvous(tmp_path)
                     subprocess.Popen(command, env=env, cwd=cluster.run_dir, stdout=log, stderr=log)
                 )
             job_id = cluster.client.submit_job(config).job_id
-            status = run_to_end(cluster, job_id, 180)
+            status = wait_for_end(cluster, job_id, 180)
             assert status.phase == "succeeded", status
             (learner,) = [w for w in cluster.client.workers() if w.role == "learner"]
             assert learner.resources["learner_ranks"] == 2

@@ -6,9 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from common.config import deep_merge, load_config_file
+from common.config import deep_merge
 from drover.local import LocalCluster
-from tests.integration.test_failures import wait_for
+from jobconfig import load_config_file
+from tests.helpers import wait_for_end
 
 ROOT = Path(__file__).resolve().parents[2]
 pytest.importorskip("mujoco")
@@ -30,12 +31,7 @@ def test_sac_runs_a_mujoco_job_through_the_services(tmp_path, env_id):
     )
     with LocalCluster(tmp_path / "run", num_collectors=1) as cluster:
         job_id = cluster.client.submit_job(config).job_id
-
-        def ended():
-            status = cluster.client.job(job_id)
-            return status if status.phase not in ("pending", "running") else None
-
-        status = wait_for(ended, 180, "the job to end")
+        status = wait_for_end(cluster, job_id, 180)
         assert status.phase == "succeeded", status
         assert status.env_steps >= 2500 and status.train_iters > 0
         assert status.last_eval is not None  # an episode of the trained actor, scored

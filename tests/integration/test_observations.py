@@ -2,28 +2,24 @@
 Pong collected, trained and evaluated by IMPALA and DQN), Discrete observations
 (FrozenLake learned by DQN) and Dict observations (a Dict CartPole learned by DQN)."""
 
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from common.config import deep_merge, load_config_file
+from common.config import deep_merge
 from common.frames import POOL
 from common.storage import SharedStore
 from drover.local import LocalCluster
+from jobconfig import load_config_file
+from tests.helpers import wait_for_end
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def run_to_end(cluster, config, timeout_s):
     job_id = cluster.client.submit_job(config).job_id
-    deadline = time.monotonic() + timeout_s
-    while (status := cluster.client.job(job_id)).phase in ("pending", "running"):
-        assert not cluster.dead_services(), cluster.dead_services()[0].log_tail()
-        assert time.monotonic() < deadline, status
-        time.sleep(0.25)
-    return job_id, status
+    return job_id, wait_for_end(cluster, job_id, timeout_s)
 
 
 def test_ppo_learns_minigrid_from_its_image_view(tmp_path):

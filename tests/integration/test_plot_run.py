@@ -2,10 +2,10 @@
 
 from matplotlib.image import imread
 
-from common.config import load_config_file
 from drover.cli import main
 from drover.local import LocalCluster
-from tests.integration.test_cartpole_dqn import DEADLINE_S, EXAMPLE, wait_for_phase
+from jobconfig import load_config_file
+from tests.helpers import DEADLINE_S, EXAMPLE, wait_for_end
 
 
 def test_a_finished_jobs_run_folder_plots(tmp_path, capsys):
@@ -16,7 +16,7 @@ def test_a_finished_jobs_run_folder_plots(tmp_path, capsys):
     config["system"]["max_env_step"] = 3000
     with LocalCluster(tmp_path / "run", num_collectors=2) as cluster:
         created = cluster.client.submit_job(config, name="cartpole_dqn")
-        status = wait_for_phase(cluster, created.job_id, DEADLINE_S)
+        status = wait_for_end(cluster, created.job_id, DEADLINE_S)
         assert status.phase in ("succeeded", "failed") and status.last_eval is not None, status
     assert main(["plot", str(cluster.run_dir)]) == 0
     out = cluster.run_dir / "returns.png"

@@ -1,11 +1,11 @@
 """PPO through the services with the sync workflow: it learns CartPole, and every item
 it trained on was collected by the version being trained."""
 
-import time
 from pathlib import Path
 
-from common.config import load_config_file
 from drover.local import LocalCluster
+from jobconfig import load_config_file
+from tests.helpers import wait_for_end
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -14,11 +14,7 @@ def test_ppo_sync_reaches_475_on_fresh_data_only(tmp_path):
     config = load_config_file(ROOT / "examples" / "cartpole_ppo.yaml")
     with LocalCluster(tmp_path / "run", num_collectors=2) as cluster:
         job_id = cluster.client.submit_job(config).job_id
-        deadline = time.monotonic() + 240
-        while (status := cluster.client.job(job_id)).phase == "running":
-            assert not cluster.dead_services(), cluster.dead_services()[0].log_tail()
-            assert time.monotonic() < deadline, status
-            time.sleep(0.25)
+        status = wait_for_end(cluster, job_id, 240)
         assert status.phase == "succeeded", status
         assert status.last_eval.return_mean >= 475
         buffer = cluster.client.buffer_stats(job_id)

@@ -5,9 +5,9 @@ import time
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from common.config import load_config_file
 from drover.local import LocalCluster
-from tests.integration.test_cartpole_dqn import EXAMPLE, wait_for_phase
+from jobconfig import load_config_file
+from tests.helpers import EXAMPLE, wait_for_end
 
 DEADLINE_S = 50
 
@@ -51,7 +51,7 @@ def test_a_job_writes_coordinator_and_learner_scalars(tmp_path):
     started = time.monotonic()
     with LocalCluster(tmp_path / "run", num_collectors=1) as cluster:
         created = cluster.client.submit_job(config, name="tb")
-        status = wait_for_phase(cluster, created.job_id, DEADLINE_S)
+        status = wait_for_end(cluster, created.job_id, DEADLINE_S)
         assert status.phase == "succeeded", status
     tb = cluster.run_dir / created.job_id / "tb"
     assert sorted(p.name for p in tb.iterdir()) == ["coordinator", "learner"]
