@@ -20,7 +20,11 @@ Usage::
     taken = buffer.cut(at_cut=lambda: my_record())     # one instant; the lock held briefly
     change = buffer.delta()                            # what changed since the last cut
     buffer.restore_snapshot(taken.data, taken.meta, deltas=[(change.data, change.meta)])
-    buffer.save(store, "job-1/coordinator/buffer")     # and buffer.restore(store, ...)
+
+The coordinator persists a buffer through `cut`, `delta` and `restore_snapshot`
+(services/coordinator/persistence.py; the files: services/coordinator/snapshot.py).
+`save` and `restore` write and read one whole state as a file pair; only the tests
+use them.
 """
 
 from __future__ import annotations
@@ -943,13 +947,15 @@ class ReplayBuffer:
         }
 
     def save(self, files: SegmentFiles, prefix: str) -> None:
-        """Write the state as `<prefix>.safetensors` and `<prefix>.json`."""
+        """Write the state as `<prefix>.safetensors` and `<prefix>.json` (a whole state
+        in one pair of files, for tests; the coordinator's snapshots are `cut` and
+        `delta` chains, services/coordinator/snapshot.py)."""
         data, meta = self.snapshot()
         files.write_bytes(f"{prefix}.safetensors", data)
         files.write_bytes(f"{prefix}.json", json.dumps(meta).encode())
 
     def restore(self, files: SegmentFiles, prefix: str) -> None:
-        """Load a state written by `save`."""
+        """Load a state written by `save` (for tests, as `save`)."""
         meta = json.loads(files.read_bytes(f"{prefix}.json"))
         self.restore_snapshot(files.read_bytes(f"{prefix}.safetensors"), meta)
 
