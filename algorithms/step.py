@@ -49,6 +49,9 @@ def finite_step(
     """
     optimizer.zero_grad(set_to_none=True)
     owned = [p for group in optimizer.param_groups for p in group["params"]]
+    # Reading the loss's check on the host waits for the forward pass (on CUDA, the
+    # step's first wait for the device), so a non-finite loss is never backpropagated.
+    # In a learner group, `sync.backward` also waits for its one-number all-reduce.
     finite = sync.backward(loss, owned, bool(torch.isfinite(loss.detach())))
     if not finite:
         optimizer.zero_grad(set_to_none=True)
@@ -57,7 +60,8 @@ def finite_step(
         norm = torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm)
     else:
         norm = torch.nn.utils.get_total_norm([p.grad for p in owned if p.grad is not None])
-    # One read of the norm: on CUDA, the step's only wait for the device.
+    # Reading the norm on the host waits for backward and the clipping (on CUDA, the
+    # step's second wait for the device).
     grad_norm = float(norm)
     if not math.isfinite(grad_norm):
         optimizer.zero_grad(set_to_none=True)
