@@ -1,8 +1,8 @@
 """A DI-engine PPO config file, as DI-engine's users write them, trains PPO through
 the services on DI-engine's CartPole (v0, goal 195)."""
 
+from common.config import load_config
 from drover.local import LocalCluster
-from jobconfig import load_config
 from tests.helpers import DI_ENGINE_FILE, wait_for_end
 
 

@@ -15,9 +15,8 @@ import sys
 import threading
 from pathlib import Path
 
-from common.config import deep_merge
+from common.config import deep_merge, load_config_file
 from drover.local import LocalCluster, free_port
-from jobconfig import load_config_file
 from tests.helpers import wait_for_end, wait_until
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from common.config import deep_merge
+from common.config import deep_merge, load_config_file
 from drover.local import LocalCluster
-from jobconfig import load_config_file
 from tests.helpers import wait_for_end
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,11 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.config import deep_merge
+from common.config import deep_merge, load_config_file
 from common.frames import POOL
 from common.storage import SharedStore
 from drover.local import LocalCluster
-from jobconfig import load_config_file
 from tests.helpers import wait_for_end
 
 ROOT = Path(__file__).resolve().parents[2]

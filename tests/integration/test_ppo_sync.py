@@ -3,8 +3,8 @@ it trained on was collected by the version being trained."""
 
 from pathlib import Path
 
+from common.config import load_config_file
 from drover.local import LocalCluster
-from jobconfig import load_config_file
 from tests.helpers import wait_for_end
 
 ROOT = Path(__file__).resolve().parents[2]
