@@ -5,7 +5,10 @@ The collectors act with whatever version they have and record the behaviour
 policy's log-probabilities; V-trace corrects for the lag between that policy and the
 one being trained, with importance weights clipped at `rho_clip` (for the targets'
 and the policy gradient's TD errors) and `c_clip` (for how far corrections travel
-back). A time-limit truncation is treated as an episode end.
+back). An episode's end stops the corrections; its last step bootstraps 0 when the
+episode terminated, and the learner's value of the final observation when a time
+limit truncated it (the `truncated` and `final_obs` columns), as PPO's GAE does:
+cutting CartPole-v1 at 500 steps is no terminal state.
 
 Usage::
 
@@ -46,7 +49,10 @@ def vtrace(
 ) -> VTrace:
     """V-trace targets and policy-gradient advantages over [B, T] tensors.
 
-    `discounts[t]` is gamma, or 0 where the episode ended after step t.
+    `discounts[t]` is gamma, or 0 where the episode ended after step t. A truncated
+    episode's bootstrap comes in its last step's reward, `r + gamma * V(final_obs)`
+    (`truncation_bootstrap`): with discount 0 there, that step's target is the one
+    V-trace gives an unroll's last step with `final_obs` as its bootstrap state.
     """
     with torch.no_grad():
         rho = (target_logp - behaviour_logp).exp()
@@ -63,6 +69,25 @@ def vtrace(
         next_vs = torch.cat([vs[:, 1:], bootstrap_value.unsqueeze(1)], dim=1)
         pg_advantages = rho_bar * (rewards + discounts * next_vs - values)
     return VTrace(vs=vs, pg_advantages=pg_advantages)
+
+
+#: The columns of time-limit truncations: the flag and the observation each step ended
+#: on. Without them a truncation is trained as a termination.
+TRUNCATION_COLUMNS = ("truncated", "final_obs")
+
+
+def truncation_bootstrap(
+    model: ActorCritic, truncated: torch.Tensor, final_obs: torch.Tensor
+) -> torch.Tensor:
+    """[B, T]: V(final_obs) at the steps a time limit cut an episode, 0 elsewhere.
+
+    Only those observations go through the critic (a few per batch: one per
+    time-limited episode), not the B * T that the column holds."""
+    where = truncated.bool()
+    values = torch.zeros(truncated.shape, device=truncated.device)
+    if where.any():
+        values[where] = model.value(final_obs[where]).to(values.dtype)
+    return values
 
 
 @dataclass(frozen=True)
@@ -85,9 +110,25 @@ class Impala(OneModelState):
         #: Batches whose loss was not finite: no step was taken on them.
         self.skipped_updates = 0
 
-    def learn_batch(self, columns: dict[str, np.ndarray], weights: np.ndarray) -> UpdateInfo:
-        learn = self.config.learn
-        t = {k: torch.as_tensor(columns[k], device=self.device) for k in COLUMNS}
+    def targets(self, columns: dict[str, np.ndarray]) -> VTrace:
+        """The V-trace targets and advantages of a batch of unrolls under the current
+        network: what `learn_batch` trains toward, without training."""
+        with torch.no_grad():
+            t = self._tensors(columns)
+            _, target_logp, values = self._forward(t)
+            return self._targets(t, target_logp, values)
+
+    def _tensors(self, columns: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+        # The truncation columns are optional: segments whose algorithm spec does not
+        # list them yet lack them, and train as before.
+        names = COLUMNS + tuple(k for k in TRUNCATION_COLUMNS if k in columns)
+        return {k: torch.as_tensor(columns[k], device=self.device) for k in names}
+
+    def _forward(
+        self, t: dict[str, torch.Tensor]
+    ) -> tuple[torch.distributions.Distribution, torch.Tensor, torch.Tensor]:
+        """The policy over every step (flat [B * T]), and the log-probabilities of the
+        recorded actions and the values, [B, T]."""
         obs = t["obs"]  # [B, T, obs]
         batch, steps = obs.shape[:2]
         dist, flat_values = self.model.distribution_and_value(
@@ -95,19 +136,39 @@ class Impala(OneModelState):
         )
         action = t["action"].reshape(batch * steps, *t["action"].shape[2:])
         target_logp = self.model.log_prob(dist, action).reshape(batch, steps)
-        values = flat_values.reshape(batch, steps)
-        bootstrap = self.model.value(t["bootstrap_obs"])
-        discounts = self.config.discount_factor * (1.0 - t["done"])
-        targets = vtrace(
+        return dist, target_logp, flat_values.reshape(batch, steps)
+
+    def _targets(
+        self, t: dict[str, torch.Tensor], target_logp: torch.Tensor, values: torch.Tensor
+    ) -> VTrace:
+        """V-trace over the batch, from the learner's log-probabilities and values
+        (detached: targets carry no gradient)."""
+        learn, gamma = self.config.learn, self.config.discount_factor
+        with torch.no_grad():
+            bootstrap = self.model.value(t["bootstrap_obs"])
+            rewards = t["reward"]
+            if all(k in t for k in TRUNCATION_COLUMNS):
+                rewards = rewards + gamma * truncation_bootstrap(
+                    self.model, t["truncated"], t["final_obs"]
+                )
+        # `done` is any end, so the corrections stop at a truncation too: the next
+        # step is another episode's.
+        return vtrace(
             t["logp"],
-            target_logp.detach(),
-            t["reward"],
-            discounts,
-            values.detach(),
-            bootstrap.detach(),
+            target_logp,
+            rewards,
+            gamma * (1.0 - t["done"]),
+            values,
+            bootstrap,
             learn.rho_clip,
             learn.c_clip,
         )
+
+    def learn_batch(self, columns: dict[str, np.ndarray], weights: np.ndarray) -> UpdateInfo:
+        learn = self.config.learn
+        t = self._tensors(columns)
+        dist, target_logp, values = self._forward(t)
+        targets = self._targets(t, target_logp.detach(), values.detach())
         policy_loss = -(target_logp * targets.pg_advantages).mean()
         value_loss = 0.5 * (targets.vs - values).pow(2).mean()
         entropy = self.model.entropy(dist).mean()

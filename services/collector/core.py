@@ -309,6 +309,10 @@ class SegmentUploader:
         log.warning("insert failed (%s); retrying", exc)
 
 
+#: What the unrolls loop records at each step (an unroll's `bootstrap_obs` is once a
+#: row); `done` is any episode end, `truncated` a time limit's only.
+UNROLL_STEP_COLUMNS = ("obs", "action", "reward", "logp", "done", "truncated", "final_obs")
+
 ROUND_COLUMNS = (
     "obs",
     "action",
@@ -435,11 +439,23 @@ class CollectorRunner:
     ) -> dict[str, Any]:
         """The unrolls loop (IMPALA): act with the newest version, and every
         `unroll_len` steps send one unroll per env, with the behaviour
-        log-probabilities V-trace needs."""
+        log-probabilities V-trace needs.
+
+        Each step also records whether a time limit cut the episode there
+        (`truncated`; a termination at the same step wins: it is terminal) and the
+        observation it ended on (`final_obs`, the next step's `obs` where no episode
+        ended): the learner bootstraps a truncation from that observation's value, as
+        PPO's GAE does. `final_obs` is kept at every step because a column has one
+        shape a row; image frames are pooled, so it costs images only their indexes.
+        """
         policy_cfg = config.policy
         policy, follower, stepper, uploader, worker_dir = self._sampling_rig(
             ctx, config, spec, make_stepper
         )
+        # A segment holds the columns the algorithm declares and no others (the
+        # learner checks those it reads): the truncation columns are written once
+        # the algorithm's `writes` lists them.
+        writes = frozenset(algorithm_of(config).writes)
         stepper.reset(seed=spec.seed)
         episodes = EpisodeTracker(spec.num_envs)
         env_steps = seq = 0
@@ -457,9 +473,7 @@ class CollectorRunner:
                     follower.wait_newer(timeout_s=1.0)
                     continue
                 version = policy.version
-                record: dict[str, list] = {
-                    k: [] for k in ("obs", "action", "reward", "logp", "done")
-                }
+                record: dict[str, list] = {k: [] for k in UNROLL_STEP_COLUMNS}
                 for _ in range(policy_cfg.collect.unroll_len):
                     obs, (action, logp), step = stepper.step_with(act)
                     for key, item in (
@@ -468,14 +482,19 @@ class CollectorRunner:
                         ("reward", step.reward),
                         ("logp", logp),
                         ("done", step.ended),
+                        ("truncated", step.truncated & ~step.terminated),
+                        ("final_obs", step.final_obs),
                     ):
                         record[key].append(item)
                     episodes.step(step.reward, step.ended)
                 # [T, envs, ...] -> one unroll per env: [envs, T, ...]
-                columns = {k: np.stack(v, axis=1) for k, v in record.items()}
-                columns["obs"] = as_obs(columns["obs"])
-                for key in ("reward", "logp", "done"):
-                    columns[key] = columns[key].astype(np.float32)
+                columns = {k: np.stack(v, axis=1) for k, v in record.items() if k in writes}
+                for key in ("obs", "final_obs"):
+                    if key in columns:
+                        columns[key] = as_obs(columns[key])
+                for key in ("reward", "logp", "done", "truncated"):
+                    if key in columns:
+                        columns[key] = columns[key].astype(np.float32)
                 action = columns["action"]
                 columns["action"] = action.astype(
                     np.int64 if action.dtype.kind in "iu" else np.float32

@@ -126,9 +126,9 @@ class NonFiniteWeights(RuntimeError):
 
 
 #: Columns of observations: [rows, *obs_shape].
-OBS_COLUMNS = frozenset({"obs", "next_obs", "bootstrap_obs"})
+OBS_COLUMNS = frozenset({"obs", "next_obs", "bootstrap_obs", "final_obs"})
 #: Columns of episode-end flags: bool, or numbers that are 0 or 1.
-FLAG_COLUMNS = frozenset({"done", "terminated", "ended"})
+FLAG_COLUMNS = frozenset({"done", "terminated", "truncated", "ended"})
 #: Columns with one value per item even when an item is an unroll of steps.
 PER_ITEM_COLUMNS = frozenset({"bootstrap_obs"})
 
