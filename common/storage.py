@@ -5,13 +5,14 @@ Layout under the root (ARCHITECTURE §3)::
     <job_id>/job.json
     <job_id>/segments/<worker_id>/<seq>.safetensors
     <job_id>/policies/<version>.safetensors, latest.json, best.json
-    <job_id>/checkpoints/learner-<iter>.pt
+    <job_id>/checkpoints/learner-<iter>.safetensors
     <job_id>/eval/
 
 Every path in a message is relative to the root and goes through `resolve`, which
 refuses absolute paths, `..`, and symlinks that lead outside the root. Every write is
 atomic (temp file in the same folder, fsync, `os.replace`), so a reader sees a whole
-file or none. Arrays are stored with safetensors and records as JSON: no pickle.
+file or none. Arrays are stored with safetensors and records as JSON (a learner
+checkpoint is both: common/checkpoint_file.py): no pickle.
 
 Every read goes through one open that takes regular files only (a FIFO or a device
 put in a file's place would block or never end, and a symbolic link is refused
@@ -60,6 +61,9 @@ MAX_JSON_BYTES = 64 << 20
 #: A safetensors file's JSON header.
 MAX_HEADER_BYTES = 16 << 20
 
+#: A learner checkpoint's file name ends with this (common/checkpoint_file.py).
+CHECKPOINT_SUFFIX = ".safetensors"
+
 #: Bytes per element of the safetensors dtypes a segment may hold.
 _DTYPE_BYTES = {
     "BOOL": 1, "U8": 1, "I8": 1, "F8_E5M2": 1, "F8_E4M3": 1, "I16": 2, "U16": 2, "F16": 2,
@@ -73,6 +77,24 @@ class PathError(ValueError):
 
 class CorruptFileError(ValueError):
     """A file exists but cannot be decoded (truncated, wrong format)."""
+
+
+class WrongAlgorithm(ValueError):
+    """A whole policy or checkpoint file written by another algorithm than the job's:
+    its tensors would not fit the job's networks."""
+
+
+def check_algorithm(rel: str, written_by: str, expected: str) -> None:
+    """Refuse a file whose header names another algorithm than the job's.
+
+    Raises:
+        WrongAlgorithm: naming both algorithms and the file.
+    """
+    if written_by != expected:
+        raise WrongAlgorithm(
+            f"{rel} was written by algorithm '{written_by}', but this job's "
+            f"policy.type is '{expected}'"
+        )
 
 
 @dataclass(frozen=True)
@@ -146,7 +168,8 @@ class SharedStore:
 
     @staticmethod
     def checkpoint_path(job_id: str, train_iter: int) -> str:
-        return f"{check_name(job_id, 'job id')}/checkpoints/learner-{train_iter:010d}.pt"
+        name = f"learner-{train_iter:010d}{CHECKPOINT_SUFFIX}"
+        return f"{check_name(job_id, 'job id')}/checkpoints/{name}"
 
     # --- bytes and JSON -------------------------------------------------------------
 

@@ -11,7 +11,6 @@ slows stepping down: the faster side waits, and no data is dropped.
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import queue
 import threading
@@ -27,6 +26,7 @@ from tenacity import RetryCallState, RetryError, Retrying, retry_if_exception
 
 from algorithms.base import Actor, SamplingActor, TransitionActor
 from common.advantages import gae
+from common.checkpoint_file import read_checkpoint
 from common.config import EnvConfig, JobConfig, PolicyConfig, algorithm_of, read_job_config
 from common.envs import make_env
 from common.errors import ApiError
@@ -650,9 +650,15 @@ class CollectorRunner:
             stepper.close()
         return {"env_steps": env_steps, "segments": uploader.segments_sent}
 
-    def _load_for_evaluation(self, policy: Actor, spec: EvaluateSpec) -> None:
-        """Random actions need nothing; a policy file or a checkpoint is read through
-        safetensors / `torch.load(weights_only=True)`, from inside the shared root."""
+    def _load_for_evaluation(self, policy: Actor, spec: EvaluateSpec, algo: str) -> None:
+        """Random actions need nothing; a policy file or a checkpoint (safetensors
+        both) is read from inside the shared root, a checkpoint refused unless the
+        job's algorithm `algo` wrote it.
+
+        Raises:
+            WrongAlgorithm: another algorithm wrote the file (the task fails with this,
+                so the job ends failed with it).
+        """
         if spec.source == "random":
             return  # an actor with no version loaded acts at random
         if spec.policy_path is None:
@@ -662,9 +668,8 @@ class CollectorRunner:
             policy_file = self.store.read_policy(spec.policy_path, sha256=spec.policy_sha256)
             policy.load(spec.policy_version, policy_file.tensors)
             return
-        data = self.store.read_bytes(spec.policy_path)
-        state = torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-        policy.network.load_state_dict(state["model"]["online"])
+        checkpoint = read_checkpoint(self.store, spec.policy_path, algo=algo)
+        policy.network.load_state_dict(checkpoint.model["online"])
         policy.version, policy.loaded = spec.policy_version, True
 
     def evaluate(self, ctx: TaskContext, config: JobConfig, spec: EvaluateSpec) -> dict[str, Any]:
@@ -674,7 +679,7 @@ class CollectorRunner:
         one), so envs with short episodes cannot crowd out long ones and bias the mean.
         """
         policy = make_actor(config, Actor)
-        self._load_for_evaluation(policy, spec)
+        self._load_for_evaluation(policy, spec, config.policy.type)
         num_envs = min(spec.num_envs, spec.episodes)
         quota = np.full(num_envs, spec.episodes // num_envs)
         quota[: spec.episodes % num_envs] += 1

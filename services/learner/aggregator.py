@@ -143,7 +143,7 @@ def _follow_task(group: RankGroup, store: SharedStore, task: dict[str, Any]) -> 
     learner = new_learner(config, int(task["seed"]), group)
     if task["checkpoint"] is not None:
         store.resolve(task["checkpoint"], under=f"{job_id}/checkpoints")
-        load_checkpoint(store, learner, task["checkpoint"])
+        load_checkpoint(store, learner, task["checkpoint"], config.policy.type)
     if task["policy"] is not None:
         load_policy(store, learner, parse(PolicyRef, task["policy"]))
     group.broadcast_state(learner.state_dict())  # bitwise rank 0's, whatever happened

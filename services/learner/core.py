@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import collections
 import functools
-import io
 import logging
 import math
 import os
@@ -38,6 +37,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from algorithms.base import BatchLearner, Learner, RoundLearner
 from algorithms.registry import ALGORITHMS
 from algorithms.sync import AllReduceSync
+from common.checkpoint_file import Checkpoint, read_checkpoint, write_checkpoint
 from common.config import JobConfig, PolicyConfig, algorithm_of, obs_shape_of, read_job_config
 from common.errors import ApiError
 from common.frames import INDEX_SUFFIX, POOL, is_packed, take
@@ -53,7 +53,7 @@ from common.messages import (
 )
 from common.models import state_to_numpy
 from common.ranks import split_error
-from common.storage import CorruptFileError, SharedStore
+from common.storage import CHECKPOINT_SUFFIX, CorruptFileError, SharedStore
 from common.tensorboard import ScalarLog, job_tb_dir
 from services.learner.group import GroupBroken, RankGroup, share_bounds, share_of
 from services.learner.reads import READS, Read
@@ -677,19 +677,19 @@ class Resumed:
     policy: PolicyRef | None = None
 
 
-def load_checkpoint(store: SharedStore, learner: Learner, path: str) -> int:
-    """Load a checkpoint into `learner`; returns the policy version it was written at.
+def load_checkpoint(store: SharedStore, learner: Learner, path: str, algo: str) -> int:
+    """Load a checkpoint of the job's algorithm `algo` into `learner`; returns the
+    policy version it was written at.
 
     Raises:
-        Exception: it cannot be read, or holds non-finite weights.
+        Exception: it cannot be read, was written by another algorithm, or holds
+            non-finite weights.
     """
-    state = torch.load(
-        io.BytesIO(store.read_bytes(path)), map_location=learner.device, weights_only=True
-    )
-    if not _finite(state["model"]):
+    checkpoint = read_checkpoint(store, path, algo=algo, device=learner.device)
+    if not _finite(checkpoint.model):
         raise NonFiniteWeights("non-finite weights")
-    learner.load_state_dict(state["model"])
-    return int(state["policy_version"])
+    learner.load_state_dict(checkpoint.model)
+    return checkpoint.policy_version
 
 
 def load_policy(store: SharedStore, learner: Learner, ref: PolicyRef) -> None:
@@ -756,7 +756,7 @@ class LearnerRunner:
             if error is not None:  # before any rank builds anything
                 raise ValueError(f"{error[0]}: {error[1]}")
         learner = new_learner(config, spec.seed, group)
-        resumed = self._resume(ctx.task.job_id, learner, ctx)
+        resumed = self._resume(ctx.task.job_id, config.policy.type, learner, ctx)
         if group is not None:
             group.send(
                 {
@@ -785,19 +785,21 @@ class LearnerRunner:
         if self.group is not None:
             self.group.send({"kind": "end"})
 
-    def _resume(self, job_id: str, learner: Learner, ctx: TaskContext) -> Resumed:
+    def _resume(self, job_id: str, algo: str, learner: Learner, ctx: TaskContext) -> Resumed:
         """Continue where the job's last learner stopped.
 
         The newest readable checkpoint gives networks, optimizer and counters. When a
         newer policy was published after it, its weights and train iteration are taken
         too (the target network restarts from them), so little training is repeated.
+        A checkpoint another algorithm than the job's `algo` wrote is passed over.
         """
         version = 0
         checkpoint: str | None = None
         folder = f"{job_id}/checkpoints"
-        for name in reversed(self.store.list_dir(folder)):
+        names = [n for n in self.store.list_dir(folder) if n.endswith(CHECKPOINT_SUFFIX)]
+        for name in reversed(names):
             try:
-                version = load_checkpoint(self.store, learner, f"{folder}/{name}")
+                version = load_checkpoint(self.store, learner, f"{folder}/{name}", algo)
                 checkpoint = f"{folder}/{name}"
                 log.info("resumed from %s at train_iter %d", name, learner.train_iter)
                 break
@@ -1028,13 +1030,13 @@ class _LearnSession:
         state = self.learner.state_dict()
         if not _finite(state):
             raise NonFiniteWeights(f"non-finite weights after train_iter {self.learner.train_iter}")
-        buffer = io.BytesIO()
-        torch.save({"model": state, "policy_version": self.version}, buffer)
+        checkpoint = Checkpoint(
+            model=state, policy_version=self.version, algo=self.config.policy.type
+        )
+        _, size = write_checkpoint(self.store, self.job_id, self.learner.train_iter, checkpoint)
         folder = f"{self.job_id}/checkpoints"
-        path = self.store.checkpoint_path(self.job_id, self.learner.train_iter)
-        self.store.write_bytes(path, buffer.getvalue())
         self.metrics.checkpoints.inc()
-        self.metrics.checkpoint_bytes.inc(buffer.getbuffer().nbytes)
+        self.metrics.checkpoint_bytes.inc(size)
         for old in self.store.list_dir(folder)[:-KEEP_CHECKPOINTS]:
             self.store.delete(f"{folder}/{old}")
 

@@ -57,7 +57,7 @@ def test_dqn_cartpole_reaches_195_through_the_services(tmp_path):
     for service in cluster.services:
         assert service.process.returncode == 0, (service.name, service.log_tail())
     # the learner checkpointed on its way out
-    assert list((job_dir / "checkpoints").glob("learner-*.pt"))
+    assert list((job_dir / "checkpoints").glob("learner-*.safetensors"))
     # step data goes with the job: no segment (or temp) file is left, late writes included
     assert not [p for p in (job_dir / "segments").rglob("*") if p.is_file()]
 

@@ -6,9 +6,9 @@ import io
 import time
 
 import pytest
-import torch
 
 from algorithms.dqn.learner import DQN
+from common.checkpoint_file import Checkpoint, write_checkpoint
 from common.config import resolve_job_config, with_spaces
 from common.models import state_to_numpy
 from common.storage import SharedStore
@@ -34,10 +34,8 @@ def saved_models(store: SharedStore) -> tuple[str, str]:
     config, _ = resolve_job_config({})
     dqn = DQN(with_spaces(config, 4, 2).policy)
     policy_path, _ = store.write_policy("models", 7, 0, "dqn", state_to_numpy(dqn.online))
-    buffer = io.BytesIO()
-    torch.save({"model": dqn.state_dict(), "policy_version": 7}, buffer)
-    checkpoint_path = store.checkpoint_path("models", 0)
-    store.write_bytes(checkpoint_path, buffer.getvalue())
+    checkpoint = Checkpoint(dqn.state_dict(), policy_version=7, algo="dqn")
+    checkpoint_path, _ = write_checkpoint(store, "models", 0, checkpoint)
     return policy_path, checkpoint_path
 
 

@@ -4,7 +4,6 @@ picked up by the config, the collector and the learner."""
 
 from __future__ import annotations
 
-import io
 import threading
 import typing
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from algorithms.base import (
     RoundLearner,
 )
 from algorithms.registry import ALGORITHMS
+from common.checkpoint_file import Checkpoint, decode_checkpoint, encode_checkpoint
 from common.config import (
     ConfigError,
     JobConfig,
@@ -145,10 +145,9 @@ def test_actor_and_learner_fit_each_other_and_train(name, space):
     after = state_to_numpy(learner.online)
     assert any(not np.array_equal(before[k], after[k]) for k in before)
 
-    # Its checkpoint state resumes it exactly, through weights-only loading.
-    buffer = io.BytesIO()
-    torch.save(learner.state_dict(), buffer)
-    state = torch.load(io.BytesIO(buffer.getvalue()), weights_only=True)
+    # Its checkpoint state resumes it exactly, through a checkpoint file.
+    checkpoint = Checkpoint(model=learner.state_dict(), policy_version=3, algo=name)
+    state = decode_checkpoint(encode_checkpoint(checkpoint), "checkpoint").model
     assert "online" in state  # what evaluating a checkpoint reads
     resumed = algo.make_learner(config.policy, "cpu")
     resumed.load_state_dict(state)

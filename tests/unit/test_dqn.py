@@ -4,6 +4,7 @@ import torch
 
 from algorithms.dqn.actor import EpsilonSchedule
 from algorithms.dqn.learner import DQN, TransitionBatch
+from common.checkpoint_file import Checkpoint, decode_checkpoint, encode_checkpoint
 from common.config import resolve_job_config, with_spaces
 from services.collector.step_data import NStepBuilder
 
@@ -76,15 +77,12 @@ def test_hard_and_soft_target_updates():
 
 
 def test_state_dict_round_trip_resumes_exactly(tmp_path):
-    import io
-
     dqn = make_dqn()
     for _ in range(3):
         dqn.update(fixed_batch())
-    buf = io.BytesIO()
-    torch.save(dqn.state_dict(), buf)
+    data = encode_checkpoint(Checkpoint(model=dqn.state_dict(), policy_version=0, algo="dqn"))
     other = make_dqn()
-    other.load_state_dict(torch.load(io.BytesIO(buf.getvalue()), weights_only=True))
+    other.load_state_dict(decode_checkpoint(data, "checkpoint").model)
     assert other.train_iter == 3
     a, b = dqn.update(fixed_batch(seed=1)), other.update(fixed_batch(seed=1))
     assert a.loss == pytest.approx(b.loss)

@@ -2,7 +2,6 @@
 priorities; and a non-finite loss is not stepped on."""
 
 import contextlib
-import io
 import json
 import os
 import time
@@ -16,6 +15,7 @@ from algorithms.dqn.learner import DQN
 from algorithms.ppo.learner import PPO
 from algorithms.sac.learner import SAC
 from algorithms.step import finite_step
+from common.checkpoint_file import Checkpoint, write_checkpoint
 from common.config import resolve_job_config, with_spaces
 from common.errors import ApiError
 from common.messages import (
@@ -110,13 +110,10 @@ def test_a_resumed_learner_skips_a_checkpoint_with_non_finite_weights(tmp_path):
     learn.checkpoint()
     learn.learner.train_iter = 20
     poison(learn.learner.online)
-    state = {"model": learn.learner.state_dict(), "policy_version": 0}
-    path = learn.store.checkpoint_path(JOB, 20)
-    buffer = io.BytesIO()
-    torch.save(state, buffer)
-    learn.store.write_bytes(path, buffer.getvalue())
+    poisoned = Checkpoint(model=learn.learner.state_dict(), policy_version=0, algo="dqn")
+    write_checkpoint(learn.store, JOB, 20, poisoned)
     fresh = DQN(config_of().policy)
-    LearnerRunner(learn.store)._resume(JOB, fresh, learn.ctx)
+    LearnerRunner(learn.store)._resume(JOB, "dqn", fresh, learn.ctx)
     assert fresh.train_iter == 10
     assert all(torch.isfinite(p).all() for p in fresh.online.parameters())
 
