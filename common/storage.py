@@ -347,8 +347,16 @@ class SharedStore:
         self.write_bytes(rel, data)
         return rel, sha256_hex(data)
 
-    def read_policy(self, rel: str, *, sha256: str | None = None) -> PolicyFile:
-        """Read a policy version, checking its digest when one is given."""
+    def read_policy(
+        self, rel: str, *, sha256: str | None = None, algo: str | None = None
+    ) -> PolicyFile:
+        """Read a policy version, checking its digest when one is given, and that the
+        job's algorithm `algo` wrote it when one is given.
+
+        Raises:
+            CorruptFileError: not a whole policy file, or not the announced digest.
+            WrongAlgorithm: written by another algorithm than `algo`.
+        """
         data = self.read_bytes(rel, max_bytes=MAX_POLICY_BYTES)
         if sha256 is not None and sha256_hex(data) != sha256:
             raise CorruptFileError(f"{rel}: sha256 does not match the announced one")
@@ -356,7 +364,7 @@ class SharedStore:
             tensors = st_load(data)
             header_len = int.from_bytes(data[:8], "little")
             meta = json.loads(data[8 : 8 + header_len]).get("__metadata__", {})
-            return PolicyFile(
+            policy = PolicyFile(
                 version=int(meta["version"]),
                 train_iter=int(meta["train_iter"]),
                 algo=str(meta["algo"]),
@@ -364,6 +372,9 @@ class SharedStore:
             )
         except (SafetensorError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptFileError(f"{rel}: not a valid policy file ({exc!r})") from None
+        if algo is not None:
+            check_algorithm(rel, policy.algo, algo)
+        return policy
 
 
 def _read_safetensors_header(f: BinaryIO, rel: str, size: int) -> dict[str, Any]:

@@ -60,7 +60,8 @@ def make_actor(config: JobConfig, protocol: type[A]) -> A:
 
 
 class PolicyFollower:
-    """Keeps an actor at the coordinator's newest version, polling every `poll_s`."""
+    """Keeps an actor at the coordinator's newest version, polling every `poll_s`;
+    takes only versions the job's algorithm `algo` wrote."""
 
     def __init__(
         self,
@@ -69,12 +70,14 @@ class PolicyFollower:
         coordinator: CoordinatorClient,
         job_id: str,
         poll_s: float,
+        algo: str,
     ) -> None:
         self.policy = policy
         self.store = store
         self.coordinator = coordinator
         self.job_id = job_id
         self.poll_s = poll_s
+        self.algo = algo
         self._next_poll_s = 0.0
 
     def refresh(self) -> None:
@@ -108,7 +111,7 @@ class PolicyFollower:
             return
         try:
             self.store.resolve(ref.path, under=f"{self.job_id}/policies")
-            policy_file = self.store.read_policy(ref.path, sha256=ref.sha256)
+            policy_file = self.store.read_policy(ref.path, sha256=ref.sha256, algo=self.algo)
             self.policy.load(ref.version, policy_file.tensors)
         except (OSError, CorruptFileError, ValueError, RuntimeError) as exc:
             # Keep acting with the version we have; the next poll tries again.
@@ -389,7 +392,12 @@ class CollectorRunner:
         policy_cfg = config.policy
         policy = make_actor(config, SamplingActor)
         follower = PolicyFollower(
-            policy, self.store, ctx.coordinator, ctx.task.job_id, policy_cfg.collect.policy_poll_s
+            policy,
+            self.store,
+            ctx.coordinator,
+            ctx.task.job_id,
+            policy_cfg.collect.policy_poll_s,
+            policy_cfg.type,
         )
         torch.manual_seed(spec.seed)
         envs = make_envs(config.env, spec.num_envs)
@@ -587,7 +595,12 @@ class CollectorRunner:
         rng = np.random.default_rng(spec.seed)
         policy = make_actor(config, TransitionActor)
         follower = PolicyFollower(
-            policy, self.store, ctx.coordinator, job_id, policy_cfg.collect.policy_poll_s
+            policy,
+            self.store,
+            ctx.coordinator,
+            job_id,
+            policy_cfg.collect.policy_poll_s,
+            policy_cfg.type,
         )
         builder = NStepBuilder(spec.num_envs, policy_cfg.nstep, policy_cfg.discount_factor)
         uploader = SegmentUploader(
@@ -652,8 +665,8 @@ class CollectorRunner:
 
     def _load_for_evaluation(self, policy: Actor, spec: EvaluateSpec, algo: str) -> None:
         """Random actions need nothing; a policy file or a checkpoint (safetensors
-        both) is read from inside the shared root, a checkpoint refused unless the
-        job's algorithm `algo` wrote it.
+        both) is read from inside the shared root, and refused unless the job's
+        algorithm `algo` wrote it.
 
         Raises:
             WrongAlgorithm: another algorithm wrote the file (the task fails with this,
@@ -665,7 +678,9 @@ class CollectorRunner:
             raise ValueError(f"an evaluation of a {spec.source} needs policy_path")
         if spec.source == "policy":
             # The digest the learner announced: a file swapped since is refused.
-            policy_file = self.store.read_policy(spec.policy_path, sha256=spec.policy_sha256)
+            policy_file = self.store.read_policy(
+                spec.policy_path, sha256=spec.policy_sha256, algo=algo
+            )
             policy.load(spec.policy_version, policy_file.tensors)
             return
         checkpoint = read_checkpoint(self.store, spec.policy_path, algo=algo)

@@ -7,7 +7,7 @@ import logging
 
 from common.errors import ApiError, bad_request, conflict, not_found
 from common.messages import EvaluateSpec, PolicyRef, dump
-from common.storage import CorruptFileError, sha256_hex
+from common.storage import CorruptFileError, WrongAlgorithm, sha256_hex
 from services.coordinator.jobs import JobBook
 from services.coordinator.state import CoordinatorState, Job
 from services.coordinator.tasks import TaskBoard
@@ -119,9 +119,10 @@ class PolicyPointer:
         return path
 
     def recover(self, job: Job) -> None:
-        """Point a restored job at its newest valid policy file, also one written after
-        its snapshot (policy files are immutable and written atomically: a file is a
-        whole version). Disk work: call before the job is published."""
+        """Point a restored job at its newest valid policy file (whole, and written by
+        the job's algorithm), also one written after its snapshot (policy files are
+        immutable and written atomically: a file is a whole version). Disk work: call
+        before the job is published."""
         store = self.state.store
         folder = f"{job.job_id}/policies"
         current = job.policy.version if job.policy else 0
@@ -137,8 +138,8 @@ class PolicyPointer:
             path = store.policy_path(job.job_id, version)
             try:
                 data = store.read_bytes(path)
-                policy = store.read_policy(path)
-            except (OSError, CorruptFileError) as exc:
+                policy = store.read_policy(path, algo=job.config.policy.type)
+            except (OSError, CorruptFileError, WrongAlgorithm) as exc:
                 log.warning("policy file %s unusable: %s", path, exc)
                 continue
             job.policy = PolicyRef(

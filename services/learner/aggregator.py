@@ -145,7 +145,7 @@ def _follow_task(group: RankGroup, store: SharedStore, task: dict[str, Any]) -> 
         store.resolve(task["checkpoint"], under=f"{job_id}/checkpoints")
         load_checkpoint(store, learner, task["checkpoint"], config.policy.type)
     if task["policy"] is not None:
-        load_policy(store, learner, parse(PolicyRef, task["policy"]))
+        load_policy(store, learner, parse(PolicyRef, task["policy"]), config.policy.type)
     group.broadcast_state(learner.state_dict())  # bitwise rank 0's, whatever happened
     schema = SegmentSchema.for_policy(config.policy, algorithm_of(config).reads)
     trainer = Trainer(learner, SegmentCache(store, job_id, schema), group)

@@ -53,7 +53,7 @@ from common.messages import (
 )
 from common.models import state_to_numpy
 from common.ranks import split_error
-from common.storage import CHECKPOINT_SUFFIX, CorruptFileError, SharedStore
+from common.storage import CHECKPOINT_SUFFIX, CorruptFileError, SharedStore, WrongAlgorithm
 from common.tensorboard import ScalarLog, job_tb_dir
 from services.learner.group import GroupBroken, RankGroup, share_bounds, share_of
 from services.learner.reads import READS, Read
@@ -692,13 +692,14 @@ def load_checkpoint(store: SharedStore, learner: Learner, path: str, algo: str) 
     return checkpoint.policy_version
 
 
-def load_policy(store: SharedStore, learner: Learner, ref: PolicyRef) -> None:
+def load_policy(store: SharedStore, learner: Learner, ref: PolicyRef, algo: str) -> None:
     """Take a published version's weights and train iteration.
 
     Raises:
         OSError, CorruptFileError, RuntimeError: it cannot be read or does not fit.
+        WrongAlgorithm: another algorithm than the job's `algo` wrote it.
     """
-    policy = store.read_policy(ref.path, sha256=ref.sha256)
+    policy = store.read_policy(ref.path, sha256=ref.sha256, algo=algo)
     if not _finite(policy.tensors):
         raise CorruptFileError(f"{ref.path}: non-finite weights")
     learner.load_policy(policy.tensors)
@@ -791,7 +792,7 @@ class LearnerRunner:
         The newest readable checkpoint gives networks, optimizer and counters. When a
         newer policy was published after it, its weights and train iteration are taken
         too (the target network restarts from them), so little training is repeated.
-        A checkpoint another algorithm than the job's `algo` wrote is passed over.
+        A file another algorithm than the job's `algo` wrote is passed over.
         """
         version = 0
         checkpoint: str | None = None
@@ -812,12 +813,12 @@ class LearnerRunner:
         taken: PolicyRef | None = None
         if latest is not None and latest.train_iter > learner.train_iter:
             try:
-                load_policy(self.store, learner, latest)
+                load_policy(self.store, learner, latest, algo)
                 taken = latest
                 log.info(
                     "took version %d's weights (train_iter %d)", latest.version, learner.train_iter
                 )
-            except (OSError, CorruptFileError, RuntimeError) as exc:
+            except (OSError, CorruptFileError, WrongAlgorithm, RuntimeError) as exc:
                 log.warning("newest policy %d unusable: %s", latest.version, exc)
         # A version written but never announced (the coordinator restarted) still owns
         # its file name: never write that version again.

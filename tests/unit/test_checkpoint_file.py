@@ -117,7 +117,7 @@ def test_a_damaged_checkpoint_is_refused(tmp_path):
         read_checkpoint(store, path, algo="dqn")
 
 
-def test_a_checkpoint_another_algorithm_wrote_is_refused_naming_both(tmp_path):
+def test_a_checkpoint_or_policy_another_algorithm_wrote_is_refused_naming_both(tmp_path):
     store = SharedStore(tmp_path)
     state = {"online": {"w": torch.ones(4)}, "train_iter": 1}
     path, _ = write_checkpoint(store, JOB, 1, Checkpoint(state, policy_version=1, algo="ppo"))
@@ -126,3 +126,7 @@ def test_a_checkpoint_another_algorithm_wrote_is_refused_naming_both(tmp_path):
     assert str(refused.value) == (
         f"{path} was written by algorithm 'ppo', but this job's policy.type is 'dqn'"
     )
+    policy_path, sha = store.write_policy(JOB, 1, 0, "sac", {"w": torch.ones(4).numpy()})
+    with pytest.raises(WrongAlgorithm, match=f"{policy_path} was written by algorithm 'sac'"):
+        store.read_policy(policy_path, sha256=sha, algo="dqn")
+    assert store.read_policy(policy_path, sha256=sha, algo="sac").algo == "sac"

@@ -21,11 +21,13 @@ from common.errors import ApiError
 from common.messages import (
     MAX_PRIORITY,
     LearnSpec,
+    PolicyRef,
     SampledBatch,
     SampledSegment,
     SampleReply,
     TaskAssignment,
 )
+from common.models import state_to_numpy
 from common.storage import SharedStore
 from services.learner.core import (
     LearnerRunner,
@@ -116,6 +118,23 @@ def test_a_resumed_learner_skips_a_checkpoint_with_non_finite_weights(tmp_path):
     LearnerRunner(learn.store)._resume(JOB, "dqn", fresh, learn.ctx)
     assert fresh.train_iter == 10
     assert all(torch.isfinite(p).all() for p in fresh.online.parameters())
+
+
+def test_a_resumed_learner_passes_over_files_another_algorithm_wrote(tmp_path):
+    learn = session(tmp_path)
+    learn.learner.train_iter = 10
+    learn.checkpoint()
+    # Newer than what the job's DQN wrote, with the same tensors, but labeled PPO.
+    learn.learner.train_iter = 20
+    state = learn.learner.state_dict()
+    write_checkpoint(learn.store, JOB, 20, Checkpoint(model=state, policy_version=0, algo="ppo"))
+    path, sha = learn.store.write_policy(JOB, 1, 30, "ppo", state_to_numpy(learn.learner.online))
+    ref = PolicyRef(version=1, path=path, sha256=sha, train_iter=30)
+    learn.ctx.coordinator.latest_policy = lambda job_id: ref
+    fresh = DQN(config_of().policy)
+    resumed = LearnerRunner(learn.store)._resume(JOB, "dqn", fresh, learn.ctx)
+    assert fresh.train_iter == 10 and resumed.policy is None
+    assert resumed.checkpoint == learn.store.checkpoint_path(JOB, 10)
 
 
 def transitions(n=8, reward=0.0):

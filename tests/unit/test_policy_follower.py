@@ -1,4 +1,5 @@
-"""A collector refuses a corrupted or tampered policy version and keeps the one it has."""
+"""A collector refuses a corrupted or tampered policy version, or one another algorithm
+wrote, and keeps the one it has."""
 
 import numpy as np
 
@@ -29,7 +30,7 @@ def test_corrupted_and_tampered_policies_are_refused(tmp_path):
     path, sha = store.write_policy("job-1", 1, 10, "dqn", good)
     pointer = Pointer()
     policy = QPolicy(policy_config)
-    follower = PolicyFollower(policy, store, pointer, "job-1", poll_s=0.0)
+    follower = PolicyFollower(policy, store, pointer, "job-1", poll_s=0.0, algo="dqn")
 
     pointer.latest = PolicyRef(version=1, path=path, sha256=sha, train_iter=10)
     follower.refresh()
@@ -49,6 +50,10 @@ def test_corrupted_and_tampered_policies_are_refused(tmp_path):
     pointer.latest = PolicyRef(
         version=4, path="job-2/policies/00000004.safetensors", sha256=sha, train_iter=40
     )
+    follower.refresh()
+    # a whole file, as announced, but written by another algorithm (same tensor names)
+    ppo_path, ppo_sha = store.write_policy("job-1", 5, 50, "ppo", good)
+    pointer.latest = PolicyRef(version=5, path=ppo_path, sha256=ppo_sha, train_iter=50)
     follower.refresh()
 
     assert policy.version == 1  # still the last good version
