@@ -11,6 +11,7 @@ Markers (declared in pyproject.toml), by what a test costs:
     chaos      kills or stops service processes while a job runs
     browser    drives chromium through playwright
     torchrun   runs torch.distributed process groups
+    smoke      a short job per workflow through real processes (make test-fast)
     long       runs for many minutes (the soak): only `make test-full`
     engine     needs a real Docker engine: only `make test-engine`
 """

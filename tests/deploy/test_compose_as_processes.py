@@ -10,10 +10,13 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 
 from drover.local import free_port
 from tests.helpers import stop_all, wait_for_success
+
+pytestmark = [pytest.mark.processes, pytest.mark.learning]
 
 ROOT = Path(__file__).resolve().parents[2]
 JOB_DEADLINE_S = 240

@@ -169,6 +169,8 @@ def test_without_an_engine_drover_run_says_so(capsys):
     assert "--backend docker: cannot reach a Docker engine" in capsys.readouterr().err
 
 
+@pytest.mark.processes
+@pytest.mark.learning
 @pytest.mark.skipif(
     not engine_reachable(), reason="no Docker engine on this machine (only the docker client)"
 )

@@ -17,7 +17,11 @@ import pytest
 from drover.local import free_port
 from tests.helpers import render, stop_all, wait_for_success
 
-pytestmark = pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed")
+pytestmark = [
+    pytest.mark.skipif(shutil.which("kubectl") is None, reason="kubectl is not installed"),
+    pytest.mark.processes,
+    pytest.mark.learning,
+]
 JOB_DEADLINE_S = 240
 
 

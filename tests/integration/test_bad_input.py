@@ -23,6 +23,8 @@ from common.storage import SharedStore
 from drover.local import LocalCluster
 from tests.helpers import assert_alive, wait_until
 
+pytestmark = pytest.mark.processes
+
 ROOT = Path(__file__).resolve().parents[2]
 # The example job, long enough to outlast the catalogue.
 CONFIG = deep_merge(

@@ -6,9 +6,12 @@ coordinator process now, both are refused and its RSS stays where it was."""
 import time
 from pathlib import Path
 
+import pytest
 import requests
 
 from drover.local import LocalCluster
+
+pytestmark = pytest.mark.processes
 
 #: Growth allowed for the two requests, in MiB; measured here: under 0.1 (before the
 #: body limits: about 1,000).

@@ -13,6 +13,8 @@ from drover.local import LocalCluster
 from services.slave.client import SlaveClient
 from tests.helpers import DEADLINE_S, EXAMPLE, ROOT, wait_for_end
 
+pytestmark = pytest.mark.processes
+
 
 def drover(*args, timeout_s=DEADLINE_S):
     return subprocess.run(
@@ -25,6 +27,7 @@ def drover(*args, timeout_s=DEADLINE_S):
     )
 
 
+@pytest.mark.learning
 def test_dqn_cartpole_reaches_195_through_the_services(tmp_path):
     config = load_config_file(EXAMPLE)
     with LocalCluster(tmp_path / "run", num_collectors=2) as cluster:
@@ -62,6 +65,7 @@ def test_dqn_cartpole_reaches_195_through_the_services(tmp_path):
     assert not [p for p in (job_dir / "segments").rglob("*") if p.is_file()]
 
 
+@pytest.mark.learning
 def test_drover_run_cli_end_to_end(tmp_path):
     started = time.monotonic()
     proc = drover("run", EXAMPLE, "--runs-dir", tmp_path)

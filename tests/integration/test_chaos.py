@@ -6,6 +6,8 @@ import pytest
 
 from tests.chaos import chaos_round
 
+pytestmark = [pytest.mark.processes, pytest.mark.chaos, pytest.mark.learning]
+
 
 @pytest.mark.timeout(400)
 def test_random_faults_lose_nothing_acknowledged_and_succeed_once(tmp_path):

@@ -8,6 +8,10 @@ import json
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.processes
+
 #: Growth allowed for 1,000 ended jobs (a small record each) and the ended tasks
 #: remembered (10,000), in MiB; measured here: about 12.
 GROWTH_BOUND_MIB = 40

@@ -1,9 +1,13 @@
 """A DI-engine PPO config file, as DI-engine's users write them, trains PPO through
 the services on DI-engine's CartPole (v0, goal 195)."""
 
+import pytest
+
 from common.config import load_config
 from drover.local import LocalCluster
 from tests.helpers import DI_ENGINE_FILE, wait_for_end
+
+pytestmark = [pytest.mark.processes, pytest.mark.learning]
 
 
 def test_a_di_engine_ppo_file_trains_ppo_to_its_goal(tmp_path):

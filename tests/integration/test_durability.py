@@ -5,9 +5,13 @@ import os
 import signal
 import time
 
+import pytest
+
 from common.storage import SharedStore
 from tests.helpers import FAULT_TOLERANT_JOB as CONFIG
 from tests.helpers import fast_lease_cluster, finish, wait_for_end, wait_until
+
+pytestmark = [pytest.mark.processes, pytest.mark.chaos, pytest.mark.learning]
 
 
 def kill_and_restart_coordinator(cluster):

@@ -3,7 +3,6 @@ learner checkpoint, each run for N episodes across two collectors."""
 
 import csv
 import io
-import time
 
 import pytest
 
@@ -13,14 +12,9 @@ from common.config import resolve_job_config, with_spaces
 from common.models import state_to_numpy
 from common.storage import SharedStore
 from drover.local import LocalCluster
+from tests.helpers import wait_for_end
 
-
-def wait_done(cluster, job_id, deadline_s=120):
-    deadline = time.monotonic() + deadline_s
-    while (status := cluster.client.job(job_id)).phase == "running":
-        assert time.monotonic() < deadline, f"evaluation still running: {status}"
-        time.sleep(0.2)
-    return status
+pytestmark = pytest.mark.processes
 
 
 @pytest.fixture(scope="module")
@@ -52,7 +46,7 @@ def test_evaluate_workflow_runs_the_episodes_and_writes_results(cluster, source)
         },
     }
     job_id = cluster.client.submit_job(config).job_id
-    status = wait_done(cluster, job_id)
+    status = wait_for_end(cluster, job_id, 120)
     assert status.phase == "succeeded", status
     assert status.last_eval.episodes == 12
     rows = list(

@@ -19,6 +19,8 @@ from common.storage import SharedStore
 from tests.helpers import FAULT_TOLERANT_JOB as CONFIG
 from tests.helpers import fast_lease_cluster, finish, wait_until
 
+pytestmark = [pytest.mark.processes, pytest.mark.chaos, pytest.mark.learning]
+
 
 def tasks_by_role(cluster):
     out = {}

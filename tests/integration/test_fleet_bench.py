@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from bench.fleet import SEGMENT_ROWS, job_config, parse_args, transitions
 from common.config import algorithm_of, resolve_job_config, to_dict
 from common.envs import fit_to_env
@@ -17,6 +19,8 @@ from common.messages import SegmentRef, dump
 from common.storage import SharedStore
 from services.collector.core import MAX_SEGMENTS_PER_UPLOAD
 from services.learner.core import SegmentSchema
+
+pytestmark = pytest.mark.processes
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -15,9 +15,13 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
 from common.config import deep_merge, load_config_file
 from drover.local import LocalCluster, free_port
 from tests.helpers import wait_for_end, wait_until
+
+pytestmark = [pytest.mark.processes, pytest.mark.torchrun]
 
 ROOT = Path(__file__).resolve().parents[2]
 FAST = {
@@ -75,6 +79,7 @@ class PolicyWatch:
         return self.seen
 
 
+@pytest.mark.learning
 def test_dqn_learns_cartpole_on_a_group_seen_as_one_learner(tmp_path):
     config = load_config_file(ROOT / "examples" / "cartpole_dqn.yaml")
     with group_cluster(tmp_path) as cluster:
@@ -99,6 +104,7 @@ def test_dqn_learns_cartpole_on_a_group_seen_as_one_learner(tmp_path):
         assert status.last_eval.return_mean >= 195
 
 
+@pytest.mark.learning
 def test_ppo_reaches_475_on_a_group(tmp_path):
     config = load_config_file(ROOT / "examples" / "cartpole_ppo.yaml")
     with group_cluster(tmp_path) as cluster:
@@ -111,6 +117,7 @@ def test_ppo_reaches_475_on_a_group(tmp_path):
         assert sum(buffer["sampled_lag_histogram"][1:]) == 0
 
 
+@pytest.mark.chaos
 def test_a_killed_and_a_hung_rank_restart_the_group_and_the_job_succeeds(tmp_path):
     config = deep_merge(
         load_config_file(ROOT / "examples" / "cartpole_dqn.yaml"),
@@ -170,6 +177,7 @@ def test_a_killed_and_a_hung_rank_restart_the_group_and_the_job_succeeds(tmp_pat
         assert log.count("learner group broken") >= 2
 
 
+@pytest.mark.learning
 def test_two_torchrun_nodes_form_one_group_through_the_c10d_rendezvous(tmp_path):
     """What several machines do: one torchrun per node, joined by the rendezvous flags
     (here two "nodes" on 127.0.0.1, each with its own port for rank 0 to serve on)."""

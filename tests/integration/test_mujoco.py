@@ -10,6 +10,8 @@ from common.config import deep_merge, load_config_file
 from drover.local import LocalCluster
 from tests.helpers import wait_for_end
 
+pytestmark = pytest.mark.processes
+
 ROOT = Path(__file__).resolve().parents[2]
 pytest.importorskip("mujoco")
 

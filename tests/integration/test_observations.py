@@ -13,6 +13,8 @@ from common.storage import SharedStore
 from drover.local import LocalCluster
 from tests.helpers import wait_for_end
 
+pytestmark = pytest.mark.processes
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -21,6 +23,7 @@ def run_to_end(cluster, config, timeout_s):
     return job_id, wait_for_end(cluster, job_id, timeout_s)
 
 
+@pytest.mark.learning
 def test_ppo_learns_minigrid_from_its_image_view(tmp_path):
     config = load_config_file(ROOT / "examples" / "minigrid_ppo.yaml")
     with LocalCluster(tmp_path / "run", num_collectors=2) as cluster:
@@ -29,6 +32,7 @@ def test_ppo_learns_minigrid_from_its_image_view(tmp_path):
     assert status.last_eval.return_mean >= 0.9
 
 
+@pytest.mark.learning
 def test_dqn_learns_frozenlake_from_discrete_observations(tmp_path):
     config = deep_merge(
         load_config_file(ROOT / "examples" / "cartpole_dqn.yaml"),
@@ -51,6 +55,7 @@ def test_dqn_learns_frozenlake_from_discrete_observations(tmp_path):
     assert status.last_eval.return_mean == 1.0
 
 
+@pytest.mark.learning
 def test_dqn_learns_a_dict_observation_env(tmp_path):
     config = deep_merge(
         load_config_file(ROOT / "examples" / "cartpole_dqn.yaml"),

@@ -1,11 +1,14 @@
 """`drover plot` on the folder a real CartPole DQN job leaves."""
 
+import pytest
 from matplotlib.image import imread
 
 from common.config import load_config_file
 from drover.cli import main
 from drover.local import LocalCluster
 from tests.helpers import DEADLINE_S, EXAMPLE, wait_for_end
+
+pytestmark = pytest.mark.processes
 
 
 def test_a_finished_jobs_run_folder_plots(tmp_path, capsys):

@@ -3,9 +3,13 @@ it trained on was collected by the version being trained."""
 
 from pathlib import Path
 
+import pytest
+
 from common.config import load_config_file
 from drover.local import LocalCluster
 from tests.helpers import wait_for_end
+
+pytestmark = [pytest.mark.processes, pytest.mark.learning]
 
 ROOT = Path(__file__).resolve().parents[2]
 

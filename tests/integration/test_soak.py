@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.processes, pytest.mark.chaos]
+
 ROOT = Path(__file__).resolve().parents[2]
 
 

@@ -9,6 +9,8 @@ from common.config import load_config_file
 from drover.local import LocalCluster
 from tests.helpers import EXAMPLE, wait_for_end
 
+pytestmark = pytest.mark.processes
+
 DEADLINE_S = 50
 
 COORDINATOR_TAGS = {

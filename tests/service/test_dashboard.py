@@ -84,6 +84,8 @@ def sign_in(page, url, token):
     page.click("#login button[type=submit]")
 
 
+@pytest.mark.browser
+@pytest.mark.processes
 @pytest.mark.timeout(300)
 def test_the_dashboard_in_a_browser(tmp_path):
     sync_api = pytest.importorskip(

@@ -97,6 +97,7 @@ def check_types(families, expected, service):
     assert not wrong, f"{service}: wrong types {wrong}"
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(120)
 def test_every_service_metrics_move_during_a_job(tmp_path):
     env = {"DROVER_METRICS_TOKEN": METRICS_TOKEN, "DROVER_HEARTBEAT_INTERVAL_S": "0.5"}

@@ -47,6 +47,8 @@ from tests.rank_worker import (
     normalize_input,
 )
 
+pytestmark = pytest.mark.torchrun
+
 ROOT = Path(__file__).resolve().parents[2]
 WORLD_SIZE = 2
 #: How long the ranks may take for every scenario together (they take about 20 s).
