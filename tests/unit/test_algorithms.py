@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import threading
 import typing
-from dataclasses import dataclass, field
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -21,56 +19,37 @@ from algorithms.base import (
     ActionSpace,
     Algorithm,
     CollectUnit,
-    RoundLearner,
 )
 from algorithms.registry import ALGORITHMS
 from common.checkpoint_file import Checkpoint, decode_checkpoint, encode_checkpoint
 from common.config import (
     ConfigError,
-    JobConfig,
-    deep_merge,
     from_resolved,
     resolve_job_config,
     to_dict,
     with_spaces,
 )
-from common.envs import fit_to_env
 from common.messages import (
-    CollectSpec,
-    InsertReply,
     LearnSpec,
-    PolicyRef,
     SampledBatch,
     SampledSegment,
-    SampleReply,
 )
 from common.models import state_to_numpy
 from common.storage import SharedStore
-from services.collector.core import CollectorRunner
 from services.coordinator.workflows import WORKFLOWS, check_workflow
 from services.learner.core import LearnerRunner, SegmentSchema
 from tests import toy_algorithm
-
-JOB = "job-1"
-ENV_IDS: dict[str, str] = {"discrete": "CartPole-v1", "continuous": "Pendulum-v1"}
-#: Every registered algorithm with every action space it supports.
-CASES = [(name, space) for name, algo in ALGORITHMS.items() for space in sorted(algo.action_spaces)]
-
-
-def job_config(name: str, space: str, **overrides: Any) -> JobConfig:
-    """A small job of algorithm `name` on an env with `space` actions, spaces filled in."""
-    small = {
-        "env": {"env_id": ENV_IDS[space]},
-        "policy": {
-            "type": name,
-            "collect": {"n_sample": 16, "unroll_len": 4},
-            "learn": {"num_batches": 1, "publish_every_iters": 1},
-        },
-    }
-    config, warnings = resolve_job_config(deep_merge(small, overrides))
-    # unroll_len is set for every algorithm here: only IMPALA's is not ignored
-    assert [w for w in warnings if not w.startswith("policy.collect.unroll_len: ignored")] == []
-    return fit_to_env(config)
+from tests.algorithm_runs import (
+    CASES,
+    JOB,
+    Ctx,
+    FakeCoordinator,
+    collect_one_segment,
+    job_config,
+    publish_fresh_policy,
+    synthetic_columns,
+    train_once,
+)
 
 
 def within(expected: Any, actual: Any, path: str = "config") -> None:
@@ -80,29 +59,6 @@ def within(expected: Any, actual: Any, path: str = "config") -> None:
             within(value, actual[key], f"{path}.{key}")
     else:
         assert actual == expected, path
-
-
-def synthetic_columns(config: JobConfig, names: tuple[str, ...], rows: int) -> dict:
-    """Rows of `names` as the learner's segment checks want them for this job."""
-    rng = np.random.default_rng(0)
-    schema = SegmentSchema.for_policy(config.policy, names)
-    columns: dict[str, np.ndarray] = {}
-    for name, spec in schema.columns.items():
-        shape = (rows, *spec.shape)
-        if spec.kind == "index":
-            columns[name] = rng.integers(0, spec.high, shape)
-        elif spec.kind == "flag":
-            columns[name] = np.zeros(shape, spec.dtype)
-        else:
-            columns[name] = rng.uniform(-1.0, 1.0, shape).astype(spec.dtype)
-    return schema.check(columns)
-
-
-def train_once(learner: Any, columns: dict, rows: int) -> Any:
-    """One update's (or, for a round learner, one round's) report."""
-    if isinstance(learner, RoundLearner):
-        return learner.train_round(columns, seed=0)
-    return learner.learn_batch(columns, np.ones(rows, np.float32))
 
 
 @pytest.mark.parametrize("name", sorted(ALGORITHMS))
@@ -183,77 +139,6 @@ def test_reports_name_each_loss_term_the_gradient_norm_and_learning_rate(name, s
     if name != "dqn":
         assert sum(tag.startswith("loss/") for tag in first) >= 3
         assert "policy/entropy" in first
-
-
-class FakeCoordinator:
-    """The coordinator calls a collect and a learn task make, answered in memory: one
-    policy version, inserts recorded, and samples of the segment it is given."""
-
-    def __init__(self, stop: threading.Event, policy: PolicyRef | None = None) -> None:
-        self.stop = stop
-        self.policy = policy
-        self.inserted: list = []
-        self.announced: list[PolicyRef] = []
-        self.batches: list[SampledBatch] = []
-
-    def latest_policy(self, job_id, *, newer_than=None, timeout_s=0.0):
-        return self.policy
-
-    def insert_segments(self, job_id, refs, *, timeout_s, task_id=None):
-        self.inserted += refs
-        self.stop.set()  # one segment is all a test needs
-        rows = sum(ref.rows for ref in refs)
-        return InsertReply(accepted=len(refs), duplicates=0, env_steps=rows)
-
-    def sample(self, job_id, *, batch_size, num_batches, timeout_s, task_id, acknowledge):
-        if not self.batches:
-            self.stop.set()
-            return None
-        return SampleReply(batches=[self.batches.pop()])
-
-    def announce_policy(self, job_id, ref, *, task_id=None):
-        self.announced.append(ref)
-
-    def update_priorities(self, job_id, keys, priorities, *, task_id=None):
-        pass
-
-
-@dataclass
-class Ctx:
-    """What a running task is given (`services.slave.core.TaskContext`)."""
-
-    coordinator: FakeCoordinator
-    stop: threading.Event
-    task: Any = field(default_factory=lambda: SimpleNamespace(task_id="task-1", job_id=JOB))
-    worker_id: str = "worker-1"
-    progress: dict[str, float] = field(default_factory=dict)
-    unusable_segments: set[str] = field(default_factory=set)
-
-    def stopped(self) -> bool:
-        return self.stop.is_set()
-
-
-def collect_one_segment(store: SharedStore, config: JobConfig, policy: PolicyRef | None):
-    """Run the collector's loop for the job's collect unit until one segment is in."""
-    stop = threading.Event()
-    ctx = Ctx(FakeCoordinator(stop, policy), stop)
-    runner = CollectorRunner(store)
-    unit: CollectUnit = ALGORITHMS[config.policy.type].collect_unit
-    loop = {
-        "transitions": runner.collect,
-        "unrolls": runner.collect_unrolls,
-        "rounds": runner.collect_rounds,
-    }[unit]
-    loop(ctx, config, CollectSpec(seed=0, num_envs=2, mode=unit))
-    (ref, *_) = ctx.coordinator.inserted
-    return ref, store.read_segment(ref.path)
-
-
-def publish_fresh_policy(store: SharedStore, config: JobConfig) -> PolicyRef:
-    learner = ALGORITHMS[config.policy.type].make_learner(config.policy, "cpu")
-    tensors = state_to_numpy(learner.online)
-    path, sha = store.write_policy(JOB, 1, 0, config.policy.type, tensors)
-    return PolicyRef(version=1, path=path, sha256=sha, train_iter=0)
 
 
 @pytest.mark.timeout(60)

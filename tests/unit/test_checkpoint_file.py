@@ -20,7 +20,7 @@ from common.checkpoint_file import (
     write_checkpoint,
 )
 from common.storage import CorruptFileError, SharedStore, WrongAlgorithm
-from tests.unit.test_algorithms import CASES, job_config, synthetic_columns, train_once
+from tests.algorithm_runs import CASES, job_config, synthetic_columns, train_once
 
 JOB = "job-1"
 
