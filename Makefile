@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= examples/cartpole_dqn.yaml
 
-.PHONY: install run test test-full test-engine lint format bench bench-learning bench-chaos bench-learner bench-atari bench-atari-collect bench-atari-learner bench-fleet bench-soak up down clean
+.PHONY: install install-browser run test test-fast test-full test-engine lint format bench bench-learning bench-chaos bench-learner bench-atari bench-atari-collect bench-atari-learner bench-fleet bench-soak up down clean
 
 # The stamp is refreshed whenever pyproject.toml changes, so `make test` on a fresh
 # clone installs once and later runs start at once.
@@ -19,9 +19,29 @@ install: $(VENV)/.installed
 run: install
 	$(BIN)/drover run $(CONFIG)
 
-test: install
-	@command -v chromium >/dev/null || (apt-get install -y --no-install-recommends chromium >/dev/null 2>&1 || true)
+# The dashboard's browser test (tests/service/test_dashboard.py, marker browser) drives
+# chromium through playwright. This installs the distribution's chromium package with
+# apt-get when none is on PATH (root on Debian or Ubuntu), saying so; where it cannot,
+# it says that instead, and the browser test is skipped.
+install-browser:
+	@if command -v chromium >/dev/null || command -v chromium-browser >/dev/null; then \
+		echo "install-browser: chromium is installed (the dashboard's browser test drives it)"; \
+	else \
+		echo "install-browser: installing chromium (apt-get) for the dashboard's browser test"; \
+		apt-get install -y -q --no-install-recommends chromium \
+			|| (apt-get update -q && apt-get install -y -q --no-install-recommends chromium) \
+			|| echo "install-browser: chromium could not be installed; the browser test will be skipped"; \
+	fi
+
+# The whole suite, as CI runs it (.ci/run), but the soak (long) and tests/engine.
+test: install install-browser
 	$(BIN)/pytest -q
+
+# A few minutes (markers in pyproject.toml): every test that starts no real process,
+# and one short job per workflow through real processes (the smoke). Nothing trains to a
+# threshold, kills processes or drives a browser.
+test-fast: install
+	$(BIN)/pytest -q -m '(not processes and not learning and not chaos and not browser and not long and not engine) or smoke'
 
 # The images built and run on a real Docker engine: compose and --backend docker train
 # the default job (tests/engine), and Prometheus scrapes them. Starts a private dockerd
@@ -35,8 +55,7 @@ test-engine: install
 	$(BIN)/pytest -q -s --durations=0 -m engine tests/engine
 
 # Everything, the tests marked long included (the 10-minute soak).
-test-full: install
-	@command -v chromium >/dev/null || (apt-get install -y --no-install-recommends chromium >/dev/null 2>&1 || true)
+test-full: install install-browser
 	$(BIN)/pytest -q -m 'not engine'
 
 lint: install
