@@ -5,8 +5,8 @@ An algorithm is one entry of `algorithms.registry.ALGORITHMS`, keyed by its
 collect unit (to know whether it can run it); the collector builds its actor and
 the learner its learner. Nothing outside the registry names an algorithm.
 
-This module, the registry and each algorithm's `__init__.py` import no torch, so the
-coordinator, which validates configs, stays light; the factories import the
+This module, the registry and each algorithm's `__init__.py` and `config.py` import
+no torch, so the coordinator, which validates configs, stays light; the factories import the
 algorithm's torch modules when they are called.
 """
 
@@ -16,17 +16,28 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
+from common.columns import Column
+from common.config import ActionSpace, PolicyConfig
+
 if TYPE_CHECKING:
     import numpy as np
     import torch
 
     from algorithms.sync import GradientSync
-    from common.config import PolicyConfig
 
 #: What one item of step data is, and so which loop a collector runs: an n-step
 #: transition, a fixed-length unroll, or a step of an on-policy round.
 CollectUnit = Literal["transitions", "unrolls", "rounds"]
-ActionSpace = Literal["discrete", "continuous"]
+
+#: The columns each unit's collect loop can write from the env's steps (an
+#: algorithm's actor records any others it declares: `RecordingActor`).
+UNIT_COLUMNS: dict[CollectUnit, frozenset[str]] = {
+    "transitions": frozenset({"obs", "action", "reward", "next_obs", "done", "discount"}),
+    "unrolls": frozenset(
+        {"obs", "action", "reward", "logp", "done", "truncated", "final_obs", "bootstrap_obs"}
+    ),
+    "rounds": frozenset({"obs", "action", "logp", "adv", "ret"}),
+}
 
 
 @runtime_checkable
@@ -103,6 +114,23 @@ class SamplingActor(Actor, Protocol):
 
     def value(self, obs: np.ndarray) -> np.ndarray:
         """State values for a batch of obs."""
+        ...
+
+
+@runtime_checkable
+class RecordingActor(Protocol):
+    """An actor of an algorithm that declares columns of its own (`Column.from_actor`:
+    an action mask it saw, its recurrent state, its Q-values): the collector asks
+    after each act or sample and writes them with the step.
+
+    Usage::
+
+        actions = actor.act(obs, rng, job_env_steps)
+        extra = actor.recorded()       # {name: one row per env}, for each such column
+    """
+
+    def recorded(self) -> dict[str, np.ndarray]:
+        """The values of its `from_actor` columns for the batch it last acted on."""
         ...
 
 
@@ -242,15 +270,14 @@ class Algorithm(Protocol):
         ...
 
     @property
-    def writes(self) -> tuple[str, ...]:
-        """The step-data columns its collect loop writes."""
+    def columns(self) -> tuple[Column, ...]:
+        """Its step data's columns, each with its kind (common/columns.py): what the
+        collect loop writes (and its actor records), what the learner checks each
+        segment against before training on it."""
         ...
 
     @property
-    def reads(self) -> tuple[str, ...]:
-        """The columns its learner trains on (a subset of `writes`); the learner checks
-        each segment's against the job's spaces before training."""
-        ...
+    def column_names(self) -> tuple[str, ...]: ...
 
     def make_actor(self, policy: PolicyConfig) -> Actor:
         """Its acting side for a config whose spaces are filled in."""
@@ -261,8 +288,14 @@ class Algorithm(Protocol):
         ...
 
     @property
-    def config_keys(self) -> frozenset[str]:
-        """The algorithm-specific config keys it reads (`policy.learn.clip_ratio`)."""
+    def di_engine_types(self) -> tuple[str, ...]:
+        """DI-engine's `create_config.policy.type` names it also runs."""
+        ...
+
+    @property
+    def config(self) -> type[PolicyConfig]:
+        """Its `policy` section: a subclass of `common.config.PolicyConfig` with its
+        own keys (in its folder's `config.py`), its `type` a Literal of its name."""
         ...
 
 
@@ -279,11 +312,15 @@ class AlgorithmSpec:
     collect_unit: CollectUnit
     action_spaces: frozenset[ActionSpace]
     image_obs: bool = False
-    writes: tuple[str, ...]
-    reads: tuple[str, ...]
+    columns: tuple[Column, ...]
     make_actor: Callable[[PolicyConfig], Actor]
     make_learner: Callable[[PolicyConfig, str | torch.device], Learner]
-    #: The algorithm-specific config keys it reads (dotted; a section covers its
-    #: keys). A key another algorithm lists and this one does not is one a job of
-    #: this algorithm ignores, and is warned about.
-    config_keys: frozenset[str] = frozenset()
+    #: Its `policy` section's class (its own keys; a key only other algorithms' classes
+    #: have is one a job of this algorithm ignores, and is warned about).
+    config: type[PolicyConfig]
+    #: DI-engine's `create_config.policy.type` names it also runs (besides its own).
+    di_engine_types: tuple[str, ...] = ()
+
+    @property
+    def column_names(self) -> tuple[str, ...]:
+        return tuple(column.name for column in self.columns)

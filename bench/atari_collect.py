@@ -60,13 +60,15 @@ sys.path.insert(0, str(ROOT))
 
 from algorithms.registry import ALGORITHMS  # noqa: E402
 from bench.learner_scaling import cpu_line, print_load_before  # noqa: E402
-from common.config import ConfigError, JobConfig, load_config_file, resolve_job_config  # noqa: E402
+from common.config import ConfigError, JobConfig  # noqa: E402
+from common.env_guard import setup_env_registry  # noqa: E402
 from common.envpool_vector import envpool_task  # noqa: E402
-from common.envs import fit_to_env, setup_env_registry, usable_cpus  # noqa: E402
+from common.envs import usable_cpus  # noqa: E402
 from common.frames import pack_frames  # noqa: E402
 from common.messages import SegmentRef, dump  # noqa: E402
 from common.models import state_to_numpy  # noqa: E402
 from common.storage import SharedStore  # noqa: E402
+from jobconfig import fit_to_env, load_config_file, resolve_job_config  # noqa: E402
 from services.collector.step_data import EpisodeTracker, NStepBuilder  # noqa: E402
 from services.collector.stepping import OVERLAPPING_MANAGERS, make_stepper  # noqa: E402
 

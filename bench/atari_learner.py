@@ -79,11 +79,13 @@ sys.path.insert(0, str(ROOT))
 
 from algorithms.registry import ALGORITHMS  # noqa: E402
 from bench.learner_scaling import BUSY_SHARE, CpuMeter, cpu_line, print_load_before  # noqa: E402
-from common.config import ConfigError, JobConfig, load_config_file, resolve_job_config  # noqa: E402
-from common.envs import fit_to_env, make_env, setup_env_registry  # noqa: E402
+from common.config import ConfigError, JobConfig  # noqa: E402
+from common.env_guard import setup_env_registry  # noqa: E402
+from common.envs import make_env  # noqa: E402
 from common.frames import pack_frames, packable  # noqa: E402
 from common.messages import SampledBatch, SampledSegment  # noqa: E402
 from common.storage import SharedStore  # noqa: E402
+from jobconfig import fit_to_env, load_config_file, resolve_job_config  # noqa: E402
 from services.collector.step_data import NStepBuilder  # noqa: E402
 from services.learner.core import SegmentCache, SegmentSchema  # noqa: E402
 
@@ -572,7 +574,7 @@ def main() -> None:
     for fact in machine_facts(device, torch.get_num_threads()):
         console.print(fact)
     print_load_before(console)
-    schema = SegmentSchema.for_policy(config.policy, ALGORITHMS["dqn"].reads)
+    schema = SegmentSchema.for_policy(config.policy, ALGORITHMS["dqn"].column_names)
     results: dict[int, dict[str, Measured]] = {}
     updates_of: dict[int, int] = {}
     read_ahead: dict[int, float] = {}

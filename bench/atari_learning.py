@@ -34,8 +34,9 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common.config import deep_merge, load_config_file  # noqa: E402
+from common.config import deep_merge  # noqa: E402
 from drover.local import LocalCluster  # noqa: E402
+from jobconfig import load_config_file  # noqa: E402
 
 ANCHORS = {
     "ppo": "CleanRL PPO: ~20 at 10M frames",

@@ -90,8 +90,9 @@ sys.path.insert(0, str(ROOT))
 
 from algorithms.step import adam  # noqa: E402
 from algorithms.sync import AllReduceSync  # noqa: E402
-from common.config import JobConfig, resolve_job_config, with_spaces  # noqa: E402
-from common.ranks import split_error  # noqa: E402
+from common.config import JobConfig  # noqa: E402
+from jobconfig import resolve_job_config, with_spaces  # noqa: E402
+from jobconfig.ranks import split_error  # noqa: E402
 from services.learner.core import new_learner  # noqa: E402
 from services.learner.group import RankEnv, RankGroup, share_bounds  # noqa: E402
 

@@ -32,15 +32,11 @@ from algorithms.dqn.actor import QPolicy  # noqa: E402
 from algorithms.dqn.learner import DQN  # noqa: E402
 from algorithms.ppo.actor import ActorCriticPolicy  # noqa: E402
 from algorithms.ppo.learner import PPO  # noqa: E402
-from common.config import (  # noqa: E402
-    JobConfig,
-    deep_merge,
-    load_config_file,
-    resolve_job_config,
-)
-from common.envs import fit_to_env, make_env  # noqa: E402
+from common.config import JobConfig, deep_merge  # noqa: E402
+from common.envs import make_env  # noqa: E402
 from common.messages import SegmentRef  # noqa: E402
 from common.models import state_to_numpy  # noqa: E402
+from jobconfig import fit_to_env, load_config_file, resolve_job_config  # noqa: E402
 from services.buffer.core import ReplayBuffer  # noqa: E402
 from services.collector.core import round_columns  # noqa: E402
 from services.collector.step_data import NStepBuilder  # noqa: E402

@@ -27,8 +27,9 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from common.config import deep_merge, load_config_file  # noqa: E402
+from common.config import deep_merge  # noqa: E402
 from drover.local import LocalCluster  # noqa: E402
+from jobconfig import load_config_file  # noqa: E402
 
 EXAMPLE = ROOT / "examples" / "cartpole_dqn.yaml"
 

@@ -1,36 +1,25 @@
-"""Job configuration: DI-engine-style nested dicts in, frozen dataclasses out.
+"""The job config's schema: the sections every job has, as frozen dataclasses.
 
-A config arrives as a nested dict (YAML, JSON, or a `.py` file's `main_config` on the
-CLI). It is deep-merged over the algorithm's defaults once, here, at the boundary;
-unknown keys become warnings with a did-you-mean suggestion (errors when
-`strict: true`); the result is validated into `JobConfig`. After this point no
-service passes raw dicts around.
+This is the base layer: it imports no algorithm. What one algorithm adds (its own
+`learn`, `collect`, `model` or `other` keys) is a subclass of these sections in its
+folder (`algorithms/<name>/config.py`), named by its registry entry; resolving a raw
+config (merging defaults, choosing the algorithm's sections by `policy.type`,
+did-you-mean, DI-engine files) is `jobconfig/`, a layer above both.
 
 Key names follow DI-engine wherever it has the same knob, so its users can bring
-their configs. What differs per algorithm (defaults, action spaces, the keys it reads) comes
-from its entry in `algorithms.registry`.
+their configs.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import json
-import runpy
-import typing
 from dataclasses import dataclass, field
-from functools import cache
-from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from annotated_types import Ge, Gt, Le, MaxLen, MinLen
-from easydict import EasyDict
-from pydantic import AfterValidator, ConfigDict, TypeAdapter, ValidationError, with_config
+from pydantic import ConfigDict, with_config
 
-from algorithms.base import ActionSpace, Algorithm
-from algorithms.registry import ALGORITHMS
-
+ActionSpace = Literal["discrete", "continuous"]
 PosInt = Annotated[int, Gt(0)]
 EnvManager = Literal["sync", "async", "envpool"]
 ObsDtype = Literal["float32", "uint8"]
@@ -62,6 +51,7 @@ class ConfigError(ValueError):
 
 @section
 class EnvConfig:
+    #: A gymnasium id in the registry the operator allowed (common/env_guard.py).
     env_id: str = "CartPole-v1"
     #: What makes the envs and reports their spaces (`ENV_ADAPTERS` in common/envs.py).
     adapter: Annotated[str, MaxLen(64)] = "gymnasium"
@@ -128,20 +118,21 @@ class ModelConfig:
     #: Continuous actions: the Box's bounds (filled in from the environment).
     action_low: list[float] | None = None
     action_high: list[float] | None = None
+    #: Hidden sizes of the encoder's layers (DI-engine's key).
     encoder_hidden_size_list: Annotated[list[PosInt], MinLen(1)] = field(
         default_factory=lambda: [128, 128, 64]
     )
-    dueling: bool = True
 
 
 @section
 class LearnConfig:
+    """The keys every algorithm's learner reads; an algorithm's own are in its
+    subclass (`algorithms/<name>/config.py`)."""
+
+    #: Items per update (unrolls for `unrolls`, minibatch rows for `rounds`).
     batch_size: Annotated[int, Gt(0), Le(8192)] = 64
+    #: The optimizer's (Adam's) learning rate.
     learning_rate: PosFloat = 1e-3
-    #: Hard target-network copy every this many train iterations.
-    target_update_freq: PosInt = 100
-    #: Soft (Polyak) target update factor; when set it replaces the hard copy.
-    target_theta: Annotated[float, Gt(0), Le(1)] | None = None
     #: Gradient-norm clip (None: no clipping).
     max_grad_norm: PosFloat | None = 10.0
     #: Batches asked for in one sample request (one HTTP round trip).
@@ -152,45 +143,44 @@ class LearnConfig:
     publish_every_iters: PosInt = 10
     #: A checkpoint (model, target, optimizer, counters) every this many iterations.
     checkpoint_every_iters: PosInt = 1000
-    #: PPO: passes over each round's data, and the loss's parts.
-    epoch_per_collect: Annotated[int, Gt(0), Le(1000)] = 10
-    clip_ratio: Annotated[float, Gt(0), Le(1)] = 0.2
-    value_weight: Annotated[float, Ge(0)] = 0.5
-    entropy_weight: Annotated[float, Ge(0)] = 0.0
-    #: PPO: normalize advantages within each minibatch.
-    adv_norm: bool = True
-    #: SAC: the entropy temperature it starts from (then tuned automatically).
-    init_alpha: Annotated[float, Gt(0)] = 0.2
-    #: SAC: the critics', the actor's and the temperature's own learning rates
-    #: (DI-engine's keys; None: `learning_rate`).
-    learning_rate_q: PosFloat | None = None
-    learning_rate_policy: PosFloat | None = None
-    learning_rate_alpha: PosFloat | None = None
     #: Train data-parallel on a learner group (DI-engine's key, the same meaning):
     #: each rank takes an equal share of every batch and gradients are averaged across
     #: ranks every update. `drover run` then starts one rank per CUDA device (or
     #: `--learner-ranks N`), and the coordinator gives the job the free learner with
     #: the most ranks. Any job also trains on a learner group it is given.
     multi_gpu: bool = False
-    #: IMPALA: V-trace's importance-weight clips.
-    rho_clip: Annotated[float, Gt(0)] = 1.0
-    c_clip: Annotated[float, Gt(0)] = 1.0
 
 
 @section
 class CollectConfig:
+    """The keys every collect loop reads."""
+
     #: Transitions in one step-data segment (one file, one insert message).
     n_sample: Annotated[int, Gt(0), Le(100_000)] = 64
     #: How often a collector asks for the newest policy version.
     policy_poll_s: Annotated[float, Gt(0), Le(60)] = 0.2
     #: How long one insert may wait for the rate limiter before it is retried.
     insert_timeout_s: Annotated[float, Gt(0), Le(60)] = 2.0
-    #: PPO: the GAE lambda the collectors compute advantages with.
-    gae_lambda: Fraction = 0.95
-    #: SAC: env steps of uniformly random actions at the start of a job.
-    random_collect_size: Annotated[int, Ge(0)] = 1000
-    #: IMPALA: steps in each unroll (one buffer item per env and unroll).
+
+
+# What each collect unit's loop reads besides (services/collector/core.py): an
+# algorithm of that unit takes these sections as the base of its own.
+
+
+@section
+class UnrollCollectConfig(CollectConfig):
+    """The `unrolls` loop's keys."""
+
+    #: Steps in each unroll (one buffer item per env and unroll).
     unroll_len: Annotated[int, Gt(0), Le(1000)] = 32
+
+
+@section
+class RoundCollectConfig(CollectConfig):
+    """The `rounds` loop's keys: it computes the round's advantages."""
+
+    #: The GAE lambda the collectors compute advantages with.
+    gae_lambda: Fraction = 0.95
 
 
 @section
@@ -205,19 +195,11 @@ class EvalConfig:
 
 
 @section
-class EpsConfig:
-    type: Literal["exp", "linear"] = "exp"
-    start: Fraction = 0.95
-    end: Fraction = 0.05
-    #: Env steps (of the whole job) over which epsilon decays.
-    decay: PosInt = 10_000
-
-
-@section
 class ReplayBufferConfig:
     #: Sampler: uniform, prioritized (proportional PER), or fifo (a queue: each item
     #: sampled once, oldest first, for on-policy use).
     type: Literal["uniform", "prioritized", "fifo"] = "uniform"
+    #: Items the buffer holds at the most.
     replay_buffer_size: Annotated[int, Gt(0), Le(MAX_BUFFER_ITEMS)] = 100_000
     #: Which items leave a full buffer: the oldest, the newest, or random ones.
     eviction: Literal["fifo", "lifo", "uniform"] = "fifo"
@@ -248,30 +230,23 @@ class ReplayBufferConfig:
 
 @section
 class OtherConfig:
-    eps: EpsConfig = field(default_factory=EpsConfig)
     replay_buffer: ReplayBufferConfig = field(default_factory=ReplayBufferConfig)
-
-
-def _unknown_algorithm(name: object) -> str:
-    return f"unknown algorithm '{name}' (known: {', '.join(sorted(ALGORITHMS))})"
-
-
-def _known_algorithm(name: str) -> str:
-    if name not in ALGORITHMS:
-        raise ValueError(_unknown_algorithm(name))
-    return name
 
 
 @section
 class PolicyConfig:
+    """What every algorithm's `policy` section holds. An algorithm's config is a
+    subclass (its `type` a Literal of its name, its own sections' subclasses), which
+    `jobconfig` chooses by `policy.type`."""
+
     #: The algorithm: a name in `algorithms.registry.ALGORITHMS`.
-    type: Annotated[str, AfterValidator(_known_algorithm)] = "dqn"
+    type: Annotated[str, MinLen(1), MaxLen(64)] = "dqn"
     #: Train and act on CUDA (DI-engine's key); `device` overrides it. Such a job runs
     #: only on workers that report CUDA devices (common/devices.py), never on CPU.
     cuda: bool = False
     device: Literal["cpu", "cuda"] | None = None
+    #: The discount gamma of returns and targets.
     discount_factor: Annotated[float, Gt(0), Le(1)] = 0.99
-    nstep: Annotated[int, Gt(0), Le(100)] = 1
     model: ModelConfig = field(default_factory=ModelConfig)
     learn: LearnConfig = field(default_factory=LearnConfig)
     collect: CollectConfig = field(default_factory=CollectConfig)
@@ -281,6 +256,18 @@ class PolicyConfig:
     @property
     def torch_device(self) -> str:
         return self.device or ("cuda" if self.cuda else "cpu")
+
+    def check(self) -> None:
+        """Checks across this algorithm's own keys (ConfigError naming the key); the
+        shared sections' are `jobconfig`'s."""
+
+
+@section
+class TransitionPolicyConfig(PolicyConfig):
+    """The `transitions` loop's keys: it builds n-step transitions."""
+
+    #: Steps summed into each transition's return before bootstrapping.
+    nstep: Annotated[int, Gt(0), Le(100)] = 1
 
 
 @section
@@ -307,9 +294,9 @@ class SystemConfig:
     #: not trained on (an async job's bound on policy lag; None: no bound).
     max_policy_lag: Annotated[int, Ge(0)] | None = None
     evaluate: EvaluateWorkflowConfig = field(default_factory=EvaluateWorkflowConfig)
-    #: Collectors given to this job (None: every free collector).
+    #: Collectors given to this job (None: every free collector). A job trains on one
+    #: learner, which may be a group of ranks (`policy.learn.multi_gpu`).
     collector_num: Annotated[int, Gt(0), Le(1024)] | None = None
-    learner_num: Literal[1] = 1
     #: The job ends after this many env steps (None: no limit).
     max_env_step: PosInt | None = None
     #: The job ends after this many train iterations (None: no limit).
@@ -322,17 +309,16 @@ class SystemConfig:
 
 @section
 class JobConfig:
+    """A resolved job config (`jobconfig.resolve_job_config`): its `policy` is the
+    algorithm's own subclass of `PolicyConfig`."""
+
+    #: The job's name (a run folder's prefix).
     exp_name: str = "drover"
     #: Unknown keys are errors instead of warnings.
     strict: bool = False
     env: EnvConfig = field(default_factory=EnvConfig)
-    policy: PolicyConfig = field(default_factory=PolicyConfig)
+    policy: PolicyConfig
     system: SystemConfig = field(default_factory=SystemConfig)
-
-
-def algorithm_of(config: JobConfig) -> Algorithm:
-    """The registry's entry for the job's `policy.type`."""
-    return ALGORITHMS[config.policy.type]
 
 
 def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]:
@@ -344,72 +330,6 @@ def deep_merge(base: dict[str, Any], override: dict[str, Any]) -> dict[str, Any]
         else:
             merged[key] = value
     return merged
-
-
-def _section_type(annotation: Any) -> type | None:
-    """The config-section dataclass inside an annotation such as `X | None`."""
-    if dataclasses.is_dataclass(annotation):
-        return annotation
-    for arg in typing.get_args(annotation):
-        if dataclasses.is_dataclass(arg):
-            return arg
-    return None
-
-
-@cache
-def _hints(cls: type) -> dict[str, Any]:
-    return typing.get_type_hints(cls, include_extras=True)
-
-
-def _split_unknown(cls: type, data: dict[str, Any], prefix: str) -> tuple[dict, list[str]]:
-    """Drop keys `cls` does not know; return the rest and a warning for each."""
-    hints = _hints(cls)
-    known: dict[str, Any] = {}
-    warnings: list[str] = []
-    for key, value in data.items():
-        path = f"{prefix}{key}"
-        if key not in hints:
-            warnings.append(f"{path}: unknown key{_did_you_mean(str(key), hints)}")
-            continue
-        sub = _section_type(hints[key])
-        if sub is not None and isinstance(value, dict):
-            value, sub_warnings = _split_unknown(sub, value, f"{path}.")
-            warnings.extend(sub_warnings)
-        known[key] = value
-    return known, warnings
-
-
-#: How alike an unknown key and a known one must be to suggest it: a typo, not a
-#: different word that shares a part (`rho_clip_ratio` is not `clip_ratio`).
-SUGGEST_CUTOFF = 0.85
-
-
-def _did_you_mean(key: str, hints: dict[str, Any]) -> str:
-    """Where a key drover knows elsewhere lives, or the key it is a typo of here."""
-    from common.di_engine import RENAMED  # it reads this module's ConfigError
-
-    if key in RENAMED:
-        return f" (DI-engine's name: drover has {RENAMED[key]})"
-    elsewhere = _schema_paths().get(key)
-    if elsewhere:
-        return f" (drover has it as {' and '.join(elsewhere)})"
-    close = difflib.get_close_matches(key, list(hints), n=1, cutoff=SUGGEST_CUTOFF)
-    return f" (did you mean '{close[0]}'?)" if close else ""
-
-
-@cache
-def _schema_paths() -> dict[str, tuple[str, ...]]:
-    """Every key of the schema by its name: name -> its dotted paths."""
-    paths: dict[str, list[str]] = {}
-    stack: list[tuple[type, str]] = [(JobConfig, "")]
-    while stack:
-        cls, prefix = stack.pop()
-        for name, hint in _hints(cls).items():
-            paths.setdefault(name, []).append(f"{prefix}{name}")
-            sub = _section_type(hint)
-            if isinstance(sub, type):  # a section (not a validator's dataclass)
-                stack.append((sub, f"{prefix}{name}."))
-    return {name: tuple(sorted(found)) for name, found in paths.items()}
 
 
 MAX_CONFIG_DEPTH = 12
@@ -442,203 +362,6 @@ def check_shape(raw: Any) -> None:
             stack.append((child, f"{path}.{key}", depth + 1))
 
 
-@cache
-def _job_config_adapter() -> TypeAdapter[JobConfig]:
-    """Built once: building the schema costs ~50 ms, more than all else a job
-    submission or a restored record needs."""
-    return TypeAdapter(JobConfig)
-
-
-def resolve_job_config(raw: Any) -> tuple[JobConfig, list[str]]:
-    """Merge `raw` over its algorithm's defaults and validate it.
-
-    Returns:
-        The frozen config and the warnings about unknown keys.
-
-    Raises:
-        ConfigError: naming the first invalid field.
-    """
-    if not isinstance(raw, dict):
-        raise ConfigError("config", "must be a mapping of sections (env, policy, system)")
-    check_shape(raw)
-    policy = raw.get("policy", {})
-    algo = policy.get("type", "dqn") if isinstance(policy, dict) else "dqn"
-    if not isinstance(algo, str) or algo not in ALGORITHMS:
-        raise ConfigError("policy.type", _unknown_algorithm(algo))
-    merged = EasyDict(deep_merge(dict(ALGORITHMS[algo].defaults), raw))
-    known_keys, warnings = _split_unknown(JobConfig, _plain(merged), "")
-    if warnings and merged.get("strict") is True:
-        field_path, _, message = warnings[0].partition(": ")
-        raise ConfigError(field_path, message)
-    try:
-        config = _job_config_adapter().validate_python(known_keys)
-    except ValidationError as exc:
-        first = exc.errors(include_url=False)[0]
-        raise ConfigError(".".join(str(p) for p in first["loc"]), first["msg"]) from None
-    check_consistency(config)
-    return config, warnings + _ignored_by(algo, raw)
-
-
-def _ignored_by(algo: str, raw: dict[str, Any]) -> list[str]:
-    """A warning for each key the job sets that belongs to other algorithms only
-    (PPO's clip_ratio in a DQN job): it is valid, and it changes nothing."""
-    owners: dict[str, list[str]] = {}
-    for name, spec in ALGORITHMS.items():
-        for key in spec.config_keys:
-            owners.setdefault(key, []).append(name)
-    mine = ALGORITHMS[algo].config_keys
-    warnings = []
-    for path in _leaf_paths(raw, ""):
-        key = next((k for k in owners if path == k or path.startswith(f"{k}.")), None)
-        if key is not None and key not in mine:
-            users = sorted(owners[key])
-            verb = "does" if len(users) == 1 else "do"
-            warnings.append(
-                f"{path}: ignored, {algo} does not use it ({' and '.join(users)} {verb})"
-            )
-    return warnings
-
-
-def _leaf_paths(data: Any, prefix: str) -> list[str]:
-    if not isinstance(data, dict):
-        return [prefix.rstrip(".")]
-    return [p for key, value in data.items() for p in _leaf_paths(value, f"{prefix}{key}.")]
-
-
-def _plain(value: Any) -> Any:
-    """EasyDict -> plain dicts and lists (EasyDict turns lists of dicts into its own)."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list | tuple):
-        return [_plain(v) for v in value]
-    return value
-
-
-def min_error_buffer(config: JobConfig) -> float:
-    """The smallest rate-limiter error buffer that cannot deadlock.
-
-    A sample request takes `batch_size * num_batches` items and an insert adds
-    `n_sample`. When the sampler is blocked an insert must fit, and vice versa, which
-    holds when the band is at least as wide as one request plus one insert's credit.
-    """
-    learn = config.policy.learn
-    spi = config.policy.other.replay_buffer.samples_per_insert or 0.0
-    return (learn.batch_size * learn.num_batches + spi * config.policy.collect.n_sample) / 2
-
-
-def check_consistency(config: JobConfig) -> None:
-    """Checks that span several keys. Raises ConfigError naming the keys."""
-    buffer = config.policy.other.replay_buffer
-    learn = config.policy.learn
-    if buffer.min_size_to_sample > buffer.replay_buffer_size:
-        raise ConfigError(
-            "policy.other.replay_buffer.min_size_to_sample",
-            f"{buffer.min_size_to_sample} exceeds replay_buffer_size "
-            f"{buffer.replay_buffer_size}: the buffer could never be sampled",
-        )
-    if learn.batch_size > buffer.replay_buffer_size:
-        raise ConfigError(
-            "policy.learn.batch_size",
-            f"{learn.batch_size} exceeds replay_buffer_size {buffer.replay_buffer_size}",
-        )
-    if buffer.samples_per_insert is not None and buffer.error_buffer is not None:
-        needed = min_error_buffer(config)
-        if buffer.error_buffer < needed:
-            raise ConfigError(
-                "policy.other.replay_buffer.error_buffer",
-                f"{buffer.error_buffer} can deadlock with samples_per_insert="
-                f"{buffer.samples_per_insert}, batch_size*num_batches="
-                f"{learn.batch_size * learn.num_batches} and n_sample="
-                f"{config.policy.collect.n_sample}; it must be at least {needed}",
-            )
-    if buffer.type == "fifo" and (buffer.samples_per_insert or 0) > 1:
-        raise ConfigError(
-            "policy.other.replay_buffer.samples_per_insert",
-            f"{buffer.samples_per_insert} can never be reached: a fifo buffer hands out "
-            "each item once (at most 1 sample per insert)",
-        )
-    if buffer.sequence_length > 1 and buffer.item != "episode":
-        raise ConfigError(
-            "policy.other.replay_buffer.sequence_length",
-            "sub-sequences are sampled from episode items: set item: episode",
-        )
-    if buffer.type == "fifo" and learn.batch_size * learn.num_batches > buffer.replay_buffer_size:
-        raise ConfigError(
-            "policy.learn.num_batches",
-            f"a fifo buffer of {buffer.replay_buffer_size} items can never serve "
-            f"{learn.num_batches} batches of {learn.batch_size}",
-        )
-    eps = config.policy.other.eps
-    if eps.end > eps.start:
-        raise ConfigError("policy.other.eps.end", f"{eps.end} is above start {eps.start}")
-
-
-_SPACE_NAMES = {"discrete": "discrete", "continuous": "continuous (Box)"}
-
-
-def with_spaces(
-    config: JobConfig,
-    obs_shape: int | tuple[int, ...],
-    action_shape: int,
-    action_space: str = "discrete",
-    action_bounds: tuple[list[float], list[float]] | None = None,
-    obs_dtype: str = "float32",
-) -> JobConfig:
-    """The config with the model's input and output sizes filled in (or checked).
-
-    A vector's shape is kept as an int (DI-engine's way), any other as a list."""
-    shape = (obs_shape,) if isinstance(obs_shape, int) else tuple(obs_shape)
-    model = config.policy.model
-    given_shape = model.obs_shape
-    if given_shape is not None and obs_shape_of(model) != shape:
-        raise ConfigError(
-            "policy.model.obs_shape",
-            f"{given_shape} does not match the environment's {list(shape)}",
-        )
-    if model.action_shape is not None and model.action_shape != action_shape:
-        raise ConfigError(
-            "policy.model.action_shape",
-            f"{model.action_shape} does not match the environment's {action_shape}",
-        )
-    algorithm = algorithm_of(config)
-    if action_space not in algorithm.action_spaces:
-        needs = " or ".join(_SPACE_NAMES[space] for space in sorted(algorithm.action_spaces))
-        raise ConfigError("env.env_id", f"{algorithm.name.upper()} needs {needs} actions")
-    if len(shape) > 1 and not algorithm.image_obs:
-        raise ConfigError(
-            "env.env_id",
-            f"{algorithm.name.upper()} takes vector observations, and this env's are "
-            f"{list(shape)} (image observations: dqn, ppo or impala)",
-        )
-    encoder = model.encoder
-    if len(shape) == 1 and encoder not in ("auto", "mlp"):
-        raise ConfigError(
-            "policy.model.encoder",
-            f"{encoder} needs image observations, not a vector of {shape[0]}",
-        )
-    if len(shape) == 3 and encoder == "mlp":
-        raise ConfigError(
-            "policy.model.encoder", f"mlp takes vectors; the observations are images {list(shape)}"
-        )
-    if len(shape) == 3 and encoder in ("nature_cnn", "impala_resnet") and min(shape[1:]) < 36:
-        raise ConfigError(
-            "policy.model.encoder",
-            f"{encoder} needs images of 36 pixels or more a side, not {list(shape)} (use conv)",
-        )
-    low, high = action_bounds if action_bounds is not None else (None, None)
-    model = dataclasses.replace(
-        model,
-        obs_shape=shape[0] if len(shape) == 1 else list(shape),
-        obs_dtype=obs_dtype,  # type: ignore[arg-type]
-        action_shape=action_shape,
-        action_space=action_space,  # type: ignore[arg-type]
-        action_low=low,
-        action_high=high,
-    )
-    policy = dataclasses.replace(config.policy, model=model)
-    return dataclasses.replace(config, policy=policy)
-
-
 def obs_shape_of(model: ModelConfig) -> tuple[int, ...]:
     """The model's observation shape as a tuple (a vector's too)."""
     if model.obs_shape is None:
@@ -649,58 +372,3 @@ def obs_shape_of(model: ModelConfig) -> tuple[int, ...]:
 
 def to_dict(config: JobConfig) -> dict[str, Any]:
     return dataclasses.asdict(config)
-
-
-def from_resolved(data: dict[str, Any]) -> JobConfig:
-    """Read back a config written by `to_dict` (the job's `job.json`)."""
-    return _job_config_adapter().validate_python(data)
-
-
-def read_job_config(store: Any, job_id: str) -> JobConfig:
-    """The job's resolved config, as the coordinator wrote it to `<job_id>/job.json`.
-
-    Args:
-        store: the `common.storage.SharedStore` of the shared root.
-    """
-    return from_resolved(store.read_json(f"{store.job_dir(job_id)}/job.json"))
-
-
-def load_config_file(path: str | Path) -> dict[str, Any]:
-    """Read a YAML, JSON or Python config file into a plain dict (`load_config`
-    without its notes)."""
-    return load_config(path)[0]
-
-
-def load_config(path: str | Path) -> tuple[dict[str, Any], list[str]]:
-    """Read a YAML, JSON or Python config file into a plain dict, and a note for each
-    DI-engine key it translated.
-
-    A Python file is DI-engine's shape: `main_config`, and `create_config` naming the
-    algorithm and the env (common/di_engine.py maps both, or refuses them). Python
-    configs run code, so only the local CLI reads them; the REST API takes data.
-    """
-    from common.di_engine import from_di_engine  # it reads this module's ConfigError
-
-    path = Path(path)
-    create: Any = None
-    if not path.is_file():
-        raise ConfigError("config", f"no such file: {path}")
-    suffix = path.suffix.lower()
-    if suffix in (".yaml", ".yml"):
-        data = yaml.safe_load(path.read_text())
-    elif suffix == ".json":
-        data = json.loads(path.read_text())
-    elif suffix == ".py":
-        names = runpy.run_path(str(path), run_name="drover_config")
-        data, create = names.get("main_config"), names.get("create_config")
-        if data is None:
-            raise ConfigError("config", f"{path} defines no main_config")
-    else:
-        raise ConfigError("config", f"{path}: use .yaml, .yml, .json or .py")
-    if not isinstance(data, dict):
-        raise ConfigError("config", f"{path} does not hold a mapping")
-    if create is not None and not isinstance(create, dict):
-        raise ConfigError("create_config", f"{path}: create_config is not a mapping")
-    if suffix != ".py":
-        return _plain(data), []
-    return from_di_engine(_plain(data), _plain(create) if create is not None else None)

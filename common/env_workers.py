@@ -58,7 +58,8 @@ import numpy as np
 from pydantic import TypeAdapter
 
 from common.config import ConfigError, EnvConfig
-from common.envs import VectorStep, make_vector_env, setup_env_registry, usable_cpus
+from common.env_guard import setup_env_registry
+from common.envs import VectorStep, make_vector_env, usable_cpus
 
 #: How long the workers may take to start and make their envs (Python start, env
 #: packages, Atari ROMs; several workers share the cores while they start).

@@ -53,17 +53,9 @@ import gymnasium as gym
 import numpy as np
 
 from common.config import ConfigError, EnvConfig
-from common.envs import (
-    Spaces,
-    VectorStep,
-    atari_train_option,
-    check_env,
-    env_spaces,
-    frame_stack_of,
-    is_atari,
-    spaces_from,
-    usable_cpus,
-)
+from common.env_guard import check_env
+from common.env_make import Spaces, atari_train_option, frame_stack_of, is_atari, spaces_from
+from common.envs import VectorStep, env_spaces, usable_cpus
 
 #: The entry points of gymnasium's MuJoCo envs, which envpool has under the same ids.
 MUJOCO_ENTRY_PREFIX = "gymnasium.envs.mujoco."

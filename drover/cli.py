@@ -25,14 +25,8 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from common.config import (
-    ConfigError,
-    JobConfig,
-    load_config,
-    resolve_job_config,
-    to_dict,
-)
-from common.envs import fit_to_env, setup_env_registry
+from common.config import ConfigError, JobConfig, to_dict
+from common.env_guard import setup_env_registry
 from common.errors import ApiError
 from common.http import ServiceUnavailable
 from common.messages import TERMINAL_PHASES, JobStatus
@@ -41,6 +35,7 @@ from drover import plot, verbs
 from drover.devices import fit_local_device, local_learner_ranks
 from drover.docker_backend import DockerUnavailable, run_in_docker
 from drover.local import LocalCluster, torchrun_args
+from jobconfig import fit_to_env, load_config, resolve_job_config
 from services.coordinator.client import CoordinatorClient
 from services.coordinator.workflows import check_workflow
 

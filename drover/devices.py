@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.config import ConfigError, JobConfig, resolve_job_config
+from common.config import ConfigError, JobConfig
 from common.devices import (
     cpu_setting,
     device_key,
@@ -20,7 +20,8 @@ from common.devices import (
     local_cuda,
     needs_cuda,
 )
-from common.ranks import split_error
+from jobconfig import resolve_job_config
+from jobconfig.ranks import split_error
 
 
 @dataclass(frozen=True)

@@ -13,8 +13,7 @@ import numpy as np
 
 from algorithms.base import CollectUnit, RoundLearner
 from algorithms.registry import ALGORITHMS
-from common.config import JobConfig, deep_merge, resolve_job_config
-from common.envs import fit_to_env
+from common.config import JobConfig, deep_merge
 from common.messages import (
     CollectSpec,
     InsertReply,
@@ -24,6 +23,7 @@ from common.messages import (
 )
 from common.models import state_to_numpy
 from common.storage import SharedStore
+from jobconfig import fit_to_env, resolve_job_config
 from services.collector.core import CollectorRunner
 from services.learner.core import SegmentSchema
 

@@ -21,10 +21,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.config import deep_merge, load_config_file
+from common.config import deep_merge
 from common.errors import ApiError
 from common.http import ServiceUnavailable
 from drover.local import LocalCluster, Service
+from jobconfig import load_config_file
 
 ROOT = Path(__file__).resolve().parents[1]
 # A goal above the example's 195, so the job outlasts a round of faults in every role.

@@ -26,7 +26,8 @@ import requests
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from common.config import deep_merge, load_config_file
+from common.config import deep_merge
+from jobconfig import load_config_file
 
 T = TypeVar("T")
 

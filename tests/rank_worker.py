@@ -32,9 +32,10 @@ from safetensors.torch import save_file
 
 from algorithms.registry import ALGORITHMS
 from algorithms.sync import LOCAL
-from common.config import JobConfig, resolve_job_config, with_spaces
+from common.config import JobConfig
 from common.messages import SampledBatch, parse
 from common.storage import SharedStore
+from jobconfig import resolve_job_config, with_spaces
 from services.learner.aggregator import follow_task
 from services.learner.core import SegmentCache, SegmentSchema, Trainer, new_learner
 from services.learner.group import RankEnv, RankGroup, share_bounds
@@ -90,7 +91,7 @@ def fabricate(config: JobConfig, rows: int, seed: int) -> dict[str, np.ndarray]:
     """`rows` rows of the columns the job's algorithm reads, random but valid for the
     learner's segment checks (an IMPALA row is an unroll: time axis included)."""
     rng = np.random.default_rng(seed)
-    schema = SegmentSchema.for_policy(config.policy, ALGORITHMS[config.policy.type].reads)
+    schema = SegmentSchema.for_policy(config.policy, ALGORITHMS[config.policy.type].column_names)
     columns: dict[str, np.ndarray] = {}
     for name, spec in schema.columns.items():
         shape = (rows, *spec.shape)
@@ -184,7 +185,7 @@ def ppo(group: RankGroup, out: Path) -> None:
     config = config_of("ppo")
     learner = new_learner(config, SEED, group)
     group.broadcast_state(learner.state_dict())
-    schema = SegmentSchema.for_policy(config.policy, ALGORITHMS["ppo"].reads)
+    schema = SegmentSchema.for_policy(config.policy, ALGORITHMS["ppo"].column_names)
     trainer = Trainer(learner, SegmentCache(SharedStore(spec["root"]), JOB, schema), group)
     batch = parse(SampledBatch, spec["batch"])
     rows = []
@@ -241,7 +242,7 @@ def priorities(group: RankGroup, out: Path) -> None:
         return info
 
     learner.learn_batch = recording  # type: ignore[method-assign]
-    schema = SegmentSchema.for_policy(config.policy, ALGORITHMS["dqn"].reads)
+    schema = SegmentSchema.for_policy(config.policy, ALGORITHMS["dqn"].column_names)
     store = SharedStore(spec["root"])
     batch = parse(SampledBatch, spec["batch"])
     results = []

@@ -8,20 +8,46 @@ network, its acting side and its learning side.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Annotated, Literal
 
 import numpy as np
 import torch
+from annotated_types import Gt
 from torch import nn
 
 from algorithms.base import AlgorithmSpec
 from algorithms.step import finite_step
 from algorithms.sync import LOCAL, GradientSync
-from common.config import PolicyConfig
+from common.columns import ACTIONS, Column
+from common.config import LearnConfig, PolicyConfig, TransitionPolicyConfig, section
 from common.models import load_numpy_state
 
-COLUMNS = ("obs", "action", "reward", "next_obs", "done", "discount")
+#: One-step transitions, and a vector column of its own: the Q-values the actor acted
+#: on (one per action), which its actor records and its learner reports.
+TOY_COLUMNS = (
+    Column("obs", "observation"),
+    Column("action", "action"),
+    Column("reward", "float"),
+    Column("next_obs", "observation"),
+    Column("done", "flag"),
+    Column("discount", "float"),
+    Column("acted_q", "float", shape=(ACTIONS,), from_actor=True),
+)
+COLUMNS = tuple(column.name for column in TOY_COLUMNS)
 LEARNING_RATE = 0.05
+
+
+@section
+class ToyLearnConfig(LearnConfig):
+    #: A knob of its own: TD errors beyond this are clipped in the loss (None: none).
+    td_clip: Annotated[float, Gt(0)] | None = None
+
+
+@section
+class ToyConfig(TransitionPolicyConfig):
+    type: Literal["toy"] = "toy"
+    learn: ToyLearnConfig = field(default_factory=ToyLearnConfig)
 
 
 def linear_q(policy: PolicyConfig) -> nn.Linear:
@@ -37,6 +63,7 @@ class ToyActor:
         self.num_actions = self.network.out_features
         self.version = 0
         self.loaded = False
+        self._acted_q = np.zeros((0, self.num_actions), np.float32)
 
     def load(self, version: int, tensors: dict[str, np.ndarray]) -> None:
         load_numpy_state(self.network, tensors)
@@ -46,10 +73,15 @@ class ToyActor:
         return action
 
     def greedy(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        with torch.inference_mode():
+            q = self.network(torch.as_tensor(obs, dtype=torch.float32)).numpy()
+        self._acted_q = q
         if not self.loaded:
             return rng.integers(0, self.num_actions, size=len(obs))
-        with torch.inference_mode():
-            return self.network(torch.as_tensor(obs, dtype=torch.float32)).argmax(-1).numpy()
+        return q.argmax(-1)
+
+    def recorded(self) -> dict[str, np.ndarray]:
+        return {"acted_q": self._acted_q}
 
     def act(self, obs: np.ndarray, rng: np.random.Generator, job_env_steps: int) -> np.ndarray:
         return self.greedy(obs, rng)
@@ -69,7 +101,8 @@ class ToyReport:
 class ToyLearner:
     """Q-learning with a squared TD error and no target network."""
 
-    def __init__(self, policy: PolicyConfig, device: str | torch.device) -> None:
+    def __init__(self, policy: ToyConfig, device: str | torch.device) -> None:
+        self.td_clip = policy.learn.td_clip
         self.device = torch.device(device)
         self.online = linear_q(policy).to(self.device)
         self.optimizer = torch.optim.SGD(self.online.parameters(), lr=policy.learn.learning_rate)
@@ -84,12 +117,20 @@ class ToyLearner:
             next_q = self.online(t["next_obs"]).max(dim=1).values
             target = t["reward"] + t["discount"] * (1.0 - t["done"]) * next_q
         td = target - q
+        if self.td_clip is not None:
+            td = td.clamp(-self.td_clip, self.td_clip)
         loss = (torch.as_tensor(weights, device=self.device) * td.pow(2)).mean()
         if finite_step(loss, self.optimizer, sync=self.sync) is None:
             self.skipped_updates += 1
         self.train_iter += 1
         loss_value, q_mean = float(loss.detach()), float(q.detach().mean())
-        scalars = {"loss/td": loss_value, "value/q_mean": q_mean}
+        # The actor's own column, as its learner reads it: the Q-values acted on.
+        acted_q_mean = float(np.mean(columns["acted_q"]))
+        scalars = {
+            "loss/td": loss_value,
+            "value/q_mean": q_mean,
+            "value/acted_q_mean": acted_q_mean,
+        }
         return ToyReport(loss_value, q_mean, td.abs().detach().numpy(), scalars)
 
     def state_dict(self) -> dict:
@@ -113,8 +154,8 @@ SPEC = AlgorithmSpec(
     defaults={"policy": {"learn": {"learning_rate": LEARNING_RATE}}},
     collect_unit="transitions",
     action_spaces=frozenset({"discrete"}),
-    writes=COLUMNS,
-    reads=COLUMNS,
+    columns=TOY_COLUMNS,
     make_actor=ToyActor,
     make_learner=ToyLearner,
+    config=ToyConfig,
 )

@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from algorithms.base import AlgorithmSpec
+from algorithms.dqn.config import DQNConfig
+from common.columns import Column
 
 if TYPE_CHECKING:
     import torch
@@ -21,7 +23,15 @@ if TYPE_CHECKING:
 
 #: One n-step transition a row (the collector's n-step builder writes them; see
 #: `TransitionBatch` for what each holds). SAC trains on the same.
-TRANSITION_COLUMNS = ("obs", "action", "reward", "next_obs", "done", "discount")
+TRANSITIONS = (
+    Column("obs", "observation"),
+    Column("action", "action"),
+    Column("reward", "float"),
+    Column("next_obs", "observation"),
+    Column("done", "flag"),
+    Column("discount", "float"),
+)
+TRANSITION_COLUMNS = tuple(column.name for column in TRANSITIONS)
 
 
 def make_actor(policy: PolicyConfig) -> QPolicy:
@@ -38,21 +48,12 @@ def make_learner(policy: PolicyConfig, device: str | torch.device) -> DQN:
 
 SPEC = AlgorithmSpec(
     name="dqn",
-    defaults={},  # the config's dataclass defaults are DQN's
+    defaults={},  # the shared sections' defaults are DQN's
     collect_unit="transitions",
     action_spaces=frozenset({"discrete"}),
     image_obs=True,
-    writes=TRANSITION_COLUMNS,
-    reads=TRANSITION_COLUMNS,
+    columns=TRANSITIONS,
     make_actor=make_actor,
     make_learner=make_learner,
-    config_keys=frozenset(
-        {
-            "policy.nstep",
-            "policy.model.dueling",
-            "policy.learn.target_update_freq",
-            "policy.learn.target_theta",
-            "policy.other.eps",
-        }
-    ),
+    config=DQNConfig,
 )

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from algorithms.dqn.config import EpsConfig
 from algorithms.dqn.networks import QNetwork
-from common.config import EpsConfig, PolicyConfig
+from common.config import PolicyConfig
 from common.models import load_numpy_state
 
 

@@ -11,7 +11,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from algorithms.base import AlgorithmSpec
+from algorithms.impala.config import IMPALAConfig
 from algorithms.ppo import make_actor  # IMPALA acts as PPO does
+from common.columns import Column
 
 if TYPE_CHECKING:
     import torch
@@ -21,7 +23,17 @@ if TYPE_CHECKING:
 
 #: One unroll of `unroll_len` steps a row: each per-step column has a time axis; the
 #: state after the unroll's last step (`bootstrap_obs`) is one per row.
-COLUMNS = ("obs", "action", "reward", "logp", "done", "bootstrap_obs")
+UNROLLS = (
+    Column("obs", "observation"),
+    Column("action", "action"),
+    Column("reward", "float"),
+    Column("logp", "float"),  # the behaviour policy's, for V-trace
+    Column("done", "flag"),  # any episode end
+    Column("bootstrap_obs", "observation", per_item=True),
+    Column("truncated", "flag"),  # a time limit's end: bootstrapped from final_obs
+    Column("final_obs", "observation"),
+)
+COLUMNS = tuple(column.name for column in UNROLLS)
 
 
 def make_learner(policy: PolicyConfig, device: str | torch.device) -> Impala:
@@ -40,7 +52,6 @@ SPEC = AlgorithmSpec(
                 "num_batches": 1,
                 "learning_rate": 5e-4,
                 "max_grad_norm": 40.0,
-                "entropy_weight": 0.01,
             },
             "other": {
                 # Each unroll is used once, oldest first; data too far behind is dropped.
@@ -56,17 +67,8 @@ SPEC = AlgorithmSpec(
     collect_unit="unrolls",
     action_spaces=frozenset({"discrete", "continuous"}),
     image_obs=True,
-    writes=COLUMNS,
-    reads=COLUMNS,
+    columns=UNROLLS,
     make_actor=make_actor,
     make_learner=make_learner,
-    config_keys=frozenset(
-        {
-            "policy.learn.rho_clip",
-            "policy.learn.c_clip",
-            "policy.learn.value_weight",
-            "policy.learn.entropy_weight",
-            "policy.collect.unroll_len",
-        }
-    ),
+    config=IMPALAConfig,
 )

@@ -119,9 +119,9 @@ class Impala(OneModelState):
             return self._targets(t, target_logp, values)
 
     def _tensors(self, columns: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        # The truncation columns are optional: segments whose algorithm spec does not
-        # list them yet lack them, and train as before.
-        names = COLUMNS + tuple(k for k in TRUNCATION_COLUMNS if k in columns)
+        # Without the truncation columns (tests comparing against the old targets),
+        # every episode end is a termination.
+        names = tuple(k for k in COLUMNS if k not in TRUNCATION_COLUMNS or k in columns)
         return {k: torch.as_tensor(columns[k], device=self.device) for k in names}
 
     def _forward(

@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from algorithms.base import AlgorithmSpec
+from algorithms.ppo.config import PPOConfig
+from common.columns import Column
 
 if TYPE_CHECKING:
     import torch
@@ -21,7 +23,14 @@ if TYPE_CHECKING:
 
 #: One step of a round a row, with the advantage and return the collectors computed
 #: with GAE and the collecting version's critic.
-COLUMNS = ("obs", "action", "logp", "adv", "ret")
+ROUND_ROWS = (
+    Column("obs", "observation"),
+    Column("action", "action"),
+    Column("logp", "float"),  # the behaviour policy's log-probability of the action
+    Column("adv", "float"),  # GAE advantage, computed by the collector
+    Column("ret", "float"),  # the value target: adv + V(obs)
+)
+COLUMNS = tuple(column.name for column in ROUND_ROWS)
 
 
 def make_actor(policy: PolicyConfig) -> ActorCriticPolicy:
@@ -58,18 +67,8 @@ SPEC = AlgorithmSpec(
     collect_unit="rounds",
     action_spaces=frozenset({"discrete", "continuous"}),
     image_obs=True,
-    writes=COLUMNS,
-    reads=COLUMNS,
+    columns=ROUND_ROWS,
     make_actor=make_actor,
     make_learner=make_learner,
-    config_keys=frozenset(
-        {
-            "policy.learn.epoch_per_collect",
-            "policy.learn.clip_ratio",
-            "policy.learn.value_weight",
-            "policy.learn.entropy_weight",
-            "policy.learn.adv_norm",
-            "policy.collect.gae_lambda",
-        }
-    ),
+    config=PPOConfig,
 )

@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from algorithms.base import AlgorithmSpec
-from algorithms.dqn import TRANSITION_COLUMNS
+from algorithms.dqn import TRANSITIONS
+from algorithms.sac.config import SACConfig
 
 if TYPE_CHECKING:
     import torch
@@ -39,25 +40,14 @@ SPEC = AlgorithmSpec(
     defaults={
         "policy": {
             "model": {"encoder_hidden_size_list": [256, 256]},
-            "learn": {"batch_size": 256, "learning_rate": 3e-4, "target_theta": 0.005},
+            "learn": {"batch_size": 256, "learning_rate": 3e-4},
             "other": {"replay_buffer": {"replay_buffer_size": 100_000}},
         },
     },
     collect_unit="transitions",
     action_spaces=frozenset({"continuous"}),
-    writes=TRANSITION_COLUMNS,
-    reads=TRANSITION_COLUMNS,
+    columns=TRANSITIONS,
     make_actor=make_actor,
     make_learner=make_learner,
-    config_keys=frozenset(
-        {
-            "policy.nstep",
-            "policy.learn.target_theta",
-            "policy.learn.init_alpha",
-            "policy.learn.learning_rate_q",
-            "policy.learn.learning_rate_policy",
-            "policy.learn.learning_rate_alpha",
-            "policy.collect.random_collect_size",
-        }
-    ),
+    config=SACConfig,
 )

@@ -2,7 +2,7 @@
 
 import sys
 
-from common.envs import setup_env_registry
+from common.env_guard import setup_env_registry
 from common.settings import SettingsError
 from services.collector.app import create_app
 from services.collector.settings import DEFAULT_PORT

@@ -27,13 +27,14 @@ from tenacity import RetryCallState, RetryError, Retrying, retry_if_exception
 from algorithms.base import Actor, SamplingActor, TransitionActor
 from common.advantages import gae
 from common.checkpoint_file import read_checkpoint
-from common.config import EnvConfig, JobConfig, PolicyConfig, algorithm_of, read_job_config
+from common.config import EnvConfig, JobConfig, PolicyConfig
 from common.envs import make_env
 from common.errors import ApiError
 from common.frames import pack_frames
 from common.http import ServiceUnavailable, is_transient, retry_wait_s
 from common.messages import CollectSpec, EvalResult, EvaluateSpec, SegmentRef, dump
 from common.storage import CorruptFileError, SharedStore
+from jobconfig import algorithm_of, read_job_config
 from services.collector.step_data import EpisodeTracker, NStepBuilder, as_obs
 from services.collector.stepping import make_stepper
 from services.coordinator.client import CoordinatorClient
@@ -316,6 +317,35 @@ class SegmentUploader:
 #: row); `done` is any episode end, `truncated` a time limit's only.
 UNROLL_STEP_COLUMNS = ("obs", "action", "reward", "logp", "done", "truncated", "final_obs")
 
+
+def actor_columns(config: JobConfig) -> tuple[str, ...]:
+    """The columns the job's algorithm declares that its actor records."""
+    return tuple(c.name for c in algorithm_of(config).columns if c.from_actor)
+
+
+def recorded(policy: Actor, names: tuple[str, ...]) -> tuple[np.ndarray, ...]:
+    """The actor's own columns (`names`) for the batch it just acted on."""
+    if not names:
+        return ()
+    values = policy.recorded()  # type: ignore[attr-defined]  # a RecordingActor
+    missing = [name for name in names if name not in values]
+    if missing:
+        raise RuntimeError(
+            f"the actor recorded no {', '.join(missing)}, which its algorithm declares"
+        )
+    return tuple(np.asarray(values[name]) for name in names)
+
+
+def declared_only(config: JobConfig, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A segment's columns: the ones the job's algorithm declares, and no others (the
+    learner checks each of them; a loop may compute more than one algorithm reads)."""
+    declared = algorithm_of(config).column_names
+    missing = [name for name in declared if name not in columns]
+    if missing:
+        raise RuntimeError(f"this collect loop writes no {', '.join(missing)}")
+    return {name: columns[name] for name in declared}
+
+
 ROUND_COLUMNS = (
     "obs",
     "action",
@@ -345,7 +375,8 @@ def round_columns(record: dict[str, list], config: PolicyConfig) -> dict[str, np
         return a.reshape(a.shape[0] * a.shape[1], *a.shape[2:])
 
     action = flat(arrays["action"])
-    return {
+    extras = {k: flat(a).astype(np.float32) for k, a in arrays.items() if k not in ROUND_COLUMNS}
+    return extras | {
         "obs": as_obs(flat(arrays["obs"])),
         "action": action.astype(np.float32 if action.dtype.kind == "f" else np.int64),
         "logp": flat(arrays["logp"]).astype(np.float32),
@@ -460,10 +491,7 @@ class CollectorRunner:
         policy, follower, stepper, uploader, worker_dir = self._sampling_rig(
             ctx, config, spec, make_stepper
         )
-        # A segment holds the columns the algorithm declares and no others (the
-        # learner checks those it reads): the truncation columns are written once
-        # the algorithm's `writes` lists them.
-        writes = frozenset(algorithm_of(config).writes)
+        own = actor_columns(config)
         stepper.reset(seed=spec.seed)
         episodes = EpisodeTracker(spec.num_envs)
         env_steps = seq = 0
@@ -471,7 +499,7 @@ class CollectorRunner:
 
         def act(obs: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
             action, logp, _ = policy.sample(obs)
-            return policy.env_action(action), (action, logp)
+            return policy.env_action(action), (action, logp, *recorded(policy, own))
 
         try:
             while not ctx.stopped():
@@ -481,9 +509,11 @@ class CollectorRunner:
                     follower.wait_newer(timeout_s=1.0)
                     continue
                 version = policy.version
-                record: dict[str, list] = {k: [] for k in UNROLL_STEP_COLUMNS}
+                record: dict[str, list] = {k: [] for k in (*UNROLL_STEP_COLUMNS, *own)}
                 for _ in range(policy_cfg.collect.unroll_len):
-                    obs, (action, logp), step = stepper.step_with(act)
+                    obs, (action, logp, *extra), step = stepper.step_with(act)
+                    for key, item in zip(own, extra, strict=True):
+                        record[key].append(item)
                     for key, item in (
                         ("obs", obs),
                         ("action", action),
@@ -496,13 +526,11 @@ class CollectorRunner:
                         record[key].append(item)
                     episodes.step(step.reward, step.ended)
                 # [T, envs, ...] -> one unroll per env: [envs, T, ...]
-                columns = {k: np.stack(v, axis=1) for k, v in record.items() if k in writes}
+                columns = {k: np.stack(v, axis=1) for k, v in record.items()}
                 for key in ("obs", "final_obs"):
-                    if key in columns:
-                        columns[key] = as_obs(columns[key])
-                for key in ("reward", "logp", "done", "truncated"):
-                    if key in columns:
-                        columns[key] = columns[key].astype(np.float32)
+                    columns[key] = as_obs(columns[key])
+                for key in ("reward", "logp", "done", "truncated", *own):
+                    columns[key] = columns[key].astype(np.float32)
                 action = columns["action"]
                 columns["action"] = action.astype(
                     np.int64 if action.dtype.kind in "iu" else np.float32
@@ -513,7 +541,7 @@ class CollectorRunner:
                     ctx,
                     uploader,
                     episodes,
-                    columns,
+                    declared_only(config, columns),
                     worker_dir,
                     seq,
                     version,
@@ -540,6 +568,7 @@ class CollectorRunner:
         round_steps = spec.round_steps or policy_cfg.collect.n_sample
         steps = -(-round_steps // spec.num_envs)  # vector steps per round, rounded up
         obs = env.reset(seed=spec.seed)
+        own = actor_columns(config)
         episodes = EpisodeTracker(spec.num_envs)
         last_version, env_steps, seq = 0, 0, 0
         started = time.monotonic()
@@ -551,9 +580,11 @@ class CollectorRunner:
                 if ctx.stopped():
                     break
                 version = policy.version
-                record: dict[str, list] = {k: [] for k in ROUND_COLUMNS}
+                record: dict[str, list] = {k: [] for k in (*ROUND_COLUMNS, *own)}
                 for _ in range(steps):
                     action, logp, value = policy.sample(obs)
+                    for key, item in zip(own, recorded(policy, own), strict=True):
+                        record[key].append(item)
                     step = env.step(policy.env_action(action))
                     for key, item in (
                         ("obs", obs),
@@ -568,7 +599,7 @@ class CollectorRunner:
                         record[key].append(item)
                     episodes.step(step.reward, step.ended)
                     obs = step.obs
-                columns = round_columns(record, policy_cfg)
+                columns = declared_only(config, round_columns(record, policy_cfg))
                 env_steps += self._ship(
                     ctx,
                     uploader,
@@ -612,28 +643,35 @@ class CollectorRunner:
         stepper.reset(seed=spec.seed)
         episodes = EpisodeTracker(spec.num_envs)
         env_steps = segment_steps = seq = 0
+        own = actor_columns(config)
         started = time.monotonic()
 
         def act(obs: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
             # Exploration follows the whole job's env steps, so adding collectors does
             # not slow its decay down.
             actions = policy.act(obs, rng, max(uploader.job_env_steps, env_steps))
-            return policy.env_action(actions), (actions,)
+            return policy.env_action(actions), (actions, *recorded(policy, own))
 
         try:
             while not ctx.stopped():
                 follower.refresh()
                 job_env_steps = max(uploader.job_env_steps, env_steps)
-                obs, (actions,), step = stepper.step_with(act)
+                obs, (actions, *extra), step = stepper.step_with(act)
                 builder.add(
-                    obs, actions, step.reward, step.final_obs, step.terminated, step.truncated
+                    obs,
+                    actions,
+                    step.reward,
+                    step.final_obs,
+                    step.terminated,
+                    step.truncated,
+                    dict(zip(own, extra, strict=True)),
                 )
                 env_steps += spec.num_envs
                 segment_steps += spec.num_envs
                 self.metrics.env_steps.inc(spec.num_envs)
                 episodes.step(step.reward, step.ended)
                 if len(builder) >= policy_cfg.collect.n_sample:
-                    columns = builder.take()
+                    columns = declared_only(config, builder.take())
                     path = self.store.segment_path(job_id, worker_dir, seq)
                     returns, lengths = episodes.take()
                     ref = SegmentRef(

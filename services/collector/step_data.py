@@ -80,11 +80,17 @@ class NStepBuilder:
         next_obs: np.ndarray,
         terminated: np.ndarray,
         truncated: np.ndarray,
+        extras: dict[str, np.ndarray] | None = None,
     ) -> None:
         """One vector step; `next_obs` holds the true next observation, also at an
-        episode's end (not the first observation of the next episode)."""
+        episode's end (not the first observation of the next episode). `extras`: the
+        actor's own columns at this step (one row per env), kept with the transition
+        that starts here."""
+        extras = extras or {}
         for i, pending in enumerate(self._pending):
-            pending.append((obs[i], actions[i], float(rewards[i])))
+            pending.append(
+                (obs[i], actions[i], float(rewards[i]), {k: v[i] for k, v in extras.items()})
+            )
             if terminated[i] or truncated[i]:
                 while pending:
                     self._emit(pending, next_obs[i], bool(terminated[i]))
@@ -95,10 +101,12 @@ class NStepBuilder:
 
     def _emit(self, pending: collections.deque, next_obs: np.ndarray, done: bool) -> None:
         ret = 0.0
-        for k, (_, _, reward) in enumerate(pending):
+        for k, (_, _, reward, _) in enumerate(pending):
             ret += self.gamma**k * reward
-        first_obs, action, _ = pending[0]
+        first_obs, action, _, extras = pending[0]
         rows = self._rows
+        for name, value in extras.items():
+            rows.setdefault(name, []).append(value)
         rows["obs"].append(first_obs)
         rows["action"].append(action)
         rows["reward"].append(ret)
@@ -109,7 +117,12 @@ class NStepBuilder:
     def take(self) -> dict[str, np.ndarray]:
         """All finished transitions as column arrays; the builder keeps the rest."""
         rows, self._rows = self._rows, {c: [] for c in self.COLUMNS}
-        return {
+        extras = {
+            name: np.asarray(values, dtype=np.float32)
+            for name, values in rows.items()
+            if name not in self.COLUMNS
+        }
+        return extras | {
             "obs": as_obs(rows["obs"]),
             # discrete: action ids; continuous: actions normalized to [-1, 1]
             "action": np.asarray(rows["action"]).astype(

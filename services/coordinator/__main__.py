@@ -6,7 +6,7 @@ import contextlib
 import ctypes
 import sys
 
-from common.envs import setup_env_registry
+from common.env_guard import setup_env_registry
 from common.http import serve
 from common.logs import setup_logging
 from common.settings import SettingsError

@@ -30,7 +30,8 @@ from common.devices import (
     needs_cuda,
 )
 from common.errors import bad_request
-from common.ranks import learner_ranks, split_error
+from common.ranks import learner_ranks
+from jobconfig.ranks import split_error
 from services.coordinator.state import Worker
 
 

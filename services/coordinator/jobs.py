@@ -13,15 +13,7 @@ import logging
 import statistics
 from typing import Any
 
-from common.config import (
-    ConfigError,
-    JobConfig,
-    from_resolved,
-    min_error_buffer,
-    resolve_job_config,
-    to_dict,
-)
-from common.envs import fit_to_env
+from common.config import ConfigError, JobConfig, to_dict
 from common.errors import bad_request, conflict, not_found
 from common.messages import (
     TERMINAL_PHASES,
@@ -40,6 +32,7 @@ from common.messages import (
 )
 from common.ranks import RANK_DEVICES, learner_ranks
 from common.storage import SharedStore
+from jobconfig import fit_to_env, from_resolved, min_error_buffer, resolve_job_config
 from services.buffer.core import ReplayBuffer
 from services.coordinator.devices import refuse_unless_fits, waiting_reason
 from services.coordinator.snapshot import (

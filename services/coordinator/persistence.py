@@ -17,9 +17,9 @@ import threading
 import time
 from typing import Any
 
-from common.config import from_resolved
 from common.messages import TERMINAL_PHASES, dump
 from common.storage import CorruptFileError
+from jobconfig import from_resolved
 from services.buffer.core import BufferSnapshot
 from services.coordinator.data import DataPlane
 from services.coordinator.jobs import JobBook, ending_record, job_record

@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 
-from common.config import algorithm_of, read_job_config
 from common.devices import CUDA_DEVICES, local_resources
 from common.logs import setup_logging
 from common.messages import PolicyRef, SampledBatch, parse
@@ -41,6 +40,7 @@ from common.metrics import service_registry
 from common.ranks import LEARNER_RANKS, RANK_DEVICES
 from common.settings import SettingsError, SlaveSettings, env_float
 from common.storage import SharedStore
+from jobconfig import algorithm_of, read_job_config
 from services.learner.core import (
     LearnerMetrics,
     LearnerRunner,
@@ -147,7 +147,7 @@ def _follow_task(group: RankGroup, store: SharedStore, task: dict[str, Any]) -> 
     if task["policy"] is not None:
         load_policy(store, learner, parse(PolicyRef, task["policy"]), config.policy.type)
     group.broadcast_state(learner.state_dict())  # bitwise rank 0's, whatever happened
-    schema = SegmentSchema.for_policy(config.policy, algorithm_of(config).reads)
+    schema = SegmentSchema.for_policy(config.policy, algorithm_of(config).column_names)
     trainer = Trainer(learner, SegmentCache(store, job_id, schema), group)
     log.info("rank %d follows task for job %s (%s)", group.rank, job_id, config.policy.type)
     while True:

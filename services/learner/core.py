@@ -28,7 +28,7 @@ import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import Any, Literal, TypeVar
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -38,7 +38,8 @@ from algorithms.base import BatchLearner, Learner, RoundLearner
 from algorithms.registry import ALGORITHMS
 from algorithms.sync import AllReduceSync
 from common.checkpoint_file import Checkpoint, read_checkpoint, write_checkpoint
-from common.config import JobConfig, PolicyConfig, algorithm_of, obs_shape_of, read_job_config
+from common.columns import ColumnSpec, column_spec
+from common.config import JobConfig, PolicyConfig
 from common.errors import ApiError
 from common.frames import INDEX_SUFFIX, POOL, is_packed, take
 from common.http import ServiceUnavailable
@@ -52,9 +53,10 @@ from common.messages import (
     dump,
 )
 from common.models import state_to_numpy
-from common.ranks import split_error
 from common.storage import CHECKPOINT_SUFFIX, CorruptFileError, SharedStore, WrongAlgorithm
 from common.tensorboard import ScalarLog, job_tb_dir
+from jobconfig import algorithm_of, read_job_config
+from jobconfig.ranks import split_error
 from services.learner.group import GroupBroken, RankGroup, share_bounds, share_of
 from services.learner.reads import READS, Read
 from services.slave.core import TaskContext, patiently
@@ -125,31 +127,6 @@ class NonFiniteWeights(RuntimeError):
     """Training produced NaN or inf weights: they are neither published nor saved."""
 
 
-#: Columns of observations: [rows, *obs_shape].
-OBS_COLUMNS = frozenset({"obs", "next_obs", "bootstrap_obs", "final_obs"})
-#: Columns of episode-end flags: bool, or numbers that are 0 or 1.
-FLAG_COLUMNS = frozenset({"done", "terminated", "truncated", "ended"})
-#: Columns with one value per item even when an item is an unroll of steps.
-PER_ITEM_COLUMNS = frozenset({"bootstrap_obs"})
-
-
-@dataclass(frozen=True)
-class ColumnSpec:
-    """What one column of a segment must hold.
-
-    `float`: a floating dtype, every value finite. `index`: an integer dtype, every
-    value in `[0, high)` (discrete actions). `flag`: bool or numeric, every value 0 or 1.
-    `pixels`: uint8 (image observations), whole or packed (common/frames.py).
-    """
-
-    kind: Literal["float", "index", "flag", "pixels"]
-    #: The shape of one row (the column's shape without its first, rows, dimension).
-    shape: tuple[int, ...]
-    #: The dtype training uses; the column is cast to it once checked.
-    dtype: type[np.generic]
-    high: int = 0
-
-
 @dataclass(frozen=True)
 class SegmentSchema:
     """The columns an algorithm trains on, each with its kind, row shape and dtype,
@@ -157,7 +134,7 @@ class SegmentSchema:
 
     Usage::
 
-        schema = SegmentSchema.for_policy(config.policy, algorithm_of(config).reads)
+        schema = SegmentSchema.for_policy(config.policy, algorithm_of(config).column_names)
         columns = schema.check(store.read_segment(path))   # or CorruptFileError
     """
 
@@ -165,33 +142,18 @@ class SegmentSchema:
 
     @classmethod
     def for_policy(cls, policy: PolicyConfig, names: tuple[str, ...]) -> SegmentSchema:
-        """The schema of `names` for a job's policy: observations are of `obs_shape`
-        (uint8 when `obs_dtype` is);
-        actions are ids below `action_shape` (discrete) or `action_shape` floats
-        (continuous); every other column is one number a row. Rows of the `unrolls`
-        unit (IMPALA's) are unrolls, so their per-step columns have a time axis of
-        `unroll_len` first."""
-        model = policy.model
-        if model.obs_shape is None or model.action_shape is None:
-            raise ValueError("the job config lacks policy.model.obs_shape or action_shape")
-        unrolls = ALGORITHMS[policy.type].collect_unit == "unrolls"
-        steps = (policy.collect.unroll_len,) if unrolls else ()
-        specs: dict[str, ColumnSpec] = {}
-        for name in names:
-            row = () if name in PER_ITEM_COLUMNS else steps
-            if name in OBS_COLUMNS and model.obs_dtype == "uint8":
-                specs[name] = ColumnSpec("pixels", (*row, *obs_shape_of(model)), np.uint8)
-            elif name in OBS_COLUMNS:
-                specs[name] = ColumnSpec("float", (*row, *obs_shape_of(model)), np.float32)
-            elif name == "action" and model.action_space == "continuous":
-                specs[name] = ColumnSpec("float", (*row, model.action_shape), np.float32)
-            elif name == "action":
-                specs[name] = ColumnSpec("index", row, np.int64, high=model.action_shape)
-            elif name in FLAG_COLUMNS:
-                specs[name] = ColumnSpec("flag", row, np.float32)
-            else:
-                specs[name] = ColumnSpec("float", row, np.float32)
-        return cls(specs)
+        """The schema of `names`, columns the job's algorithm declares
+        (`AlgorithmSpec.columns`: each column's kind gives its shape and dtype for the
+        job, `common.columns.column_spec`). Rows of the `unrolls` unit (IMPALA's) are
+        unrolls, so their per-step columns have a time axis of `unroll_len` first."""
+        algorithm = ALGORITHMS[policy.type]
+        declared = {column.name: column for column in algorithm.columns}
+        undeclared = [name for name in names if name not in declared]
+        if undeclared:
+            raise ValueError(f"{policy.type} declares no column {', '.join(undeclared)}")
+        unrolls = algorithm.collect_unit == "unrolls"
+        steps = (policy.collect.unroll_len,) if unrolls else ()  # type: ignore[attr-defined]
+        return cls({name: column_spec(declared[name], policy, steps) for name in names})
 
     def check(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """The schema's columns of a segment, checked and cast to their training dtypes
@@ -855,7 +817,7 @@ class _LearnSession:
         self.version = version
         self.group = group
         self.job_id = ctx.task.job_id
-        schema = SegmentSchema.for_policy(config.policy, algorithm_of(config).reads)
+        schema = SegmentSchema.for_policy(config.policy, algorithm_of(config).column_names)
         self.cache = SegmentCache(store, self.job_id, schema, unusable=ctx.unusable_segments)
         self.trainer = Trainer(learner, self.cache, group)
         self.sample_timeouts = 0

@@ -18,9 +18,10 @@ import pytest
 import requests
 from safetensors.numpy import load as safetensors_load
 
-from common.config import deep_merge, load_config_file
+from common.config import deep_merge
 from common.storage import SharedStore
 from drover.local import LocalCluster
+from jobconfig import load_config_file
 from tests.helpers import assert_alive, wait_until
 
 pytestmark = pytest.mark.processes

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from common.config import load_config_file
 from common.errors import ApiError
 from drover.local import LocalCluster
+from jobconfig import load_config_file
 from services.slave.client import SlaveClient
 from tests.helpers import DEADLINE_S, EXAMPLE, ROOT, wait_for_end
 

@@ -3,8 +3,8 @@ the services on DI-engine's CartPole (v0, goal 195)."""
 
 import pytest
 
-from common.config import load_config
 from drover.local import LocalCluster
+from jobconfig import load_config
 from tests.helpers import DI_ENGINE_FILE, wait_for_end
 
 pytestmark = [pytest.mark.processes, pytest.mark.learning]

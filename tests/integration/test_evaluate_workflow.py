@@ -8,10 +8,10 @@ import pytest
 
 from algorithms.dqn.learner import DQN
 from common.checkpoint_file import Checkpoint, write_checkpoint
-from common.config import resolve_job_config, with_spaces
 from common.models import state_to_numpy
 from common.storage import SharedStore
 from drover.local import LocalCluster
+from jobconfig import resolve_job_config, with_spaces
 from tests.helpers import wait_for_end
 
 pytestmark = pytest.mark.processes

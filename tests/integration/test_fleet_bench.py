@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from bench.fleet import SEGMENT_ROWS, job_config, parse_args, transitions
-from common.config import algorithm_of, resolve_job_config, to_dict
-from common.envs import fit_to_env
+from common.config import to_dict
 from common.messages import SegmentRef, dump
 from common.storage import SharedStore
+from jobconfig import algorithm_of, fit_to_env, resolve_job_config
 from services.collector.core import MAX_SEGMENTS_PER_UPLOAD
 from services.learner.core import SegmentSchema
 
@@ -67,7 +67,7 @@ def test_fleet_segments_have_the_jobs_schema(tmp_path: Path) -> None:
     args = parse_args(["--quick"])
     config = fit_to_env(resolve_job_config(job_config(args, 2))[0])
     columns = transitions(to_dict(config)["policy"], SEGMENT_ROWS, seed=0)
-    schema = SegmentSchema.for_policy(config.policy, algorithm_of(config).reads)
+    schema = SegmentSchema.for_policy(config.policy, algorithm_of(config).column_names)
     checked = schema.check(columns)
     assert all(len(column) == SEGMENT_ROWS for column in checked.values())
     store = SharedStore(tmp_path)

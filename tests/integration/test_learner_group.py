@@ -17,8 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from common.config import deep_merge, load_config_file
+from common.config import deep_merge
 from drover.local import LocalCluster, free_port
+from jobconfig import load_config_file
 from tests.helpers import wait_for_end, wait_until
 
 pytestmark = [pytest.mark.processes, pytest.mark.torchrun]

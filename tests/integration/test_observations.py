@@ -7,10 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.config import deep_merge, load_config_file
+from common.config import deep_merge
 from common.frames import POOL
 from common.storage import SharedStore
 from drover.local import LocalCluster
+from jobconfig import load_config_file
 from tests.helpers import wait_for_end
 
 pytestmark = pytest.mark.processes

@@ -3,9 +3,9 @@
 import pytest
 from matplotlib.image import imread
 
-from common.config import load_config_file
 from drover.cli import main
 from drover.local import LocalCluster
+from jobconfig import load_config_file
 from tests.helpers import DEADLINE_S, EXAMPLE, wait_for_end
 
 pytestmark = pytest.mark.processes

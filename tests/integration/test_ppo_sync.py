@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
-from common.config import load_config_file
 from drover.local import LocalCluster
+from jobconfig import load_config_file
 from tests.helpers import wait_for_end
 
 pytestmark = [pytest.mark.processes, pytest.mark.learning]

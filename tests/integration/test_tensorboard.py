@@ -5,8 +5,8 @@ import time
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-from common.config import load_config_file
 from drover.local import LocalCluster
+from jobconfig import load_config_file
 from tests.helpers import EXAMPLE, wait_for_end
 
 pytestmark = pytest.mark.processes

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from common.config import MAX_CONFIG_DEPTH, MAX_CONFIG_ITEMS, load_config_file
+from common.config import MAX_CONFIG_DEPTH, MAX_CONFIG_ITEMS
 from common.config import check_shape as check_config_shape
 from common.errors import ApiError
 from common.http import MAX_BODY_BYTES, ServerLimits, check_shape, nesting, structure
@@ -38,6 +38,7 @@ from common.messages import (
     parse,
 )
 from common.storage import SharedStore
+from jobconfig import load_config_file
 from services.collector.step_data import EpisodeTracker
 from services.coordinator.app import create_app
 from services.coordinator.core import Coordinator

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from common.config import load_config_file
+from jobconfig import load_config_file
 from services.coordinator.app import create_app
 from services.coordinator.settings import CoordinatorSettings
 from tests.coordinator_app import AUTH, TOKEN

@@ -11,10 +11,10 @@ import pytest
 
 from algorithms.registry import ALGORITHMS
 from common.checkpoint_file import Checkpoint, write_checkpoint
-from common.config import resolve_job_config, with_spaces
 from common.messages import EvaluateSpec
 from common.models import state_to_numpy
 from common.storage import SharedStore, WrongAlgorithm
+from jobconfig import resolve_job_config, with_spaces
 from services.collector.core import CollectorRunner
 from services.coordinator.app import create_app
 from services.coordinator.core import Coordinator, CoordinatorLimits

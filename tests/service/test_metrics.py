@@ -12,13 +12,14 @@ import pytest
 import yaml
 from prometheus_client import generate_latest
 
-from common.config import deep_merge, load_config_file
+from common.config import deep_merge
 from common.errors import ApiError
 from common.http import ServiceUnavailable
 from common.messages import InsertReply, SegmentRef, new_id
 from common.metrics import service_registry
 from common.storage import SharedStore
 from drover.local import LocalCluster
+from jobconfig import load_config_file
 from services.collector.core import CollectorMetrics, SegmentUploader, _Pending
 from services.coordinator.app import create_app
 from services.coordinator.core import Coordinator

@@ -3,8 +3,9 @@ a class and a line in WORKFLOWS, with no change to the coordinator."""
 
 import pytest
 
-from common.config import ConfigError, resolve_job_config
+from common.config import ConfigError
 from common.messages import CollectSpec
+from jobconfig import resolve_job_config
 from services.coordinator.workflows import WORKFLOWS, check_workflow
 from services.coordinator.workflows.training import AsyncTraining
 from tests.coordinator_app import (

@@ -16,19 +16,15 @@ from algorithms.base import (
     ACTOR_PROTOCOLS,
     LEARNER_PROTOCOLS,
     SCALAR_GROUPS,
+    UNIT_COLUMNS,
     ActionSpace,
     Algorithm,
     CollectUnit,
+    RecordingActor,
 )
 from algorithms.registry import ALGORITHMS
 from common.checkpoint_file import Checkpoint, decode_checkpoint, encode_checkpoint
-from common.config import (
-    ConfigError,
-    from_resolved,
-    resolve_job_config,
-    to_dict,
-    with_spaces,
-)
+from common.config import ConfigError, to_dict
 from common.messages import (
     LearnSpec,
     SampledBatch,
@@ -36,6 +32,7 @@ from common.messages import (
 )
 from common.models import state_to_numpy
 from common.storage import SharedStore
+from jobconfig import from_resolved, resolve_job_config, with_spaces
 from services.coordinator.workflows import WORKFLOWS, check_workflow
 from services.learner.core import LearnerRunner, SegmentSchema
 from tests import toy_algorithm
@@ -69,7 +66,13 @@ def test_every_algorithm_declares_what_the_others_read(name):
     # some workflow runs it, and its default workflow does
     assert any(algo.collect_unit in w.collect_units for w in WORKFLOWS.values())
     assert algo.action_spaces and algo.action_spaces <= set(typing.get_args(ActionSpace))
-    assert set(algo.reads) <= set(algo.writes)
+    # each column once, and each its unit's loop writes unless its actor records it
+    assert len(set(algo.column_names)) == len(algo.columns)
+    loop_columns = {c.name for c in algo.columns if not c.from_actor}
+    assert loop_columns <= UNIT_COLUMNS[algo.collect_unit]
+    if any(c.from_actor for c in algo.columns):
+        actor = algo.make_actor(job_config(name, sorted(algo.action_spaces)[0]).policy)
+        assert isinstance(actor, RecordingActor)
     config, warnings = resolve_job_config({"policy": {"type": name}})
     assert warnings == []  # every default names a key the config knows
     within(algo.defaults, to_dict(config))
@@ -95,7 +98,7 @@ def test_actor_and_learner_fit_each_other_and_train(name, space):
     # One update on the columns it reads moves the published network.
     rows = 8
     before = {k: v.copy() for k, v in state_to_numpy(learner.online).items()}  # not views
-    columns = synthetic_columns(config, algo.reads, rows)
+    columns = synthetic_columns(config, algo.column_names, rows)
     report = train_once(learner, columns, rows)
     assert np.isfinite(report.loss) and learner.train_iter >= 1 and learner.skipped_updates == 0
     after = state_to_numpy(learner.online)
@@ -125,7 +128,7 @@ def test_reports_name_each_loss_term_the_gradient_norm_and_learning_rate(name, s
     config = job_config(name, space)
     learner = algo.make_learner(config.policy, "cpu")
     rows = 8
-    columns = synthetic_columns(config, algo.reads, rows)
+    columns = synthetic_columns(config, algo.column_names, rows)
     first, second = (train_once(learner, columns, rows).scalars for _ in range(2))
     assert list(first) == list(second)  # a learner group merges them by position
     groups = {tag.split("/")[0] for tag in first}
@@ -136,7 +139,7 @@ def test_reports_name_each_loss_term_the_gradient_norm_and_learning_rate(name, s
     rates = [v for tag, v in first.items() if tag.endswith("learning_rate")]
     assert config.policy.learn.learning_rate in rates
     # Several loss terms where the loss has several (PPO, IMPALA, SAC).
-    if name != "dqn":
+    if name in ("ppo", "impala", "sac"):
         assert sum(tag.startswith("loss/") for tag in first) >= 3
         assert "policy/entropy" in first
 
@@ -149,10 +152,10 @@ def test_the_collector_writes_the_columns_the_algorithm_declares(tmp_path, name,
     config = job_config(name, space)
     algo = ALGORITHMS[name]
     ref, columns = collect_one_segment(store, config, publish_fresh_policy(store, config))
-    assert sorted(columns) == sorted(algo.writes)
+    assert sorted(columns) == sorted(algo.column_names)
     assert ref.policy_version == 1 and ref.rows == len(columns["obs"]) > 0
     # ... and they pass the learner's checks of the columns it reads.
-    SegmentSchema.for_policy(config.policy, algo.reads).check(columns)
+    SegmentSchema.for_policy(config.policy, algo.column_names).check(columns)
 
 
 # An algorithm added to the registry, and nowhere else.
@@ -168,7 +171,8 @@ def test_an_unregistered_algorithm_is_refused_naming_the_known_ones():
     with pytest.raises(ConfigError) as err:
         resolve_job_config({"policy": {"type": "toy"}})
     assert err.value.field == "policy.type"
-    assert err.value.message == "unknown algorithm 'toy' (known: dqn, impala, ppo, sac)"
+    known = ", ".join(sorted(ALGORITHMS))
+    assert err.value.message == f"unknown algorithm 'toy' (known: {known})"
 
 
 def test_a_registered_algorithm_is_known_to_the_config(toy):
@@ -185,13 +189,38 @@ def test_a_registered_algorithm_is_known_to_the_config(toy):
         with_spaces(config, 3, 1, "continuous", ([-2.0], [2.0]))
 
 
+def test_a_registered_algorithms_own_knob_is_read_bounded_and_typo_checked(toy):
+    """`learn.td_clip` is declared in the toy's config class alone."""
+    config, warnings = resolve_job_config({"policy": {"type": "toy", "learn": {"td_clip": "0.5"}}})
+    assert warnings == [] and config.policy.learn.td_clip == 0.5
+    with pytest.raises(ConfigError) as err:
+        resolve_job_config({"policy": {"type": "toy", "learn": {"td_clip": -1}}})
+    assert err.value.field == "policy.learn.td_clip"
+    _, warnings = resolve_job_config({"policy": {"type": "toy", "learn": {"td_clp": 1}}})
+    assert warnings == ["policy.learn.td_clp: unknown key (did you mean 'td_clip'?)"]
+    _, warnings = resolve_job_config({"policy": {"type": "dqn", "learn": {"td_clip": 1}}})
+    assert warnings == ["policy.learn.td_clip: ignored, dqn does not use it (toy does)"]
+
+
 @pytest.mark.timeout(60)
-def test_a_registered_algorithm_collects_and_learns_through_the_services(tmp_path, toy):
+def test_a_registered_algorithm_collects_and_learns_through_the_services(
+    tmp_path, toy, monkeypatch
+):
     torch.manual_seed(0)
     store = SharedStore(tmp_path)
-    config = job_config("toy", "discrete", policy={"learn": {"batch_size": 8}})
+    config = job_config("toy", "discrete", policy={"learn": {"batch_size": 8, "td_clip": 0.25}})
     ref, columns = collect_one_segment(store, config, publish_fresh_policy(store, config))
-    assert sorted(columns) == sorted(toy.writes)
+    assert sorted(columns) == sorted(toy.column_names)
+    # its own vector column: written by the collector from what its actor recorded
+    assert columns["acted_q"].shape == (ref.rows, 2) and columns["acted_q"].dtype == np.float32
+    seen: list[tuple[float | None, tuple[int, ...]]] = []
+    learn_batch = toy_algorithm.ToyLearner.learn_batch
+
+    def spying(self, columns, weights):
+        seen.append((self.td_clip, columns["acted_q"].shape))
+        return learn_batch(self, columns, weights)
+
+    monkeypatch.setattr(toy_algorithm.ToyLearner, "learn_batch", spying)
 
     stop = threading.Event()
     coordinator = FakeCoordinator(stop)
@@ -204,6 +233,8 @@ def test_a_registered_algorithm_collects_and_learns_through_the_services(tmp_pat
     ]
     result = LearnerRunner(store).learn(Ctx(coordinator, stop), config, LearnSpec(seed=0))
     assert result["train_iter"] == 3  # one update a batch
+    # the learner checked the column and trained with it, and with the knob
+    assert seen == [(0.25, (8, 2))] * 3
     newest = coordinator.announced[-1]
     assert store.read_policy(newest.path).algo == "toy"
     assert newest.train_iter == result["train_iter"]

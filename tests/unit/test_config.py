@@ -4,14 +4,8 @@ from pathlib import Path
 
 import pytest
 
-from common.config import (
-    ConfigError,
-    from_resolved,
-    load_config_file,
-    resolve_job_config,
-    to_dict,
-    with_spaces,
-)
+from common.config import ConfigError, to_dict
+from jobconfig import from_resolved, load_config_file, resolve_job_config, with_spaces
 
 
 def test_defaults_merge_and_freeze():

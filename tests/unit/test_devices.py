@@ -6,11 +6,12 @@ import pytest
 import torch
 import yaml
 
-from common.config import ConfigError, resolve_job_config
+from common.config import ConfigError
 from common.devices import cuda_devices, local_cuda, local_resources
 from common.errors import ApiError
 from drover import cli, devices
 from drover.devices import fit_local_device
+from jobconfig import resolve_job_config
 
 NO_CUDA_HERE = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 

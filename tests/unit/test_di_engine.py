@@ -3,9 +3,10 @@ name, with DI-engine's knobs moved to drover's keys, or are refused naming the k
 
 import pytest
 
-from common.config import ConfigError, load_config, resolve_job_config
-from common.di_engine import from_di_engine
+from common.config import ConfigError
 from drover.cli import main as drover
+from jobconfig import load_config, resolve_job_config
+from jobconfig.di_engine import from_di_engine
 from services.coordinator.workflows import check_workflow
 from tests.helpers import DI_ENGINE_FILE
 
@@ -92,9 +93,8 @@ def test_sac_on_pendulum_reads_di_engines_actor_and_priority_keys():
     ("policy", "env", "field", "says"),
     [
         ("discrete_sac", "cartpole", "create_config.policy.type", "continuous"),
-        ("rainbow", "cartpole", "create_config.policy.type", "create_config.policy.type: dqn"),
         ("ppo_offpolicy", "cartpole", "create_config.policy.type", "on-policy"),
-        ("c51", "cartpole", "create_config.policy.type", "dqn, impala, ppo, sac"),
+        ("r2d2", "cartpole", "create_config.policy.type", "not an algorithm drover runs"),
         ("dqn", "atari_pong", "create_config.env.type", "set env.env_id"),
     ],
 )
@@ -134,8 +134,8 @@ def test_config_show_prints_the_resolved_config_and_starts_nothing(tmp_path, cap
     shown = capsys.readouterr()
     assert "translated: create_config.env.type cartpole -> env.env_id CartPole-v0" in shown.err
     assert "type: ppo" in shown.out and "workflow: sync" in shown.out
-    refused = tmp_path / "cartpole_rainbow_config.py"
-    refused.write_text(DI_ENGINE_FILE.replace("type='ppo'", "type='rainbow'"))
+    refused = tmp_path / "cartpole_r2d2_config.py"
+    refused.write_text(DI_ENGINE_FILE.replace("type='ppo'", "type='r2d2'"))
     assert drover(["config", "show", str(refused)]) == 2
     assert "create_config.policy.type" in capsys.readouterr().err
 

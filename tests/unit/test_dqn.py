@@ -5,7 +5,7 @@ import torch
 from algorithms.dqn.actor import EpsilonSchedule
 from algorithms.dqn.learner import DQN, TransitionBatch
 from common.checkpoint_file import Checkpoint, decode_checkpoint, encode_checkpoint
-from common.config import resolve_job_config, with_spaces
+from jobconfig import resolve_job_config, with_spaces
 from services.collector.step_data import NStepBuilder
 
 
@@ -124,7 +124,7 @@ def test_truncation_bootstraps():
 
 
 def test_epsilon_schedules():
-    from common.config import EpsConfig
+    from algorithms.dqn.config import EpsConfig
 
     exp = EpsilonSchedule(EpsConfig(type="exp", start=1.0, end=0.1, decay=100))
     assert exp(0) == pytest.approx(1.0)

@@ -16,8 +16,10 @@ import numpy as np
 import pytest
 
 from common.config import ConfigError, EnvConfig
+from common.env_guard import setup_env_registry
+from common.env_make import make_one_env
 from common.env_workers import EnvWorkerError, SubprocessVector
-from common.envs import GymnasiumVector, VectorStep, make_env, make_one_env, setup_env_registry
+from common.envs import GymnasiumVector, VectorStep, make_env
 
 # Every wait below is bounded by a worker deadline; this bounds the test itself.
 pytestmark = pytest.mark.timeout(60)
@@ -224,7 +226,7 @@ def test_make_env_gives_async_envs() -> None:
 
 def test_the_worker_imports_no_torch() -> None:
     check = (
-        "import sys, common.env_workers, common.envs as envs; envs.setup_env_registry(); "
+        "import sys, common.env_workers, common.env_guard as guard; guard.setup_env_registry(); "
         "print(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))"
     )
     result = subprocess.run(

@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from common.config import ConfigError, EnvConfig
+from common.env_guard import setup_env_registry
 from common.envpool_vector import EnvpoolVector, envpool_spaces, envpool_task, same_spaces
-from common.envs import GymnasiumVector, VectorEnvAdapter, env_spaces, make_env, setup_env_registry
+from common.envs import GymnasiumVector, VectorEnvAdapter, env_spaces, make_env
 
 PONG = "PongNoFrameskip-v4"
 #: Pong's action that moves the paddle, so consecutive frames differ.

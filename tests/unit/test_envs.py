@@ -10,14 +10,8 @@ import numpy as np
 import pytest
 
 from common.config import ConfigError, EnvConfig
-from common.envs import (
-    ENV_MODULES_VAR,
-    check_env,
-    env_modules_from_env,
-    env_spaces,
-    make_vector_env,
-    setup_env_registry,
-)
+from common.env_guard import ENV_MODULES_VAR, check_env, env_modules_from_env, setup_env_registry
+from common.envs import env_spaces, make_vector_env
 from common.settings import SettingsError
 
 FLAT_ENV_MODULE = """
@@ -308,7 +302,7 @@ class CountingEnvs:
 
 class CountingAdapter:
     def spaces(self, config):
-        from common.envs import Spaces
+        from common.env_make import Spaces
 
         return Spaces(obs_shape=(3,), action_shape=2, action_space="discrete")
 

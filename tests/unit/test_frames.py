@@ -6,10 +6,10 @@ import pytest
 
 import common.frames as frames
 from algorithms.registry import ALGORITHMS
-from common.config import resolve_job_config, with_spaces
 from common.frames import POOL, pack_frames, take, unpack_frames
 from common.messages import SampledBatch, SampledSegment
 from common.storage import CorruptFileError, SharedStore
+from jobconfig import resolve_job_config, with_spaces
 from services.collector.step_data import NStepBuilder
 from services.learner.core import SegmentCache, SegmentSchema
 
@@ -34,7 +34,7 @@ def stacked_transitions(rows, rng, nstep=1):
 def image_schema():
     config, _ = resolve_job_config({"policy": {"type": "dqn"}})
     config = with_spaces(config, (STACK, SIDE, SIDE), ACTIONS, obs_dtype="uint8")
-    return SegmentSchema.for_policy(config.policy, ALGORITHMS["dqn"].reads)
+    return SegmentSchema.for_policy(config.policy, ALGORITHMS["dqn"].column_names)
 
 
 def test_packing_stores_each_frame_once_and_rebuilds_every_row_exactly():

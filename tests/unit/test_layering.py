@@ -1,6 +1,8 @@
-"""Layers: `common/` holds what services share and `algorithms/` the algorithms; neither
-depends on `services/`, and what the coordinator imports to read configs (the config
-and the algorithm registry) imports no torch."""
+"""Layers, bottom up: `common/` (what every part shares, the config's base sections
+included), `algorithms/` (each algorithm, its own config sections too), `jobconfig/`
+(a job's config resolved: it reads both), then `services/` and `drover/`. No layer
+imports one above it, and what the coordinator imports to read configs imports no
+torch."""
 
 import ast
 import subprocess
@@ -23,23 +25,54 @@ def imported_modules(path: Path) -> set[str]:
     return names
 
 
-@pytest.mark.parametrize("package", ["common", "algorithms"])
-def test_imports_nothing_from_services(package):
+#: Each package, and the packages above it that it must not import.
+ABOVE = {
+    "common": ("algorithms", "jobconfig", "services", "drover"),
+    "algorithms": ("jobconfig", "services", "drover"),
+    "jobconfig": ("services", "drover"),
+}
+
+
+@pytest.mark.parametrize("package", sorted(ABOVE))
+def test_no_package_imports_one_above_it(package):
     offenders = {
         str(path.relative_to(ROOT)): sorted(
-            m for m in imported_modules(path) if m == "services" or m.startswith("services.")
+            m for m in imported_modules(path) if m.split(".")[0] in ABOVE[package]
         )
         for path in sorted((ROOT / package).rglob("*.py"))
     }
     assert {k: v for k, v in offenders.items() if v} == {}
 
 
-def test_reading_configs_imports_no_torch():
-    check = "import sys, common.config; print('torch' in sys.modules)"
+def run_python(code: str) -> str:
     out = subprocess.run(
-        [sys.executable, "-c", check], cwd=ROOT, capture_output=True, text=True, check=True
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120
     )
-    assert out.stdout.strip() == "False"
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.strip()
+
+
+@pytest.mark.parametrize("module", ["common.config", "jobconfig", "algorithms.registry"])
+def test_reading_configs_imports_no_torch(module):
+    assert run_python(f"import sys, {module}; print('torch' in sys.modules)") == "False"
+
+
+ALGORITHM_PACKAGES = sorted(
+    f"algorithms.{path.parent.name}" for path in (ROOT / "algorithms").glob("*/__init__.py")
+)
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHM_PACKAGES)
+@pytest.mark.parametrize("first", ["algorithm", "config"])
+def test_an_algorithm_and_the_config_import_in_either_order(algorithm, first):
+    """An algorithm's `__init__` (which imports common.config at its top, through its
+    config module) and `common.config` import in a fresh process whichever comes
+    first, and then the job config resolves; a cycle between them would fail here
+    with a partially initialized module."""
+    order = [algorithm, "common.config"] if first == "algorithm" else ["common.config", algorithm]
+    code = "; ".join(f"import {m}" for m in order)
+    code += "; from jobconfig import resolve_job_config; resolve_job_config({}); print('ok')"
+    assert run_python(code) == "ok"
 
 
 #: torch.distributed's collectives of Python objects: each pickles what it sends.

@@ -27,10 +27,10 @@ import torch
 from safetensors.torch import load_file
 
 from algorithms.sync import LocalSync
-from common.config import resolve_job_config
 from common.messages import SampledBatch, SampledSegment, dump
-from common.ranks import split_error
 from common.storage import SharedStore
+from jobconfig import resolve_job_config
+from jobconfig.ranks import split_error
 from services.learner.core import new_learner
 from services.learner.group import share_bounds, share_of
 from tests.rank_worker import (

@@ -16,7 +16,6 @@ from algorithms.ppo.learner import PPO
 from algorithms.sac.learner import SAC
 from algorithms.step import finite_step
 from common.checkpoint_file import Checkpoint, write_checkpoint
-from common.config import resolve_job_config, with_spaces
 from common.errors import ApiError
 from common.messages import (
     MAX_PRIORITY,
@@ -29,6 +28,7 @@ from common.messages import (
 )
 from common.models import state_to_numpy
 from common.storage import SharedStore
+from jobconfig import resolve_job_config, with_spaces
 from services.learner.core import (
     LearnerRunner,
     NonFiniteWeights,

@@ -7,9 +7,12 @@ import pytest
 import torch
 
 from algorithms.registry import ALGORITHMS
-from common.config import ConfigError, EnvConfig, resolve_job_config
-from common.envs import env_spaces, fit_to_env, make_env, make_one_env, setup_env_registry
+from common.config import ConfigError, EnvConfig
+from common.env_guard import setup_env_registry
+from common.env_make import make_one_env
+from common.envs import env_spaces, make_env
 from common.models import encoder_kind, make_encoder
+from jobconfig import fit_to_env, resolve_job_config
 
 setup_env_registry({})  # ale_py and minigrid
 
@@ -55,7 +58,7 @@ def test_a_dict_of_vectors_is_taken_whole_and_flattened():
     space = gym.spaces.Dict(
         {"position": gym.spaces.Box(-1, 1, (2,)), "mode": gym.spaces.Discrete(3)}
     )
-    from common.envs import _observation_layout
+    from common.env_make import _observation_layout
 
     layout, box = _observation_layout(space, "test")
     assert box.shape == (5,)

@@ -5,10 +5,10 @@ import numpy as np
 
 from algorithms.dqn.actor import QPolicy
 from algorithms.dqn.networks import QNetwork
-from common.config import resolve_job_config, with_spaces
 from common.messages import PolicyRef
 from common.models import state_to_numpy
 from common.storage import SharedStore
+from jobconfig import resolve_job_config, with_spaces
 from services.collector.core import PolicyFollower
 
 

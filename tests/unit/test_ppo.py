@@ -5,7 +5,7 @@ import torch
 from algorithms.ppo import COLUMNS
 from algorithms.ppo.learner import PPO
 from common.advantages import gae
-from common.config import resolve_job_config, with_spaces
+from jobconfig import resolve_job_config, with_spaces
 from services.collector.core import round_columns
 
 

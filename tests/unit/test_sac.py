@@ -4,7 +4,7 @@ import torch
 
 from algorithms.sac.learner import SAC
 from algorithms.sac.networks import SquashedGaussianActor
-from common.config import resolve_job_config, with_spaces
+from jobconfig import resolve_job_config, with_spaces
 from services.collector.step_data import NStepBuilder
 
 

@@ -8,9 +8,9 @@ import pytest
 from safetensors.numpy import save as st_save
 
 from algorithms.registry import ALGORITHMS
-from common.config import resolve_job_config, with_spaces
 from common.messages import SampledBatch, SampledSegment
 from common.storage import SharedStore
+from jobconfig import resolve_job_config, with_spaces
 from services.learner.core import SegmentCache, SegmentSchema
 from services.learner.reads import BoundedReads
 
@@ -20,7 +20,7 @@ OBS, ACTIONS = 4, 3
 def dqn_schema():
     config, _ = resolve_job_config({"policy": {"type": "dqn"}})
     return SegmentSchema.for_policy(
-        with_spaces(config, OBS, ACTIONS).policy, ALGORITHMS["dqn"].reads
+        with_spaces(config, OBS, ACTIONS).policy, ALGORITHMS["dqn"].column_names
     )
 
 
@@ -28,7 +28,7 @@ def sac_schema():
     config, _ = resolve_job_config({"policy": {"type": "sac"}})
     bounds = ([-1.0, -1.0], [1.0, 1.0])
     policy = with_spaces(config, OBS, 2, "continuous", bounds).policy
-    return SegmentSchema.for_policy(policy, ALGORITHMS["sac"].reads)
+    return SegmentSchema.for_policy(policy, ALGORITHMS["sac"].column_names)
 
 
 def good(rows, start=0.0):
@@ -89,8 +89,8 @@ def test_a_good_segment_gathers_its_rows_as_training_columns(tmp_path):
     cache = SegmentCache(store, "job-1", dqn_schema())
     columns, weights, keys = cache.gather(batch)
     source = good(5)
-    assert sorted(columns) == sorted(ALGORITHMS["dqn"].reads)
-    for name in ALGORITHMS["dqn"].reads:
+    assert sorted(columns) == sorted(ALGORITHMS["dqn"].column_names)
+    for name in ALGORITHMS["dqn"].column_names:
         np.testing.assert_array_equal(columns[name], source[name][[4, 0, 4]])
     assert columns["obs"].dtype == np.float32 and columns["action"].dtype == np.int64
     assert keys == [1, 2, 3] and weights.tolist() == [1.0, 2.0, 3.0]
@@ -224,7 +224,7 @@ def test_continuous_actions_must_be_finite_floats_of_the_action_width(tmp_path, 
 def test_unrolls_must_have_the_configured_length(tmp_path):
     config, _ = resolve_job_config({"policy": {"type": "impala", "collect": {"unroll_len": 5}}})
     schema = SegmentSchema.for_policy(
-        with_spaces(config, OBS, ACTIONS).policy, ALGORITHMS["impala"].reads
+        with_spaces(config, OBS, ACTIONS).policy, ALGORITHMS["impala"].column_names
     )
     store = SharedStore(tmp_path)
 
@@ -236,6 +236,8 @@ def test_unrolls_must_have_the_configured_length(tmp_path):
             "logp": np.zeros((items, steps), np.float32),
             "done": np.zeros((items, steps), np.float32),
             "bootstrap_obs": np.zeros((items, OBS), np.float32),
+            "truncated": np.zeros((items, steps), np.float32),
+            "final_obs": np.zeros((items, steps, OBS), np.float32),
         }
 
     ok, short = store.segment_path("job-1", "w", 0), store.segment_path("job-1", "w", 1)

@@ -11,7 +11,8 @@ Adding one: a file here with a class implementing `Workflow`, and one line in
 
 from __future__ import annotations
 
-from common.config import ConfigError, JobConfig, algorithm_of
+from common.config import ConfigError, JobConfig
+from jobconfig import algorithm_of
 from services.coordinator.workflows.base import Planner, Workflow
 from services.coordinator.workflows.evaluate import Evaluate
 from services.coordinator.workflows.training import AsyncTraining, SyncTraining

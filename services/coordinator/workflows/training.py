@@ -13,7 +13,7 @@ import logging
 import statistics
 from typing import TYPE_CHECKING, Literal
 
-from common.config import ConfigError, JobConfig, ReplayBufferConfig, algorithm_of
+from common.config import ConfigError, JobConfig, ReplayBufferConfig
 from common.errors import bad_request
 from common.messages import (
     MAX_BATCH_SIZE,
@@ -23,6 +23,7 @@ from common.messages import (
     EvaluateSpec,
     LearnSpec,
 )
+from jobconfig import algorithm_of
 from services.coordinator.workflows.base import Planner
 
 if TYPE_CHECKING:
@@ -69,7 +70,7 @@ class AsyncTraining:
     def plan(self, job: Job, planner: Planner) -> list[Dispatch]:
         kinds = planner.active_kinds(job)
         plan: list[Dispatch] = []
-        if kinds.get("learn", 0) < job.config.system.learner_num:
+        if kinds.get("learn", 0) == 0:  # one learner (which may be a group of ranks)
             learners = [w for w in planner.free_workers("learner", "learn") if not w.task_ids]
             if learners:
                 spec = LearnSpec(seed=planner.seed(job), mode=self.learn_mode)

@@ -36,10 +36,19 @@ ENV_IDS: dict[str, str] = {
     "BipedalWalker-v2": "BipedalWalker-v3",
 }
 
-#: DI-engine's `create_config.policy.type` -> drover's algorithm.
-POLICY_TYPES: dict[str, str] = {"dqn": "dqn", "ppo": "ppo", "impala": "impala", "sac": "sac"}
 
-#: Algorithms drover does not run, with what to use instead.
+def policy_types() -> dict[str, str]:
+    """DI-engine's `create_config.policy.type` -> drover's algorithm: each registered
+    algorithm takes its own name and the DI-engine names its spec lists."""
+    return {
+        di_name: name
+        for name, spec in ALGORITHMS.items()
+        for di_name in (name, *spec.di_engine_types)
+    }
+
+
+#: Algorithms drover does not run, with what to use instead (a registered algorithm
+#: of the same name wins).
 NOT_SUPPORTED: dict[str, str] = {
     "rainbow": "drover's dqn has dueling heads, double Q, n-step returns and prioritized "
     "replay, but no distributional (C51) head or noisy nets; set "
@@ -138,14 +147,15 @@ def _algorithm(raw: dict[str, Any], policy_type: Any, notes: list[str]) -> None:
     if policy_type is None:
         return
     name = str(policy_type)
-    if name in NOT_SUPPORTED:
+    types = policy_types()
+    if name not in types and name in NOT_SUPPORTED:
         raise ConfigError("create_config.policy.type", f"'{name}': {NOT_SUPPORTED[name]}")
-    if name not in POLICY_TYPES:
-        known = ", ".join(sorted(POLICY_TYPES))
+    if name not in types:
+        known = ", ".join(sorted(types))
         raise ConfigError(
             "create_config.policy.type", f"'{name}' is not an algorithm drover runs ({known})"
         )
-    algorithm = POLICY_TYPES[name]
+    algorithm = types[name]
     given = _get(raw, "policy.type")
     if given is not None and given != algorithm:
         raise ConfigError(
@@ -190,13 +200,13 @@ def _replay_ratio(raw: dict[str, Any], notes: list[str]) -> None:
     updates = _pop(raw, "policy.learn.update_per_collect")
     if updates is None:
         return
-    if _get(raw, "policy.type") == "ppo":
+    algorithm = ALGORITHMS.get(str(_get(raw, "policy.type") or "dqn"))
+    if algorithm is not None and algorithm.collect_unit == "rounds":
         notes.append(
-            "policy.learn.update_per_collect ignored: drover's ppo trains "
+            f"policy.learn.update_per_collect ignored: drover's {algorithm.name} trains "
             "epoch_per_collect passes over each round"
         )
         return
-    algorithm = ALGORITHMS.get(str(_get(raw, "policy.type") or "dqn"))
     defaults = algorithm.defaults if algorithm is not None else {}
     sampler = _get(raw, "policy.other.replay_buffer.type") or _get(
         defaults, "policy.other.replay_buffer.type"
