@@ -17,6 +17,7 @@ from annotated_types import Gt
 from torch import nn
 
 from algorithms.base import AlgorithmSpec
+from algorithms.dqn import TRANSITIONS
 from algorithms.step import finite_step
 from algorithms.sync import LOCAL, GradientSync
 from common.columns import ACTIONS, Column
@@ -26,12 +27,7 @@ from common.models import load_numpy_state
 #: One-step transitions, and a vector column of its own: the Q-values the actor acted
 #: on (one per action), which its actor records and its learner reports.
 TOY_COLUMNS = (
-    Column("obs", "observation"),
-    Column("action", "action"),
-    Column("reward", "float"),
-    Column("next_obs", "observation"),
-    Column("done", "flag"),
-    Column("discount", "float"),
+    *TRANSITIONS,
     Column("acted_q", "float", shape=(ACTIONS,), from_actor=True),
 )
 COLUMNS = tuple(column.name for column in TOY_COLUMNS)

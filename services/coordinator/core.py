@@ -100,7 +100,7 @@ class Coordinator:
         )
         self.tasks_board = TaskBoard(self.state)
         self.job_book = JobBook(self.state, self.tasks_board)
-        self.registry = WorkerRegistry(self.state, self.tasks_board)
+        self.registry = WorkerRegistry(self.state, self.tasks_board, self.job_book)
         self.policies = PolicyPointer(self.state, self.job_book, self.tasks_board, self.registry)
         self.data = DataPlane(self.state, self.job_book, self.tasks_board)
         self.planning = Planning(

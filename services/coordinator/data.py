@@ -157,13 +157,11 @@ class DataPlane:
             raise bad_request(f"{field}.rows", f"{ref.rows} declared, the file holds {rows}")
 
     def account(self, job: Job, refs: list[SegmentRef]) -> None:
-        """Count newly indexed segments into the job; end it at `max_env_step`."""
+        """Count newly indexed segments into the job (which may end it there)."""
         for ref in refs:
             job.env_steps += ref.env_steps
             job.episode_returns.extend(ref.episode_returns)
-        max_env_step = job.config.system.max_env_step
-        if job.running and max_env_step and job.env_steps >= max_env_step:
-            self.jobs.finish_at_limit(job, f"max_env_step {max_env_step} reached")
+        self.jobs.settle(job)
 
     def sweep_orphans(self, job: Job, grace_s: float) -> int:
         """Index segment files no insert claimed (a collector died between writing and

@@ -46,6 +46,7 @@ from services.coordinator.state import CoordinatorState, Job, raise_if_closing
 from services.coordinator.tasks import TaskBoard
 from services.coordinator.tensorboard import JobBoards
 from services.coordinator.workflows import Planner, check_workflow, workflow_of
+from services.coordinator.workflows.base import Outcome
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,7 @@ class JobBook:
             replay=self.new_buffer(job_id, config),
             started_at=self.state.wall(),
             waiting=waiting,
+            workflow_state=workflow.new_state(config),
         )
         for warning in warnings:
             log.warning("job %s config: %s", job_id, warning)
@@ -149,9 +151,9 @@ class JobBook:
             policy_versions=[int(v) for v in record["policy_versions"]],
             evals=[parse(EvalSummary, e) for e in record["evals"]],
             best_eval=eval_from(record["best_eval"]),
-            eval_requested_iter=int(record["eval_requested_iter"]),
             tasks_created=int(record["tasks_created"]),
             task_failures=int(record["task_failures"]),
+            last_task_error=str(record.get("last_task_error", "")),
             tasks_reassigned=int(record.get("tasks_reassigned", 0)),  # older records lack it
             segments_swept=bool(record["segments_swept"]),
             # Records of jobs that ended before it was kept have none.
@@ -161,7 +163,7 @@ class JobBook:
             _let_go_of_series(job)
             return job
         job.episode_returns.extend(record["episode_returns"])
-        job.evaluation.extend(record.get("evaluation", []))
+        job.workflow_state = workflow_of(config).restore(_workflow_record(record))
         job.metrics.extend(parse(MetricsPoint, p) for p in record["metrics"])
         job.unusable_segments.update(record.get("unusable_segments", []))
         return job
@@ -207,12 +209,43 @@ class JobBook:
         log.info("job %s %s: %s", job.job_id, phase, reason)
         self.state.guard.notify()
 
-    def finish_at_limit(self, job: Job, what: str) -> None:
-        # A budget ran out: that is success only for a job with no return goal.
-        if job.config.env.stop_value is None:
-            self.finish(job, "succeeded", what)
-        else:
-            self.finish(job, "failed", f"{what} before stop_value {job.config.env.stop_value}")
+    def settle(self, job: Job) -> None:
+        """The one place a running job's end is decided, called after any of its
+        counters moved (env steps, train iterations, task failures, an evaluation's
+        result) and at every scheduling pass: it ends the job when `verdict` says so."""
+        if not job.running:
+            return
+        outcome = self.verdict(job)
+        if outcome is not None:
+            self.finish(job, outcome.phase, outcome.reason)
+
+    def verdict(self, job: Job) -> Outcome | None:
+        """Whether the job is done, and why: too many failed tasks, then its
+        workflow's own rule (a goal reached, its work done), then its budgets."""
+        if job.task_failures >= self.state.limits.max_task_failures:
+            return Outcome(
+                "failed", f"{job.task_failures} tasks failed; last: {job.last_task_error}"
+            )
+        outcome = workflow_of(job.config).outcome(job)
+        if outcome is not None:
+            return outcome
+        system, stop_value = job.config.system, job.config.env.stop_value
+        for key, count, budget in (
+            ("max_env_step", job.env_steps, system.max_env_step),
+            ("max_train_iter", job.train_iters, system.max_train_iter),
+        ):
+            if budget is not None and count >= budget:
+                # A budget ran out: that is success only for a job with no return goal.
+                if stop_value is None:
+                    return Outcome("succeeded", f"{key} {budget} reached")
+                return Outcome("failed", f"{key} {budget} reached before stop_value {stop_value}")
+        return None
+
+    @staticmethod
+    def count_train_iters(job: Job, train_iter: int) -> None:
+        """The job's train iterations, as its learner reports them (a heartbeat, a
+        policy version): they only grow. Settling is the caller's, once it is done."""
+        job.train_iters = max(job.train_iters, train_iter)
 
     def complete_end(self, job: Job, record: dict[str, Any]) -> None:
         """Write the ending job's record (with what its buffer held at the end) and its
@@ -414,9 +447,18 @@ def _let_go_of_series(job: Job) -> None:
     stay, for its status."""
     job.metrics.clear()
     del job.evals[:-1]
-    job.evaluation.clear()
+    job.workflow_state = None
     job.episode_returns.clear()
     job.unusable_segments.clear()
+
+
+def _workflow_record(record: dict[str, Any]) -> dict[str, Any]:
+    """The workflow's part of a job record. Records written before workflows kept
+    their own state held the training and evaluate workflows' fields at the top."""
+    if record.get("workflow") is not None:
+        return record["workflow"]
+    legacy = ("eval_requested_iter", "evaluation")
+    return {key: record[key] for key in legacy if key in record}
 
 
 def metrics_from_record(record: dict[str, Any], job: Job) -> JobMetrics:
@@ -517,14 +559,18 @@ def job_record(job: Job) -> dict[str, Any]:
         "policy_versions": list(job.policy_versions),
         "evals": [dump(e) for e in job.evals],
         "best_eval": as_record(job.best_eval),
-        "eval_requested_iter": job.eval_requested_iter,
         "tasks_created": job.tasks_created,
         "task_failures": job.task_failures,
+        "last_task_error": job.last_task_error,
         "tasks_reassigned": job.tasks_reassigned,
         "episode_returns": list(job.episode_returns),
         "metrics": [dump(p) for p in list(job.metrics)[-600:]],
         "segments_swept": job.segments_swept,
-        "evaluation": list(job.evaluation),
+        "workflow": (
+            None
+            if job.workflow_state is None
+            else workflow_of(job.config).record(job.workflow_state)
+        ),
         "unusable_segments": sorted(job.unusable_segments),
         "buffer": as_record(job.final_buffer),
     }

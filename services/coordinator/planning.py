@@ -79,9 +79,6 @@ class Planning:
         job.tasks_created += 1
         return job.config.system.seed * 100_003 + job.tasks_created
 
-    def finish(self, job: Job, phase: str, reason: str) -> None:
-        self.jobs.finish(job, phase, reason)
-
     def defer(self, effect: Callable[[], Any]) -> None:
         self.state.guard.defer(effect)
 
@@ -101,6 +98,9 @@ class Planning:
             self.tasks.expire_assignments()
             plan, state.cancels = state.cancels, []
             for job in sorted(state.jobs.values(), key=lambda j: j.started_at):
+                # A counter restored from disk (a newer policy found there) may have
+                # reached a budget: settled before the job gets more work.
+                self.jobs.settle(job)
                 if not job.running:
                     continue
                 before = set(state.tasks)
@@ -147,6 +147,7 @@ class Planning:
             self.tasks.end(task, TaskState.DONE)
             if outcome is not None:
                 workflow_of(job.config).evaluated(job, task, outcome, self)
+                self.jobs.settle(job)
 
     def fail_task(self, task_id: str, error: str, *, caller: str | None = None) -> None:
         with self.state.guard.changing():
@@ -155,11 +156,9 @@ class Planning:
             job = self.state.jobs[task.job_id]
             self.tasks.end(task, TaskState.FAILED)
             job.task_failures += 1
+            job.last_task_error = error[:500]
             log.warning("task %s (%s) of job %s failed: %s", task_id, task.kind, job.job_id, error)
-            if job.task_failures >= self.state.limits.max_task_failures and job.running:
-                self.jobs.finish(
-                    job, "failed", f"{job.task_failures} tasks failed; last: {error[:500]}"
-                )
+            self.jobs.settle(job)
 
 
 class JobPlanning:
@@ -202,9 +201,6 @@ class JobPlanning:
 
     def seed(self, job: Job) -> int:
         return self._planning.seed(job)
-
-    def finish(self, job: Job, phase: str, reason: str) -> None:
-        self._planning.finish(job, phase, reason)
 
     def defer(self, effect: Callable[[], Any]) -> None:
         self._planning.defer(effect)

@@ -46,12 +46,10 @@ class PolicyPointer:
             job.policy = ref
             job.policy_versions.append(ref.version)
             job.buffer.set_learner_version(ref.version)
-            job.train_iters = max(job.train_iters, ref.train_iter)
+            self.jobs.count_train_iters(job, ref.train_iter)
             guard.defer(lambda: store.write_json(f"{job_id}/policies/latest.json", dump(ref)))
             self._prune(job)
-            max_train_iter = job.config.system.max_train_iter
-            if max_train_iter and job.train_iters >= max_train_iter:
-                self.jobs.finish_at_limit(job, f"max_train_iter {max_train_iter} reached")
+            self.jobs.settle(job)
             guard.notify()
 
     def _prune(self, job: Job) -> None:
@@ -146,7 +144,7 @@ class PolicyPointer:
                 version=version, path=path, sha256=sha256_hex(data), train_iter=policy.train_iter
             )
             job.policy_versions.extend(v for v in sorted(versions) if v > current)
-            job.train_iters = max(job.train_iters, policy.train_iter)
+            self.jobs.count_train_iters(job, policy.train_iter)  # settled at the next pass
             job.buffer.set_learner_version(version)
             log.info("job %s: newest policy on disk is version %d", job.job_id, version)
             return

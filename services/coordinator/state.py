@@ -177,18 +177,18 @@ class Job:
     #: (phase, reason, finished_at) of an end being written to disk: the job takes no
     #: more data or tasks, and shows the phase once it is durable.
     ending: tuple[str, str, float] | None = None
-    #: The evaluate workflow: per-episode results so far, and episodes handed out.
-    evaluation: list[dict[str, Any]] = field(default_factory=list)
-    evaluation_assigned: int = 0
+    #: The job's workflow's own state (`Workflow.new_state`): only it reads it, and it
+    #: records and restores it; None once the job ended.
+    workflow_state: Any = None
     #: Segment files a learner reported unusable (their rows were skipped).
     unusable_segments: set[str] = field(default_factory=set)
     last_orphan_sweep_s: float = float("-inf")
     evals: list[EvalSummary] = field(default_factory=list)
     best_eval: EvalSummary | None = None
-    #: Train iteration of the newest policy sent for evaluation.
-    eval_requested_iter: int = 0
     tasks_created: int = 0
     task_failures: int = 0
+    #: The last failed task's error (the job's reason if failures end it).
+    last_task_error: str = ""
     #: Tasks whose worker was lost (left, or its lease expired): their work went back
     #: to the queue for another worker.
     tasks_reassigned: int = 0

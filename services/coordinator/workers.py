@@ -11,6 +11,7 @@ import secrets
 from common.errors import ApiError, not_found
 from common.http import Caller
 from common.messages import Heartbeat, Registered, WorkerInfo, WorkerRegistration, new_id
+from services.coordinator.jobs import JobBook
 from services.coordinator.state import CoordinatorState, TaskState, Worker, must_be
 from services.coordinator.tasks import TaskBoard
 from services.coordinator.urls import check_worker_url
@@ -19,9 +20,11 @@ log = logging.getLogger(__name__)
 
 
 class WorkerRegistry:
-    def __init__(self, state: CoordinatorState, tasks: TaskBoard) -> None:
+    def __init__(self, state: CoordinatorState, tasks: TaskBoard, jobs: JobBook) -> None:
         self.state = state
         self.tasks = tasks
+        #: Heartbeats report a learner's train iterations: counted, and settled, there.
+        self.jobs = jobs
 
     def register(self, reg: WorkerRegistration) -> Registered:
         limits = self.state.limits
@@ -88,7 +91,8 @@ class WorkerRegistry:
                 # Only the job's learner counts training; the number is a report, not
                 # a budget a collector could spend.
                 if task.kind == "learn" and train_iter is not None:
-                    job.train_iters = max(job.train_iters, int(train_iter))
+                    self.jobs.count_train_iters(job, int(train_iter))
+                    self.jobs.settle(job)
             return cancel
 
     def leave(self, worker_id: str, *, caller: str | None = None) -> None:

@@ -1,12 +1,17 @@
 """Workflows are looked up by name and checked before anything starts; adding one is
 a class and a line in WORKFLOWS, with no change to the coordinator."""
 
+from dataclasses import dataclass
+
 import pytest
 
 from common.config import ConfigError
 from common.messages import CollectSpec
+from common.storage import SharedStore
 from jobconfig import resolve_job_config
+from services.coordinator.core import Coordinator, CoordinatorLimits
 from services.coordinator.workflows import WORKFLOWS, check_workflow
+from services.coordinator.workflows.base import Outcome
 from services.coordinator.workflows.training import AsyncTraining
 from tests.coordinator_app import (
     CONFIG,
@@ -83,3 +88,51 @@ def test_a_workflow_added_to_the_registry_runs_with_no_other_change(client, core
     )
     assert refused.status_code == 400
     assert refused.json["message"].startswith("config.system.workflow")
+
+
+@dataclass
+class Passes:
+    planned: int = 0
+
+
+class PlannedThrice(AsyncTraining):
+    """A workflow with state of its own (the passes that planned its job), done after
+    three: the state is its value, which it creates, records and restores."""
+
+    def new_state(self, config):
+        return Passes()
+
+    def record(self, state):
+        return {"planned": state.planned}
+
+    def restore(self, record):
+        return Passes(planned=int(record.get("planned", 0)))
+
+    def plan(self, job, planner):
+        job.workflow_state.planned += 1
+        return []
+
+    def outcome(self, job):
+        planned = job.workflow_state.planned
+        return Outcome("succeeded", f"planned {planned} times") if planned >= 3 else None
+
+
+def test_a_workflows_own_state_survives_a_restart_and_its_outcome_ends_the_job(
+    tmp_path, client, core, monkeypatch
+):
+    monkeypatch.setitem(WORKFLOWS, "planned_thrice", PlannedThrice())
+    job_id = submit(client, {**CONFIG, "system": {"workflow": "planned_thrice"}})
+    core.plan()
+    core.plan()
+    assert core.jobs[job_id].workflow_state == Passes(planned=2)
+    core.snapshot_jobs()
+
+    again = Coordinator(SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000))
+    again.restore_jobs()
+    job = again.jobs[job_id]
+    assert job.workflow_state == Passes(planned=2)  # restored by the workflow
+    again.plan()  # the third
+    assert job.phase == "running"
+    again.plan()  # settled at the next pass: the workflow said why, the coordinator ended it
+    assert (job.phase, job.reason) == ("succeeded", "planned 3 times")
+    assert job.workflow_state is None  # an ended job lets go of it

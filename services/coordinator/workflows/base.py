@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from common.config import JobConfig, ReplayBufferConfig
 from common.messages import EvalResult, TaskSpec
@@ -44,13 +45,17 @@ class Planner(Protocol):
         """A fresh seed for one of the job's tasks."""
         ...
 
-    def finish(self, job: Job, phase: str, reason: str) -> None:
-        """End the job (durably; its tasks are cancelled)."""
-        ...
-
     def defer(self, effect: Callable[[], Any]) -> None:
         """Run disk work once the coordinator's lock is released (never under it)."""
         ...
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """Why a job is done: the phase it ends in, and the reason its status shows."""
+
+    phase: Literal["succeeded", "failed"]
+    reason: str
 
 
 class Workflow(Protocol):
@@ -59,9 +64,19 @@ class Workflow(Protocol):
     workflow.check(config)                     # the config alone: ConfigError when not
     replay = workflow.replay(config)           # the buffer the job gets
     workflow.admit(config, planner)            # at submission: ApiError when not
+    job.workflow_state = workflow.new_state(config)   # the job's own state
     dispatches = workflow.plan(job, planner)   # each scheduling pass
     workflow.evaluated(job, task, result, planner)   # an evaluate task's result
     workflow.task_ended(job, task, state)      # a task failed or was lost
+    outcome = workflow.outcome(job)            # after any of the job's counters moved
+    record = workflow.record(job.workflow_state)      # snapshots, JSON
+    job.workflow_state = workflow.restore(record)     # after a restart
+
+    A workflow never ends a job itself: it says why the job is done (`outcome`), and
+    the coordinator's one decision point (`JobBook.settle`) ends it, with the budgets
+    and the failure limit. State only the workflow reads lives in its own value
+    (`job.workflow_state`), which it creates, records and restores, so a workflow
+    with state is still one file and one line in `WORKFLOWS`.
     """
 
     #: The algorithms' collect units it runs (`Algorithm.collect_unit`).
@@ -93,4 +108,21 @@ class Workflow(Protocol):
 
     def task_ended(self, job: Job, task: Task, state: TaskState) -> None:
         """A task of the job ended `failed` or `lost` (before its result)."""
+        ...
+
+    def outcome(self, job: Job) -> Outcome | None:
+        """Whether the job is done by this workflow's rule (a goal reached, all its
+        work done), and why; None while it is not."""
+        ...
+
+    def new_state(self, config: JobConfig) -> Any:
+        """A new job's workflow state (None for a workflow that keeps none)."""
+        ...
+
+    def record(self, state: Any) -> dict[str, Any]:
+        """The state as JSON data, for the job's snapshots and record."""
+        ...
+
+    def restore(self, record: dict[str, Any]) -> Any:
+        """The state from `record` (what `record` wrote), after a restart."""
         ...

@@ -7,17 +7,25 @@ from __future__ import annotations
 import dataclasses
 import statistics
 import typing
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from algorithms.base import CollectUnit
 from common.config import ConfigError, JobConfig, ReplayBufferConfig
 from common.errors import bad_request
 from common.messages import EvalResult, EvalSummary, EvaluateSpec, dump
 from common.storage import PathError
-from services.coordinator.workflows.base import Planner
+from services.coordinator.workflows.base import Outcome, Planner
 
 if TYPE_CHECKING:
     from services.coordinator.state import Dispatch, Job, Task, TaskState
+
+
+@dataclass
+class EvaluationState:
+    #: Per-episode results so far, and episodes handed out and not yet reported.
+    episodes: list[dict[str, Any]] = field(default_factory=list)
+    assigned: int = 0
 
 
 class Evaluate:
@@ -55,7 +63,8 @@ class Evaluate:
     def plan(self, job: Job, planner: Planner) -> list[Dispatch]:
         """Share the episodes still to run among the free collectors."""
         free = planner.free_workers("collector", "evaluate")
-        left = self.episodes(job) - len(job.evaluation) - job.evaluation_assigned
+        state: EvaluationState = job.workflow_state
+        left = self.episodes(job) - len(state.episodes) - state.assigned
         plan = []
         evaluate = job.config.system.evaluate
         for i, worker in enumerate(free):
@@ -69,16 +78,17 @@ class Evaluate:
                 source=evaluate.source,
                 policy_path=evaluate.path,
             )
-            job.evaluation_assigned += share
+            state.assigned += share
             left -= share
             plan.append(planner.assign(job, worker, spec))
         return plan
 
     def evaluated(self, job: Job, task: Task, result: EvalResult, planner: Planner) -> None:
         assert isinstance(task.spec, EvaluateSpec)
-        job.evaluation_assigned -= task.spec.episodes
+        state: EvaluationState = job.workflow_state
+        state.assigned -= task.spec.episodes
         for ret, length in zip(result.returns, result.lengths, strict=False):
-            job.evaluation.append(
+            state.episodes.append(
                 {
                     "return": ret,
                     "length": length,
@@ -87,9 +97,9 @@ class Evaluate:
                 }
             )
         wanted = self.episodes(job)
-        if len(job.evaluation) < wanted or not job.running:
+        if len(state.episodes) < wanted or not job.running or job.evals:
             return
-        episodes = job.evaluation[:wanted]
+        episodes = state.episodes[:wanted]
         returns = [e["return"] for e in episodes]
         summary = EvalSummary(
             return_mean=statistics.fmean(returns),
@@ -117,13 +127,28 @@ class Evaluate:
         csv = ("\n".join(rows) + "\n").encode()
         planner.defer(lambda: planner.store.write_json(f"{job.job_id}/eval/results.json", results))
         planner.defer(lambda: planner.store.write_bytes(f"{job.job_id}/eval/results.csv", csv))
-        planner.finish(
-            job,
-            "succeeded",
-            f"evaluated {len(episodes)} episodes of {source.source}: return "
-            f"{summary.return_mean:.1f} ± {summary.return_std:.1f}",
-        )
 
     def task_ended(self, job: Job, task: Task, state: TaskState) -> None:
         if isinstance(task.spec, EvaluateSpec):
-            job.evaluation_assigned -= task.spec.episodes  # they go out again
+            job.workflow_state.assigned -= task.spec.episodes  # they go out again
+
+    def outcome(self, job: Job) -> Outcome | None:
+        """Succeeded once every episode is in (its summary is the job's evaluation)."""
+        if not job.evals:
+            return None
+        summary = job.evals[-1]
+        return Outcome(
+            "succeeded",
+            f"evaluated {summary.episodes} episodes of {job.config.system.evaluate.source}: "
+            f"return {summary.return_mean:.1f} ± {summary.return_std:.1f}",
+        )
+
+    def new_state(self, config: JobConfig) -> EvaluationState:
+        return EvaluationState()
+
+    def record(self, state: EvaluationState) -> dict[str, Any]:
+        # Episodes handed out and not reported go out again after a restart.
+        return {"evaluation": list(state.episodes)}
+
+    def restore(self, record: dict[str, Any]) -> EvaluationState:
+        return EvaluationState(episodes=list(record.get("evaluation", [])))

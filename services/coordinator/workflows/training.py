@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import statistics
-from typing import TYPE_CHECKING, Literal
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 from common.config import ConfigError, JobConfig, ReplayBufferConfig
 from common.errors import bad_request
@@ -24,12 +25,18 @@ from common.messages import (
     LearnSpec,
 )
 from jobconfig import algorithm_of
-from services.coordinator.workflows.base import Planner
+from services.coordinator.workflows.base import Outcome, Planner
 
 if TYPE_CHECKING:
     from services.coordinator.state import Dispatch, Job, Task, TaskState
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class TrainingState:
+    #: Train iteration of the newest policy sent for evaluation.
+    eval_requested_iter: int = 0
 
 
 class AsyncTraining:
@@ -99,7 +106,7 @@ class AsyncTraining:
                     policy_path=job.policy.path,
                     policy_sha256=job.policy.sha256,
                 )
-                job.eval_requested_iter = job.policy.train_iter
+                job.workflow_state.eval_requested_iter = job.policy.train_iter
                 plan.append(planner.assign(job, worker, spec))
         return plan
 
@@ -108,7 +115,7 @@ class AsyncTraining:
         if job.policy is None or job.policy.version == 0:
             return False
         eval_freq = job.config.policy.eval.evaluator.eval_freq
-        return job.policy.train_iter - job.eval_requested_iter >= eval_freq
+        return job.policy.train_iter - job.workflow_state.eval_requested_iter >= eval_freq
 
     def evaluated(self, job: Job, task: Task, result: EvalResult, planner: Planner) -> None:
         returns = result.returns
@@ -144,20 +151,33 @@ class AsyncTraining:
             planner.defer(
                 lambda: planner.store.write_json(f"{job.job_id}/policies/best.json", best)
             )
-        stop_value = job.config.env.stop_value
-        if job.running and stop_value is not None and summary.return_mean >= stop_value:
-            planner.finish(
-                job,
-                "succeeded",
-                f"eval return {summary.return_mean:.1f} >= stop_value {stop_value} "
-                f"(policy version {summary.policy_version})",
-            )
 
     def task_ended(self, job: Job, task: Task, state: TaskState) -> None:
         if task.kind == "evaluate":
             # Whatever ended it (a refused dispatch, a failure, a lost lease), the
             # evaluation is due again at the next pass, not a whole eval_freq later.
-            job.eval_requested_iter = job.evals[-1].train_iter if job.evals else 0
+            job.workflow_state.eval_requested_iter = job.evals[-1].train_iter if job.evals else 0
+
+    def outcome(self, job: Job) -> Outcome | None:
+        """Succeeded once an evaluation's mean return reaches `stop_value`."""
+        stop_value = job.config.env.stop_value
+        last = job.evals[-1] if job.evals else None
+        if stop_value is None or last is None or last.return_mean < stop_value:
+            return None
+        return Outcome(
+            "succeeded",
+            f"eval return {last.return_mean:.1f} >= stop_value {stop_value} "
+            f"(policy version {last.policy_version})",
+        )
+
+    def new_state(self, config: JobConfig) -> TrainingState:
+        return TrainingState()
+
+    def record(self, state: TrainingState) -> dict[str, Any]:
+        return dataclasses.asdict(state)
+
+    def restore(self, record: dict[str, Any]) -> TrainingState:
+        return TrainingState(eval_requested_iter=int(record.get("eval_requested_iter", 0)))
 
 
 class SyncTraining(AsyncTraining):
