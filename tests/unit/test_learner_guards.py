@@ -38,6 +38,7 @@ from services.learner.core import (
     set_progress,
 )
 from services.slave.core import TaskContext
+from tests.helpers import wait_until
 
 JOB = "job-1"
 
@@ -348,10 +349,7 @@ def test_a_segment_whose_read_never_returns_costs_only_its_own_rows(tmp_path, mo
         assert time.monotonic() - started < 10
         assert ctx.unusable_segments == {fifo}
         assert ctx.progress["unusable_segments"] == 1
-        deadline = time.monotonic() + 10
-        while len(ctx.coordinator.priorities) < 1:
-            assert time.monotonic() < deadline, "no priorities were sent"
-            time.sleep(0.01)
+        wait_until(lambda: ctx.coordinator.priorities, 10, "priorities to be sent")
         assert sorted(ctx.coordinator.priorities[0][0]) == [10, 11, 30, 31]
     finally:
         end_of_file(store, fifo)
