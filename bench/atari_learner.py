@@ -87,7 +87,7 @@ from common.messages import SampledBatch, SampledSegment  # noqa: E402
 from common.storage import SharedStore  # noqa: E402
 from jobconfig import fit_to_env, load_config_file, resolve_job_config  # noqa: E402
 from services.collector.step_data import NStepBuilder  # noqa: E402
-from services.learner.core import SegmentCache, SegmentSchema  # noqa: E402
+from services.learner.segments import SegmentCache, SegmentSchema  # noqa: E402
 
 #: The DQN Pong job the bench runs unless `--config` names another.
 EXAMPLE = ROOT / "examples" / "pong_dqn.yaml"

@@ -93,8 +93,8 @@ from algorithms.sync import AllReduceSync  # noqa: E402
 from common.config import JobConfig  # noqa: E402
 from jobconfig import resolve_job_config, with_spaces  # noqa: E402
 from jobconfig.ranks import split_error  # noqa: E402
-from services.learner.core import new_learner  # noqa: E402
 from services.learner.group import RankEnv, RankGroup, share_bounds  # noqa: E402
+from services.learner.training import new_learner  # noqa: E402
 
 #: The efficiency a 2-rank group should reach on the compute-heavy model on CPU.
 TARGET_MODEL, TARGET_RANKS, TARGET_EFFICIENCY = "cnn", 2, 0.8

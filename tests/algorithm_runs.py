@@ -25,7 +25,7 @@ from common.models import state_to_numpy
 from common.storage import SharedStore
 from jobconfig import fit_to_env, resolve_job_config
 from services.collector.core import CollectorRunner
-from services.learner.core import SegmentSchema
+from services.learner.segments import SegmentSchema
 
 JOB = "job-1"
 ENV_IDS: dict[str, str] = {"discrete": "CartPole-v1", "continuous": "Pendulum-v1"}

@@ -37,8 +37,9 @@ from common.messages import SampledBatch, parse
 from common.storage import SharedStore
 from jobconfig import resolve_job_config, with_spaces
 from services.learner.aggregator import follow_task
-from services.learner.core import SegmentCache, SegmentSchema, Trainer, new_learner
 from services.learner.group import RankEnv, RankGroup, share_bounds
+from services.learner.segments import SegmentCache, SegmentSchema
+from services.learner.training import Trainer, new_learner
 
 JOB = "job-1"
 SEED = 0

@@ -41,17 +41,12 @@ from common.ranks import LEARNER_RANKS, RANK_DEVICES
 from common.settings import SettingsError, SlaveSettings, env_float
 from common.storage import SharedStore
 from jobconfig import algorithm_of, read_job_config
-from services.learner.core import (
-    LearnerMetrics,
-    LearnerRunner,
-    SegmentCache,
-    SegmentSchema,
-    Trainer,
-    load_checkpoint,
-    load_policy,
-    new_learner,
-)
+from services.learner.core import LearnerRunner
 from services.learner.group import GroupBroken, RankEnv, RankGroup
+from services.learner.metrics import LearnerMetrics
+from services.learner.resume import load_checkpoint, load_policy
+from services.learner.segments import SegmentCache, SegmentSchema
+from services.learner.training import Trainer, new_learner
 from services.slave.core import TaskContext
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,8 @@ from common.metrics import service_registry
 from common.settings import SlaveSettings
 from common.storage import SharedStore
 from services.learner import settings as learner_settings
-from services.learner.core import LearnerMetrics, LearnerRunner
+from services.learner.core import LearnerRunner
+from services.learner.metrics import LearnerMetrics
 from services.slave.app import create_slave_app
 from services.slave.core import Slave, build_slave
 

@@ -18,7 +18,7 @@ from common.messages import SegmentRef, dump
 from common.storage import SharedStore
 from jobconfig import algorithm_of, fit_to_env, resolve_job_config
 from services.collector.core import MAX_SEGMENTS_PER_UPLOAD
-from services.learner.core import SegmentSchema
+from services.learner.segments import SegmentSchema
 
 pytestmark = pytest.mark.processes
 

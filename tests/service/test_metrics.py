@@ -24,7 +24,7 @@ from services.collector.core import CollectorMetrics, SegmentUploader, _Pending
 from services.coordinator.app import create_app
 from services.coordinator.core import Coordinator
 from services.coordinator.settings import CoordinatorSettings
-from services.learner.core import LearnerMetrics
+from services.learner.metrics import LearnerMetrics
 from services.slave.app import create_slave_app
 from services.slave.core import Slave
 from tests.fakes import BlockingRunner, CollectTaskContext, FakeCoordinator

@@ -34,7 +34,8 @@ from common.models import state_to_numpy
 from common.storage import SharedStore
 from jobconfig import from_resolved, resolve_job_config, with_spaces
 from services.coordinator.workflows import WORKFLOWS, check_workflow
-from services.learner.core import LearnerRunner, SegmentSchema
+from services.learner.core import LearnerRunner
+from services.learner.segments import SegmentSchema
 from tests import toy_algorithm
 from tests.algorithm_runs import (
     CASES,

@@ -11,7 +11,7 @@ from common.messages import SampledBatch, SampledSegment
 from common.storage import CorruptFileError, SharedStore
 from jobconfig import resolve_job_config, with_spaces
 from services.collector.step_data import NStepBuilder
-from services.learner.core import SegmentCache, SegmentSchema
+from services.learner.segments import SegmentCache, SegmentSchema
 
 STACK, SIDE, ACTIONS = 4, 84, 6
 

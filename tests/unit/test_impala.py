@@ -6,7 +6,7 @@ from algorithms.impala.learner import TRUNCATION_COLUMNS, Impala, vtrace
 from algorithms.registry import ALGORITHMS
 from common.storage import SharedStore
 from jobconfig import resolve_job_config, with_spaces
-from services.learner.core import SegmentSchema
+from services.learner.segments import SegmentSchema
 from tests.algorithm_runs import collect_one_segment, job_config, publish_fresh_policy
 
 

@@ -31,8 +31,8 @@ from common.messages import SampledBatch, SampledSegment, dump
 from common.storage import SharedStore
 from jobconfig import resolve_job_config
 from jobconfig.ranks import split_error
-from services.learner.core import new_learner
 from services.learner.group import share_bounds, share_of
+from services.learner.training import new_learner
 from tests.rank_worker import (
     JOB,
     MESSAGES,

@@ -29,14 +29,9 @@ from common.messages import (
 from common.models import state_to_numpy
 from common.storage import SharedStore
 from jobconfig import resolve_job_config, with_spaces
-from services.learner.core import (
-    LearnerRunner,
-    NonFiniteWeights,
-    _LearnSession,
-    _RoundSession,
-    priorities_of,
-    set_progress,
-)
+from services.learner.guards import NonFiniteWeights, priorities_of, set_progress
+from services.learner.resume import resume
+from services.learner.sessions import BatchSession, RoundSession
 from services.slave.core import TaskContext
 from tests.helpers import wait_until
 
@@ -78,7 +73,7 @@ def session(tmp_path, dqn=None):
     config = config_of()
     ctx = context()
     dqn = dqn or DQN(config.policy)
-    return _LearnSession(ctx, config, SharedStore(tmp_path), dqn, 0)
+    return BatchSession(ctx, config, SharedStore(tmp_path), dqn, 0)
 
 
 def poison(module):
@@ -116,7 +111,7 @@ def test_a_resumed_learner_skips_a_checkpoint_with_non_finite_weights(tmp_path):
     poisoned = Checkpoint(model=learn.learner.state_dict(), policy_version=0, algo="dqn")
     write_checkpoint(learn.store, JOB, 20, poisoned)
     fresh = DQN(config_of().policy)
-    LearnerRunner(learn.store)._resume(JOB, "dqn", fresh, learn.ctx)
+    resume(learn.store, JOB, "dqn", fresh, learn.ctx)
     assert fresh.train_iter == 10
     assert all(torch.isfinite(p).all() for p in fresh.online.parameters())
 
@@ -133,7 +128,7 @@ def test_a_resumed_learner_passes_over_files_another_algorithm_wrote(tmp_path):
     ref = PolicyRef(version=1, path=path, sha256=sha, train_iter=30)
     learn.ctx.coordinator.latest_policy = lambda job_id: ref
     fresh = DQN(config_of().policy)
-    resumed = LearnerRunner(learn.store)._resume(JOB, "dqn", fresh, learn.ctx)
+    resumed = resume(learn.store, JOB, "dqn", fresh, learn.ctx)
     assert fresh.train_iter == 10 and resumed.policy is None
     assert resumed.checkpoint == learn.store.checkpoint_path(JOB, 10)
 
@@ -223,7 +218,7 @@ def test_a_round_keeps_the_rows_and_versions_of_its_usable_segments(tmp_path):
     config = config_of("ppo")
     ctx = context()
     store = SharedStore(tmp_path)
-    learn = _RoundSession(ctx, config, store, PPO(config.policy), 1)
+    learn = RoundSession(ctx, config, store, PPO(config.policy), 1)
     good, fifo, nan = (store.segment_path(JOB, "w", i) for i in range(3))
     columns = {
         "obs": np.zeros((3, 4), np.float32),
@@ -256,10 +251,10 @@ def test_a_policy_file_names_the_algorithm_that_wrote_it(tmp_path, algo):
     config = config_of(algo)
     store = SharedStore(tmp_path)
     if algo == "ppo":
-        learn = _RoundSession(context(), config, store, PPO(config.policy), 0)
+        learn = RoundSession(context(), config, store, PPO(config.policy), 0)
     else:
         learner = {"dqn": DQN, "sac": SAC}[algo](config.policy)
-        learn = _LearnSession(context(), config, store, learner, 0)
+        learn = BatchSession(context(), config, store, learner, 0)
     learn.publish()
     assert store.read_policy(store.policy_path(JOB, 1)).algo == algo
 
@@ -341,7 +336,7 @@ def test_a_segment_whose_read_never_returns_costs_only_its_own_rows(tmp_path, mo
         coordinator=Sampler(reply),  # type: ignore[arg-type]
         metrics=CollectorRegistry(),
     )
-    learn = _LearnSession(ctx, config, store, DQN(config.policy), 0)
+    learn = BatchSession(ctx, config, store, DQN(config.policy), 0)
     learn.cache.read_timeout_s = 0.5
     try:
         started = time.monotonic()
@@ -360,7 +355,7 @@ def test_a_round_skips_a_segment_whose_header_read_never_returns(tmp_path, monke
     config = config_of("ppo")
     ctx = context()
     store = SharedStore(tmp_path)
-    learn = _RoundSession(ctx, config, store, PPO(config.policy), 1)
+    learn = RoundSession(ctx, config, store, PPO(config.policy), 1)
     learn.cache.read_timeout_s = 0.5
     good, fifo = (store.segment_path(JOB, "w", i) for i in range(2))
     columns = {

@@ -11,8 +11,8 @@ from algorithms.registry import ALGORITHMS
 from common.messages import SampledBatch, SampledSegment
 from common.storage import SharedStore
 from jobconfig import resolve_job_config, with_spaces
-from services.learner.core import SegmentCache, SegmentSchema
 from services.learner.reads import BoundedReads
+from services.learner.segments import SegmentCache, SegmentSchema
 
 OBS, ACTIONS = 4, 3
 

@@ -1,0 +1,342 @@
+"""The segment files a learner trains on: the job's `SegmentSchema` (the columns its
+algorithm reads, each with its kind, row shape and dtype), which every segment is
+checked against, and the `SegmentCache`, which reads, checks and keeps segments and
+gathers a sampled batch's rows from them.
+
+Segment files are written by other machines and trusted for nothing: one that does not
+fit the schema, cannot be read, or is not read within `READ_TIMEOUT_S` costs its rows,
+never the task.
+
+Usage::
+
+    schema = SegmentSchema.for_policy(config.policy, algorithm_of(config).column_names)
+    cache = SegmentCache(store, job_id, schema)
+    columns, weights, keys = cache.gather(batch)   # the batch's usable rows
+"""
+
+from __future__ import annotations
+
+import collections
+import functools
+import logging
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from algorithms.registry import ALGORITHMS
+from common.columns import ColumnSpec, column_spec
+from common.config import PolicyConfig
+from common.frames import INDEX_SUFFIX, POOL, is_packed, take
+from common.messages import SampledBatch
+from common.storage import CorruptFileError, SharedStore
+from services.learner.reads import READS, Read
+
+log = logging.getLogger(__name__)
+
+#: The longest a segment file's read may take, from when it was asked for, before the
+#: segment is skipped as unusable (a bound, not an expected time: a read takes
+#: milliseconds). A read that never returns (a hung mount, a FIFO opened the blocking
+#: way) holds one of the reading threads (services/learner/reads.py), never training.
+READ_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class SegmentSchema:
+    """The columns an algorithm trains on, each with its kind, row shape and dtype,
+    built from the job config; `check` holds a segment to them.
+
+    Usage::
+
+        schema = SegmentSchema.for_policy(config.policy, algorithm_of(config).column_names)
+        columns = schema.check(store.read_segment(path))   # or CorruptFileError
+    """
+
+    columns: dict[str, ColumnSpec]
+
+    @classmethod
+    def for_policy(cls, policy: PolicyConfig, names: tuple[str, ...]) -> SegmentSchema:
+        """The schema of `names`, columns the job's algorithm declares
+        (`AlgorithmSpec.columns`: each column's kind gives its shape and dtype for the
+        job, `common.columns.column_spec`). Rows of the `unrolls` unit (IMPALA's) are
+        unrolls, so their per-step columns have a time axis of `unroll_len` first."""
+        algorithm = ALGORITHMS[policy.type]
+        declared = {column.name: column for column in algorithm.columns}
+        undeclared = [name for name in names if name not in declared]
+        if undeclared:
+            raise ValueError(f"{policy.type} declares no column {', '.join(undeclared)}")
+        unrolls = algorithm.collect_unit == "unrolls"
+        steps = (policy.collect.unroll_len,) if unrolls else ()  # type: ignore[attr-defined]
+        return cls({name: column_spec(declared[name], policy, steps) for name in names})
+
+    def check(self, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """The schema's columns of a segment, checked and cast to their training dtypes
+        (other columns are dropped).
+
+        Raises:
+            CorruptFileError: a column is missing, or of the wrong kind, shape or
+                length, or holds a value out of range (NaN, inf, an unknown action).
+        """
+        missing = [
+            name
+            for name, spec in self.columns.items()
+            if name not in columns and not (spec.kind == "pixels" and is_packed(columns, name))
+        ]
+        if missing:
+            raise CorruptFileError(f"no column {', '.join(missing)}")
+        checked: dict[str, np.ndarray] = {}
+        lengths: dict[str, int] = {}
+        for name, spec in self.columns.items():
+            if spec.kind == "pixels" and is_packed(columns, name):
+                index_name = name + INDEX_SUFFIX
+                checked[index_name] = _check_frame_index(
+                    name, columns[index_name], columns[POOL], spec
+                )
+                checked[POOL] = columns[POOL]
+                lengths[name] = len(checked[index_name])
+            else:
+                checked[name] = _check_column(name, columns[name], spec)
+                lengths[name] = len(checked[name])
+        if len(set(lengths.values())) > 1:
+            raise CorruptFileError(f"columns differ in length: {lengths}")
+        return checked
+
+
+def _check_frame_index(
+    name: str, index: np.ndarray, pool: np.ndarray, spec: ColumnSpec
+) -> np.ndarray:
+    """A packed image column's indexes, checked against the pool they point into."""
+    frame_shape, planes_shape = spec.shape[-2:], spec.shape[:-2]
+    if pool.dtype != np.uint8 or pool.ndim != 3 or pool.shape[1:] != frame_shape:
+        raise CorruptFileError(
+            f"{POOL} is {pool.dtype} {list(pool.shape)}, not uint8 [frames, "
+            f"{', '.join(map(str, frame_shape))}]"
+        )
+    if index.dtype.kind not in "iu" or index.shape[1:] != planes_shape:
+        expected = ", ".join(["rows", *map(str, planes_shape)])
+        raise CorruptFileError(
+            f"{name}{INDEX_SUFFIX} is {index.dtype} {list(index.shape)}, not integer [{expected}]"
+        )
+    if index.size and (index.min() < 0 or index.max() >= len(pool)):
+        raise CorruptFileError(f"{name}{INDEX_SUFFIX} points outside the {len(pool)} frames")
+    return index.astype(np.intp, copy=False)
+
+
+def _check_column(name: str, array: np.ndarray, spec: ColumnSpec) -> np.ndarray:
+    if array.ndim != 1 + len(spec.shape) or array.shape[1:] != spec.shape:
+        expected = ", ".join(["rows", *map(str, spec.shape)])
+        raise CorruptFileError(f"{name} has shape {list(array.shape)}, not [{expected}]")
+    kind = array.dtype.kind
+    if spec.kind == "pixels":
+        if array.dtype != np.uint8:
+            raise CorruptFileError(f"{name} is {array.dtype}, not uint8 (image observations)")
+        return array
+    if spec.kind == "float":
+        if kind != "f":
+            raise CorruptFileError(f"{name} is {array.dtype}, not floating point")
+        with np.errstate(over="ignore"):  # a float64 can overflow float32: inf, refused
+            cast = array.astype(spec.dtype, copy=False)
+        if not np.isfinite(cast).all():
+            raise CorruptFileError(f"{name} holds NaN or infinite values")
+        return cast
+    if spec.kind == "index":
+        if kind not in "iu":
+            raise CorruptFileError(f"{name} is {array.dtype}, not integer (discrete actions)")
+        if array.size and (array.min() < 0 or array.max() >= spec.high):
+            raise CorruptFileError(f"{name} holds values outside [0, {spec.high})")
+        return array.astype(spec.dtype, copy=False)
+    if kind not in "biuf":
+        raise CorruptFileError(f"{name} is {array.dtype}, not bool or numeric")
+    if not ((array == 0) | (array == 1)).all():
+        raise CorruptFileError(f"{name} holds values other than 0 and 1")
+    return array.astype(spec.dtype, copy=False)
+
+
+#: What reading and checking a segment raises for a bad file (PathError and
+#: CorruptFileError are ValueErrors).
+UNUSABLE = (OSError, ValueError, TypeError, KeyError, OverflowError)
+
+
+class SegmentCache:
+    """Recently read segments, by path, checked against the job's `SegmentSchema`.
+    Segments never change, so no invalidation.
+
+    A segment that cannot be read, or does not fit the schema, costs its rows, not the
+    job: it is skipped, listed in `unusable`, and not read again. So does one whose read
+    takes longer than `read_timeout_s`: reads run on their own threads
+    (services/learner/reads.py), waited for with that bound, so a file whose read never
+    returns holds a thread of those, never the batch it is in nor the batches after it.
+    """
+
+    def __init__(
+        self,
+        store: SharedStore,
+        job_id: str,
+        schema: SegmentSchema,
+        max_segments: int = 4096,
+        unusable: set[str] | None = None,
+        *,
+        read_timeout_s: float = READ_TIMEOUT_S,
+    ) -> None:
+        self.store = store
+        self.job_id = job_id
+        self.schema = schema
+        self.columns = tuple(schema.columns)
+        self.max_segments = max_segments
+        self.read_timeout_s = read_timeout_s
+        #: Paths skipped (shared with the task context, which reports them).
+        self.unusable: set[str] = unusable if unusable is not None else set()
+        self._cache: collections.OrderedDict[str, dict[str, np.ndarray]] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        #: Segments being read now: each read, and the monotonic time past which nobody
+        #: waits for it.
+        self._loading: dict[str, tuple[Read, float]] = {}
+
+    def skip(self, path: str, reason: object) -> None:
+        """List a segment as unusable: none of its rows is used from now on."""
+        with self._lock:
+            self._cache.pop(path, None)
+            listed = path in self.unusable
+            self.unusable.add(path)
+        if not listed:
+            log.warning("skipping unusable segment %s: %s", path, reason)
+
+    def get(self, path: str) -> dict[str, np.ndarray] | None:
+        """The segment's checked columns; None when it is unusable.
+
+        Thread-safe: `read_ahead` loads segments on another thread while training
+        asks for them here; a segment being read is waited for, not read twice, and
+        never past `read_timeout_s` from when its read was asked for."""
+        with self._lock:
+            columns = self._cache.get(path)
+            if columns is not None:
+                self._cache.move_to_end(path)
+                return columns
+            if path in self.unusable:
+                return None
+            read, deadline = self._start(path)
+        try:
+            result: dict[str, np.ndarray] | None = READS.result(read, deadline - time.monotonic())
+            return result
+        except TimeoutError:
+            self.skip(path, f"not read within {self.read_timeout_s:g} s")  # first: no new read
+            with self._lock:
+                self._loading.pop(path, None)
+            return None
+
+    def start_reads(self, paths: list[str]) -> None:
+        """Start reading the segments of `paths` that are neither cached nor being
+        read, without waiting for them (reads overlap: each releases the GIL)."""
+        with self._lock:
+            for path in paths:
+                if path not in self._cache and path not in self.unusable:
+                    self._start(path)
+
+    def _start(self, path: str) -> tuple[Read, float]:
+        """The read of `path` under way, started now if it is not (holding the lock)."""
+        loading = self._loading.get(path)
+        if loading is None:
+            read = READS.submit(functools.partial(self._load, path))
+            loading = self._loading[path] = (read, time.monotonic() + self.read_timeout_s)
+        return loading
+
+    def _load(self, path: str) -> dict[str, np.ndarray] | None:
+        """Read and check one segment (on its reading thread) and cache it."""
+        columns: dict[str, np.ndarray] | None = None
+        try:
+            self.store.resolve(path, under=f"{self.job_id}/segments")
+            columns = self.schema.check(self.store.read_segment(path))
+        except UNUSABLE as exc:
+            self.skip(path, exc)
+        finally:
+            with self._lock:
+                self._loading.pop(path, None)
+                if path in self.unusable:  # also when its read outlived the bound
+                    columns = None
+                elif columns is not None:
+                    self._cache[path] = columns
+                    if len(self._cache) > self.max_segments:
+                        self._cache.popitem(last=False)
+        return columns
+
+    def header(self, path: str) -> dict[str, Any] | None:
+        """The record the segment's header holds (`SharedStore.read_segment_header`;
+        empty when it holds none), read within `read_timeout_s`; None when the segment
+        is unusable or its header cannot be read in time (it is then skipped)."""
+        if path in self.unusable:
+            return None
+        read = READS.submit(functools.partial(self.store.read_segment_header, path))
+        try:
+            header: dict[str, Any] | None = READS.result(read, self.read_timeout_s)
+            return header or {}
+        except TimeoutError:
+            self.skip(path, f"header not read within {self.read_timeout_s:g} s")
+        except UNUSABLE as exc:
+            self.skip(path, f"unreadable header: {exc!r}")
+        return None
+
+    def read_ahead(self, batches: list[SampledBatch]) -> None:
+        """Load the segments of batches about to be trained, so that reading files
+        (which releases the GIL) overlaps the training of the batches before them.
+        Never raises for what a file holds."""
+        for batch in batches:
+            for segment in batch.segments:
+                self.get(segment.path)
+
+    def _rows(self, columns: dict[str, np.ndarray]) -> int:
+        first = self.columns[0]
+        return len(columns[first] if first in columns else columns[first + INDEX_SUFFIX])
+
+    def gather(self, batch: SampledBatch) -> tuple[dict[str, np.ndarray], np.ndarray, list[int]]:
+        """The batch's rows as columns, with their weights and keys (rows of unusable
+        segments left out). Never raises for what a file holds."""
+        columns, weights, kept = self.gather_kept(batch)
+        keys = [k for k, keep in zip(batch.keys, kept, strict=True) if keep] if kept.size else []
+        return columns, weights, keys
+
+    def gather_kept(
+        self, batch: SampledBatch
+    ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """As `gather`, with which of the batch's items were kept (a bool per item)
+        instead of their keys."""
+        items = sum(len(segment.rows) for segment in batch.segments)
+        if len(batch.keys) != items or len(batch.weights) != items:
+            log.warning(
+                "sampled batch of %d rows has %d keys, %d weights: skipped",
+                items,
+                len(batch.keys),
+                len(batch.weights),
+            )
+            return {}, np.zeros(0, np.float32), np.zeros(0, bool)
+        parts: list[dict[str, np.ndarray]] = []
+        keep: list[bool] = []
+        self.start_reads([segment.path for segment in batch.segments])
+        for segment in batch.segments:
+            columns = self.get(segment.path)
+            rows = None
+            if columns is not None:
+                rows = _row_index(segment.rows, self._rows(columns))
+                if rows is None:
+                    self.skip(segment.path, "sampled rows out of range")
+                else:
+                    parts.append({k: take(columns, k, rows) for k in self.columns})
+            keep.extend([rows is not None] * len(segment.rows))
+        mask = np.asarray(keep, dtype=bool)
+        if not parts:
+            return {}, np.zeros(0, np.float32), np.zeros(len(keep), bool)
+        joined = {k: np.concatenate([p[k] for p in parts]) for k in self.columns}
+        weights = np.asarray(batch.weights, dtype=np.float32)[mask]
+        return joined, weights, mask
+
+
+def _row_index(rows: list[int], length: int) -> np.ndarray | None:
+    """`rows` as an index into a segment of `length` rows; None when one is outside."""
+    try:
+        index = np.asarray(rows, dtype=np.int64)
+    except (OverflowError, TypeError, ValueError):
+        return None
+    if index.ndim != 1 or (index.size and (index.min() < 0 or index.max() >= length)):
+        return None
+    return index

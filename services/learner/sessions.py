@@ -1,0 +1,367 @@
+"""A learn task's loop, in the mode its spec says: `BatchSession` trains on batches as
+the buffer samples them (`LearnSpec.mode` batches: the async workflow), `RoundSession`
+on one whole on-policy round per policy version (rounds: the sync workflow).
+
+A session asks the coordinator for data, trains on it through its `Trainer`, publishes
+a policy version every `publish_every_iters` (a round: after each) and writes a
+checkpoint every `checkpoint_every_iters`, keeping the newest `KEEP_CHECKPOINTS`. In a
+learner group it runs on rank 0, which sends the other ranks each batch or round just
+before training on it (services/learner/aggregator.py).
+
+Usage (what `LearnerRunner` does)::
+
+    result = BatchSession(ctx, config, store, learner, version, group).run()
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+from prometheus_client import CollectorRegistry
+
+from algorithms.base import Learner
+from common.checkpoint_file import Checkpoint, write_checkpoint
+from common.config import JobConfig
+from common.errors import ApiError
+from common.http import ServiceUnavailable
+from common.messages import PolicyRef, SampleReply, dump
+from common.models import state_to_numpy
+from common.storage import SharedStore
+from jobconfig import algorithm_of
+from services.learner.group import GroupBroken, RankGroup
+from services.learner.guards import JobOver, NonFiniteWeights, finite, priorities_of, set_progress
+from services.learner.metrics import LearnerMetrics
+from services.learner.segments import UNUSABLE, SegmentCache, SegmentSchema
+from services.learner.tensorboard import TrainBoard
+from services.learner.training import Trainer
+from services.slave.core import TaskContext, patiently
+
+log = logging.getLogger(__name__)
+
+KEEP_CHECKPOINTS = 2
+#: Train iterations between two points of the learner's TensorBoard scalars (a round of
+#: the sync workflow writes one at its end).
+TB_EVERY_ITERS = 10
+
+
+class BatchSession:
+    """Batches as the buffer samples them (`LearnSpec.mode` batches). In a learner
+    group this runs on rank 0, which sends each sample reply's batches to the other
+    ranks and trains its own share."""
+
+    def __init__(
+        self,
+        ctx: TaskContext,
+        config: JobConfig,
+        store: SharedStore,
+        learner: Learner,
+        version: int,
+        group: RankGroup | None = None,
+        *,
+        metrics: LearnerMetrics | None = None,
+    ) -> None:
+        self.ctx = ctx
+        self.metrics = metrics or LearnerMetrics(CollectorRegistry())
+        self.config = config
+        self.store = store
+        self.learner = learner
+        self.version = version
+        self.group = group
+        self.job_id = ctx.task.job_id
+        schema = SegmentSchema.for_policy(config.policy, algorithm_of(config).column_names)
+        self.cache = SegmentCache(store, self.job_id, schema, unusable=ctx.unusable_segments)
+        self.trainer = Trainer(learner, self.cache, group)
+        self.sample_timeouts = 0
+        #: Holds (fifo items kept for this task) trained on and not yet acknowledged.
+        self.trained_holds: list[str] = []
+        self.prioritized = config.policy.other.replay_buffer.type == "prioritized"
+        self.board = TrainBoard(store, self.job_id, learner.train_iter)
+
+    def run(self) -> dict[str, Any]:
+        learn = self.config.policy.learn
+        ctx, learner = self.ctx, self.learner
+        started, start_iter = time.monotonic(), learner.train_iter
+        prefetch = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch")
+        # Priorities go back on their own thread, so training never waits for them.
+        priorities = ThreadPoolExecutor(max_workers=1, thread_name_prefix="priorities")
+        # Segments of the batches after the first are read on their own thread while
+        # the batches before them train.
+        reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-ahead")
+        future: Future[SampleReply | None] = prefetch.submit(self.fetch)
+        try:
+            self.publish()  # collectors act with the resumed (or fresh) network at once
+            while not ctx.stopped():
+                waited = time.monotonic()
+                reply = future.result()
+                trained = time.monotonic()
+                self.board.wait_s += trained - waited
+                if ctx.stopped():
+                    break
+                future = prefetch.submit(self.fetch)
+                batches = reply.batches if reply else []
+                if len(batches) > 1:
+                    reader.submit(self.trainer.read_ahead, batches[1:])
+                if self.group is not None and not batches:
+                    self.group.send({"kind": "idle"})  # the ranks hear from us all the same
+                keys: list[int] = []
+                td_abs: list[np.ndarray] = []
+                for batch in batches:
+                    if self.group is not None:
+                        # One message a batch, just before it is trained: between two
+                        # batches (a publish, the job's end) the other ranks wait for
+                        # the next message, never in a training collective.
+                        self.group.send({"kind": "batch", "batch": dump(batch)})
+                    outcome = self.trainer.train_batch(batch)
+                    if outcome is None:
+                        continue
+                    self.metrics.train_iterations.inc()
+                    keys += outcome.keys
+                    td_abs.append(outcome.td_abs)
+                    if learner.train_iter % learn.publish_every_iters == 0:
+                        self.publish()
+                    if learner.train_iter % learn.checkpoint_every_iters == 0:
+                        self.checkpoint()
+                    elapsed = time.monotonic() - started
+                    set_progress(
+                        ctx.progress,
+                        train_iter=learner.train_iter,
+                        train_iters_per_s=round((learner.train_iter - start_iter) / elapsed, 1),
+                        loss=round(outcome.loss, 5),
+                        q_mean=round(outcome.q_mean, 4),
+                        unusable_segments=len(self.cache.unusable),
+                        skipped_updates=learner.skipped_updates,
+                    )
+                    set_rank_rates(ctx.progress, outcome.rank_samples_per_s)
+                    self.board.train_s += time.monotonic() - trained
+                    trained = time.monotonic()
+                    self.board.add(
+                        learner.train_iter,
+                        outcome.scalars,
+                        outcome.rank_samples_per_s,
+                        every_iters=TB_EVERY_ITERS,
+                    )
+                if self.prioritized and keys:
+                    priorities.submit(self.send_priorities, keys, np.concatenate(td_abs))
+                if reply is not None and reply.hold_id is not None:
+                    self.trained_holds.append(reply.hold_id)
+        except JobOver as exc:
+            log.info("learning stops: %s", exc)
+            ctx.stop.set()
+        except GroupBroken:
+            self.checkpoint()  # the state after the last update every rank took
+            raise
+        finally:
+            prefetch.shutdown(wait=False, cancel_futures=True)
+            reader.shutdown(wait=False, cancel_futures=True)
+            priorities.shutdown(wait=False, cancel_futures=True)
+            self.board.log.close()
+        self.checkpoint()
+        return {"train_iter": learner.train_iter, "policy_version": self.version}
+
+    def fetch(self) -> SampleReply | None:
+        learn = self.config.policy.learn
+        return self.sample(learn.batch_size, learn.num_batches)
+
+    def sample(self, batch_size: int, num_batches: int) -> SampleReply | None:
+        """One long-poll for data; None when there was none in time (or no coordinator).
+
+        It acknowledges the holds this session has trained on since the last request:
+        items of a fifo buffer are held for this task until then, and go back to the
+        buffer if the task ends first.
+        """
+        acknowledge, self.trained_holds = self.trained_holds, []
+        try:
+            return self.ctx.coordinator.sample(
+                self.job_id,
+                batch_size=batch_size,
+                num_batches=num_batches,
+                timeout_s=self.config.policy.learn.sample_timeout_s,
+                task_id=self.ctx.task.task_id,
+                acknowledge=acknowledge,
+            )
+        except ApiError as exc:
+            if exc.status == 503:  # sample_timeout, or a coordinator restarting
+                self.sample_timeouts += 1
+                self.trained_holds = acknowledge + self.trained_holds  # say it again
+                return None
+            if exc.status in (401, 403, 404, 409):  # the job ended, or this task did
+                raise JobOver(exc.message) from exc
+            raise
+        except ServiceUnavailable as exc:
+            self.trained_holds = acknowledge + self.trained_holds
+            log.warning("sampling failed (%s); retrying", exc)
+            self.ctx.stop.wait(1.0)
+            return None
+
+    def send_priorities(self, keys: list[int], td_abs: np.ndarray) -> None:
+        try:
+            self.ctx.coordinator.update_priorities(
+                self.job_id, keys, priorities_of(td_abs), task_id=self.ctx.task.task_id
+            )
+        except (ApiError, ServiceUnavailable) as exc:
+            # Stale priorities only make sampling a little less sharp: carry on.
+            log.warning("priority update failed: %s", exc)
+
+    def publish(self) -> None:
+        """Write the next policy version and announce it to the coordinator.
+
+        Raises:
+            NonFiniteWeights: a weight is NaN or inf; nothing is written or announced.
+        """
+        learner = self.learner
+        tensors = state_to_numpy(learner.online)
+        if not finite(tensors):
+            raise NonFiniteWeights(f"non-finite weights after train_iter {learner.train_iter}")
+        self.version += 1
+        path, sha = self.store.write_policy(
+            self.job_id, self.version, learner.train_iter, self.config.policy.type, tensors
+        )
+        ref = PolicyRef(version=self.version, path=path, sha256=sha, train_iter=learner.train_iter)
+        try:
+            # Patient: a coordinator restarting must not cost this task (the version is
+            # on disk either way, and a restored coordinator adopts it).
+            patiently(
+                self.ctx.stop,
+                lambda: self.ctx.coordinator.announce_policy(
+                    self.job_id, ref, task_id=self.ctx.task.task_id
+                ),
+            )
+        except ApiError as exc:
+            if exc.code in ("job_finished", "task_not_active") or exc.status in (401, 403, 404):
+                raise JobOver(exc.message) from exc
+            raise
+        self.metrics.publishes.inc()
+        self.metrics.policy_version.set(self.version)
+        set_progress(self.ctx.progress, policy_version=self.version)
+
+    def checkpoint(self) -> None:
+        """Write a checkpoint and keep the newest `KEEP_CHECKPOINTS`.
+
+        Raises:
+            NonFiniteWeights: a weight (or optimizer moment) is NaN or inf: a learner
+                resuming from it could never train again, so nothing is written.
+        """
+        state = self.learner.state_dict()
+        if not finite(state):
+            raise NonFiniteWeights(f"non-finite weights after train_iter {self.learner.train_iter}")
+        checkpoint = Checkpoint(
+            model=state, policy_version=self.version, algo=self.config.policy.type
+        )
+        _, size = write_checkpoint(self.store, self.job_id, self.learner.train_iter, checkpoint)
+        folder = f"{self.job_id}/checkpoints"
+        self.metrics.checkpoints.inc()
+        self.metrics.checkpoint_bytes.inc(size)
+        for old in self.store.list_dir(folder)[:-KEEP_CHECKPOINTS]:
+            self.store.delete(f"{folder}/{old}")
+
+
+class RoundSession(BatchSession):
+    """The sync workflow (PPO): each round, exactly `n_sample` items collected with the
+    current version, `epoch_per_collect` passes over them, then the next version.
+
+    The buffer is a fifo queue that evicts anything older than the newest version, so
+    no item collected by an older policy is ever trained on.
+    """
+
+    def run(self) -> dict[str, Any]:
+        ctx, learner = self.ctx, self.learner
+        learn = self.config.policy.learn
+        started = time.monotonic()
+        try:
+            self.publish()  # version v: the collectors start the first round with it
+            while not ctx.stopped():
+                waited = time.monotonic()
+                reply = self.fetch_round()
+                self.board.wait_s += time.monotonic() - waited
+                if reply is None:
+                    if self.group is not None:
+                        self.group.send({"kind": "idle"})
+                    continue
+                columns, versions = self.round_data(reply)
+                if set(versions) - {self.version}:
+                    # The buffer evicts older data; this guards the promise itself.
+                    raise RuntimeError(f"round of version {self.version} held {set(versions)}")
+                if self.group is not None:
+                    self.group.send({"kind": "round", "batch": dump(reply.batches[0])})
+                previous = learner.train_iter
+                # A round of unusable segments only trains nothing, but the collectors
+                # wait for the next version all the same.
+                trained = time.monotonic()
+                outcome = self.trainer.train_round(columns)
+                self.board.train_s += time.monotonic() - trained
+                self.metrics.train_iterations.inc(max(0, learner.train_iter - previous))
+                self.publish()
+                if reply.hold_id is not None:
+                    self.trained_holds.append(reply.hold_id)
+                if (
+                    learner.train_iter // learn.checkpoint_every_iters
+                    > previous // learn.checkpoint_every_iters
+                ):
+                    self.checkpoint()
+                set_progress(
+                    ctx.progress,
+                    train_iter=learner.train_iter,
+                    train_iters_per_s=round(learner.train_iter / (time.monotonic() - started), 1),
+                    unusable_segments=len(self.cache.unusable),
+                    skipped_updates=learner.skipped_updates,
+                )
+                if outcome is not None:
+                    set_progress(
+                        ctx.progress,
+                        loss=round(outcome.loss, 5),
+                        entropy=round(outcome.entropy, 4),
+                        approx_kl=round(outcome.approx_kl, 5),
+                    )
+                    set_rank_rates(ctx.progress, outcome.rank_samples_per_s)
+                    self.board.add(
+                        learner.train_iter,
+                        outcome.scalars,
+                        outcome.rank_samples_per_s,
+                        every_iters=1,
+                    )
+        except JobOver as exc:
+            log.info("learning stops: %s", exc)
+            ctx.stop.set()
+        except GroupBroken:
+            self.checkpoint()
+            raise
+        finally:
+            self.board.log.close()
+        self.checkpoint()
+        return {"train_iter": learner.train_iter, "policy_version": self.version}
+
+    def fetch_round(self) -> SampleReply | None:
+        return self.sample(self.config.policy.collect.n_sample, 1)
+
+    def round_data(self, reply: SampleReply) -> tuple[dict[str, np.ndarray], list[int]]:
+        """This rank's usable rows of the round, and the policy versions of the round's
+        segments that are not known to be unusable (a segment whose header cannot be
+        read is skipped like any unusable one)."""
+        (batch,) = reply.batches
+        versions: dict[str, int] = {}
+        for segment in batch.segments:
+            if segment.path in self.cache.unusable or segment.path in versions:
+                continue
+            header = self.cache.header(segment.path)
+            if header is None:
+                continue  # skipped
+            try:
+                versions[segment.path] = int(header["policy_version"])
+            except UNUSABLE as exc:  # KeyError: no version recorded
+                self.cache.skip(segment.path, f"unreadable header: {exc!r}")
+        columns = self.trainer.round_share(batch)
+        return columns, [v for path, v in versions.items() if path not in self.cache.unusable]
+
+
+def set_rank_rates(progress: dict[str, float], rank_samples_per_s: list[float]) -> None:
+    """The learner's throughput in a task's progress: items trained per second in all,
+    and, for a group, by each rank (`rank_0_samples_per_s`, ...) and its world size."""
+    set_progress(progress, samples_per_s=round(sum(rank_samples_per_s), 1))
+    if len(rank_samples_per_s) > 1:
+        set_progress(progress, world_size=len(rank_samples_per_s))
+        for rank, rate in enumerate(rank_samples_per_s):
+            set_progress(progress, **{f"rank_{rank}_samples_per_s": round(rate, 1)})

@@ -1,0 +1,213 @@
+"""One rank's training: the job's learner built for a task (`new_learner`), and the
+`Trainer`, which reads this rank's share of each global batch or round through the
+`SegmentCache` and trains on it. In a learner group the ranks agree on every update,
+and rank 0 gets the outcome merged over them (`BatchOutcome`, `RoundOutcome`).
+
+Usage::
+
+    learner = new_learner(config, seed, group)    # group None: a learner on its own
+    trainer = Trainer(learner, cache, group)
+    outcome = trainer.train_batch(batch)          # None: nothing trained, or rank > 0
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from dataclasses import dataclass, replace
+from typing import TypeVar
+
+import numpy as np
+import torch
+
+from algorithms.base import BatchLearner, Learner, RoundLearner
+from algorithms.registry import ALGORITHMS
+from algorithms.sync import AllReduceSync
+from common.config import JobConfig
+from common.messages import SampledBatch
+from services.learner.group import RankGroup, share_bounds, share_of
+from services.learner.segments import SegmentCache
+
+L = TypeVar("L", bound=Learner)
+
+
+def _as(learner: Learner, protocol: type[L]) -> L:
+    """The learner, checked to offer what the task's mode calls.
+
+    Raises:
+        TypeError: it does not (the algorithm's collect unit and the task's mode disagree).
+    """
+    if not isinstance(learner, protocol):
+        raise TypeError(f"{type(learner).__name__} is no {protocol.__name__}")
+    return learner
+
+
+@dataclass(frozen=True)
+class BatchOutcome:
+    """One update on a global batch, as rank 0 reports it (merged over the ranks)."""
+
+    #: The keys of the items trained on, and their new |TD errors|, in batch order.
+    keys: list[int]
+    td_abs: np.ndarray
+    loss: float
+    q_mean: float
+    #: Items each rank trains per second since the task started, in rank order.
+    rank_samples_per_s: list[float]
+    #: The algorithm's TensorBoard scalars (`BatchReport.scalars`), averaged over ranks.
+    scalars: dict[str, float]
+
+
+@dataclass(frozen=True)
+class RoundOutcome:
+    """One on-policy round's updates, merged over the ranks."""
+
+    loss: float
+    entropy: float
+    approx_kl: float
+    rank_samples_per_s: list[float]
+    #: The algorithm's TensorBoard scalars (`RoundReport.scalars`), averaged over ranks.
+    scalars: dict[str, float]
+
+
+#: A batch position a rank did not train on (its segment was unusable there).
+_DROPPED = -1.0
+
+
+class Trainer:
+    """One rank's training: it reads its own share of each global batch from the
+    shared file system and trains on it; with a group, the ranks agree on each update
+    and rank 0 gets the merged outcome (every rank's TD errors, by batch position, so
+    each sampled item gets exactly one new priority).
+
+    A learner on its own (`group` None) trains on the whole batch.
+    """
+
+    def __init__(self, learner: Learner, cache: SegmentCache, group: RankGroup | None) -> None:
+        self.learner = learner
+        self.cache = cache
+        self.group = group
+        self._started = time.monotonic()
+        self._samples = 0
+
+    def _rate(self, samples: int) -> float:
+        self._samples += samples
+        return self._samples / max(time.monotonic() - self._started, 1e-9)
+
+    def train_batch(self, batch: SampledBatch) -> BatchOutcome | None:
+        """One update on the batch (this rank's share of it), merged over the ranks;
+        None when no rank had a usable row (no rank stepped), and on ranks other than
+        0, which only take part."""
+        learner = _as(self.learner, BatchLearner)
+        group = self.group
+        if group is None:
+            columns, weights, keys = self.cache.gather(batch)
+            if not len(weights):
+                return None
+            info = learner.learn_batch(columns, weights)
+            rate = self._rate(len(weights))
+            return BatchOutcome(keys, info.td_abs, info.loss, info.q_mean, [rate], info.scalars)
+        mine = share_of(batch, group.rank, group.world_size)
+        columns, weights, kept = self.cache.gather_kept(mine)
+        # A rank with nothing to train on cannot take part in the gradient all-reduce:
+        # all skip the batch together.
+        if group.all_min(len(weights)) == 0:
+            return None
+        info = learner.learn_batch(columns, weights)
+        width = share_bounds(len(batch.keys), 0, group.world_size)[1]
+        td = np.full(width, _DROPPED)
+        td[: len(kept)][kept] = np.asarray(info.td_abs, dtype=np.float64)
+        # Every rank's learner reports the same tags in the same order.
+        scalars = list(info.scalars.values())
+        head = [info.loss, info.q_mean, self._rate(len(weights)), *scalars]
+        table = group.all_gather(np.concatenate([head, td]))
+        if group.rank != 0:
+            return None  # rank 0 alone reports and sends the priorities
+        keys: list[int] = []
+        td_abs: list[float] = []
+        for rank, row in enumerate(table):
+            start, stop = share_bounds(len(batch.keys), rank, group.world_size)
+            for position, value in enumerate(row[len(head) : len(head) + stop - start]):
+                if value != _DROPPED:  # NaN (a diverging update) is kept: MAX_PRIORITY
+                    keys.append(batch.keys[start + position])
+                    td_abs.append(value)
+        return BatchOutcome(
+            keys=keys,
+            td_abs=np.asarray(td_abs),
+            loss=float(table[:, 0].mean()),
+            q_mean=float(table[:, 1].mean()),
+            rank_samples_per_s=table[:, 2].tolist(),
+            scalars=_rank_means(info.scalars, table[:, 3 : len(head)]),
+        )
+
+    def read_ahead(self, batches: list[SampledBatch]) -> None:
+        """Load this rank's segments of batches to come (`SegmentCache.read_ahead`)."""
+        group = self.group
+        if group is not None:
+            batches = [share_of(b, group.rank, group.world_size) for b in batches]
+        self.cache.read_ahead(batches)
+
+    def round_share(self, batch: SampledBatch) -> dict[str, np.ndarray]:
+        """This rank's usable rows of an on-policy round (all of them on its own)."""
+        if self.group is not None:
+            batch = share_of(batch, self.group.rank, self.group.world_size)
+        columns, _, _ = self.cache.gather(batch)
+        return columns
+
+    def train_round(self, columns: dict[str, np.ndarray]) -> RoundOutcome | None:
+        """All updates on one on-policy round, given this rank's `round_share` of it,
+        merged over the ranks; None when no rank had a usable row, and on ranks other
+        than 0."""
+        learner = _as(self.learner, RoundLearner)
+        rows = len(next(iter(columns.values()))) if columns else 0
+        group = self.group
+        if group is None:
+            if not rows:
+                return None
+            info = learner.train_round(columns)
+            return RoundOutcome(
+                info.loss, info.entropy, info.approx_kl, [self._rate(rows)], info.scalars
+            )
+        # Every rank must take the same number of minibatch steps: all train on as many
+        # rows as the rank with the fewest usable ones.
+        rows = group.all_min(rows)
+        if rows == 0:
+            return None
+        info = learner.train_round({k: v[:rows] for k, v in columns.items()})
+        table = group.all_gather(
+            np.array(
+                [info.loss, info.entropy, info.approx_kl, self._rate(rows)]
+                + list(info.scalars.values())
+            )
+        )
+        if group.rank != 0:
+            return None
+        mean = table.mean(axis=0)
+        return RoundOutcome(
+            mean[0], mean[1], mean[2], table[:, 3].tolist(), _rank_means(info.scalars, table[:, 4:])
+        )
+
+
+def _rank_means(scalars: dict[str, float], table: np.ndarray) -> dict[str, float]:
+    """Each of `scalars`' tags with its mean over the ranks (a table row each), the
+    ranks whose value is not finite (a skipped step's gradient norm) left out."""
+    with warnings.catch_warnings():  # a tag no rank has a finite value of: NaN
+        warnings.simplefilter("ignore", RuntimeWarning)
+        means = np.nanmean(np.where(np.isfinite(table), table, np.nan), axis=0)
+    return dict(zip(scalars, means.tolist(), strict=True))
+
+
+def new_learner(config: JobConfig, seed: int, group: RankGroup | None) -> Learner:
+    """The job's learner, seeded, on the job's device. In a group, a rank trains on the
+    GPU of its local rank (for a CUDA job), its minibatches are its share of the
+    global ones, and its optimizer steps average gradients across the ranks."""
+    torch.manual_seed(seed)
+    policy = config.policy
+    algorithm = ALGORITHMS[policy.type]
+    if group is None:
+        return algorithm.make_learner(policy, torch.device(policy.torch_device))
+    local = replace(policy.learn, batch_size=policy.learn.batch_size // group.world_size)
+    learner = algorithm.make_learner(
+        replace(policy, learn=local), group.ranks.device(policy.torch_device)
+    )
+    learner.sync = AllReduceSync(None, group.world_size)
+    return learner
