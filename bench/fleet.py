@@ -88,8 +88,8 @@ sys.path.insert(0, str(ROOT))
 
 from common.messages import SegmentRef, dump  # noqa: E402
 from common.storage import SharedStore  # noqa: E402
-from services.collector.core import MAX_SEGMENTS_PER_UPLOAD  # noqa: E402
 from services.collector.step_data import NStepBuilder  # noqa: E402
+from services.collector.uploader import MAX_SEGMENTS_PER_UPLOAD  # noqa: E402
 
 API = "/api/v1"
 #: Rows of every segment (the issue's 64-row segments; the DQN default `n_sample`).

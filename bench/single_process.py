@@ -38,8 +38,7 @@ from common.messages import SegmentRef  # noqa: E402
 from common.models import state_to_numpy  # noqa: E402
 from jobconfig import fit_to_env, load_config_file, resolve_job_config  # noqa: E402
 from services.buffer.core import ReplayBuffer  # noqa: E402
-from services.collector.core import round_columns  # noqa: E402
-from services.collector.step_data import NStepBuilder  # noqa: E402
+from services.collector.step_data import NStepBuilder, round_columns  # noqa: E402
 
 
 class MemoryFiles:

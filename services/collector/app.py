@@ -13,7 +13,8 @@ from common.metrics import service_registry
 from common.settings import SlaveSettings
 from common.storage import SharedStore
 from services.collector import settings as collector_settings
-from services.collector.core import CollectorMetrics, CollectorRunner
+from services.collector.core import CollectorRunner
+from services.collector.metrics import CollectorMetrics
 from services.slave.app import create_slave_app
 from services.slave.core import Slave, build_slave
 

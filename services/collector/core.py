@@ -6,41 +6,48 @@ coordinator's version changes), turns steps into n-step transitions, and every
 shared store and inserts its reference. Stepping continues while a segment uploads;
 when the rate limiter says wait, the uploader waits and the queue fills, which
 slows stepping down: the faster side waits, and no data is dropped.
+
+`CollectorRunner`, here, runs a task's loop (`transitions`, `unrolls`, `rounds`, or an
+evaluation); the parts its loops share are modules of this package:
+
+| module | keeps |
+|---|---|
+| `follower.py` | the actor kept at the newest policy version (`PolicyFollower`) |
+| `uploader.py` | segments written and inserted on their own thread (`SegmentUploader`) |
+| `stepping.py` | the envs stepped in turn with the policy, or double-buffered |
+| `step_data.py` | steps as segment columns: n-step transitions, a round with its GAE |
+| `metrics.py` | what a collector counts for Prometheus (`CollectorMetrics`) |
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
-import queue
-import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import numpy as np
 import torch
-from prometheus_client import CollectorRegistry, Counter
-from tenacity import RetryCallState, RetryError, Retrying, retry_if_exception
+from prometheus_client import CollectorRegistry
 
 from algorithms.base import Actor, SamplingActor, TransitionActor
-from common.advantages import gae
 from common.checkpoint_file import read_checkpoint
-from common.config import EnvConfig, JobConfig, PolicyConfig
+from common.config import EnvConfig, JobConfig
 from common.envs import make_env
-from common.errors import ApiError
-from common.frames import pack_frames
-from common.http import ServiceUnavailable, is_transient, retry_wait_s
 from common.messages import CollectSpec, EvalResult, EvaluateSpec, SegmentRef, dump
-from common.storage import CorruptFileError, SharedStore
+from common.storage import SharedStore
 from jobconfig import algorithm_of, read_job_config
-from services.collector.step_data import EpisodeTracker, NStepBuilder, as_obs
+from services.collector.follower import PolicyFollower
+from services.collector.metrics import CollectorMetrics
+from services.collector.step_data import (
+    ROUND_COLUMNS,
+    EpisodeTracker,
+    NStepBuilder,
+    as_obs,
+    round_columns,
+)
 from services.collector.stepping import make_stepper
-from services.coordinator.client import CoordinatorClient
+from services.collector.uploader import PendingSegment, SegmentUploader
 from services.slave.core import TaskContext
-
-log = logging.getLogger(__name__)
 
 A = TypeVar("A", bound=Actor)
 #: The envs a sampling loop steps: a vector env or a stepper.
@@ -58,259 +65,6 @@ def make_actor(config: JobConfig, protocol: type[A]) -> A:
     if not isinstance(actor, protocol):
         raise TypeError(f"{config.policy.type}'s actor is no {protocol.__name__}")
     return actor
-
-
-class PolicyFollower:
-    """Keeps an actor at the coordinator's newest version, polling every `poll_s`;
-    takes only versions the job's algorithm `algo` wrote."""
-
-    def __init__(
-        self,
-        policy: Actor,
-        store: SharedStore,
-        coordinator: CoordinatorClient,
-        job_id: str,
-        poll_s: float,
-        algo: str,
-    ) -> None:
-        self.policy = policy
-        self.store = store
-        self.coordinator = coordinator
-        self.job_id = job_id
-        self.poll_s = poll_s
-        self.algo = algo
-        self._next_poll_s = 0.0
-
-    def refresh(self) -> None:
-        """Take the newest version if one is out; asks at most every `poll_s`."""
-        now = time.monotonic()
-        if now < self._next_poll_s:
-            return
-        self._next_poll_s = now + self.poll_s
-        self._take_latest()
-
-    def wait_newer(self, timeout_s: float) -> None:
-        """Block until a version newer than the one held is loaded, or `timeout_s`:
-        the coordinator answers as soon as the learner announces one (a long-poll,
-        not a sleep loop)."""
-        held = self.policy.version if self.policy.loaded else 0
-        started = time.monotonic()
-        self._take_latest(newer_than=held, timeout_s=timeout_s)
-        # A refused or unreachable answer comes at once: keep to the time asked for.
-        if self.policy.version <= held and time.monotonic() - started < timeout_s / 2:
-            time.sleep(min(self.poll_s, timeout_s))
-
-    def _take_latest(self, *, newer_than: int | None = None, timeout_s: float = 0.0) -> None:
-        try:
-            ref = self.coordinator.latest_policy(
-                self.job_id, newer_than=newer_than, timeout_s=timeout_s
-            )
-        except (ApiError, ServiceUnavailable) as exc:
-            log.warning("could not ask for the newest policy: %s", exc)
-            return
-        if ref is None or (self.policy.loaded and ref.version <= self.policy.version):
-            return
-        try:
-            self.store.resolve(ref.path, under=f"{self.job_id}/policies")
-            policy_file = self.store.read_policy(ref.path, sha256=ref.sha256, algo=self.algo)
-            self.policy.load(ref.version, policy_file.tensors)
-        except (OSError, CorruptFileError, ValueError, RuntimeError) as exc:
-            # Keep acting with the version we have; the next poll tries again.
-            log.warning("policy version %d refused: %s", ref.version, exc)
-
-
-class CollectorMetrics:
-    """What a collector counts, in its service's registry (created once per process:
-    the counters live as long as it)."""
-
-    def __init__(self, registry: CollectorRegistry) -> None:
-        self.env_steps = Counter(
-            "drover_env_steps",
-            "Env steps taken by collect tasks (each env of a vector env counts)",
-            registry=registry,
-        )
-        self.segments_written = Counter(
-            "drover_segments_written",
-            "Segment files written to the shared store",
-            registry=registry,
-        )
-        self.segment_bytes = Counter(
-            "drover_segment_bytes",
-            "Bytes of segment files written to the shared store",
-            registry=registry,
-        )
-        self.insert_retries = Counter(
-            "drover_insert_retries",
-            "Segment inserts tried again: rate_limited (429, the learner is behind) or "
-            "transient (unreachable, restarting)",
-            ["reason"],
-            registry=registry,
-        )
-        for reason in ("rate_limited", "transient"):
-            self.insert_retries.labels(reason)  # shown at 0 before the first retry
-
-
-class UploadFailed(RuntimeError):
-    """The uploader thread stopped on an error: the collect task fails with it."""
-
-
-@dataclass
-class _Pending:
-    columns: dict[str, np.ndarray]
-    ref: SegmentRef
-
-
-#: Segments written but not yet inserted that a collector holds before its stepping
-#: loop waits (the rate limiter's back-pressure reaches the envs through this).
-UPLOAD_QUEUE_SEGMENTS = 2
-#: Segments one insert carries at most with the default queue: the one taken and those
-#: queued behind it.
-MAX_SEGMENTS_PER_UPLOAD = UPLOAD_QUEUE_SEGMENTS + 1
-
-
-class SegmentUploader:
-    """Writes segments and inserts their references, in its own thread; the segments
-    queued while an insert is out go together in the next one.
-
-    An insert is retried until the coordinator accepts it or the task stops: `429`
-    waits its `Retry-After`; an unreachable or restarting coordinator is retried with
-    jittered exponential backoff. Inserts are idempotent by path, so a retry never
-    counts twice. A segment that is refused (the task was reassigned, the job ended)
-    stays on disk: the coordinator indexes or removes such files itself, so none is
-    lost or left behind.
-    """
-
-    def __init__(
-        self,
-        ctx: TaskContext,
-        store: SharedStore,
-        insert_timeout_s: float,
-        max_pending: int = UPLOAD_QUEUE_SEGMENTS,
-        *,
-        metrics: CollectorMetrics | None = None,
-    ) -> None:
-        self.ctx = ctx
-        self.store = store
-        self.metrics = metrics or CollectorMetrics(CollectorRegistry())
-        self.insert_timeout_s = insert_timeout_s
-        self.job_env_steps = 0
-        self.segments_sent = 0
-        self.rows_acknowledged = 0
-        #: Time the stepping loop spent waiting for room (the rate limiter's doing).
-        self.waited_s = 0.0
-        #: Why the uploader thread stopped, when an error stopped it.
-        self.error: str | None = None
-        self._queue: queue.Queue[_Pending | None] = queue.Queue(maxsize=max_pending)
-        self._max_batch = max_pending + 1
-        self._thread = threading.Thread(target=self._loop, name="uploader", daemon=True)
-        self._thread.start()
-
-    def raise_if_failed(self) -> None:
-        """Raises UploadFailed when an error stopped the uploader thread: a loop that
-        waits for something else (the next policy version) calls it, since nothing it
-        waits for comes while its data is not arriving."""
-        if self.error is not None:
-            raise UploadFailed(self.error)
-
-    def put(self, pending: _Pending) -> None:
-        """Queue a segment; blocks while the queue is full (the learner is behind).
-
-        Raises:
-            UploadFailed: the uploader thread stopped on an error; the task fails with it
-                instead of waiting forever for room that will never come.
-        """
-        started = time.monotonic()
-        try:
-            while not self.ctx.stopped():
-                if self.error is not None:
-                    raise UploadFailed(self.error)
-                try:
-                    self._queue.put(pending, timeout=0.2)
-                    return
-                except queue.Full:
-                    continue
-        finally:
-            self.waited_s += time.monotonic() - started
-
-    def close(self, timeout_s: float = 10.0) -> None:
-        with contextlib.suppress(queue.Full):
-            self._queue.put(None, timeout=timeout_s)
-        self._thread.join(timeout_s)
-
-    def _loop(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            # What queued up meanwhile goes in the same insert: one request when the
-            # coordinator keeps up, fewer per segment when it does not.
-            batch, last = [first], False
-            while len(batch) < self._max_batch:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    last = True
-                    break
-                batch.append(item)
-            if self.ctx.stopped() or self.error is not None:
-                if last:
-                    return
-                continue  # drain without writing: the task is over
-            try:
-                for item in batch:
-                    # Images are written with each frame once (common/frames.py); here,
-                    # off the env loop's thread.
-                    columns = pack_frames(item.columns)
-                    size = self.store.write_segment(item.ref.path, columns, header=dump(item.ref))
-                    self.metrics.segments_written.inc()
-                    self.metrics.segment_bytes.inc(size)
-                self._insert([item.ref for item in batch])
-            except Exception as exc:  # a full disk, a refusal no retry can fix
-                paths = ", ".join(item.ref.path for item in batch)
-                log.exception("uploading %s failed", paths)
-                self.error = f"uploading {paths} failed: {type(exc).__name__}: {exc}"
-            if last:
-                return
-
-    def _insert(self, refs: list[SegmentRef]) -> None:
-        ctx = self.ctx
-        retrying = Retrying(
-            retry=retry_if_exception(is_transient),
-            wait=retry_wait_s,
-            stop=lambda _: ctx.stopped(),
-            sleep=ctx.stop.wait,
-            before_sleep=self._retrying,
-        )
-        try:
-            for attempt in retrying:
-                with attempt:
-                    reply = ctx.coordinator.insert_segments(
-                        ctx.task.job_id,
-                        refs,
-                        timeout_s=self.insert_timeout_s,
-                        task_id=ctx.task.task_id,
-                    )
-        except RetryError:
-            return  # the task stopped while waiting
-        except ApiError as exc:
-            if exc.status not in (401, 403, 404, 409):
-                raise
-            log.info("insert refused, stopping the task: %s", exc.message)
-            ctx.stop.set()
-            return
-        self.job_env_steps = reply.env_steps
-        self.segments_sent += len(refs)
-        self.rows_acknowledged += sum(ref.rows for ref in refs)
-
-    def _retrying(self, state: RetryCallState) -> None:
-        exc = state.outcome.exception() if state.outcome is not None else None
-        if isinstance(exc, ApiError) and exc.status == 429:  # routine: not logged
-            self.metrics.insert_retries.labels("rate_limited").inc()
-            return
-        self.metrics.insert_retries.labels("transient").inc()
-        log.warning("insert failed (%s); retrying", exc)
 
 
 #: What the unrolls loop records at each step (an unroll's `bootstrap_obs` is once a
@@ -344,45 +98,6 @@ def declared_only(config: JobConfig, columns: dict[str, np.ndarray]) -> dict[str
     if missing:
         raise RuntimeError(f"this collect loop writes no {', '.join(missing)}")
     return {name: columns[name] for name in declared}
-
-
-ROUND_COLUMNS = (
-    "obs",
-    "action",
-    "logp",
-    "value",
-    "reward",
-    "terminated",
-    "ended",
-    "next_value",
-)
-
-
-def round_columns(record: dict[str, list], config: PolicyConfig) -> dict[str, np.ndarray]:
-    """One round's [T, num_envs] records as flat training columns with GAE."""
-    arrays = {k: np.asarray(v) for k, v in record.items()}
-    adv, ret = gae(
-        arrays["reward"].astype(np.float32),
-        arrays["value"].astype(np.float32),
-        arrays["next_value"].astype(np.float32),
-        arrays["terminated"].astype(np.float32),
-        arrays["ended"].astype(np.float32),
-        config.discount_factor,
-        config.collect.gae_lambda,
-    )
-
-    def flat(a: np.ndarray) -> np.ndarray:
-        return a.reshape(a.shape[0] * a.shape[1], *a.shape[2:])
-
-    action = flat(arrays["action"])
-    extras = {k: flat(a).astype(np.float32) for k, a in arrays.items() if k not in ROUND_COLUMNS}
-    return extras | {
-        "obs": as_obs(flat(arrays["obs"])),
-        "action": action.astype(np.float32 if action.dtype.kind == "f" else np.int64),
-        "logp": flat(arrays["logp"]).astype(np.float32),
-        "adv": flat(adv).astype(np.float32),
-        "ret": flat(ret).astype(np.float32),
-    }
 
 
 class CollectorRunner:
@@ -462,7 +177,7 @@ class CollectorRunner:
             episode_returns=returns,
             episode_lengths=lengths,
         )
-        uploader.put(_Pending(columns=columns, ref=ref))
+        uploader.put(PendingSegment(columns=columns, ref=ref))
         self.metrics.env_steps.inc(env_steps)
         total = total_env_steps + env_steps
         ctx.progress.update(
@@ -682,7 +397,7 @@ class CollectorRunner:
                         episode_returns=returns,
                         episode_lengths=lengths,
                     )
-                    uploader.put(_Pending(columns=columns, ref=ref))
+                    uploader.put(PendingSegment(columns=columns, ref=ref))
                     seq += 1
                     segment_steps = 0
                     elapsed = time.monotonic() - started

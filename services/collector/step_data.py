@@ -1,5 +1,6 @@
 """How a collector's vector steps become step data: episode returns and lengths for
-every loop, and the n-step transitions of the `transitions` loop.
+every loop, the n-step transitions of the `transitions` loop, and a `rounds` loop's
+round as training columns with its GAE advantages and returns (`round_columns`).
 
 Each transition row is::
 
@@ -16,6 +17,8 @@ import collections
 
 import numpy as np
 
+from common.advantages import gae
+from common.config import PolicyConfig
 from common.messages import MAX_EPISODES_PER_SEGMENT
 
 
@@ -133,3 +136,42 @@ class NStepBuilder:
             "done": np.asarray(rows["done"], dtype=np.float32),
             "discount": np.asarray(rows["discount"], dtype=np.float32),
         }
+
+
+ROUND_COLUMNS = (
+    "obs",
+    "action",
+    "logp",
+    "value",
+    "reward",
+    "terminated",
+    "ended",
+    "next_value",
+)
+
+
+def round_columns(record: dict[str, list], config: PolicyConfig) -> dict[str, np.ndarray]:
+    """One round's [T, num_envs] records as flat training columns with GAE."""
+    arrays = {k: np.asarray(v) for k, v in record.items()}
+    adv, ret = gae(
+        arrays["reward"].astype(np.float32),
+        arrays["value"].astype(np.float32),
+        arrays["next_value"].astype(np.float32),
+        arrays["terminated"].astype(np.float32),
+        arrays["ended"].astype(np.float32),
+        config.discount_factor,
+        config.collect.gae_lambda,
+    )
+
+    def flat(a: np.ndarray) -> np.ndarray:
+        return a.reshape(a.shape[0] * a.shape[1], *a.shape[2:])
+
+    action = flat(arrays["action"])
+    extras = {k: flat(a).astype(np.float32) for k, a in arrays.items() if k not in ROUND_COLUMNS}
+    return extras | {
+        "obs": as_obs(flat(arrays["obs"])),
+        "action": action.astype(np.float32 if action.dtype.kind == "f" else np.int64),
+        "logp": flat(arrays["logp"]).astype(np.float32),
+        "adv": flat(adv).astype(np.float32),
+        "ret": flat(ret).astype(np.float32),
+    }

@@ -17,7 +17,7 @@ from common.config import to_dict
 from common.messages import SegmentRef, dump
 from common.storage import SharedStore
 from jobconfig import algorithm_of, fit_to_env, resolve_job_config
-from services.collector.core import MAX_SEGMENTS_PER_UPLOAD
+from services.collector.uploader import MAX_SEGMENTS_PER_UPLOAD
 from services.learner.segments import SegmentSchema
 
 pytestmark = pytest.mark.processes

@@ -20,7 +20,8 @@ from common.metrics import service_registry
 from common.storage import SharedStore
 from drover.local import LocalCluster
 from jobconfig import load_config_file
-from services.collector.core import CollectorMetrics, SegmentUploader, _Pending
+from services.collector.metrics import CollectorMetrics
+from services.collector.uploader import PendingSegment, SegmentUploader
 from services.coordinator.app import create_app
 from services.coordinator.core import Coordinator
 from services.coordinator.settings import CoordinatorSettings
@@ -310,7 +311,7 @@ def test_the_uploader_counts_segments_bytes_and_retries_by_reason():
         env_steps=8,
         policy_version=0,
     )
-    uploader.put(_Pending(columns={"obs": np.zeros((8, 4), np.float32)}, ref=ref))
+    uploader.put(PendingSegment(columns={"obs": np.zeros((8, 4), np.float32)}, ref=ref))
     uploader.close()
     assert uploader.segments_sent == 1 and uploader.error is None
     families = parse_metrics(generate_latest(registry).decode())

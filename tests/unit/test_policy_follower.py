@@ -9,7 +9,7 @@ from common.messages import PolicyRef
 from common.models import state_to_numpy
 from common.storage import SharedStore
 from jobconfig import resolve_job_config, with_spaces
-from services.collector.core import PolicyFollower
+from services.collector.follower import PolicyFollower
 
 
 class Pointer:

@@ -6,7 +6,7 @@ from algorithms.ppo import COLUMNS
 from algorithms.ppo.learner import PPO
 from common.advantages import gae
 from jobconfig import resolve_job_config, with_spaces
-from services.collector.core import round_columns
+from services.collector.step_data import round_columns
 
 
 def test_gae_matches_a_hand_computed_case():

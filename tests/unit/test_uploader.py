@@ -8,7 +8,7 @@ import pytest
 
 from common.errors import ApiError
 from common.messages import InsertReply, SegmentRef
-from services.collector.core import SegmentUploader, UploadFailed, _Pending
+from services.collector.uploader import PendingSegment, SegmentUploader, UploadFailed
 from tests.fakes import CollectTaskContext
 from tests.helpers import wait_until
 
@@ -40,7 +40,7 @@ def pending(seq):
         env_steps=8,
         policy_version=0,
     )
-    return _Pending(columns={"obs": np.zeros((8, 4), np.float32)}, ref=ref)
+    return PendingSegment(columns={"obs": np.zeros((8, 4), np.float32)}, ref=ref)
 
 
 @pytest.mark.timeout(20)
