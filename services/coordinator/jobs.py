@@ -1,4 +1,5 @@
-"""Jobs: admission, their phase and its durable end, status, metrics and records.
+"""Jobs: admission, their phase and its durable end, what is shown of them (built by
+job_status.py), metrics points and records.
 
 A job ends in two steps: `finish` stops its data and tasks at once (under the lock);
 `complete_end` (after the lock is let go) writes its terminal record, then shows the
@@ -24,17 +25,16 @@ from common.messages import (
     JobMetrics,
     JobStatus,
     JobSubmit,
-    LearnerSummary,
     MetricsPoint,
     dump,
     new_id,
     parse,
 )
-from common.ranks import RANK_DEVICES, learner_ranks
 from common.storage import SharedStore
 from jobconfig import fit_to_env, from_resolved, min_error_buffer, resolve_job_config
 from services.buffer.core import ReplayBuffer
 from services.coordinator.devices import refuse_unless_fits, waiting_reason
+from services.coordinator.job_status import learners_of, metrics_from_record, status_of
 from services.coordinator.snapshot import (
     as_record,
     eval_from,
@@ -459,87 +459,6 @@ def _workflow_record(record: dict[str, Any]) -> dict[str, Any]:
         return record["workflow"]
     legacy = ("eval_requested_iter", "evaluation")
     return {key: record[key] for key in legacy if key in record}
-
-
-def metrics_from_record(record: dict[str, Any], job: Job) -> JobMetrics:
-    """An ended job's metrics, from its record."""
-    return JobMetrics(
-        job_id=job.job_id,
-        points=[parse(MetricsPoint, p) for p in record.get("metrics", [])],
-        evals=[parse(EvalSummary, e) for e in record.get("evals", [])],
-        buffer=job.final_buffer,
-        unusable_segments=sorted(record.get("unusable_segments", [])),
-    )
-
-
-def learners_of(state: CoordinatorState, job: Job) -> list[LearnerSummary]:
-    """The learners running the job's learn tasks, with what their progress says of
-    their throughput (a learner group's ranks included)."""
-    summaries = []
-    for task in state.tasks.values():
-        worker = state.workers.get(task.worker_id)
-        if task.job_id != job.job_id or task.kind != "learn" or worker is None:
-            continue
-        progress = worker.progress.get(task.task_id, {})
-        world_size = learner_ranks(worker.resources)
-        devices = worker.resources.get(RANK_DEVICES)
-        summaries.append(
-            LearnerSummary(
-                worker_id=worker.worker_id,
-                world_size=world_size,
-                rank_devices=_rank_devices(devices, world_size),
-                train_iters_per_s=progress.get("train_iters_per_s"),
-                samples_per_s=progress.get("samples_per_s"),
-                rank_samples_per_s=[
-                    progress[f"rank_{r}_samples_per_s"]
-                    for r in range(world_size)
-                    if f"rank_{r}_samples_per_s" in progress
-                ],
-            )
-        )
-    return summaries
-
-
-def _rank_devices(listed: object, world_size: int) -> list[str]:
-    """The devices a learner registered (`rank_devices`), one a rank; a group too big
-    to list them registers a summary, kept whole."""
-    if not isinstance(listed, str) or not listed:
-        return []
-    devices = listed.split(",")
-    return devices if len(devices) == world_size else [listed]
-
-
-def status_of(
-    job: Job,
-    learners: list[LearnerSummary] | None = None,
-    *,
-    phase: tuple[str, str, float | None] | None = None,
-) -> JobStatus:
-    """The job's status; `phase`: (phase, reason, finished_at) to show instead of its
-    own (the end it is about to show)."""
-    shown, reason, finished_at = phase or (job.phase, job.reason, job.finished_at)
-    return JobStatus(
-        job_id=job.job_id,
-        name=job.name,
-        phase=shown,  # type: ignore[arg-type]
-        algo=job.config.policy.type,
-        env_id=job.config.env.env_id,
-        env_steps=job.env_steps,
-        train_iters=job.train_iters,
-        policy_version=job.policy.version if job.policy else 0,
-        last_eval=job.evals[-1] if job.evals else None,
-        best_eval_return=job.best_eval.return_mean if job.best_eval else None,
-        best_policy_version=job.best_eval.policy_version if job.best_eval else None,
-        stop_value=job.config.env.stop_value,
-        reason=reason or (job.waiting if job.running and phase is None else ""),
-        started_at=job.started_at,
-        finished_at=finished_at,
-        learners=learners or [],
-        max_env_step=job.config.system.max_env_step,
-        max_train_iter=job.config.system.max_train_iter,
-        task_failures=job.task_failures,
-        tasks_reassigned=job.tasks_reassigned,
-    )
 
 
 def job_record(job: Job) -> dict[str, Any]:
