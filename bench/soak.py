@@ -66,7 +66,7 @@ from bench.fleet import (  # noqa: E402
     task_columns,
 )
 from common.errors import ApiError  # noqa: E402
-from common.http import ServiceUnavailable  # noqa: E402
+from common.http_client import ServiceUnavailable  # noqa: E402
 from common.messages import TaskAssignment, TaskProgress, dump, parse  # noqa: E402
 from common.storage import SharedStore  # noqa: E402
 from drover.local import LocalCluster  # noqa: E402

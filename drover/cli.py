@@ -28,7 +28,7 @@ from rich.table import Table
 from common.config import ConfigError, JobConfig, to_dict
 from common.env_guard import setup_env_registry
 from common.errors import ApiError
-from common.http import ServiceUnavailable
+from common.http_client import ServiceUnavailable
 from common.messages import TERMINAL_PHASES, JobStatus
 from common.settings import SettingsError, read_token
 from drover import plot, verbs

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from common.http import ServiceUnavailable
+from common.http_client import ServiceUnavailable
 from services.coordinator.client import CoordinatorClient
 
 

@@ -33,7 +33,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from common.errors import ApiError
-from common.http import ServiceUnavailable
+from common.http_client import ServiceUnavailable
 from common.messages import JobList, JobStatus, WorkerInfo, WorkerList, dump
 from common.settings import SettingsError, read_token
 from services.coordinator.client import CoordinatorClient

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from common.config import deep_merge
 from common.errors import ApiError
-from common.http import ServiceUnavailable
+from common.http_client import ServiceUnavailable
 from drover.local import LocalCluster, Service
 from jobconfig import load_config_file
 

@@ -16,7 +16,7 @@ import time
 
 from algorithms.base import Actor
 from common.errors import ApiError
-from common.http import ServiceUnavailable
+from common.http_client import ServiceUnavailable
 from common.storage import CorruptFileError, SharedStore
 from services.coordinator.client import CoordinatorClient
 

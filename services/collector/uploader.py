@@ -26,7 +26,7 @@ from tenacity import RetryCallState, RetryError, Retrying, retry_if_exception
 
 from common.errors import ApiError
 from common.frames import pack_frames
-from common.http import is_transient, retry_wait_s
+from common.http_client import is_transient, retry_wait_s
 from common.messages import SegmentRef, dump
 from common.storage import SharedStore
 from services.collector.metrics import CollectorMetrics

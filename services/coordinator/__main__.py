@@ -7,7 +7,7 @@ import ctypes
 import sys
 
 from common.env_guard import setup_env_registry
-from common.http import serve
+from common.http_server import serve
 from common.logs import setup_logging
 from common.settings import SettingsError
 from services.coordinator.api import CORE

@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from common.http import ServiceClient, ServiceUnavailable
+from common.http_client import ServiceClient, ServiceUnavailable
 from common.messages import (
     TERMINAL_PHASES,
     Heartbeat,

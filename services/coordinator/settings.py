@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from common.http import ServerLimits
+from common.http_server import ServerLimits
 from common.settings import (
     SettingsError,
     env_duration_s,

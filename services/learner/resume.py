@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from algorithms.base import Learner
 from common.checkpoint_file import read_checkpoint
 from common.errors import ApiError
-from common.http import ServiceUnavailable
+from common.http_client import ServiceUnavailable
 from common.messages import PolicyRef
 from common.storage import CHECKPOINT_SUFFIX, CorruptFileError, SharedStore, WrongAlgorithm
 from services.learner.guards import JobOver, NonFiniteWeights, finite

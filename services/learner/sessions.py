@@ -27,7 +27,7 @@ from algorithms.base import Learner
 from common.checkpoint_file import Checkpoint, write_checkpoint
 from common.config import JobConfig
 from common.errors import ApiError
-from common.http import ServiceUnavailable
+from common.http_client import ServiceUnavailable
 from common.messages import PolicyRef, SampleReply, dump
 from common.models import state_to_numpy
 from common.storage import SharedStore

@@ -8,14 +8,8 @@ from typing import Any
 
 from flask import Blueprint, Flask, Response
 
-from common.http import (
-    ApiError,
-    allow,
-    body,
-    extension,
-    install_http_basics,
-    reply,
-)
+from common.errors import ApiError
+from common.http import allow, body, extension, install_http_basics, reply
 from common.messages import (
     Health,
     SlaveStatus,

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from common.http import (
-    ServiceClient,
-)
+from common.http_client import ServiceClient
 from common.messages import (
     SlaveStatus,
     TaskAssignment,

@@ -32,12 +32,8 @@ from tenacity import (
     retry_if_exception,
 )
 
-from common.http import (
-    ApiError,
-    ServiceUnavailable,
-    is_transient,
-    retry_wait_s,
-)
+from common.errors import ApiError
+from common.http_client import ServiceUnavailable, is_transient, retry_wait_s
 from common.messages import (
     MAX_ABS_FLOAT,
     SlaveStatus,

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 from flask import Flask
 
-from common.http import ServerLimits, serve
+from common.http_server import ServerLimits, serve
 from common.logs import setup_logging
 from common.settings import SettingsError, SlaveSettings
 from services.slave.core import EXTENSION, Slave

@@ -15,7 +15,8 @@ import pytest
 from common.config import MAX_CONFIG_DEPTH, MAX_CONFIG_ITEMS
 from common.config import check_shape as check_config_shape
 from common.errors import ApiError
-from common.http import MAX_BODY_BYTES, ServerLimits, check_shape, nesting, structure
+from common.http import MAX_BODY_BYTES, check_shape, nesting, structure
+from common.http_server import ServerLimits
 from common.messages import (
     MAX_EPISODES_PER_SEGMENT,
     MAX_EVAL_EPISODES,

@@ -12,7 +12,7 @@ import time
 import pytest
 from rich.console import Console
 
-from common.http import ServerLimits, create_server
+from common.http_server import ServerLimits, create_server
 from common.messages import JobStatus, LearnerSummary
 from common.storage import SharedStore
 from drover.cli import main

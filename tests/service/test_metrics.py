@@ -14,7 +14,7 @@ from prometheus_client import generate_latest
 
 from common.config import deep_merge
 from common.errors import ApiError
-from common.http import ServiceUnavailable
+from common.http_client import ServiceUnavailable
 from common.messages import InsertReply, SegmentRef, new_id
 from common.metrics import service_registry
 from common.storage import SharedStore

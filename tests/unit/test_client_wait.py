@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.http import ServiceUnavailable
+from common.http_client import ServiceUnavailable
 from common.messages import JobStatus
 from services.coordinator.client import CoordinatorClient
 

@@ -5,7 +5,7 @@ import threading
 import pytest
 
 from common.errors import ApiError
-from common.http import ServiceUnavailable
+from common.http_client import ServiceUnavailable
 from services.slave.core import patiently
 
 

@@ -1,0 +1,170 @@
+"""How drover calls a drover service: `ServiceClient`, JSON over HTTP with a timeout on
+every call and a refused connection tried again; `ServiceUnavailable` when a service
+cannot be reached; `is_transient` and `retry_wait_s`, which answers are worth trying
+again and how long to wait first (for tenacity).
+
+Usage::
+
+    client = ServiceClient("http://127.0.0.1:8000", token, timeout_s=10.0)
+    status = client.call_as(JobStatus, "GET", f"/api/v1/jobs/{job_id}")  # ApiError: 4xx, 5xx
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, TypeVar
+
+import requests
+from requests.adapters import HTTPAdapter
+from tenacity import RetryCallState, wait_random_exponential
+from urllib3.util.retry import Retry
+
+from common.errors import ApiError
+from common.messages import dump, parse
+
+T = TypeVar("T")
+
+
+class ServiceUnavailable(Exception):
+    """The service could not be reached (connection refused, timeout)."""
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Worth retrying: unreachable, restarting (502-504), or rate limited (429)."""
+    if isinstance(exc, ServiceUnavailable):
+        return True
+    return isinstance(exc, ApiError) and exc.status in (429, 502, 503, 504)
+
+
+def retry_wait_s(state: RetryCallState) -> float:
+    """tenacity wait: the server's Retry-After when it gave one, else exponential
+    backoff with full jitter (0.1 s doubling, at most 5 s)."""
+    exc = state.outcome.exception() if state.outcome is not None else None
+    if isinstance(exc, ApiError) and exc.retry_after_s:
+        return exc.retry_after_s
+    return _JITTERED(state)
+
+
+_JITTERED = wait_random_exponential(multiplier=0.1, max=5.0)
+
+
+class ServiceClient:
+    """JSON over HTTP to one drover service, with a timeout on every call.
+
+    Connection failures are retried a few times with exponential backoff and jitter
+    (urllib3's Retry): a refused connection never reached the server, so this is safe
+    for every method. A request that did reach it is not repeated here: callers retry
+    only the calls that are idempotent.
+    """
+
+    def __init__(
+        self, base_url: str, token: str, *, timeout_s: float = 10.0, connect_retries: int = 3
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self._token = token
+        #: Once set (a worker's own credential), used instead of the cluster token.
+        self.credential: str | None = None
+        self._retry = Retry(
+            total=connect_retries,
+            connect=connect_retries,
+            read=0,
+            status=0,
+            other=0,
+            backoff_factor=0.1,
+            backoff_jitter=0.1,
+            raise_on_status=False,
+        )
+        # requests.Session is not documented as thread-safe: one per thread.
+        self._local = threading.local()
+
+    @property
+    def _session(self) -> requests.Session:
+        session = getattr(self._local, "session", None)
+        if session is None:
+            session = requests.Session()
+            adapter = HTTPAdapter(max_retries=self._retry)
+            session.mount("http://", adapter)
+            session.mount("https://", adapter)
+            self._local.session = session
+        return session
+
+    def call(
+        self,
+        method: str,
+        path: str,
+        payload: Any = None,
+        *,
+        timeout_s: float | None = None,
+        params: dict[str, Any] | None = None,
+        auth: str | None = None,
+    ) -> Any:
+        """One request; returns the decoded JSON answer (None for an empty body).
+
+        Raises:
+            ApiError: the service answered with an error status.
+            ServiceUnavailable: it could not be reached in time.
+        """
+        resp = self.raw(method, path, payload, timeout_s=timeout_s, params=params, auth=auth)
+        if not resp.content:
+            return None
+        return resp.json()
+
+    def call_as(
+        self,
+        cls: type[T],
+        method: str,
+        path: str,
+        payload: Any = None,
+        *,
+        timeout_s: float | None = None,
+        auth: str | None = None,
+    ) -> T:
+        """One request whose answer is validated straight from its bytes into `cls`."""
+        resp = self.raw(method, path, payload, timeout_s=timeout_s, auth=auth)
+        return parse(cls, resp.content)
+
+    def raw(
+        self,
+        method: str,
+        path: str,
+        payload: Any = None,
+        *,
+        timeout_s: float | None = None,
+        params: dict[str, Any] | None = None,
+        auth: str | None = None,
+    ) -> requests.Response:
+        try:
+            resp = self._session.request(
+                method,
+                self.base_url + path,
+                json=dump(payload) if payload is not None else None,
+                headers={"Authorization": f"Bearer {auth or self.credential or self._token}"},
+                params=params,
+                timeout=timeout_s if timeout_s is not None else self.timeout_s,
+            )
+        except requests.RequestException as exc:
+            raise ServiceUnavailable(f"{method} {self.base_url}{path}: {exc}") from exc
+        if resp.status_code >= 400:
+            raise _error_from(resp)
+        return resp
+
+    def close(self) -> None:
+        session = getattr(self._local, "session", None)
+        if session is not None:
+            session.close()
+
+
+def _error_from(resp: requests.Response) -> ApiError:
+    try:
+        data = resp.json()
+        code, message = str(data["error"]), str(data["message"])
+        retry_after = data.get("retry_after_s")
+    except (ValueError, KeyError, TypeError):
+        code, message, retry_after = "http_error", resp.text[:200], None
+    if retry_after is None and "Retry-After" in resp.headers:
+        try:
+            retry_after = float(resp.headers["Retry-After"])
+        except ValueError:
+            retry_after = None
+    return ApiError(resp.status_code, code, message, retry_after_s=retry_after)
