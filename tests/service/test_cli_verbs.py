@@ -17,7 +17,7 @@ from common.messages import JobStatus, LearnerSummary
 from common.storage import SharedStore
 from drover.cli import main
 from drover.local import free_port
-from drover.verbs import learners_table, progress_text
+from drover.tables import learners_table, progress_text
 from services.coordinator.app import create_app
 from services.coordinator.client import CoordinatorClient
 from services.coordinator.core import Coordinator
