@@ -30,6 +30,11 @@ step with each other) and says which worker failed and why. Usage::
         envs.close()
 
 `make_env` gives one for `env.manager: async`, with `env.num_workers` workers.
+
+One module on purpose (about 560 lines): it holds both ends of one pipe protocol, the
+parent (`SubprocessVector`) and the worker (`serve`; this module is what the worker
+runs), which must agree on every command, answer and shared-memory layout (`_Layout`,
+`_line`). Kept together, a command and the code that answers it are read side by side.
 """
 
 from __future__ import annotations

@@ -4,6 +4,13 @@ Every HTTP body is one of these frozen dataclasses. `parse` turns a JSON value i
 one (validating types and bounds, so a bad field becomes a 400 naming it) and `dump`
 turns one back into plain JSON data. Bulk data never travels in a message: segments
 and policies are referenced by their path relative to the shared root.
+
+One module on purpose (about 700 lines): the catalogue of every message the services
+exchange, each a dataclass of fields (with its body limit, for one a route takes), the
+bounds and field types they are declared with (a bound several messages share, such
+as MAX_SAMPLE_ITEMS, is stated once beside them), and the `parse` and `dump` that read
+and write any of them. A route and the message it takes or answers are found in one
+place, by section: workers, tasks, the data plane, jobs, small answers.
 """
 
 from __future__ import annotations

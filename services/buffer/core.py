@@ -25,6 +25,16 @@ The coordinator persists a buffer through `cut`, `delta` and `restore_snapshot`
 (services/coordinator/persistence.py; the files: services/coordinator/snapshot.py).
 `save` and `restore` write and read one whole state as a file pair; only the tests
 use them.
+
+This module is one class of about 900 lines, on purpose: inserts, samples, holds, a
+job's end and snapshots all read and change the same state (the item table, the
+segments and their reference counts, the holds, the counters, the random state) under
+one condition, and each keeps what the others rely on: a segment's live items count
+its items in the table and those held; a cut and the deltas after it see every write;
+a restore rebuilds the counts the other methods keep. Split over modules, these parts
+would share the class's private state. What stands alone is a module already:
+table.py (the item columns and their change journal), selectors.py (samplers and
+removers), limiter.py, sumtree.py, snapshot.py (a snapshot file's bytes).
 """
 
 from __future__ import annotations
