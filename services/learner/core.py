@@ -23,9 +23,12 @@ sessions also send each reply's batches to the other ranks, and each rank's
 | `resume.py` | where a task starts: the newest checkpoint, a newer published policy |
 | `sessions.py` | the task's loop: `BatchSession` (batches), `RoundSession` (rounds) |
 | `segments.py` | `SegmentSchema` and its column checks, the `SegmentCache` |
+| `reads.py` | segment reads on threads of their own, each waited for with a bound |
 | `guards.py` | finite weights, progress and priorities; `JobOver` |
 | `tensorboard.py` | the learner's TensorBoard scalars (`TrainBoard`) |
 | `metrics.py` | what a learner counts for Prometheus (`LearnerMetrics`) |
+
+A learner group's ranks talk through `group.py`; `aggregator.py` runs them.
 """
 
 from __future__ import annotations
