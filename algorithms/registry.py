@@ -5,7 +5,7 @@ Adding an algorithm is its folder (see `algorithms/dqn/`) and one line here.
 
 from __future__ import annotations
 
-from algorithms import dqn, impala, ppo, sac
+from algorithms import dqn, impala, ppo, rainbow, sac
 from algorithms.base import Algorithm
 
 ALGORITHMS: dict[str, Algorithm] = {
@@ -13,4 +13,6 @@ ALGORITHMS: dict[str, Algorithm] = {
     "ppo": ppo.SPEC,
     "impala": impala.SPEC,
     "sac": sac.SPEC,
+    "rainbow": rainbow.SPEC,
+    "c51": rainbow.C51_SPEC,
 }

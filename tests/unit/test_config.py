@@ -156,7 +156,7 @@ def test_keys_of_other_algorithms_are_named_as_ignored():
     _, warnings = resolve_job_config({"policy": {"learn": {"clip_ratio": 0.3}}})
     assert warnings == ["policy.learn.clip_ratio: ignored, dqn does not use it (ppo does)"]
     _, warnings = resolve_job_config({"policy": {"type": "ppo", "other": {"eps": {"end": 0.1}}}})
-    assert warnings == ["policy.other.eps.end: ignored, ppo does not use it (dqn does)"]
+    assert warnings == ["policy.other.eps.end: ignored, ppo does not use it (c51 and dqn do)"]
     # the algorithm's own keys, and keys every algorithm reads, are not
     _, warnings = resolve_job_config(
         {"policy": {"type": "ppo", "learn": {"clip_ratio": 0.1, "batch_size": 32}}}

@@ -1,0 +1,99 @@
+"""C51's and Rainbow's acting side: the action of highest expected return.
+
+C51 collects epsilon-greedily (DQN's schedule, `policy.other.eps`). Rainbow has no
+epsilon: it collects greedily on a noisy network. As NoisyNet's agent acts on one
+draw of the noise between two optimisation steps, a collector acts on one draw per
+policy version it loads (every `publish_every_iters` updates), drawn from a
+generator seeded by the collector's rng: exploration that stays consistent over
+several steps, rather than a new perturbation at each. Both evaluate greedily on
+the noise-free network, and act at random until the first version arrives.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from algorithms.dqn.actor import EpsilonSchedule
+from algorithms.rainbow.networks import DistributionalQNetwork, noise_sigma, with_noise
+from common.config import PolicyConfig
+from common.models import load_numpy_state
+
+
+class DistributionalPolicy:
+    """What C51's and Rainbow's actors share: the network, loading, greedy actions."""
+
+    def __init__(self, config: PolicyConfig, *, noisy: bool) -> None:
+        assert config.model.action_shape is not None
+        self.num_actions = config.model.action_shape
+        self.device = torch.device(config.torch_device)
+        self.network = DistributionalQNetwork(config.model, noisy=noisy)
+        self.network.to(self.device).eval()
+        self.version = 0
+        self.loaded = False
+
+    def load(self, version: int, tensors: dict[str, np.ndarray]) -> None:
+        load_numpy_state(self.network, tensors)
+        self.version, self.loaded = version, True
+
+    def env_action(self, action: np.ndarray) -> np.ndarray:
+        return action
+
+    def greedy(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+        """The env action for evaluation: greedy on the noise-free network."""
+        with_noise(self.network, False)
+        return self._argmax(obs)
+
+    def _argmax(self, obs: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            q = self.network(torch.as_tensor(obs, device=self.device))
+        return q.argmax(dim=1).cpu().numpy()
+
+
+class C51Policy(DistributionalPolicy):
+    """Epsilon-greedy on the expected returns while collecting."""
+
+    def __init__(self, config: PolicyConfig) -> None:
+        super().__init__(config, noisy=False)
+        self.epsilon = EpsilonSchedule(config.other.eps)
+
+    def act(self, obs: np.ndarray, rng: np.random.Generator, job_env_steps: int) -> np.ndarray:
+        n = len(obs)
+        eps = self.epsilon(job_env_steps)
+        explore = rng.random(n) < eps if self.loaded else np.ones(n, dtype=bool)
+        actions = rng.integers(0, self.num_actions, size=n)
+        if not explore.all():
+            actions = np.where(explore, actions, self._argmax(obs))
+        return actions
+
+    def exploration(self, job_env_steps: int) -> dict[str, float]:
+        return {"epsilon": round(self.epsilon(job_env_steps), 4)}
+
+
+class RainbowPolicy(DistributionalPolicy):
+    """Greedy on a noisy network while collecting: the noise explores, one draw of it
+    for each policy version."""
+
+    def __init__(self, config: PolicyConfig) -> None:
+        super().__init__(config, noisy=True)
+        self._noise: torch.Generator | None = None
+        self._noise_version = -1
+        self._sigma = float(noise_sigma(self.network))
+
+    def load(self, version: int, tensors: dict[str, np.ndarray]) -> None:
+        super().load(version, tensors)
+        self._sigma = float(noise_sigma(self.network))
+
+    def act(self, obs: np.ndarray, rng: np.random.Generator, job_env_steps: int) -> np.ndarray:
+        if not self.loaded:
+            return rng.integers(0, self.num_actions, size=len(obs))
+        if self._noise is None:
+            self._noise = torch.Generator().manual_seed(int(rng.integers(2**62)))
+        if self._noise_version != self.version:
+            self.network.reset_noise(self._noise)
+            self._noise_version = self.version
+        with_noise(self.network, True)
+        return self._argmax(obs)
+
+    def exploration(self, job_env_steps: int) -> dict[str, float]:
+        return {"noise_sigma": round(self._sigma, 4)}
