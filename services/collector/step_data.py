@@ -61,6 +61,9 @@ class EpisodeTracker:
         return out
 
 
+_NO_EXTRAS: dict[str, np.ndarray] = {}
+
+
 class NStepBuilder:
     """Turns a vector env's steps into n-step transitions, one queue per env."""
 
@@ -89,11 +92,10 @@ class NStepBuilder:
         episode's end (not the first observation of the next episode). `extras`: the
         actor's own columns at this step (one row per env), kept with the transition
         that starts here."""
-        extras = extras or {}
         for i, pending in enumerate(self._pending):
-            pending.append(
-                (obs[i], actions[i], float(rewards[i]), {k: v[i] for k, v in extras.items()})
-            )
+            # Most algorithms' actors record nothing: no per-env dict for them.
+            row = {k: v[i] for k, v in extras.items()} if extras else _NO_EXTRAS
+            pending.append((obs[i], actions[i], float(rewards[i]), row))
             if terminated[i] or truncated[i]:
                 while pending:
                     self._emit(pending, next_obs[i], bool(terminated[i]))
