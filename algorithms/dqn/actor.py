@@ -26,17 +26,21 @@ class EpsilonSchedule:
         return c.end + (c.start - c.end) * math.exp(-env_steps / c.decay)
 
 
-class QPolicy:
-    """A Q-network acting epsilon-greedily; random until the first version arrives."""
+class QActor:
+    """What acting on a Q-network takes, whatever the exploration: the network (a
+    variant's head through `make_network`), its loaded version, greedy actions."""
 
     def __init__(self, config: PolicyConfig) -> None:
         assert config.model.action_shape is not None
         self.num_actions = config.model.action_shape
         self.device = torch.device(config.torch_device)
-        self.network = QNetwork(config.model).to(self.device).eval()
-        self.epsilon = EpsilonSchedule(config.other.eps)
+        self.network = self.make_network(config).to(self.device).eval()
         self.version = 0
         self.loaded = False
+
+    def make_network(self, config: PolicyConfig) -> torch.nn.Module:
+        """The Q-network: a module whose forward gives each action's expected return."""
+        return QNetwork(config.model)
 
     def load(self, version: int, tensors: dict[str, np.ndarray]) -> None:
         load_numpy_state(self.network, tensors)
@@ -44,6 +48,19 @@ class QPolicy:
 
     def env_action(self, action: np.ndarray) -> np.ndarray:
         return action
+
+    def _argmax(self, obs: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            q = self.network(torch.as_tensor(obs, device=self.device))
+        return q.argmax(dim=1).cpu().numpy()
+
+
+class QPolicy(QActor):
+    """A Q-network acting epsilon-greedily; random until the first version arrives."""
+
+    def __init__(self, config: PolicyConfig) -> None:
+        super().__init__(config)
+        self.epsilon = EpsilonSchedule(config.other.eps)
 
     def greedy(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """The env action for evaluation."""
@@ -60,8 +77,5 @@ class QPolicy:
         explore = rng.random(n) < eps if self.loaded else np.ones(n, dtype=bool)
         actions = rng.integers(0, self.num_actions, size=n)
         if not explore.all():
-            with torch.inference_mode():
-                q = self.network(torch.as_tensor(obs, device=self.device))
-            greedy = q.argmax(dim=1).cpu().numpy()
-            actions = np.where(explore, actions, greedy)
+            actions = np.where(explore, actions, self._argmax(obs))
         return actions

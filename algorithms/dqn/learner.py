@@ -65,10 +65,14 @@ class UpdateInfo:
 
 
 class DQN:
+    """The learner; a variant with another head and loss (C51, Rainbow) overrides
+    `make_network` and `update`, and keeps the target network, checkpoints and the
+    policy loading."""
+
     def __init__(self, config: PolicyConfig, device: str | torch.device = "cpu") -> None:
         self.config = config
         self.device = torch.device(device)
-        self.online = QNetwork(config.model).to(self.device)
+        self.online = self.make_network(config).to(self.device)
         self.target = copy.deepcopy(self.online).requires_grad_(False)
         self.optimizer = adam(self.online.parameters(), lr=config.learn.learning_rate)
         self.train_iter = 0
@@ -76,6 +80,9 @@ class DQN:
         self.sync: GradientSync = LOCAL
         #: Batches whose loss was not finite: no step was taken on them.
         self.skipped_updates = 0
+
+    def make_network(self, config: PolicyConfig) -> torch.nn.Module:
+        return QNetwork(config.model)
 
     def learn_batch(self, columns: dict[str, np.ndarray], weights: np.ndarray) -> UpdateInfo:
         """One update on a batch of segment rows (what the learner's loop calls)."""

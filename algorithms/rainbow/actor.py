@@ -14,75 +14,40 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from algorithms.dqn.actor import EpsilonSchedule
+from algorithms.dqn.actor import QActor, QPolicy
 from algorithms.rainbow.networks import DistributionalQNetwork, noise_sigma, with_noise
 from common.config import PolicyConfig
-from common.models import load_numpy_state
 
 
-class DistributionalPolicy:
-    """What C51's and Rainbow's actors share: the network, loading, greedy actions."""
+class C51Policy(QPolicy):
+    """DQN's epsilon-greedy acting, on the expected returns of the distributional
+    network."""
 
-    def __init__(self, config: PolicyConfig, *, noisy: bool) -> None:
-        assert config.model.action_shape is not None
-        self.num_actions = config.model.action_shape
-        self.device = torch.device(config.torch_device)
-        self.network = DistributionalQNetwork(config.model, noisy=noisy)
-        self.network.to(self.device).eval()
-        self.version = 0
-        self.loaded = False
+    def make_network(self, config: PolicyConfig) -> DistributionalQNetwork:
+        return DistributionalQNetwork(config.model, noisy=False)
+
+
+class RainbowPolicy(QActor):
+    """Greedy on a noisy network while collecting: the noise explores, one draw of it
+    for each policy version."""
+
+    def __init__(self, config: PolicyConfig) -> None:
+        super().__init__(config)
+        self._noise: torch.Generator | None = None
+        self._noise_version = -1
+        self._sigma = float(noise_sigma(self.network))
+
+    def make_network(self, config: PolicyConfig) -> DistributionalQNetwork:
+        return DistributionalQNetwork(config.model, noisy=True)
 
     def load(self, version: int, tensors: dict[str, np.ndarray]) -> None:
-        load_numpy_state(self.network, tensors)
-        self.version, self.loaded = version, True
-
-    def env_action(self, action: np.ndarray) -> np.ndarray:
-        return action
+        super().load(version, tensors)
+        self._sigma = float(noise_sigma(self.network))
 
     def greedy(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """The env action for evaluation: greedy on the noise-free network."""
         with_noise(self.network, False)
         return self._argmax(obs)
-
-    def _argmax(self, obs: np.ndarray) -> np.ndarray:
-        with torch.inference_mode():
-            q = self.network(torch.as_tensor(obs, device=self.device))
-        return q.argmax(dim=1).cpu().numpy()
-
-
-class C51Policy(DistributionalPolicy):
-    """Epsilon-greedy on the expected returns while collecting."""
-
-    def __init__(self, config: PolicyConfig) -> None:
-        super().__init__(config, noisy=False)
-        self.epsilon = EpsilonSchedule(config.other.eps)
-
-    def act(self, obs: np.ndarray, rng: np.random.Generator, job_env_steps: int) -> np.ndarray:
-        n = len(obs)
-        eps = self.epsilon(job_env_steps)
-        explore = rng.random(n) < eps if self.loaded else np.ones(n, dtype=bool)
-        actions = rng.integers(0, self.num_actions, size=n)
-        if not explore.all():
-            actions = np.where(explore, actions, self._argmax(obs))
-        return actions
-
-    def exploration(self, job_env_steps: int) -> dict[str, float]:
-        return {"epsilon": round(self.epsilon(job_env_steps), 4)}
-
-
-class RainbowPolicy(DistributionalPolicy):
-    """Greedy on a noisy network while collecting: the noise explores, one draw of it
-    for each policy version."""
-
-    def __init__(self, config: PolicyConfig) -> None:
-        super().__init__(config, noisy=True)
-        self._noise: torch.Generator | None = None
-        self._noise_version = -1
-        self._sigma = float(noise_sigma(self.network))
-
-    def load(self, version: int, tensors: dict[str, np.ndarray]) -> None:
-        super().load(version, tensors)
-        self._sigma = float(noise_sigma(self.network))
 
     def act(self, obs: np.ndarray, rng: np.random.Generator, job_env_steps: int) -> np.ndarray:
         if not self.loaded:

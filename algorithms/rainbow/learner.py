@@ -17,18 +17,14 @@ Usage::
 
 from __future__ import annotations
 
-import copy
 import math
 
-import numpy as np
 import torch
 
-from algorithms.dqn.learner import TransitionBatch, UpdateInfo
+from algorithms.dqn.learner import DQN, TransitionBatch, UpdateInfo
 from algorithms.rainbow.networks import DistributionalQNetwork, noise_sigma
-from algorithms.step import adam, finite_step, learning_rate, to_floats
-from algorithms.sync import LOCAL, GradientSync
+from algorithms.step import finite_step, learning_rate, to_floats
 from common.config import PolicyConfig
-from common.models import load_numpy_state
 
 
 def project(
@@ -56,28 +52,19 @@ def project(
     return projected
 
 
-class DistributionalDQN:
+class DistributionalDQN(DQN):
     """C51 (`noisy=False`) or Rainbow (`noisy=True`: the online and target networks
-    each draw new noise for every update)."""
+    each draw new noise for every update): DQN's learner (target network, its update,
+    checkpoints, policy loading) with a distributional head and loss."""
 
     def __init__(
         self, config: PolicyConfig, device: str | torch.device = "cpu", *, noisy: bool
     ) -> None:
-        self.config = config
         self.noisy = noisy
-        self.device = torch.device(device)
-        self.online = DistributionalQNetwork(config.model, noisy=noisy).to(self.device)
-        self.target = copy.deepcopy(self.online).requires_grad_(False)
-        self.optimizer = adam(self.online.parameters(), lr=config.learn.learning_rate)
-        self.train_iter = 0
-        #: Averages gradients across the ranks of a learner group (LOCAL: none).
-        self.sync: GradientSync = LOCAL
-        #: Batches whose loss was not finite: no step was taken on them.
-        self.skipped_updates = 0
+        super().__init__(config, device)
 
-    def learn_batch(self, columns: dict[str, np.ndarray], weights: np.ndarray) -> UpdateInfo:
-        """One update on a batch of segment rows (what the learner's loop calls)."""
-        return self.update(TransitionBatch.from_numpy(columns, weights, self.device))
+    def make_network(self, config: PolicyConfig) -> DistributionalQNetwork:
+        return DistributionalQNetwork(config.model, noisy=self.noisy)
 
     def update(self, batch: TransitionBatch) -> UpdateInfo:
         if self.noisy:
@@ -126,32 +113,3 @@ class DistributionalDQN:
             td_abs=kl.cpu().numpy(),
             scalars=scalars,
         )
-
-    def _update_target(self) -> None:
-        learn = self.config.learn
-        if learn.target_theta is not None:
-            with torch.no_grad():
-                for t, o in zip(self.target.parameters(), self.online.parameters(), strict=True):
-                    t.lerp_(o, learn.target_theta)
-        elif self.train_iter % learn.target_update_freq == 0:
-            self.target.load_state_dict(self.online.state_dict())
-
-    def state_dict(self) -> dict:
-        """Everything to resume: networks, optimizer, counter (weights_only-loadable)."""
-        return {
-            "online": self.online.state_dict(),
-            "target": self.target.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "train_iter": self.train_iter,
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        self.online.load_state_dict(state["online"])
-        self.target.load_state_dict(state["target"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.train_iter = int(state["train_iter"])
-
-    def load_policy(self, tensors: dict[str, np.ndarray]) -> None:
-        """A published version's weights; the target network restarts from them."""
-        load_numpy_state(self.online, tensors)
-        self.target.load_state_dict(self.online.state_dict())
