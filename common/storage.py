@@ -1,9 +1,9 @@
 """The shared-store layer: the only code that touches the shared root.
 
-Layout under the root (ARCHITECTURE §3)::
+Layout under the root (docs/architecture.md)::
 
     <job_id>/job.json
-    <job_id>/segments/<worker_id>/<seq>.safetensors
+    <job_id>/segments/<worker_id>.<task_id>/<seq>.safetensors   (a folder per collect task)
     <job_id>/policies/<version>.safetensors, latest.json, best.json
     <job_id>/checkpoints/learner-<iter>.safetensors
     <job_id>/eval/

@@ -2,7 +2,7 @@
 
 Every field of `CoordinatorLimits` is settable as `DROVER_<FIELD>` (upper case), e.g.
 `DROVER_LEASE_TIMEOUT_S=3` or `DROVER_WORKER_HOSTS=10.0.0.0/8,collector-0`; the
-README's table lists them all.
+docs/operator.md's table lists them all.
 """
 
 from __future__ import annotations
