@@ -20,11 +20,10 @@ from jobconfig import algorithm_of, fit_to_env, resolve_job_config
 from services.collector.uploader import MAX_SEGMENTS_PER_UPLOAD
 from services.learner.segments import SegmentSchema
 
-pytestmark = pytest.mark.processes
-
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.processes
 def test_fleet_bench_quick(tmp_path: Path) -> None:
     out = tmp_path / "rows.json"
     proc = subprocess.run(

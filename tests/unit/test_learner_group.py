@@ -47,8 +47,6 @@ from tests.rank_worker import (
     normalize_input,
 )
 
-pytestmark = pytest.mark.torchrun
-
 ROOT = Path(__file__).resolve().parents[2]
 WORLD_SIZE = 2
 #: How long the ranks may take for every scenario together (they take about 20 s).
@@ -235,6 +233,7 @@ def changed(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor], pre
 # --- two ranks are one learner ---------------------------------------------------------
 
 
+@pytest.mark.torchrun
 @pytest.mark.parametrize("algo", ["dqn", "impala"])
 def test_two_ranks_train_as_one_process_on_the_global_batches(group_run, algo):
     """Each rank trains on its half of the same 50 global batches: networks and
@@ -260,6 +259,7 @@ def test_two_ranks_train_as_one_process_on_the_global_batches(group_run, algo):
             assert torch.equal(trained[name], value), name
 
 
+@pytest.mark.torchrun
 def test_sac_ranks_stay_identical_and_share_one_temperature(group_run):
     """SAC's three optimizers (critics, actor, temperature `log_alpha`) all average
     across the ranks: after its updates every rank holds the same state, though each
@@ -273,6 +273,7 @@ def test_sac_ranks_stay_identical_and_share_one_temperature(group_run):
     assert "optimizers.2.state.0.exp_avg" in trained  # the temperature's Adam moments
 
 
+@pytest.mark.torchrun
 def test_ppo_ranks_stay_identical_over_rounds(group_run):
     """PPO ranks read their halves of a round from the segment files and train on them
     with advantages normalized over the global minibatch: they end identical, having
@@ -290,6 +291,7 @@ def test_ppo_ranks_stay_identical_over_rounds(group_run):
         assert group_run.json("ppo", f"rows-{rank}") == [share] * PPO_ROUNDS
 
 
+@pytest.mark.torchrun
 def test_normalize_over_ranks_equals_normalize_over_the_whole(group_run):
     """`AllReduceSync.normalize` on two unequal halves (19 and 18 values) standardizes
     them with the statistics of the whole, as one process does."""
@@ -299,6 +301,7 @@ def test_normalize_over_ranks_equals_normalize_over_the_whole(group_run):
     assert float((torch.cat(halves) - whole).abs().max()) <= 1e-6
 
 
+@pytest.mark.torchrun
 def test_a_non_finite_loss_on_one_rank_makes_every_rank_skip(group_run):
     """A NaN loss on rank 1, then on rank 0: neither rank changes a weight or a moment,
     both count the skipped update, and training then goes on identically."""
@@ -319,6 +322,7 @@ def test_a_non_finite_loss_on_one_rank_makes_every_rank_skip(group_run):
 # --- priorities: every sampled item once ------------------------------------------------
 
 
+@pytest.mark.torchrun
 def test_rank_0_reports_every_item_once_with_the_td_of_the_rank_that_trained_it(group_run):
     """On a batch whose segments are all usable, rank 0's outcome lists the batch's
     keys in batch order, each with the |TD error| of the rank whose share held it."""
@@ -338,6 +342,7 @@ def test_rank_0_reports_every_item_once_with_the_td_of_the_rank_that_trained_it(
     assert mine["loss/td"] != theirs["loss/td"]  # each rank's loss is on its own share
 
 
+@pytest.mark.torchrun
 def test_a_segment_unusable_on_one_rank_costs_only_that_ranks_items(group_run):
     """When rank 1 cannot use the segment that straddles the shares, its items of that
     segment get no priority (no rank trained them) while rank 0's items of the same
@@ -364,12 +369,14 @@ def test_a_segment_unusable_on_one_rank_costs_only_that_ranks_items(group_run):
 # --- messages and the initial state -----------------------------------------------------
 
 
+@pytest.mark.torchrun
 def test_messages_from_rank_0_arrive_as_sent(group_run):
     """JSON messages (empty, unicode, large) cross the group in order, unchanged."""
     assert group_run.json("messages", "rank-0") == MESSAGES
     assert group_run.json("messages", "rank-1") == MESSAGES
 
 
+@pytest.mark.torchrun
 def test_broadcast_state_makes_every_rank_start_from_rank_0s(group_run):
     """Learners seeded differently (and stepped on different data) become rank 0's
     learner, weights and optimizer moments alike."""
@@ -456,6 +463,7 @@ def test_split_error_names_the_size_that_does_not_split():
     assert split_key({"type": "dqn", "learn": {"batch_size": 66}}, ranks=3) is None
 
 
+@pytest.mark.torchrun
 def test_a_task_that_fails_on_one_rank_only_leaves_it_in_step_with_rank_0(group_run):
     """Rank 1 cannot read the task's job: it drops the task, skips rank 0's messages up
     to the task's `end`, and takes the next one (the group does not break)."""
