@@ -38,7 +38,7 @@ from common.messages import SegmentRef  # noqa: E402
 from common.models import state_to_numpy  # noqa: E402
 from jobconfig import fit_to_env, load_config_file, resolve_job_config  # noqa: E402
 from services.buffer.core import ReplayBuffer  # noqa: E402
-from services.collector.step_data import NStepBuilder, round_columns  # noqa: E402
+from services.collector.step_data import ROUND_COLUMNS, NStepBuilder, round_columns  # noqa: E402
 
 
 class MemoryFiles:
@@ -151,19 +151,7 @@ def ppo_run(config: JobConfig, seed: int, max_steps: int) -> tuple[bool, int]:
     rounds_steps = -(-policy_cfg.collect.n_sample // num_envs)
     while steps < max_steps:
         actor.load(ppo.train_iter, state_to_numpy(ppo.online))
-        rec: dict[str, list] = {
-            k: []
-            for k in (
-                "obs",
-                "action",
-                "logp",
-                "value",
-                "reward",
-                "terminated",
-                "ended",
-                "next_value",
-            )
-        }
+        rec: dict[str, list] = {k: [] for k in ROUND_COLUMNS}
         for _ in range(rounds_steps):
             action, logp, value = actor.sample(obs)
             step = env.step(actor.env_action(action))

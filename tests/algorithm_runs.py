@@ -10,8 +10,10 @@ from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
+import torch
 
 from algorithms.base import CollectUnit, RoundLearner
+from algorithms.dqn.learner import TransitionBatch
 from algorithms.registry import ALGORITHMS
 from common.config import JobConfig, deep_merge
 from common.messages import (
@@ -47,6 +49,20 @@ def job_config(name: str, space: str, **overrides: Any) -> JobConfig:
     # unroll_len is set for every algorithm here: only IMPALA's is not ignored
     assert [w for w in warnings if not w.startswith("policy.collect.unroll_len: ignored")] == []
     return fit_to_env(config)
+
+
+def fixed_batch(n: int = 32, seed: int = 0) -> TransitionBatch:
+    """A batch of random 3-step CartPole-shaped transitions, as DQN's learners take it."""
+    rng = np.random.default_rng(seed)
+    columns = {
+        "obs": rng.normal(size=(n, 4)).astype(np.float32),
+        "action": rng.integers(0, 2, n).astype(np.int64),
+        "reward": rng.normal(size=n).astype(np.float32),
+        "next_obs": rng.normal(size=(n, 4)).astype(np.float32),
+        "done": (rng.random(n) < 0.2).astype(np.float32),
+        "discount": np.full(n, 0.99**3, dtype=np.float32),
+    }
+    return TransitionBatch.from_numpy(columns, np.ones(n, dtype=np.float32), torch.device("cpu"))
 
 
 def synthetic_columns(config: JobConfig, names: tuple[str, ...], rows: int) -> dict:

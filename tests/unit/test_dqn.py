@@ -3,28 +3,16 @@ import pytest
 import torch
 
 from algorithms.dqn.actor import EpsilonSchedule
-from algorithms.dqn.learner import DQN, TransitionBatch
+from algorithms.dqn.learner import DQN
 from common.checkpoint_file import Checkpoint, decode_checkpoint, encode_checkpoint
 from jobconfig import resolve_job_config, with_spaces
 from services.collector.step_data import NStepBuilder
+from tests.algorithm_runs import fixed_batch
 
 
 def make_dqn(**learn):
     config, _ = resolve_job_config({"policy": {"learn": learn, "nstep": 3}})
     return DQN(with_spaces(config, 4, 2).policy)
-
-
-def fixed_batch(n=32, seed=0):
-    rng = np.random.default_rng(seed)
-    columns = {
-        "obs": rng.normal(size=(n, 4)).astype(np.float32),
-        "action": rng.integers(0, 2, n).astype(np.int64),
-        "reward": rng.normal(size=n).astype(np.float32),
-        "next_obs": rng.normal(size=(n, 4)).astype(np.float32),
-        "done": (rng.random(n) < 0.2).astype(np.float32),
-        "discount": np.full(n, 0.99**3, dtype=np.float32),
-    }
-    return TransitionBatch.from_numpy(columns, np.ones(n, dtype=np.float32), torch.device("cpu"))
 
 
 def test_one_update_moves_parameters_and_reduces_loss_on_a_fixed_batch():

@@ -5,32 +5,19 @@ import numpy as np
 import pytest
 import torch
 
-from algorithms.dqn.learner import TransitionBatch
 from algorithms.rainbow.actor import C51Policy, RainbowPolicy
 from algorithms.rainbow.learner import DistributionalDQN, project
 from algorithms.rainbow.networks import NoisyLinear, noisy_layers, with_noise
 from common.config import ConfigError
 from common.models import state_to_numpy
 from jobconfig import load_config, resolve_job_config, with_spaces
+from tests.algorithm_runs import fixed_batch
 from tests.helpers import EXAMPLES
 
 
 def policy_config(name, **policy):
     config, _ = resolve_job_config({"policy": {"type": name, **policy}})
     return with_spaces(config, 4, 2).policy
-
-
-def fixed_batch(n=32, seed=0):
-    rng = np.random.default_rng(seed)
-    columns = {
-        "obs": rng.normal(size=(n, 4)).astype(np.float32),
-        "action": rng.integers(0, 2, n).astype(np.int64),
-        "reward": rng.normal(size=n).astype(np.float32),
-        "next_obs": rng.normal(size=(n, 4)).astype(np.float32),
-        "done": (rng.random(n) < 0.2).astype(np.float32),
-        "discount": np.full(n, 0.99**3, dtype=np.float32),
-    }
-    return TransitionBatch.from_numpy(columns, np.ones(n, dtype=np.float32), torch.device("cpu"))
 
 
 # --- the projection ---------------------------------------------------------------------
