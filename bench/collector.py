@@ -1,0 +1,471 @@
+"""Collector efficiency on CartPole-v1: one real collect task against the same envs and
+the same policy's inference with nothing written.
+
+    python bench/collector.py [--seconds 10] [--warmup-steps 20000] [--algos dqn,ppo]
+        [--profile-s 10] [--profile-out /tmp/collector-dqn.txt]
+
+For DQN (examples/cartpole_dqn.yaml) and PPO (examples/cartpole_ppo.yaml), with the
+example's `collector_env_num` envs:
+
+- reference, in this process: the vector env `make_env` makes from the job's env
+  config, stepped for `--seconds` with the actor's inference at every step, nothing
+  recorded or written. DQN: `actor.act` with a loaded policy, epsilon at its end value
+  (as a collector's is after the warm-up). PPO: `actor.sample` plus `actor.value` of
+  the step's final observations (the critic pass the rounds loop adds for GAE). Torch
+  runs the job's `system.torch_num_threads` threads, as a collector sets it.
+- measured: a real coordinator, one collector and one learner as local processes
+  (`drover.local.LocalCluster`, what `drover run` starts) on a job that never trains.
+  - DQN (async workflow, `transitions` loop): no rate limit (`samples_per_insert`
+    null) and `min_size_to_sample` above anything the run can insert, so the learner
+    publishes its first version (the collector acts with the network) and then only
+    waits; nothing waits on the collector and it waits on nothing. The row is the
+    collect task's env steps over a window of `--seconds` after `--warmup-steps`,
+    every step's transitions written as segments and inserted. Its time base is the
+    collector's own clock: each progress report carries `env_steps` and
+    `env_steps_per_s` (`env_steps` / time since the task started), so each report's
+    time is `env_steps / env_steps_per_s`; heartbeat delays do not enter.
+  - PPO (sync workflow, `rounds` loop): a round waits for the learner's next version,
+    so a collect task's time is rounds and waits. The row is the collect task's time
+    per round: from the learner's policy file for version v being written to the
+    collector's segment of the round collected with v being written (mtimes on the
+    shared store), i.e. announcing v, the long-poll answering, loading v, stepping
+    `n_sample` env steps with `sample` and the critic, GAE, and writing the segment;
+    the insert (after the write) and the learner's training are not in it. Env steps
+    per round / that time, over the rounds that finish within `--seconds` after the
+    warm-up. `system.collector_num` is 1: this collector collects the whole round.
+
+The ratio is measured / reference. Both run on this machine's CPUs (the collector's
+process and this one have the same affinity); with a coordinator and a learner beside
+it, the collector does not have the machine to itself, as in a real run.
+
+`--profile-s` (DQN only; 0: none) then records the DQN collector process with py-spy
+(`record --format raw --idle --threads`, 100 Hz) for that long after the timed
+window, and prints the stepping and uploader threads' wall time by kind of work
+(the innermost project frame of each sample) and the top frames by own time.
+
+Timings vary with machine load; compare within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import inspect
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from algorithms.registry import ALGORITHMS  # noqa: E402
+from bench.learner_scaling import cpu_line  # noqa: E402
+from common.config import JobConfig, deep_merge  # noqa: E402
+from common.envs import make_env  # noqa: E402
+from common.models import state_to_numpy  # noqa: E402
+from common.storage import SharedStore  # noqa: E402
+from drover.local import LocalCluster  # noqa: E402
+from jobconfig import fit_to_env, load_config_file, resolve_job_config  # noqa: E402
+
+EXAMPLES = {
+    "dqn": ROOT / "examples" / "cartpole_dqn.yaml",
+    "ppo": ROOT / "examples" / "cartpole_ppo.yaml",
+}
+#: More than any run of this bench inserts: the DQN learner never samples, so never trains.
+NEVER = 1_000_000_000
+BUFFER_ROWS = 2_000_000
+#: Vector steps before the reference's timed window (torch's first calls).
+REFERENCE_WARMUP_STEPS = 200
+
+
+@dataclass
+class Row:
+    algo: str
+    num_envs: int
+    reference: float
+    measured: float
+    what: str
+    cpus: str
+    pid: int | None = None
+
+
+def overrides(algo: str) -> dict[str, Any]:
+    """A job that collects and never ends, never evaluates, and (DQN) never trains."""
+    common: dict[str, Any] = {
+        "env": {"stop_value": None},
+        "policy": {"eval": {"evaluator": {"eval_freq": NEVER}}},
+        "system": {"max_env_step": NEVER},
+    }
+    if algo == "dqn":
+        return deep_merge(
+            common,
+            {
+                "policy": {
+                    "other": {
+                        "replay_buffer": {
+                            "samples_per_insert": None,
+                            "replay_buffer_size": BUFFER_ROWS,
+                            "min_size_to_sample": BUFFER_ROWS,
+                        }
+                    }
+                }
+            },
+        )
+    return deep_merge(common, {"system": {"collector_num": 1}})
+
+
+def raw_config(algo: str) -> dict[str, Any]:
+    return deep_merge(load_config_file(EXAMPLES[algo]), overrides(algo))
+
+
+def job_config(algo: str) -> JobConfig:
+    """The config a collector gets: resolved and fitted to the env."""
+    config, _ = resolve_job_config(raw_config(algo))
+    return fit_to_env(config)
+
+
+# --- reference ------------------------------------------------------------------------
+
+
+def reference(config: JobConfig, seconds: float) -> float:
+    """Env steps/s of the vector env stepped with the actor's inference, nothing else."""
+    torch.set_num_threads(config.system.torch_num_threads)
+    num_envs = config.env.collector_env_num
+    actor = ALGORITHMS[config.policy.type].make_actor(config.policy)
+    actor.load(1, state_to_numpy(actor.network))
+    env = make_env(config.env, num_envs)
+    rng = np.random.default_rng(0)
+    if config.policy.type == "dqn":
+
+        def step(obs: np.ndarray) -> np.ndarray:
+            # Epsilon at its end value, as after the measured row's warm-up.
+            actions = actor.act(obs, rng, NEVER)
+            return env.step(actor.env_action(actions)).obs
+
+    else:
+
+        def step(obs: np.ndarray) -> np.ndarray:
+            action, _logp, _value = actor.sample(obs)
+            out = env.step(actor.env_action(action))
+            actor.value(out.final_obs)  # the rounds loop's critic pass for GAE
+            return out.obs
+
+    try:
+        obs = env.reset(seed=0)
+        for _ in range(REFERENCE_WARMUP_STEPS):
+            obs = step(obs)
+        steps = 0
+        started = time.perf_counter()
+        deadline = started + seconds
+        while time.perf_counter() < deadline:
+            obs = step(obs)
+            steps += 1
+        return steps * num_envs / (time.perf_counter() - started)
+    finally:
+        env.close()
+
+
+# --- measured -------------------------------------------------------------------------
+
+
+def collect_progress(cluster: LocalCluster) -> dict[str, Any] | None:
+    for worker in cluster.client.workers():
+        for task_id, progress in worker.progress.items():
+            if task_id.startswith("collect-") and progress.get("env_steps"):
+                return progress
+    return None
+
+
+def affinity(pid: int) -> str:
+    try:
+        return str(len(os.sched_getaffinity(pid)))
+    except OSError:
+        return "?"
+
+
+def wait_for(cluster: LocalCluster, job_id: str, ready: Any, timeout_s: float = 120.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        status = cluster.client.job(job_id)
+        if status.phase != "running":
+            raise RuntimeError(f"job {job_id} is {status.phase}: {status}")
+        value = ready()
+        if value:
+            return value
+        time.sleep(0.1)
+    raise TimeoutError(f"job {job_id}: not ready within {timeout_s}s")
+
+
+def measure_dqn(
+    work: Path, seconds: float, warmup_steps: int, profile_s: float, profile_out: Path | None
+) -> tuple[Row, str | None]:
+    config = job_config("dqn")
+    num_envs = config.env.collector_env_num
+    with LocalCluster(work / "dqn", num_collectors=1) as cluster:
+        job_id = cluster.client.submit_job(raw_config("dqn")).job_id
+
+        def warmed() -> dict[str, Any] | None:
+            p = collect_progress(cluster)
+            ok = p and p.get("policy_version", 0) >= 1 and p["env_steps"] >= warmup_steps
+            return p if ok else None
+
+        first = wait_for(cluster, job_id, warmed)
+        time.sleep(seconds)
+        last = collect_progress(cluster)
+        assert last is not None
+        pid = cluster.collectors[0].process.pid  # type: ignore[union-attr]
+        cpus = affinity(pid)
+        raw = record_profile(pid, profile_s, profile_out) if profile_s > 0 else None
+        cluster.client.stop_job(job_id)
+
+    def clock(p: dict[str, Any]) -> float:
+        return p["env_steps"] / p["env_steps_per_s"]
+
+    steps = int(last["env_steps"] - first["env_steps"])
+    rate = steps / (clock(last) - clock(first))
+    what = (
+        f"transitions loop, {steps:,} steps in {clock(last) - clock(first):.1f}s after "
+        f"{int(first['env_steps']):,}; eps {last.get('epsilon', '?')}; cumulative unthrottled "
+        f"{last.get('unthrottled_env_steps_per_s', 0):,.0f}/s"
+    )
+    row = Row("DQN", num_envs, 0.0, rate, what, cpus, pid)
+    return row, raw
+
+
+def measure_ppo(work: Path, seconds: float) -> Row:
+    config = job_config("ppo")
+    num_envs = config.env.collector_env_num
+    with LocalCluster(work / "ppo", num_collectors=1) as cluster:
+        store = SharedStore(cluster.shared_dir)
+        job_id = cluster.client.submit_job(raw_config("ppo")).job_id
+        # Warm-up: two rounds.
+        wait_for(
+            cluster, job_id, lambda: (collect_progress(cluster) or {}).get("policy_version", 0) >= 2
+        )
+        policy_mtime: dict[int, float] = {}
+        segment_mtime: dict[str, float] = {}
+        seg_root = cluster.shared_dir / job_id / "segments"
+        pol_root = cluster.shared_dir / job_id / "policies"
+        deadline = time.monotonic() + seconds
+        # The files may be pruned once used: note each one's mtime when it appears.
+        while time.monotonic() < deadline:
+            for entry in os.scandir(pol_root) if pol_root.is_dir() else ():
+                m = re.fullmatch(r"(\d+)\.safetensors", entry.name)
+                if m and int(m.group(1)) not in policy_mtime:
+                    policy_mtime[int(m.group(1))] = entry.stat().st_mtime
+            for folder in os.scandir(seg_root) if seg_root.is_dir() else ():
+                for entry in os.scandir(folder.path):
+                    rel = f"{job_id}/segments/{folder.name}/{entry.name}"
+                    if entry.name.endswith(".safetensors") and rel not in segment_mtime:
+                        segment_mtime[rel] = entry.stat().st_mtime
+            time.sleep(0.02)
+        rounds = []
+        for rel, mtime in segment_mtime.items():
+            try:
+                header = store.read_segment_header(rel)
+            except OSError:
+                continue
+            version = header["policy_version"] if header else None
+            if version in policy_mtime and header:
+                rounds.append((header["env_steps"], mtime - policy_mtime[version]))
+        pid = cluster.collectors[0].process.pid  # type: ignore[union-attr]
+        cpus = affinity(pid)
+        cluster.client.stop_job(job_id)
+    if not rounds:
+        raise RuntimeError("no round started and finished within the window")
+    steps = sum(r[0] for r in rounds)
+    round_s = sum(r[1] for r in rounds)
+    what = (
+        f"rounds loop, per round: policy v written -> round-v segment written; "
+        f"{len(rounds)} rounds of {steps // len(rounds):,} steps, "
+        f"median {sorted(r[1] for r in rounds)[len(rounds) // 2] * 1000:.0f} ms"
+    )
+    return Row("PPO", num_envs, 0.0, steps / round_s, what, cpus, pid)
+
+
+# --- profile --------------------------------------------------------------------------
+
+#: Kinds of work, by the innermost project frame of a sample's stack (first match wins).
+KINDS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("waiting: uploader queue full", ("uploader.py:SegmentUploader.put",)),
+    ("segment writing", ("common/storage.py", "common/frames.py", "safetensors")),
+    (
+        "HTTP insert",
+        ("uploader.py:SegmentUploader._insert", "http_client.py", "coordinator/client.py"),
+    ),
+    ("policy refresh", ("follower.py",)),
+    ("policy inference", ("algorithms/",)),
+    ("env stepping", ("common/envs.py", "gymnasium/")),
+    ("n-step builder/per-env loops", ("step_data.py",)),
+    ("collect loop (core.py, stepping.py)", ("collector/core.py", "collector/stepping.py")),
+)
+#: Leaf functions that wait (no CPU): left out of the own-time ranking.
+WAITS = ("Condition.wait", "Event.wait", "Lock.acquire", "select", "poll", "accept", "_wait")
+
+
+def fsync_line() -> int:
+    """The line of `SharedStore.write_bytes` that fsyncs (a sample there is fsync)."""
+    lines, first = inspect.getsourcelines(SharedStore.write_bytes)
+    return first + next(i for i, text in enumerate(lines) if "os.fsync(" in text)
+
+
+def frame_parts(frame: str) -> tuple[str, str, int]:
+    """(function, file, line) of a py-spy raw frame `function (file:line)`."""
+    m = re.fullmatch(r"(.*) \((.*?)(?::(\d+))?\)", frame)
+    if not m:
+        return frame, "", 0
+    return m.group(1), m.group(2), int(m.group(3) or 0)
+
+
+def kind_of(frames: list[str], fsync_at: int) -> str:
+    function, path, line = frame_parts(frames[-1])
+    if path.endswith("common/storage.py") and function.endswith("write_bytes") and line == fsync_at:
+        return "segment fsync"
+    for frame in reversed(frames):  # innermost first
+        function, path, _ = frame_parts(frame)
+        key = f"{path}:{function}"
+        for kind, needles in KINDS:
+            if any(n in key for n in needles):
+                return kind
+    if frame_parts(frames[-1])[0].endswith(WAITS):
+        return "idle (waiting for work)"
+    return "other (Flask, heartbeat, threads)"
+
+
+def record_profile(pid: int, seconds: float, out: Path | None) -> str | None:
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    path = out or Path(tempfile.mkdtemp()) / "collector-dqn.txt"
+    proc = subprocess.run(
+        [
+            spy,
+            "record",
+            "--format",
+            "raw",
+            "-r",
+            "100",
+            "-d",
+            str(int(seconds)),
+            "--threads",
+            "--idle",
+        ]
+        + ["--pid", str(pid), "-o", str(path)],
+        capture_output=True,
+        text=True,
+        timeout=seconds + 60,
+    )
+    if proc.returncode != 0 or not path.exists():
+        print(f"py-spy failed ({proc.returncode}): {proc.stderr[-500:]}", file=sys.stderr)
+        return None
+    return path.read_text()
+
+
+def summarize(raw: str, console: Console) -> None:
+    """Tables of a py-spy raw profile recorded with `--idle --threads`: each thread's wall
+    time by kind of work, and the top frames by own time among samples that ran."""
+    fsync_at = fsync_line()
+    own: collections.Counter[str] = collections.Counter()
+    by_thread: dict[str, collections.Counter[str]] = collections.defaultdict(collections.Counter)
+    running = 0
+    for line in raw.splitlines():
+        stack_text, _, count_text = line.rpartition(" ")
+        if not stack_text or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        stack = stack_text.split(";")
+        thread = stack[0].split(": ", 1)[-1] if stack[0].startswith("thread") else "?"
+        thread = re.sub(r"^task-collect-.*", "task-collect (stepping)", thread)
+        thread = re.sub(r"^waitress-\d+", "waitress-*", thread)
+        frames = [f for f in stack if not f.startswith(("thread", "process"))]
+        if not frames:
+            continue
+        by_thread[thread][kind_of(frames, fsync_at)] += count
+        function, path, _ = frame_parts(frames[-1])
+        if not function.endswith(WAITS) and not function.endswith(("readinto", "recv_into")):
+            own[f"{function} ({path.split('site-packages/')[-1].split('/work/main/')[-1]})"] += (
+                count
+            )
+            running += count
+    for thread in ("task-collect (stepping)", "uploader"):
+        kinds = by_thread.get(thread)
+        if not kinds:
+            continue
+        total = sum(kinds.values())
+        table = Table(
+            title=f"DQN collector, py-spy: the {thread} thread's wall time ({total:,} samples)"
+        )
+        table.add_column("kind of work (innermost project frame)")
+        table.add_column("share", justify="right")
+        for kind, count in kinds.most_common():
+            table.add_row(kind, f"{count / total:.1%}")
+        console.print(table)
+    if running:
+        table = Table(
+            title=f"top frames by own time, every thread, waits left out ({running:,} samples)"
+        )
+        table.add_column("frame")
+        table.add_column("share", justify="right")
+        for frame, count in own.most_common(10):
+            table.add_row(frame, f"{count / running:.1%}")
+        console.print(table)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--warmup-steps", type=int, default=20_000)
+    parser.add_argument("--algos", default="dqn,ppo")
+    parser.add_argument("--profile-s", type=float, default=0.0)
+    parser.add_argument("--profile-out", type=Path, default=None)
+    args = parser.parse_args()
+    console = Console(width=160)
+    rows: list[Row] = []
+    raw = None
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        for algo in args.algos.split(","):
+            config = job_config(algo)
+            if algo == "dqn":
+                row, raw = measure_dqn(
+                    work, args.seconds, args.warmup_steps, args.profile_s, args.profile_out
+                )
+            else:
+                row = measure_ppo(work, args.seconds)
+            row.reference = reference(config, args.seconds)
+            rows.append(row)
+
+    table = Table(
+        title=f"Collector efficiency, CartPole-v1, {args.seconds:g}s windows; {cpu_line()}; "
+        f"torch {torch.__version__}, 1 torch thread"
+    )
+    for col in ("algo", "envs", "reference steps/s", "measured steps/s", "ratio", "CPUs"):
+        table.add_column(col, justify="right")
+    table.add_column("measured row")
+    for r in rows:
+        table.add_row(
+            r.algo,
+            str(r.num_envs),
+            f"{r.reference:,.0f}",
+            f"{r.measured:,.0f}",
+            f"{r.measured / r.reference:.2f}",
+            f"{r.cpus} (this {len(os.sched_getaffinity(0))})",
+            r.what,
+        )
+    console.print(table)
+    if raw:
+        summarize(raw, console)
+
+
+if __name__ == "__main__":
+    main()
