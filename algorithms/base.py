@@ -288,11 +288,6 @@ class Algorithm(Protocol):
         ...
 
     @property
-    def di_engine_types(self) -> tuple[str, ...]:
-        """DI-engine's `create_config.policy.type` names it also runs."""
-        ...
-
-    @property
     def config(self) -> type[PolicyConfig]:
         """Its `policy` section: a subclass of `common.config.PolicyConfig` with its
         own keys (in its folder's `config.py`), its `type` a Literal of its name."""
@@ -318,8 +313,6 @@ class AlgorithmSpec:
     #: Its `policy` section's class (its own keys; a key only other algorithms' classes
     #: have is one a job of this algorithm ignores, and is warned about).
     config: type[PolicyConfig]
-    #: DI-engine's `create_config.policy.type` names it also runs (besides its own).
-    di_engine_types: tuple[str, ...] = ()
 
     @property
     def column_names(self) -> tuple[str, ...]:

@@ -1,5 +1,5 @@
-"""Learner groups as the rest of drover sees them: how many ranks a learner has, on
-which devices, and whether a job's batches split evenly over them.
+"""Learner groups as the rest of drover sees them: how many ranks a learner has, and
+on which devices.
 
 A learner group (services/learner/group.py) registers as one learner and reports
 `learner_ranks` and `rank_devices` with its resources. The coordinator gives a job's

@@ -37,22 +37,9 @@ ENV_IDS: dict[str, str] = {
 }
 
 
-def policy_types() -> dict[str, str]:
-    """DI-engine's `create_config.policy.type` -> drover's algorithm: each registered
-    algorithm takes its own name and the DI-engine names its spec lists."""
-    return {
-        di_name: name
-        for name, spec in ALGORITHMS.items()
-        for di_name in (name, *spec.di_engine_types)
-    }
-
-
-#: Algorithms drover does not run, with what to use instead (a registered algorithm
-#: of the same name wins).
+#: Algorithms drover does not run, with what to use instead. DI-engine's
+#: `create_config.policy.type` names a registered algorithm by its own name.
 NOT_SUPPORTED: dict[str, str] = {
-    "rainbow": "drover's dqn has dueling heads, double Q, n-step returns and prioritized "
-    "replay, but no distributional (C51) head or noisy nets; set "
-    "create_config.policy.type: dqn to train that",
     "discrete_sac": "drover's sac needs continuous (Box) actions; for discrete actions "
     "use dqn or ppo",
     "sac_discrete": "drover's sac needs continuous (Box) actions; for discrete actions "
@@ -147,15 +134,14 @@ def _algorithm(raw: dict[str, Any], policy_type: Any, notes: list[str]) -> None:
     if policy_type is None:
         return
     name = str(policy_type)
-    types = policy_types()
-    if name not in types and name in NOT_SUPPORTED:
+    if name in NOT_SUPPORTED:
         raise ConfigError("create_config.policy.type", f"'{name}': {NOT_SUPPORTED[name]}")
-    if name not in types:
-        known = ", ".join(sorted(types))
+    if name not in ALGORITHMS:
+        known = ", ".join(sorted(ALGORITHMS))
         raise ConfigError(
             "create_config.policy.type", f"'{name}' is not an algorithm drover runs ({known})"
         )
-    algorithm = types[name]
+    algorithm = name
     given = _get(raw, "policy.type")
     if given is not None and given != algorithm:
         raise ConfigError(

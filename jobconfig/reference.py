@@ -20,6 +20,7 @@ import annotated_types
 
 from algorithms.registry import ALGORITHMS
 from common.config import JobConfig, PolicyConfig
+from jobconfig.resolve import section_type
 
 #: The bound each constraint type means, rendered.
 _BOUNDS = {
@@ -100,13 +101,6 @@ def _default_text(field: dataclasses.Field) -> str:
     )
 
 
-def _section(hint: Any) -> type | None:
-    for arg in (hint, *typing.get_args(hint)):
-        if isinstance(arg, type) and dataclasses.is_dataclass(arg):
-            return arg
-    return None
-
-
 def rows(cls: type, prefix: str = "", skip: frozenset[str] = frozenset()) -> Iterator[tuple]:
     """(key, default, type, meaning) of every leaf key of a section class."""
     hints = typing.get_type_hints(cls, include_extras=True)
@@ -114,7 +108,7 @@ def rows(cls: type, prefix: str = "", skip: frozenset[str] = frozenset()) -> Ite
     for field in dataclasses.fields(cls):
         if field.name in skip:
             continue
-        sub = _section(hints[field.name])
+        sub = section_type(hints[field.name])
         path = f"{prefix}{field.name}"
         if sub is not None:
             yield from rows(sub, f"{path}.")

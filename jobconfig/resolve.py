@@ -84,7 +84,7 @@ def resolve_job_config(raw: Any) -> tuple[JobConfig, list[str]]:
     algo = policy.get("type", "dqn") if isinstance(policy, dict) else "dqn"
     cls = _policy_class(algo)
     merged = deep_merge(dict(ALGORITHMS[algo].defaults), raw)
-    known, unknown, ignored = _split_unknown(_schema_of(cls), merged, "", algo)
+    known, unknown, ignored = _split_unknown(_job_schema(cls), merged, "", algo)
     if unknown and merged.get("strict") is True:
         field_path, _, message = unknown[0].partition(": ")
         raise ConfigError(field_path, message)
@@ -117,13 +117,12 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls, include_extras=True)
 
 
-def _section_type(annotation: Any) -> type | None:
-    """The config-section dataclass inside an annotation such as `X | None`."""
-    if dataclasses.is_dataclass(annotation):
-        return annotation  # type: ignore[return-value]
-    for arg in typing.get_args(annotation):
-        if dataclasses.is_dataclass(arg):
-            return arg  # type: ignore[return-value]
+def section_type(annotation: Any) -> type | None:
+    """The config-section dataclass inside an annotation such as `X | None` (a class:
+    an Annotated bound such as `MaxLen(64)` is a dataclass instance, not a section)."""
+    for arg in (annotation, *typing.get_args(annotation)):
+        if isinstance(arg, type) and dataclasses.is_dataclass(arg):
+            return arg
     return None
 
 
@@ -139,10 +138,10 @@ def _schema_of(cls: type, policy: type | None = None) -> _Schema:
     """The key tree of a section class; for JobConfig, `policy` is the algorithm's."""
     keys: dict[str, _Schema | None] = {}
     for name, hint in _hints(cls).items():
-        sub = _section_type(hint)
+        sub = section_type(hint)
         if cls is JobConfig and name == "policy":
             sub = policy
-        keys[name] = _schema_of(sub) if isinstance(sub, type) else None
+        keys[name] = _schema_of(sub) if sub is not None else None
     return _Schema(keys)
 
 
@@ -156,8 +155,6 @@ def _split_unknown(
     """Drop the keys the job's schema does not know. Returns the rest, a warning for
     each unknown key, and one for each key only other algorithms read (valid, and
     ignored: never an error, even when strict)."""
-    if not prefix:
-        schema = _job_schema(ALGORITHMS[algo].config)
     known: dict[str, Any] = {}
     unknown: list[str] = []
     ignored: list[str] = []
