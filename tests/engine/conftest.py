@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import wait_until
+
 ROOT = Path(__file__).resolve().parents[2]
 #: The private engine: its state stays (the image cache), its socket is its own.
 DATA_ROOT = Path("/var/lib/drover-engine")
@@ -79,11 +81,13 @@ def engine() -> Iterator[dict[str, str]]:
         start_new_session=True,
     )
     try:
-        deadline = time.monotonic() + 60
-        while not reachable(env):
-            if daemon.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"dockerd did not start (its log: {log.name})")
-            time.sleep(0.5)
+
+        def answering() -> bool:
+            if daemon.poll() is not None:
+                pytest.fail(f"dockerd exited at start (its log: {log.name})")
+            return reachable(env)
+
+        wait_until(answering, 60, f"dockerd to answer (its log: {log.name})", max_interval_s=0.5)
         yield env
     finally:
         # Leave nothing running: the containers this engine holds, then the engine.

@@ -9,7 +9,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -17,6 +16,7 @@ import requests
 import yaml
 
 from tests.engine.conftest import BASE_IMAGE, ROOT, docker
+from tests.helpers import wait_until
 
 pytestmark = [pytest.mark.engine, pytest.mark.timeout(3600)]
 
@@ -162,17 +162,20 @@ def scrape_targets(engine: dict[str, str], prometheus: str) -> list[dict]:
 def wait_until_every_service_is_scraped(
     engine: dict[str, str], prometheus: str, collectors: int, timeout_s: float
 ) -> list[dict]:
-    deadline = time.monotonic() + timeout_s
-    targets: list[dict] = []
-    while time.monotonic() < deadline:
-        targets = scrape_targets(engine, prometheus)
-        components = sorted(
-            t["labels"].get("component", "") for t in targets if t["health"] == "up"
-        )
-        if components == sorted(["coordinator", "learner", *["collector"] * collectors]):
-            return targets
-        time.sleep(1)
-    raise AssertionError(f"Prometheus did not scrape every service: {targets}")
+    expected = sorted(["coordinator", "learner", *["collector"] * collectors])
+    seen: list[dict] = []
+
+    def every_service_up() -> list[dict]:
+        seen[:] = scrape_targets(engine, prometheus)
+        up = sorted(t["labels"].get("component", "") for t in seen if t["health"] == "up")
+        return list(seen) if up == expected else []
+
+    return wait_until(
+        every_service_up,
+        timeout_s,
+        lambda: f"Prometheus to scrape every service (it had {seen})",
+        max_interval_s=1.0,
+    )
 
 
 def jobs(timeout_s: float = 5) -> list[dict]:
@@ -185,16 +188,14 @@ def jobs(timeout_s: float = 5) -> list[dict]:
 
 def wait_for_job(predicate, timeout_s: float, what: str) -> dict:
     """The first job of the compose coordinator that `predicate` accepts."""
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def first() -> dict | None:
         try:
-            found = [job for job in jobs() if predicate(job)]
-            if found:
-                return found[0]
+            return next((job for job in jobs() if predicate(job)), None)
         except (requests.RequestException, KeyError, ValueError):
-            pass  # restarting
-        time.sleep(1)
-    raise AssertionError(f"no job {what} on the compose cluster in time")
+            return None  # restarting
+
+    return wait_until(first, timeout_s, f"a job {what} on the compose cluster", max_interval_s=1.0)
 
 
 def crash(engine: dict[str, str], container: str, timeout_s: float = 60) -> None:
@@ -203,14 +204,13 @@ def crash(engine: dict[str, str], container: str, timeout_s: float = 60) -> None
     the engine has started it again."""
     pid = int(docker(engine, "inspect", "-f", "{{.State.Pid}}", container).stdout)
     os.kill(pid, signal.SIGKILL)
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+
+    def restarted() -> bool:
         state = docker(engine, "inspect", "-f", "{{.RestartCount}} {{.State.Running}}", container)
         restarts, running = state.stdout.split()
-        if int(restarts) >= 1 and running == "true":
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"{container} was not restarted after its process died")
+        return int(restarts) >= 1 and running == "true"
+
+    wait_until(restarted, timeout_s, f"{container} to be restarted after its process died")
 
 
 def test_compose_up_trains_the_default_job_through_a_collector_crash_and_a_coordinator_restart(
@@ -277,11 +277,11 @@ def test_drover_run_with_the_docker_backend_trains_and_tears_down(engine, images
     try:
         # A collector crashes as soon as it runs: the backend's restart policy starts
         # it again, and the job still succeeds.
-        deadline = time.monotonic() + 300
-        while not (found := running_containers(engine, "name=drover-.*-collector-0")):
-            assert proc.poll() is None and time.monotonic() < deadline, "no collector ran"
-            time.sleep(0.2)
-        crash(engine, found[0])
+        def collector() -> list[str]:
+            assert proc.poll() is None, "drover run ended before a collector ran"
+            return running_containers(engine, "name=drover-.*-collector-0")
+
+        crash(engine, wait_until(collector, 300, "a collector container")[0])
         out, _ = proc.communicate(timeout=1500)
     finally:
         proc.kill()
