@@ -97,7 +97,7 @@ class Evaluate:
                 }
             )
         wanted = self.episodes(job)
-        if len(state.episodes) < wanted or not job.running or job.evals:
+        if len(state.episodes) < wanted or not job.running:
             return
         episodes = state.episodes[:wanted]
         returns = [e["return"] for e in episodes]
