@@ -13,8 +13,6 @@ A time-limit truncation is not `done`: the learner bootstraps from the last stat
 
 from __future__ import annotations
 
-import collections
-
 import numpy as np
 
 from common.advantages import gae
@@ -42,6 +40,8 @@ class EpisodeTracker:
         """Count one vector step; returns (env, return, length) of each episode it ended."""
         self._return += rewards
         self._length += 1
+        if not ended.any():
+            return []
         finished = [
             (int(i), float(self._return[i]), int(self._length[i])) for i in np.flatnonzero(ended)
         ]
@@ -61,22 +61,35 @@ class EpisodeTracker:
         return out
 
 
-_NO_EXTRAS: dict[str, np.ndarray] = {}
-
-
 class NStepBuilder:
-    """Turns a vector env's steps into n-step transitions, one queue per env."""
+    """Turns a vector env's steps into n-step transitions.
+
+    A step only records its arrays (and counts the transitions it completes); `take`
+    makes the rows of all the steps held at once, with array operations over
+    [steps, envs], so the stepping thread does no per-env or per-row Python work. The
+    steps whose transitions still wait for later steps (the last `nstep - 1`, unless
+    their episode ended) are kept for the next `take`. Rows come out in step order,
+    envs in order within a step.
+    """
 
     COLUMNS = ("obs", "action", "reward", "next_obs", "done", "discount")
 
     def __init__(self, num_envs: int, nstep: int, gamma: float) -> None:
+        self.num_envs = num_envs
         self.nstep = nstep
         self.gamma = gamma
-        self._pending: list[collections.deque] = [collections.deque() for _ in range(num_envs)]
-        self._rows: dict[str, list] = {c: [] for c in self.COLUMNS}
+        #: Steps held: each a dict of [num_envs, ...] arrays, and, per step, which
+        #: envs' transitions starting there are still owed (all, for a new step).
+        self._steps: list[dict[str, np.ndarray]] = []
+        self._owed: list[np.ndarray] = []
+        #: Each env's held steps whose transitions are not complete yet (< nstep).
+        self._waiting = np.zeros(num_envs, dtype=np.int64)
+        self._ready = 0
+        self._all_owed = np.ones(num_envs, dtype=bool)
 
     def __len__(self) -> int:
-        return len(self._rows["obs"])
+        """Transitions `take` would give now."""
+        return self._ready
 
     def add(
         self,
@@ -92,51 +105,81 @@ class NStepBuilder:
         episode's end (not the first observation of the next episode). `extras`: the
         actor's own columns at this step (one row per env), kept with the transition
         that starts here."""
-        for i, pending in enumerate(self._pending):
-            # Most algorithms' actors record nothing: no per-env dict for them.
-            row = {k: v[i] for k, v in extras.items()} if extras else _NO_EXTRAS
-            pending.append((obs[i], actions[i], float(rewards[i]), row))
-            if terminated[i] or truncated[i]:
-                while pending:
-                    self._emit(pending, next_obs[i], bool(terminated[i]))
-                    pending.popleft()
-            elif len(pending) == self.nstep:
-                self._emit(pending, next_obs[i], False)
-                pending.popleft()
-
-    def _emit(self, pending: collections.deque, next_obs: np.ndarray, done: bool) -> None:
-        ret = 0.0
-        for k, (_, _, reward, _) in enumerate(pending):
-            ret += self.gamma**k * reward
-        first_obs, action, _, extras = pending[0]
-        rows = self._rows
-        for name, value in extras.items():
-            rows.setdefault(name, []).append(value)
-        rows["obs"].append(first_obs)
-        rows["action"].append(action)
-        rows["reward"].append(ret)
-        rows["next_obs"].append(next_obs)
-        rows["done"].append(done)
-        rows["discount"].append(self.gamma ** len(pending))
+        ended = np.logical_or(terminated, truncated)
+        self._steps.append(
+            {
+                "obs": obs,
+                "action": actions,
+                "reward": rewards,
+                "next_obs": next_obs,
+                "terminated": terminated,
+                "ended": ended,
+                **(extras or {}),
+            }
+        )
+        self._owed.append(self._all_owed)  # never written to: shared
+        # An ended episode completes every transition it had waiting; otherwise a
+        # window of nstep steps completes its oldest.
+        waiting = self._waiting
+        waiting += 1
+        if ended.any():
+            self._ready += int(waiting[ended].sum())
+            waiting[ended] = 0
+        self._ready += int(np.count_nonzero(waiting == self.nstep))
+        np.minimum(waiting, self.nstep - 1, out=waiting)
 
     def take(self) -> dict[str, np.ndarray]:
         """All finished transitions as column arrays; the builder keeps the rest."""
-        rows, self._rows = self._rows, {c: [] for c in self.COLUMNS}
+        if not self._steps:
+            return {name: np.zeros(0, np.float32) for name in self.COLUMNS}
+        held = {name: np.stack([s[name] for s in self._steps]) for name in self._steps[0]}
+        owed = np.stack(self._owed)
+        count = len(self._steps)
+        # For each (step t, env): its n-step return, the step whose observation follows
+        # (the episode's end or t + nstep - 1), whether it is terminal, its length.
+        reward = held["reward"].astype(np.float64)
+        ret = np.zeros(reward.shape)
+        alive = np.ones(reward.shape, dtype=bool)  # no episode end in the window yet
+        last = np.broadcast_to(np.arange(count)[:, None], reward.shape).copy()
+        length = np.zeros(reward.shape, dtype=np.int64)
+        done = np.zeros(reward.shape, dtype=bool)
+        for k in range(self.nstep):
+            span = count - k  # steps t with t + k held
+            if span <= 0:
+                break
+            live = alive[:span]
+            ret[:span] += np.where(live, self.gamma**k * reward[k:], 0.0)
+            ends = live & held["ended"][k:]
+            last[:span][ends] += k
+            length[:span][ends] = k + 1
+            done[:span][ends] = held["terminated"][k:][ends]
+            live &= ~held["ended"][k:]
+        whole = np.arange(count)[:, None] + self.nstep - 1 < count
+        full = alive & whole
+        last[full] += self.nstep - 1
+        length[full] = self.nstep
+        emit = owed & (~alive | whole)
+        t, env = np.nonzero(emit)
+        # Steps older than the last nstep - 1 have given all their rows.
+        keep = max(0, count - (self.nstep - 1))
+        self._steps = self._steps[keep:]
+        self._owed = list(owed[keep:] & ~emit[keep:])
+        self._ready = 0
+
         extras = {
-            name: np.asarray(values, dtype=np.float32)
-            for name, values in rows.items()
-            if name not in self.COLUMNS
+            name: held[name][t, env].astype(np.float32)
+            for name in held
+            if name not in (*self.COLUMNS, "terminated", "ended")
         }
+        action = held["action"][t, env]
         return extras | {
-            "obs": as_obs(rows["obs"]),
+            "obs": as_obs(held["obs"][t, env]),
             # discrete: action ids; continuous: actions normalized to [-1, 1]
-            "action": np.asarray(rows["action"]).astype(
-                np.float32 if np.asarray(rows["action"]).dtype.kind == "f" else np.int64
-            ),
-            "reward": np.asarray(rows["reward"], dtype=np.float32),
-            "next_obs": as_obs(rows["next_obs"]),
-            "done": np.asarray(rows["done"], dtype=np.float32),
-            "discount": np.asarray(rows["discount"], dtype=np.float32),
+            "action": action.astype(np.float32 if action.dtype.kind == "f" else np.int64),
+            "reward": ret[t, env].astype(np.float32),
+            "next_obs": as_obs(held["next_obs"][last[t, env], env]),
+            "done": done[t, env].astype(np.float32),
+            "discount": (self.gamma ** length[t, env]).astype(np.float32),
         }
 
 
