@@ -21,7 +21,8 @@ asyncio loop (no thread per worker):
   shapes, the `SegmentRef` in the header, `SharedStore.write_segment`), and inserts
   them as they become ready, `--insert-rate` a second, heartbeating all along. As the
   collector's uploader does, one insert carries every segment ready and not sent yet,
-  up to the few it holds (`MAX_SEGMENTS_PER_UPLOAD`): one a request while the
+  up to `--segments-per-insert` (3, what a collector's uploader carried before it
+  wrote the chunks queued during an upload as one file): one a request while the
   coordinator keeps up, more once it falls behind. The files are written
   before the timed window, enough for the whole of it at the nominal rate, so disk
   writes do not count: they wait in a folder beside the shared root and each is
@@ -89,11 +90,12 @@ sys.path.insert(0, str(ROOT))
 from common.messages import SegmentRef, dump  # noqa: E402
 from common.storage import SharedStore  # noqa: E402
 from services.collector.step_data import NStepBuilder  # noqa: E402
-from services.collector.uploader import MAX_SEGMENTS_PER_UPLOAD  # noqa: E402
 
 API = "/api/v1"
 #: Rows of every segment (the issue's 64-row segments; the DQN default `n_sample`).
 SEGMENT_ROWS = 64
+#: Most segments one simulated insert carries (the default of --segments-per-insert).
+SEGMENTS_PER_INSERT = 3
 #: Each learner's request: `num_batches` batches of `batch_size` (the DQN defaults).
 BATCH_SIZE, NUM_BATCHES = 64, 8
 #: How long a sample long-poll and a rate-limited insert may wait (the job config's
@@ -1075,7 +1077,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--segments-per-insert",
         type=int,
-        default=MAX_SEGMENTS_PER_UPLOAD,
+        default=SEGMENTS_PER_INSERT,
         help="most segments one insert carries (1: a collector before batching)",
     )
     parser.add_argument("--no-profile", action="store_true")

@@ -20,7 +20,9 @@ did-you-mean, and checks what spans several keys.
 from jobconfig.files import load_config, load_config_file
 from jobconfig.resolve import (
     algorithm_of,
+    error_buffer_of,
     from_resolved,
+    insert_rows_bound,
     min_error_buffer,
     read_job_config,
     resolve_job_config,
@@ -29,8 +31,10 @@ from jobconfig.spaces import fit_to_env, with_spaces
 
 __all__ = [
     "algorithm_of",
+    "error_buffer_of",
     "fit_to_env",
     "from_resolved",
+    "insert_rows_bound",
     "load_config",
     "load_config_file",
     "min_error_buffer",

@@ -246,6 +246,29 @@ def min_error_buffer(config: JobConfig) -> float:
     return (learn.batch_size * learn.num_batches + spi * config.policy.collect.n_sample) / 2
 
 
+def error_buffer_of(config: JobConfig) -> float:
+    """The rate limiter's error buffer: the job's, or twice the least that cannot
+    deadlock (room for a request and an insert on either side)."""
+    return config.policy.other.replay_buffer.error_buffer or 2 * min_error_buffer(config)
+
+
+def insert_rows_bound(config: JobConfig) -> int | None:
+    """The most items one insert may carry and still always get through the rate
+    limiter; None when the job has no ratio (any insert does).
+
+    The sampler waits once sampling a request would put it more than the error buffer
+    ahead, so the limiter is never further behind the inserts than
+    `error_buffer - batch_size * num_batches`; an insert of k items goes through from
+    there when its credit `samples_per_insert * k` fits in what remains of the band.
+    """
+    spi = config.policy.other.replay_buffer.samples_per_insert
+    if spi is None:
+        return None
+    learn = config.policy.learn
+    room = 2 * error_buffer_of(config) - learn.batch_size * learn.num_batches
+    return max(1, int(room / spi))
+
+
 def check_consistency(config: JobConfig) -> None:
     """Checks that span several keys. Raises ConfigError naming the keys."""
     buffer = config.policy.other.replay_buffer

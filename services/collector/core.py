@@ -35,7 +35,7 @@ from common.config import EnvConfig, JobConfig
 from common.envs import make_env
 from common.messages import CollectSpec, EvalResult, EvaluateSpec, SegmentRef, dump
 from common.storage import SharedStore
-from jobconfig import algorithm_of, read_job_config
+from jobconfig import algorithm_of, insert_rows_bound, read_job_config
 from services.collector.follower import PolicyFollower
 from services.collector.metrics import CollectorMetrics
 from services.collector.step_data import (
@@ -46,7 +46,12 @@ from services.collector.step_data import (
     round_columns,
 )
 from services.collector.stepping import make_stepper
-from services.collector.uploader import PendingSegment, SegmentUploader
+from services.collector.uploader import (
+    MAX_UPLOAD_ROWS,
+    UPLOAD_WAIT_S,
+    PendingSegment,
+    SegmentUploader,
+)
 from services.slave.core import TaskContext
 
 A = TypeVar("A", bound=Actor)
@@ -65,6 +70,12 @@ def make_actor(config: JobConfig, protocol: type[A]) -> A:
     if not isinstance(actor, protocol):
         raise TypeError(f"{config.policy.type}'s actor is no {protocol.__name__}")
     return actor
+
+
+#: The transitions loop hands the uploader its rows at most this often (once there are
+#: `n_sample`): making rows costs per call, and the uploader gathers what comes within
+#: its `wait_s` into one segment anyway.
+TAKE_EVERY_S = 0.01
 
 
 #: What the unrolls loop records at each step (an unroll's `bootstrap_obs` is once a
@@ -124,17 +135,34 @@ class CollectorRunner:
         }
         return loops[spec.mode](ctx, config, spec)
 
+    def _uploader(
+        self, ctx: TaskContext, config: JobConfig, wait_s: float = UPLOAD_WAIT_S
+    ) -> SegmentUploader:
+        """The task's uploader: uploads grow to MAX_UPLOAD_ROWS, or, under a rate
+        limiter, to the most one insert is always let through; `wait_s` as
+        SegmentUploader's."""
+        bound = insert_rows_bound(config)
+        return SegmentUploader(
+            ctx,
+            self.store,
+            config.policy.collect.insert_timeout_s,
+            max_rows=MAX_UPLOAD_ROWS if bound is None else min(bound, MAX_UPLOAD_ROWS),
+            wait_s=wait_s,
+            metrics=self.metrics,
+        )
+
     def _sampling_rig(
         self,
         ctx: TaskContext,
         config: JobConfig,
         spec: CollectSpec,
         make_envs: Callable[[EnvConfig, int], E],
+        upload_wait_s: float = UPLOAD_WAIT_S,
     ) -> tuple[SamplingActor, PolicyFollower, E, SegmentUploader, str]:
         """What the unrolls and rounds loops act with: the policy and its follower, the
-        envs `make_envs` makes, the uploader, and this task's segment folder. The envs
-        come before the uploader's thread, so envs that cannot be made leave nothing
-        running."""
+        envs `make_envs` makes, the uploader (`upload_wait_s`: SegmentUploader's
+        `wait_s`), and this task's segment folder. The envs come before the uploader's
+        thread, so envs that cannot be made leave nothing running."""
         policy_cfg = config.policy
         policy = make_actor(config, SamplingActor)
         follower = PolicyFollower(
@@ -147,9 +175,7 @@ class CollectorRunner:
         )
         torch.manual_seed(spec.seed)
         envs = make_envs(config.env, spec.num_envs)
-        uploader = SegmentUploader(
-            ctx, self.store, policy_cfg.collect.insert_timeout_s, metrics=self.metrics
-        )
+        uploader = self._uploader(ctx, config, upload_wait_s)
         return policy, follower, envs, uploader, f"{ctx.worker_id}.{ctx.task.task_id}"
 
     def _ship(
@@ -277,8 +303,9 @@ class CollectorRunner:
         collector's share of the round with v, compute GAE with v's critic, insert
         it, then wait for v + 1. No step is ever taken with an older version."""
         policy_cfg = config.policy
+        # The learner waits for each round: it goes as soon as it is collected.
         policy, follower, env, uploader, worker_dir = self._sampling_rig(
-            ctx, config, spec, make_env
+            ctx, config, spec, make_env, upload_wait_s=0.0
         )
         round_steps = spec.round_steps or policy_cfg.collect.n_sample
         steps = -(-round_steps // spec.num_envs)  # vector steps per round, rounded up
@@ -349,9 +376,7 @@ class CollectorRunner:
             policy_cfg.type,
         )
         builder = NStepBuilder(spec.num_envs, policy_cfg.nstep, policy_cfg.discount_factor)
-        uploader = SegmentUploader(
-            ctx, self.store, policy_cfg.collect.insert_timeout_s, metrics=self.metrics
-        )
+        uploader = self._uploader(ctx, config)
         # Segment names carry this worker's id and the task's id, so two tasks (or a
         # task reassigned after a restart) never write the same file.
         worker_dir = f"{ctx.worker_id}.{ctx.task.task_id}"
@@ -359,7 +384,7 @@ class CollectorRunner:
         episodes = EpisodeTracker(spec.num_envs)
         env_steps = segment_steps = seq = 0
         own = actor_columns(config)
-        started = time.monotonic()
+        started = next_take_at = time.monotonic()
 
         def act(obs: np.ndarray) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
             # Exploration follows the whole job's env steps, so adding collectors does
@@ -385,7 +410,11 @@ class CollectorRunner:
                 segment_steps += spec.num_envs
                 self.metrics.env_steps.inc(spec.num_envs)
                 episodes.step(step.reward, step.ended)
-                if len(builder) >= policy_cfg.collect.n_sample:
+                ready = len(builder)
+                if ready >= policy_cfg.collect.n_sample and (
+                    ready >= uploader.max_rows or time.monotonic() >= next_take_at
+                ):
+                    next_take_at = time.monotonic() + TAKE_EVERY_S
                     columns = declared_only(config, builder.take())
                     path = self.store.segment_path(job_id, worker_dir, seq)
                     returns, lengths = episodes.take()

@@ -1,21 +1,25 @@
-"""How a collect task's segments reach the coordinator: `SegmentUploader` writes each
-segment the loop hands it (`PendingSegment`) to the shared store and inserts its
-reference, on a thread of its own, so stepping continues while a segment uploads. Its
-queue is short (`UPLOAD_QUEUE_SEGMENTS`): when the rate limiter says wait, the queue
-fills and the loop's `put` blocks, which slows stepping down; no data is dropped.
+"""How a collect task's segments reach the coordinator: `SegmentUploader` writes the
+chunks of step data the loop hands it (`PendingSegment`) to the shared store and
+inserts their references, on a thread of its own, so stepping continues while it
+uploads. The chunks that queue up while an upload is out are written as one segment
+(one file, one fsync) and inserted in one request: when the collector steps faster
+than one file per chunk can be written, segments grow instead of the per-file costs
+(a write, an fsync, the coordinator's read of the header) taking the collector's time.
+The queue holds at most `max_rows` rows: when the rate limiter says wait, it fills and
+the loop's `put` blocks, which slows stepping down; no data is dropped.
 
 Usage (a collect loop)::
 
-    uploader = SegmentUploader(ctx, store, insert_timeout_s, metrics=metrics)
+    uploader = SegmentUploader(ctx, store, insert_timeout_s, max_rows=..., metrics=metrics)
     uploader.put(PendingSegment(columns=columns, ref=ref))   # blocks while full
     uploader.close()
 """
 
 from __future__ import annotations
 
-import contextlib
+import collections
+import dataclasses
 import logging
-import queue
 import threading
 import time
 from dataclasses import dataclass
@@ -27,7 +31,7 @@ from tenacity import RetryCallState, RetryError, Retrying, retry_if_exception
 from common.errors import ApiError
 from common.frames import pack_frames
 from common.http_client import is_transient, retry_wait_s
-from common.messages import SegmentRef, dump
+from common.messages import MAX_EPISODES_PER_SEGMENT, SegmentRef, dump
 from common.storage import SharedStore
 from services.collector.metrics import CollectorMetrics
 from services.slave.core import TaskContext
@@ -48,17 +52,58 @@ class PendingSegment:
     ref: SegmentRef
 
 
-#: Segments written but not yet inserted that a collector holds before its stepping
-#: loop waits (the rate limiter's back-pressure reaches the envs through this).
-UPLOAD_QUEUE_SEGMENTS = 2
-#: Segments one insert carries at most with the default queue: the one taken and those
-#: queued behind it.
-MAX_SEGMENTS_PER_UPLOAD = UPLOAD_QUEUE_SEGMENTS + 1
+#: Rows one upload (one segment file, one insert request) carries at most when the job
+#: has no rate limiter; also the most rows the queue holds before the loop waits.
+MAX_UPLOAD_ROWS = 4096
+#: How long a chunk waits for more to join it before its upload starts anyway. An
+#: upload costs a file, an fsync and a request whatever it carries; uploading each
+#: chunk at once kept the uploader thread busy (and the GIL with it) on small files
+#: while the stepping thread waited for the interpreter.
+UPLOAD_WAIT_S = 0.05
+
+
+def merged(chunks: list[PendingSegment]) -> PendingSegment:
+    """Consecutive chunks of one policy version as one segment: their columns end to
+    end, written at the first chunk's path (a collector's paths only grow, so the
+    coordinator's per-worker order still holds), their counts and episodes summed."""
+    first = chunks[0]
+    if len(chunks) == 1:
+        return first
+    names = first.columns.keys()
+    columns = {name: np.concatenate([c.columns[name] for c in chunks]) for name in names}
+    returns, lengths, spans, offset = [], [], [], 0
+    for chunk in chunks:
+        returns += chunk.ref.episode_returns
+        lengths += chunk.ref.episode_lengths
+        spans += [(offset + row, length) for row, length in chunk.ref.episodes]
+        offset += chunk.ref.rows
+    keep = MAX_EPISODES_PER_SEGMENT
+    ref = dataclasses.replace(
+        first.ref,
+        rows=offset,
+        env_steps=sum(c.ref.env_steps for c in chunks),
+        episode_returns=returns[-keep:],
+        episode_lengths=lengths[-keep:],
+        episodes=spans,
+    )
+    return PendingSegment(columns=columns, ref=ref)
+
+
+def upload_groups(chunks: list[PendingSegment]) -> list[PendingSegment]:
+    """The segments one upload writes: each run of chunks of one policy version merged
+    (a segment reference carries one version, which staleness is judged by)."""
+    groups: list[list[PendingSegment]] = []
+    for chunk in chunks:
+        if groups and groups[-1][0].ref.policy_version == chunk.ref.policy_version:
+            groups[-1].append(chunk)
+        else:
+            groups.append([chunk])
+    return [merged(group) for group in groups]
 
 
 class SegmentUploader:
-    """Writes segments and inserts their references, in its own thread; the segments
-    queued while an insert is out go together in the next one.
+    """Writes segments and inserts their references, in its own thread; the chunks
+    queued while an upload is out go together, as one segment, in the next one.
 
     An insert is retried until the coordinator accepts it or the task stops: `429`
     waits its `Retry-After`; an unreachable or restarting coordinator is retried with
@@ -66,6 +111,15 @@ class SegmentUploader:
     counts twice. A segment that is refused (the task was reassigned, the job ended)
     stays on disk: the coordinator indexes or removes such files itself, so none is
     lost or left behind.
+
+    Args:
+        max_rows: rows one upload carries at most, and the queue holds before `put`
+            waits (a chunk bigger than this still goes, alone). With a rate limiter it
+            must be an insert the limiter can always admit (`upload_rows_bound`):
+            a bigger one could wait for room that never comes.
+        wait_s: how long the oldest chunk waits for others before its upload starts
+            (sooner once `max_rows` rows are queued); 0 for loops whose next chunk
+            waits on this one being inserted (a round the learner trains on).
     """
 
     def __init__(
@@ -73,14 +127,17 @@ class SegmentUploader:
         ctx: TaskContext,
         store: SharedStore,
         insert_timeout_s: float,
-        max_pending: int = UPLOAD_QUEUE_SEGMENTS,
         *,
+        max_rows: int = MAX_UPLOAD_ROWS,
+        wait_s: float = UPLOAD_WAIT_S,
         metrics: CollectorMetrics | None = None,
     ) -> None:
         self.ctx = ctx
         self.store = store
         self.metrics = metrics or CollectorMetrics(CollectorRegistry())
         self.insert_timeout_s = insert_timeout_s
+        self.max_rows = max_rows
+        self.wait_s = wait_s
         self.job_env_steps = 0
         self.segments_sent = 0
         self.rows_acknowledged = 0
@@ -88,8 +145,11 @@ class SegmentUploader:
         self.waited_s = 0.0
         #: Why the uploader thread stopped, when an error stopped it.
         self.error: str | None = None
-        self._queue: queue.Queue[PendingSegment | None] = queue.Queue(maxsize=max_pending)
-        self._max_batch = max_pending + 1
+        #: Queued chunks and when each was queued (monotonic seconds).
+        self._queue: collections.deque[tuple[float, PendingSegment]] = collections.deque()
+        self._queued_rows = 0
+        self._closing = False
+        self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="uploader", daemon=True)
         self._thread.start()
 
@@ -100,8 +160,11 @@ class SegmentUploader:
         if self.error is not None:
             raise UploadFailed(self.error)
 
+    def _has_room(self, rows: int) -> bool:
+        return not self._queue or self._queued_rows + rows <= self.max_rows
+
     def put(self, pending: PendingSegment) -> None:
-        """Queue a segment; blocks while the queue is full (the learner is behind).
+        """Queue a chunk; blocks while the queue is full (the learner is behind).
 
         Raises:
             UploadFailed: the uploader thread stopped on an error; the task fails with it
@@ -109,58 +172,73 @@ class SegmentUploader:
         """
         started = time.monotonic()
         try:
-            while not self.ctx.stopped():
-                if self.error is not None:
-                    raise UploadFailed(self.error)
-                try:
-                    self._queue.put(pending, timeout=0.2)
-                    return
-                except queue.Full:
-                    continue
+            with self._changed:
+                while not self.ctx.stopped():
+                    if self.error is not None:
+                        raise UploadFailed(self.error)
+                    if self._has_room(pending.ref.rows):
+                        self._queue.append((time.monotonic(), pending))
+                        self._queued_rows += pending.ref.rows
+                        self._changed.notify_all()
+                        return
+                    # A bounded wait: a stopped task sets no condition.
+                    self._changed.wait(timeout=0.2)
         finally:
             self.waited_s += time.monotonic() - started
 
     def close(self, timeout_s: float = 10.0) -> None:
-        with contextlib.suppress(queue.Full):
-            self._queue.put(None, timeout=timeout_s)
+        """Upload what is queued (unless the task stopped), then end the thread."""
+        with self._changed:
+            self._closing = True
+            self._changed.notify_all()
         self._thread.join(timeout_s)
 
+    def _take(self) -> list[PendingSegment] | None:
+        """The chunks of the next upload: the oldest, and those behind it that fit in
+        `max_rows`, once the oldest has waited `wait_s` or `max_rows` rows are queued
+        (at once when closing or stopped); None once closed with nothing left."""
+        with self._changed:
+            while True:
+                if not self._queue:
+                    if self._closing:
+                        return None
+                    self._changed.wait(timeout=0.2)
+                    continue
+                due = self._queue[0][0] + self.wait_s - time.monotonic()
+                hurry = self._closing or self.ctx.stopped() or self.error is not None
+                if due <= 0 or hurry or self._queued_rows >= self.max_rows:
+                    break
+                self._changed.wait(timeout=due)
+            chunks = [self._queue.popleft()[1]]
+            rows = chunks[0].ref.rows
+            while self._queue and rows + self._queue[0][1].ref.rows <= self.max_rows:
+                chunk = self._queue.popleft()[1]
+                chunks.append(chunk)
+                rows += chunk.ref.rows
+            self._queued_rows -= rows
+            self._changed.notify_all()
+            return chunks
+
     def _loop(self) -> None:
-        while True:
-            first = self._queue.get()
-            if first is None:
-                return
-            # What queued up meanwhile goes in the same insert: one request when the
-            # coordinator keeps up, fewer per segment when it does not.
-            batch, last = [first], False
-            while len(batch) < self._max_batch:
-                try:
-                    item = self._queue.get_nowait()
-                except queue.Empty:
-                    break
-                if item is None:
-                    last = True
-                    break
-                batch.append(item)
+        while (chunks := self._take()) is not None:
             if self.ctx.stopped() or self.error is not None:
-                if last:
-                    return
                 continue  # drain without writing: the task is over
+            segments = upload_groups(chunks)
             try:
-                for item in batch:
+                for item in segments:
                     # Images are written with each frame once (common/frames.py); here,
                     # off the env loop's thread.
                     columns = pack_frames(item.columns)
                     size = self.store.write_segment(item.ref.path, columns, header=dump(item.ref))
                     self.metrics.segments_written.inc()
                     self.metrics.segment_bytes.inc(size)
-                self._insert([item.ref for item in batch])
+                self._insert([item.ref for item in segments])
             except Exception as exc:  # a full disk, a refusal no retry can fix
-                paths = ", ".join(item.ref.path for item in batch)
+                paths = ", ".join(item.ref.path for item in segments)
                 log.exception("uploading %s failed", paths)
-                self.error = f"uploading {paths} failed: {type(exc).__name__}: {exc}"
-            if last:
-                return
+                with self._changed:
+                    self.error = f"uploading {paths} failed: {type(exc).__name__}: {exc}"
+                    self._changed.notify_all()
 
     def _insert(self, refs: list[SegmentRef]) -> None:
         ctx = self.ctx

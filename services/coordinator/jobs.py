@@ -31,7 +31,7 @@ from common.messages import (
     parse,
 )
 from common.storage import SharedStore
-from jobconfig import fit_to_env, from_resolved, min_error_buffer, resolve_job_config
+from jobconfig import error_buffer_of, fit_to_env, from_resolved, resolve_job_config
 from services.buffer.core import ReplayBuffer
 from services.coordinator.devices import refuse_unless_fits, waiting_reason
 from services.coordinator.job_status import learners_of, metrics_from_record, status_of
@@ -106,7 +106,7 @@ class JobBook:
 
     def new_buffer(self, job_id: str, config: JobConfig) -> ReplayBuffer:
         replay = workflow_of(config).replay(config)
-        error_buffer = replay.error_buffer or 2 * min_error_buffer(config)
+        error_buffer = error_buffer_of(config)
         return ReplayBuffer(
             job_id,
             replay,

@@ -12,12 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from bench.fleet import SEGMENT_ROWS, job_config, parse_args, transitions
+from bench.fleet import SEGMENT_ROWS, SEGMENTS_PER_INSERT, job_config, parse_args, transitions
 from common.config import to_dict
 from common.messages import SegmentRef, dump
 from common.storage import SharedStore
 from jobconfig import algorithm_of, fit_to_env, resolve_job_config
-from services.collector.uploader import MAX_SEGMENTS_PER_UPLOAD
 from services.learner.segments import SegmentSchema
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -44,7 +43,7 @@ def test_fleet_bench_quick(tmp_path: Path) -> None:
     inserts = len(row["insert_ms"])
     segments = sum(row["segments_per_insert"])
     assert len(row["segments_per_insert"]) == inserts
-    assert all(1 <= n <= MAX_SEGMENTS_PER_UPLOAD for n in row["segments_per_insert"])
+    assert all(1 <= n <= SEGMENTS_PER_INSERT for n in row["segments_per_insert"])
     assert 0 < inserts <= segments <= 82
     assert row["rows_indexed"] == SEGMENT_ROWS * segments  # every segment a new one
     assert row["segments_per_s"] == segments / 2.0

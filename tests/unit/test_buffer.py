@@ -136,6 +136,42 @@ def test_rate_limiter_blocks_samples_until_inserts_catch_up():
     assert limiter.can_sample(2) and not limiter.can_sample(3)
 
 
+@pytest.mark.parametrize(
+    ("batch_size", "num_batches", "n_sample", "spi", "error_buffer"),
+    [(64, 8, 64, 16.0, None), (32, 1, 8, 4.0, None), (256, 4, 100, 1.0, 700.0), (8, 2, 4, 0.5, 20)],
+)
+def test_an_insert_of_the_bound_gets_through_whenever_sampling_waits(
+    batch_size, num_batches, n_sample, spi, error_buffer
+):
+    """`insert_rows_bound`: the limiter never holds both a request and such an insert."""
+    from jobconfig import error_buffer_of, insert_rows_bound, resolve_job_config
+
+    raw = {
+        "policy": {
+            "type": "dqn",
+            "learn": {"batch_size": batch_size, "num_batches": num_batches},
+            "collect": {"n_sample": n_sample},
+            "other": {
+                "replay_buffer": {
+                    "samples_per_insert": spi,
+                    "error_buffer": error_buffer,
+                    "min_size_to_sample": 100,
+                }
+            },
+        }
+    }
+    config, _ = resolve_job_config(raw)
+    bound = insert_rows_bound(config)
+    assert bound >= n_sample  # what the error buffer was sized for still fits
+    limiter = RateLimiter(spi, 100, error_buffer_of(config))
+    request = batch_size * num_batches
+    for inserted in range(100, 3000, 7):
+        limiter.inserted = inserted
+        for sampled in range(0, int(spi * 3000), max(1, request // 31)):
+            limiter.sampled = sampled
+            assert limiter.can_sample(request) or limiter.can_insert(bound)
+
+
 def test_close_wakes_waiters_and_refuses_more():
     buf, _ = make(min_size=50)
     errors = []

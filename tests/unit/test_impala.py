@@ -201,6 +201,8 @@ def test_the_unrolls_loop_records_time_limit_truncations(tmp_path, monkeypatch):
     _, segment = collect_one_segment(store, config, publish_fresh_policy(store, config))
     assert sorted(segment) == sorted(declared.column_names)
     columns = SegmentSchema.for_policy(config.policy, declared.column_names).check(segment)
+    # The first unroll of each env (a segment may hold the unrolls of several rounds).
+    columns = {name: column[:2] for name, column in columns.items()}
     cuts = [[0, 0, 1, 0, 0, 1, 0, 0]] * 2  # both envs, episodes of 3 steps
     assert columns["truncated"].tolist() == cuts and columns["done"].tolist() == cuts
     final_obs, obs = columns["final_obs"], columns["obs"]

@@ -1,4 +1,5 @@
-"""A collector's uploader thread that stops on an error fails its task, never hangs it."""
+"""A collector's uploader: a thread that stops on an error fails its task, never hangs
+it; the chunks queued during an upload go as one segment in the next."""
 
 import threading
 import time
@@ -19,7 +20,13 @@ class FullDisk:
 
 
 class Store:
-    def write_segment(self, *args, **kwargs):
+    """Keeps what each write was given."""
+
+    def __init__(self) -> None:
+        self.written: dict[str, tuple[dict, dict]] = {}
+
+    def write_segment(self, path, columns, header=None):
+        self.written[path] = (columns, header)
         return 0
 
 
@@ -33,14 +40,16 @@ class Accepting:
         return InsertReply(accepted=1, duplicates=0, env_steps=8)
 
 
-def pending(seq):
+def pending(seq, version=0):
     ref = SegmentRef(
         path=f"job-1/segments/w.collect-1/{seq:08d}.safetensors",
         rows=8,
         env_steps=8,
-        policy_version=0,
+        policy_version=version,
+        episode_returns=[float(seq)],
+        episode_lengths=[seq + 1],
     )
-    return PendingSegment(columns={"obs": np.zeros((8, 4), np.float32)}, ref=ref)
+    return PendingSegment(columns={"obs": np.full((8, 4), seq, np.float32)}, ref=ref)
 
 
 @pytest.mark.timeout(20)
@@ -51,7 +60,7 @@ def pending(seq):
 )
 def test_a_dead_uploader_fails_the_task_with_its_reason(store, coordinator, reason):
     ctx = CollectTaskContext(coordinator)
-    uploader = SegmentUploader(ctx, store, insert_timeout_s=0.0, max_pending=1)
+    uploader = SegmentUploader(ctx, store, insert_timeout_s=0.0, max_rows=8)
     started = time.monotonic()
     with pytest.raises(UploadFailed, match=reason):
         for seq in range(100):  # the queue would fill and block forever before
@@ -66,7 +75,7 @@ def test_a_working_uploader_acknowledges_every_segment():
     for seq in range(5):
         uploader.put(pending(seq))
     uploader.close()
-    assert uploader.segments_sent == 5 and uploader.error is None
+    assert uploader.rows_acknowledged == 40 and uploader.error is None
 
 
 class Slow:
@@ -83,17 +92,43 @@ class Slow:
 
 
 @pytest.mark.timeout(20)
-def test_segments_queued_during_an_insert_go_in_the_next_one():
-    coordinator = Slow()
+def test_chunks_queued_during_an_upload_go_as_one_segment_per_version():
+    coordinator, store = Slow(), Store()
     ctx = CollectTaskContext(coordinator)
-    uploader = SegmentUploader(ctx, Store(), insert_timeout_s=0.0, max_pending=2)
+    uploader = SegmentUploader(ctx, store, insert_timeout_s=0.0, max_rows=32)
     uploader.put(pending(0))
     wait_until(lambda: coordinator.inserts, 5, "the first insert")
-    for seq in (1, 2):  # queued while the first insert is out
-        uploader.put(pending(seq))
+    for seq, version in ((1, 0), (2, 0), (3, 1), (4, 1)):  # queued meanwhile
+        uploader.put(pending(seq, version))
     coordinator.release.set()
     uploader.close()
-    path = [pending(seq).ref.path for seq in range(3)]
-    assert coordinator.inserts == [[path[0]], [path[1], path[2]]]
-    assert uploader.segments_sent == 3 and uploader.rows_acknowledged == 24
+    path = [pending(seq).ref.path for seq in range(5)]
+    # One upload of chunks 1-4, as two files: the version changes at 3.
+    assert coordinator.inserts == [[path[0]], [path[1], path[3]]]
+    columns, header = store.written[path[1]]
+    np.testing.assert_array_equal(columns["obs"][:, 0], [1] * 8 + [2] * 8)
+    assert header["rows"] == 16 and header["env_steps"] == 16
+    assert header["episode_returns"] == [1.0, 2.0] and header["episode_lengths"] == [2, 3]
+    assert uploader.segments_sent == 3 and uploader.rows_acknowledged == 40
     assert uploader.error is None
+
+
+@pytest.mark.timeout(20)
+def test_put_waits_while_the_queue_holds_max_rows():
+    coordinator = Slow()
+    uploader = SegmentUploader(
+        CollectTaskContext(coordinator), Store(), insert_timeout_s=0.0, max_rows=16
+    )
+    uploader.put(pending(0))
+    wait_until(lambda: coordinator.inserts, 5, "the first insert")
+    uploader.put(pending(1))
+    uploader.put(pending(2))  # 16 rows queued: full
+    third = threading.Thread(target=uploader.put, args=(pending(3),))
+    third.start()
+    third.join(0.5)
+    assert third.is_alive()  # waits for room
+    coordinator.release.set()
+    third.join(5)
+    assert not third.is_alive()
+    uploader.close()
+    assert uploader.rows_acknowledged == 32
