@@ -10,8 +10,9 @@ example's `collector_env_num` envs:
 - reference, in this process: the vector env `make_env` makes from the job's env
   config, stepped for `--seconds` with the actor's inference at every step, nothing
   recorded or written. DQN: `actor.act` with a loaded policy, epsilon at its end value
-  (as a collector's is after the warm-up). PPO: `actor.sample` plus `actor.value` of
-  the step's final observations (the critic pass the rounds loop adds for GAE). Torch
+  (as a collector's is after the warm-up). PPO: `actor.sample`, whose state values
+  are the ones GAE needs (the rounds loop passes the critic again only on the final
+  observations of episodes that ended, and on the observations after a round). Torch
   runs the job's `system.torch_num_threads` threads, as a collector sets it.
 - measured: a real coordinator, one collector and one learner as local processes
   (`drover.local.LocalCluster`, what `drover run` starts) on a job that never trains.
@@ -157,10 +158,10 @@ def reference(config: JobConfig, seconds: float) -> float:
     else:
 
         def step(obs: np.ndarray) -> np.ndarray:
+            # The state values GAE needs come with `sample` (the rounds loop passes
+            # the critic again only where an episode ended, and once a round).
             action, _logp, _value = actor.sample(obs)
-            out = env.step(actor.env_action(action))
-            actor.value(out.final_obs)  # the rounds loop's critic pass for GAE
-            return out.obs
+            return env.step(actor.env_action(action)).obs
 
     try:
         obs = env.reset(seed=0)

@@ -43,6 +43,8 @@ from services.collector.step_data import (
     EpisodeTracker,
     NStepBuilder,
     as_obs,
+    ended_values,
+    next_values,
     round_columns,
 )
 from services.collector.stepping import make_stepper
@@ -336,11 +338,16 @@ class CollectorRunner:
                         ("reward", step.reward),
                         ("terminated", step.terminated),
                         ("ended", step.ended),
-                        ("next_value", policy.value(step.final_obs)),
+                        ("next_value", ended_values(policy, step)),
                     ):
                         record[key].append(item)
                     episodes.step(step.reward, step.ended)
                     obs = step.obs
+                # Where no episode ended, the next state's value is the one `sample`
+                # gave at the next step; after the round's last step, one more pass.
+                record["next_value"] = next_values(
+                    record["value"], record["ended"], record["next_value"], policy.value(obs)
+                )
                 columns = declared_only(config, round_columns(record, policy_cfg))
                 env_steps += self._ship(
                     ctx,

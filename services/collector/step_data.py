@@ -15,8 +15,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from algorithms.base import SamplingActor
 from common.advantages import gae
 from common.config import PolicyConfig
+from common.envs import VectorStep
 from common.messages import MAX_EPISODES_PER_SEGMENT
 
 
@@ -193,6 +195,30 @@ ROUND_COLUMNS = (
     "ended",
     "next_value",
 )
+
+
+def ended_values(policy: SamplingActor, step: VectorStep) -> np.ndarray:
+    """The critic's value of each final observation where an episode ended at `step`
+    (a truncation bootstraps from it), 0 elsewhere: only those envs pass the critic,
+    as the others' next value comes with their next action (`next_values`)."""
+    out = np.zeros(len(step.ended), np.float32)
+    if step.ended.any():
+        out[step.ended] = policy.value(step.final_obs[step.ended])
+    return out
+
+
+def next_values(
+    values: list[np.ndarray],
+    ended: list[np.ndarray],
+    at_ends: list[np.ndarray],
+    after_last: np.ndarray,
+) -> np.ndarray:
+    """Each step's next-state value, [T, num_envs]: `at_ends` where the episode ended
+    there (`ended_values`), else the value of the next step's observation, which is
+    `values[t + 1]`, and `after_last` (the value of the observations after the round)
+    for the last step."""
+    following = np.concatenate([np.asarray(values[1:]), np.asarray(after_last)[None]])
+    return np.where(np.asarray(ended), np.asarray(at_ends), following)
 
 
 def round_columns(record: dict[str, list], config: PolicyConfig) -> dict[str, np.ndarray]:

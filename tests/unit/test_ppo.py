@@ -99,3 +99,31 @@ def test_round_columns_flatten_time_and_envs():
     columns = round_columns(record, config.policy)
     assert {k: v.shape[0] for k, v in columns.items()} == dict.fromkeys(COLUMNS, t * n)
     assert columns["action"].dtype == np.int64 and columns["obs"].shape == (t * n, 5)
+
+
+def test_next_values_equal_a_critic_pass_on_every_final_observation():
+    """The rounds loop passes the critic only where an episode ended; every next value
+    is still the critic's value of the step's final observation."""
+    from algorithms.ppo.actor import ActorCriticPolicy
+    from common.config import EnvConfig
+    from common.envs import make_env
+    from services.collector.step_data import ended_values, next_values
+
+    config, _ = resolve_job_config({"policy": {"type": "ppo"}})
+    actor = ActorCriticPolicy(with_spaces(config, 4, 2, "discrete", None).policy)
+    torch.manual_seed(0)
+    env = make_env(EnvConfig(env_id="CartPole-v1"), 4)
+    obs = env.reset(seed=0)
+    values, ended, at_ends, full = [], [], [], []
+    for _ in range(60):  # CartPole's random episodes end within it
+        action, _, value = actor.sample(obs)
+        step = env.step(actor.env_action(action))
+        values.append(value)
+        ended.append(step.ended)
+        at_ends.append(ended_values(actor, step))
+        full.append(actor.value(step.final_obs))
+        obs = step.obs
+    env.close()
+    assert np.asarray(ended).any()
+    got = next_values(values, ended, at_ends, actor.value(obs))
+    np.testing.assert_allclose(got, np.asarray(full), rtol=1e-5, atol=1e-6)
