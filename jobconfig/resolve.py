@@ -260,12 +260,17 @@ def insert_rows_bound(config: JobConfig) -> int | None:
     ahead, so the limiter is never further behind the inserts than
     `error_buffer - batch_size * num_batches`; an insert of k items goes through from
     there when its credit `samples_per_insert * k` fits in what remains of the band.
+    Before `min_size_to_sample` items are in, nothing samples at all: an insert that
+    crosses that size starts the band from zero, so its credit must fit in the error
+    buffer alone (else it and the sampler both wait, until the orphaned-segment scan
+    indexes its files).
     """
     spi = config.policy.other.replay_buffer.samples_per_insert
     if spi is None:
         return None
     learn = config.policy.learn
-    room = 2 * error_buffer_of(config) - learn.batch_size * learn.num_batches
+    error_buffer = error_buffer_of(config)
+    room = min(2 * error_buffer - learn.batch_size * learn.num_batches, error_buffer)
     return max(1, int(room / spi))
 
 

@@ -165,7 +165,8 @@ def test_an_insert_of_the_bound_gets_through_whenever_sampling_waits(
     assert bound >= n_sample  # what the error buffer was sized for still fits
     limiter = RateLimiter(spi, 100, error_buffer_of(config))
     request = batch_size * num_batches
-    for inserted in range(100, 3000, 7):
+    # From an empty buffer (nothing samples below min_size_to_sample) onwards.
+    for inserted in range(0, 3000, 7):
         limiter.inserted = inserted
         for sampled in range(0, int(spi * 3000), max(1, request // 31)):
             limiter.sampled = sampled
