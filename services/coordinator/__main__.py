@@ -9,6 +9,7 @@ import sys
 from common.env_guard import setup_env_registry
 from common.http_server import serve
 from common.logs import setup_logging
+from common.process import exit_without_teardown
 from common.settings import SettingsError
 from services.coordinator.api import CORE
 from services.coordinator.app import create_app
@@ -52,7 +53,7 @@ def main() -> int:
         scheduler.close()
 
     serve(app, settings.host, settings.port, limits=settings.server_limits(), on_stop=stop)
-    return 0
+    exit_without_teardown(0)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from flask import Flask
 
 from common.http_server import ServerLimits, serve
 from common.logs import setup_logging
+from common.process import exit_without_teardown
 from common.settings import SettingsError, SlaveSettings
 from services.slave.core import EXTENSION, Slave
 
@@ -21,7 +22,7 @@ def run_slave(role: str, default_port: int, create_app: Callable[[SlaveSettings]
         print(f"drover {role}: {exc}", file=sys.stderr)
         return 2
     serve_slave(create_app(settings), settings)
-    return 0
+    exit_without_teardown(0)
 
 
 def serve_slave(app: Flask, settings: SlaveSettings) -> None:
