@@ -8,7 +8,10 @@ gymnasium's registry, and the kwargs must be ones the env accepts, with JSON val
 
 What the registry holds is the operator's choice: gymnasium's own envs, plus the envs
 registered by the modules listed in `DROVER_ENV_MODULES`, imported once when a service
-starts (`setup_env_registry`). Usage in a service's `__main__.py`::
+starts (`setup_env_registry`), plus those of the env packages drover depends on (Atari,
+MiniGrid), imported the first time an id is not found without them, so a process
+whose jobs never name one of their envs never loads them. Usage in a service's
+`__main__.py`::
 
     try:
         settings = Settings.from_env()
@@ -23,6 +26,7 @@ import difflib
 import importlib
 import importlib.util
 import inspect
+import logging
 import os
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -33,6 +37,8 @@ from gymnasium.envs.registration import ENV_ID_RE, load_env_creator
 
 from common.config import ConfigError, EnvConfig
 from common.settings import SettingsError
+
+log = logging.getLogger(__name__)
 
 #: Comma-separated Python modules to import at start; importing one registers its envs.
 ENV_MODULES_VAR = "DROVER_ENV_MODULES"
@@ -118,14 +124,18 @@ def load_env_modules(names: Iterable[str]) -> None:
             ) from None
 
 
-#: Env packages drover depends on, whose envs are registered at start without being
-#: listed (Atari and MiniGrid); one that is not installed is left out.
+#: Env packages drover depends on, whose envs are registered without being listed
+#: (Atari and MiniGrid); one that is not installed is left out. They are imported the
+#: first time an env id is not in the registry without them (`registered_spec`): an
+#: import costs a process tens of MB (pygame comes with MiniGrid) that a job on
+#: gymnasium's own envs has no use for.
 BUILTIN_ENV_MODULES = ("ale_py", "minigrid")
 
 
 def setup_env_registry(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
-    """Import the built-in env packages and the operator's env modules; every service
-    entry point calls this once at start, next to reading its settings. Idempotent.
+    """Import the operator's env modules (`DROVER_ENV_MODULES`); every service entry
+    point calls this once at start, next to reading its settings. Idempotent. The
+    built-in env packages are imported when an id first needs them.
 
     Returns:
         The module names that were imported.
@@ -134,10 +144,30 @@ def setup_env_registry(environ: Mapping[str, str] | None = None) -> tuple[str, .
         SettingsError: `DROVER_ENV_MODULES` is malformed or names a module that
             cannot be imported.
     """
-    builtin = tuple(name for name in BUILTIN_ENV_MODULES if importlib.util.find_spec(name))
     names = env_modules_from_env(os.environ if environ is None else environ)
-    load_env_modules(builtin + names)
-    return builtin + names
+    load_env_modules(names)
+    return names
+
+
+def load_builtin_env_modules() -> tuple[str, ...]:
+    """Import the installed built-in env packages (once a process; then a no-op), so
+    that their envs are registered. Returns their names."""
+    builtin = tuple(name for name in BUILTIN_ENV_MODULES if importlib.util.find_spec(name))
+    try:
+        load_env_modules(builtin)
+    except SettingsError as exc:  # installed but broken: their envs stay unknown
+        log.warning("built-in env packages: %s", exc)
+    return builtin
+
+
+def registered_spec(env_id: str) -> gym.envs.registration.EnvSpec | None:
+    """The registry's spec for `env_id`, the built-in env packages imported first
+    when it is not there without them; None if it is not registered at all."""
+    spec = gym.envs.registry.get(env_id)
+    if spec is None:
+        load_builtin_env_modules()
+        spec = gym.envs.registry.get(env_id)
+    return spec
 
 
 # --- checking an env config ------------------------------------------------------------
@@ -188,7 +218,7 @@ def _registered_spec(env_id: Any) -> gym.envs.registration.EnvSpec:
         )
     if len(env_id) > MAX_ENV_ID_CHARS or not ENV_ID_RE.fullmatch(env_id):
         raise ConfigError("env.env_id", f"{env_id[:MAX_ENV_ID_CHARS]!r} is not a gymnasium env id")
-    spec = gym.envs.registry.get(env_id)
+    spec = registered_spec(env_id)
     if spec is None:
         close = difflib.get_close_matches(env_id, list(gym.envs.registry), n=3)
         hint = f"; did you mean {' or '.join(repr(c) for c in close)}?" if close else ""

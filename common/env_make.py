@@ -14,7 +14,7 @@ import gymnasium as gym
 import numpy as np
 
 from common.config import ConfigError, EnvConfig
-from common.env_guard import check_env, creation_error
+from common.env_guard import check_env, creation_error, registered_spec
 
 # --- what the agent sees ----------------------------------------------------------------
 
@@ -37,7 +37,7 @@ class Spaces:
 
 
 def is_atari(config: EnvConfig) -> bool:
-    spec = gym.envs.registry.get(config.env_id)
+    spec = registered_spec(config.env_id)
     return spec is not None and spec.entry_point == ATARI_ENTRY_POINT
 
 

@@ -1,6 +1,7 @@
 """Env ids and kwargs from a job config name registered envs, never code to import."""
 
 import importlib.util
+import subprocess
 import sys
 import textwrap
 import uuid
@@ -10,7 +11,13 @@ import numpy as np
 import pytest
 
 from common.config import ConfigError, EnvConfig
-from common.env_guard import ENV_MODULES_VAR, check_env, env_modules_from_env, setup_env_registry
+from common.env_guard import (
+    ENV_MODULES_VAR,
+    check_env,
+    env_modules_from_env,
+    registered_spec,
+    setup_env_registry,
+)
 from common.envs import env_spaces, make_vector_env
 from common.settings import SettingsError
 
@@ -206,12 +213,35 @@ def test_a_constructor_kwarg_is_accepted():
 # --- the operator's env modules --------------------------------------------------------
 
 
-def test_only_the_builtin_env_packages_by_default():
+def test_the_builtin_env_packages_are_there_without_being_listed():
     assert env_modules_from_env({}) == ()
-    assert setup_env_registry({}) == ("ale_py", "minigrid")
-    assert "PongNoFrameskip-v4" in gym.envs.registry
-    assert "MiniGrid-Empty-5x5-v0" in gym.envs.registry
+    assert setup_env_registry({}) == ()
+    assert registered_spec("PongNoFrameskip-v4") is not None
+    assert registered_spec("MiniGrid-Empty-5x5-v0") is not None
+    assert registered_spec("NoSuchEnv-v0") is None
     assert env_modules_from_env({ENV_MODULES_VAR: " ale_py, minigrid ,"}) == ("ale_py", "minigrid")
+
+
+def run_python(code: str) -> str:
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.strip()
+
+
+def test_the_builtin_env_packages_are_imported_only_for_an_env_of_theirs():
+    """A process whose jobs run gymnasium's own envs never loads Atari or MiniGrid; the
+    first id of theirs imports them."""
+    code = """if True:
+        import sys
+        from common.config import EnvConfig
+        from common.env_guard import check_env, setup_env_registry
+        setup_env_registry({})
+        check_env(EnvConfig(env_id="CartPole-v1"))
+        print(sorted(m for m in ("ale_py", "minigrid") if m in sys.modules))
+        check_env(EnvConfig(env_id="ALE/Pong-v5"))
+        print(sorted(m for m in ("ale_py", "minigrid") if m in sys.modules))
+    """
+    assert run_python(code).splitlines() == ["[]", "['ale_py', 'minigrid']"]
 
 
 def test_an_operator_module_makes_its_envs_valid(tmp_path, monkeypatch, unique_module_name):
@@ -227,7 +257,7 @@ def test_an_operator_module_makes_its_envs_valid(tmp_path, monkeypatch, unique_m
         assert refused(env(env_id)).field == "env.env_id"  # not registered yet
 
         environ = {ENV_MODULES_VAR: unique_module_name}
-        expected = ("ale_py", "minigrid", unique_module_name)
+        expected = (unique_module_name,)
         assert setup_env_registry(environ) == expected
         assert setup_env_registry(environ) == expected  # idempotent
 
