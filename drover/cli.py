@@ -278,10 +278,19 @@ def submit_job(args: argparse.Namespace) -> int:
     return 0 if status.phase == "succeeded" else 1
 
 
+#: How often `drover run` asks for its job's status: the job's end (and so the whole
+#: command's) is seen within this. One small request each time.
+STATUS_POLL_S = 0.1
+#: How often the table's rates are refreshed (the collectors' rates ask for every
+#: worker); a rate over a shorter window would only jitter.
+RATES_PERIOD_S = 0.5
+
+
 def watch(cluster: LocalCluster, job_id: str, started: float, timeout_s: float) -> JobStatus:
     """Show progress until the job ends; returns its final status."""
     last: tuple[float, JobStatus] | None = None
     rate = 0.0
+    rates: dict[str, float] = {}
     with Live(console=console, refresh_per_second=4, transient=False) as live:
         while True:
             try:
@@ -293,19 +302,19 @@ def watch(cluster: LocalCluster, job_id: str, started: float, timeout_s: float) 
                 time.sleep(0.5)
                 continue
             now = time.monotonic()
-            if last is not None and now > last[0]:
-                rate = (status.env_steps - last[1].env_steps) / (now - last[0])
-            last = (now, status)
-            live.update(
-                progress_table(status, now - started, rate, collector_rates(cluster.client))
-            )
+            if last is None or now - last[0] >= RATES_PERIOD_S:
+                if last is not None:
+                    rate = (status.env_steps - last[1].env_steps) / (now - last[0])
+                last = (now, status)
+                rates = collector_rates(cluster.client)
+            live.update(progress_table(status, now - started, rate, rates))
             if status.phase in TERMINAL_PHASES:
                 return status
             for event in cluster.supervise():
                 live.console.print(f"[yellow]drover:[/] {event}", highlight=False)
             if now - started > timeout_s:
                 cluster.client.stop_job(job_id)
-            time.sleep(0.5)
+            time.sleep(STATUS_POLL_S)
 
 
 def collector_rates(client: CoordinatorClient) -> dict[str, float]:
