@@ -196,7 +196,9 @@ def run_local(args: argparse.Namespace) -> int:
         return run_docker(args, raw, config.exp_name, ranks, started)
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.runs_dir) / f"{config.exp_name}-{stamp}"
-    cluster = LocalCluster(run_dir, num_collectors=args.collectors, learner_ranks=ranks)
+    cluster = LocalCluster(
+        run_dir, num_collectors=args.collectors, learner_ranks=ranks, fork_server=True
+    )
     if ranks > 1:
         console.print(f"drover: the learner is a group of {ranks} ranks (torchrun)")
     console.print(f"drover: run folder [bold]{cluster.run_dir}[/]", highlight=False)

@@ -2,7 +2,9 @@
 
 `drover run` uses it; so do the integration tests. Each service is the same
 `python -m services.<name>` that compose and Kubernetes start, configured by the
-same `DROVER_*` variables.
+same `DROVER_*` variables. With `fork_server` (what `drover run` asks for), the
+collectors and learners are forked from one process that imported torch and the
+services' modules once (drover/forkserver.py) instead of each starting python anew.
 """
 
 from __future__ import annotations
@@ -19,7 +21,12 @@ from pathlib import Path
 from typing import IO
 
 from common.http_client import ServiceUnavailable
+from drover.forkserver import ForkedProcess, ForkServer, become_subreaper
 from services.coordinator.client import CoordinatorClient
+
+#: The services a fork server may start: the slaves that import torch. A learner
+#: group is torchrun's, and the coordinator imports neither torch nor the slaves.
+FORKABLE_MODULES = ("services.collector", "services.learner")
 
 
 def free_port() -> int:
@@ -52,7 +59,10 @@ class Service:
     cwd: Path | None = None
     #: Arguments after `python -m module`.
     args: list[str] = field(default_factory=list)
-    process: subprocess.Popen | None = None
+    #: Where to fork it from, if anywhere (then `env` has to add nothing the fork
+    #: server's imports read: only the service's DROVER_* settings differ).
+    fork_server: ForkServer | None = None
+    process: subprocess.Popen | ForkedProcess | None = None
     restarts: int = 0
     _log: IO[bytes] | None = None
 
@@ -62,6 +72,15 @@ class Service:
 
     def start(self) -> None:
         self._log = open(self.log_path, "ab")  # noqa: SIM115 - closed in stop()
+        if self.fork_server is not None and self.module in FORKABLE_MODULES and not self.args:
+            try:
+                self.process = self.fork_server.spawn(
+                    self.module, self.args, self.env, self.cwd or Path.cwd(), self.log_path
+                )
+                return
+            except OSError as exc:  # the server is gone: a fresh python does the same
+                self._log.write(f"drover: {exc}; starting python -m {self.module}\n".encode())
+                self._log.flush()
         self.process = subprocess.Popen(
             [sys.executable, "-m", self.module, *self.args],
             env=self.env,
@@ -122,6 +141,10 @@ class LocalCluster:
     #: What collectors and learners register with: they never hold the cluster token.
     registration_token: str = field(default_factory=lambda: secrets.token_urlsafe(32))
     extra_env: dict[str, str] = field(default_factory=dict)
+    #: Fork the collectors and learners from one process that imported what they
+    #: import (drover/forkserver.py): they start sooner and share those pages. Where
+    #: that cannot be done (not Linux), each starts python anew as without it.
+    fork_server: bool = False
     services: list[Service] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -137,22 +160,30 @@ class LocalCluster:
         ]
         self.learners = [self._learner(i) for i in range(self.num_learners)]
         self.client = CoordinatorClient(self.coordinator_url, self.token, timeout_s=10.0)
+        self._fork_server: ForkServer | None = None
 
-    def _service(self, name: str, module: str, port: int) -> Service:
+    def _common_env(self) -> dict[str, str]:
+        """What every service's environment holds, its own port and secrets aside."""
         inherited = {
             k: v for k, v in os.environ.items() if not k.startswith(("DROVER_TOKEN", "DROVER_REG"))
         }
-        env = {
+        return {
             **inherited,
             "DROVER_HOST": "127.0.0.1",
-            "DROVER_PORT": str(port),
-            "DROVER_ADVERTISE_URL": f"http://127.0.0.1:{port}",
             "DROVER_COORDINATOR_URL": getattr(self, "coordinator_url", ""),
             "DROVER_SHARED_DIR": str(self.shared_dir),
-            "DROVER_REGISTRATION_TOKEN": self.registration_token,
             # Nothing in the working directory (the shared root) is importable.
             "PYTHONSAFEPATH": "1",
             "PYTHONUNBUFFERED": "1",
+            **self.extra_env,
+        }
+
+    def _service(self, name: str, module: str, port: int) -> Service:
+        env = {
+            **self._common_env(),
+            "DROVER_PORT": str(port),
+            "DROVER_ADVERTISE_URL": f"http://127.0.0.1:{port}",
+            "DROVER_REGISTRATION_TOKEN": self.registration_token,
             **self.extra_env,
         }
         if module == "services.coordinator":
@@ -175,9 +206,17 @@ class LocalCluster:
     def start(self, *, ready_timeout_s: float = 60.0) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         # Start everything at once: slaves retry registration until the coordinator
-        # answers, and their torch import overlaps the coordinator's start.
+        # answers, and their torch import (or the fork server's) overlaps the
+        # coordinator's start.
+        self.coordinator.start()
+        if self.fork_server and become_subreaper():
+            self._fork_server = ForkServer(
+                self._common_env(), self.shared_dir, self.log_dir / "forkserver.log"
+            )
         for service in self.services:
-            service.start()
+            if service is not self.coordinator:
+                service.fork_server = self._fork_server
+                service.start()
         self.wait_ready(ready_timeout_s)
 
     def add_collector(self) -> Service:
@@ -185,6 +224,7 @@ class LocalCluster:
         service = self._service(
             f"collector-{len(self.collectors)}", "services.collector", free_port()
         )
+        service.fork_server = self._fork_server
         self.collectors.append(service)
         service.start()
         return service
@@ -257,6 +297,9 @@ class LocalCluster:
         for service in slaves:
             service.stop()
         self.coordinator.stop()
+        if self._fork_server is not None:
+            self._fork_server.close()
+            self._fork_server = None
         self.client.close()
 
     def __enter__(self) -> LocalCluster:

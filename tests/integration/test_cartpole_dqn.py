@@ -78,6 +78,7 @@ def test_drover_run_cli_end_to_end(tmp_path):
         "collector-0.log",
         "collector-1.log",
         "coordinator.log",
+        "forkserver.log",
         "learner-0.log",
     ]
     assert wall_s < DEADLINE_S

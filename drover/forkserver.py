@@ -1,0 +1,310 @@
+"""A fork server for the local cluster: the collectors and learners of `drover run`
+forked from one process that has imported what they import.
+
+Each of those services imports torch and the services' modules (about a second and a
+half of CPU, and 200 MB that each would hold alone). The fork server imports them
+once, beside the coordinator's start, and then forks every collector and learner from
+itself: each starts with the imports done, and the pages the imports filled stay
+shared between them until one writes to them. What runs in a forked process is what
+`python -m services.<name>` runs: the module's `__main__`, run by runpy, with the
+service's own environment, working directory, session and log; compose and
+Kubernetes start the same modules with `python -m`.
+
+Protocol, on the server's stdin and stdout, one JSON object a line (no pickle):
+
+    -> {"module": "services.collector", "args": [], "env": {...}, "cwd": "...", "log": "..."}
+    <- {"pid": 1234}          or  {"error": "..."}
+
+The launcher (`ForkServer`) makes itself a child subreaper and the server forks twice,
+so each service's parent is the launcher: it waits for it, signals it and reads its
+exit status as it would a process it started itself (`ForkedProcess`).
+
+The server imports and starts no thread before it forks (torch's thread pools start at
+the first operation, never at import), so each child starts as a fresh process would.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import gc
+import importlib
+import json
+import os
+import runpy
+import select
+import signal
+import subprocess
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import IO, Any
+
+from common.process import exit_without_teardown
+
+#: What the collectors and learners import at start or at their first task, but for
+#: the modules that start threads when imported (the learner's segment reads): a fork
+#: keeps only the thread that forked, so those are imported in each child.
+PRELOAD = (
+    "services.collector.app",
+    "services.slave.main",
+    "services.learner.group",
+    "services.learner.resume",
+    "services.learner.tensorboard",
+    "services.learner.metrics",
+    "services.learner.guards",
+    "common.env_guard",
+    "algorithms.registry",
+)
+
+#: What only some services use, imported before the first of them is forked (the
+#: collectors, forked first, start meanwhile). torch's compiler module comes with an
+#: optimizer's first parameter group (torch.optim imports it then): half a second
+#: that the learner's first task would otherwise wait for.
+PRELOAD_FOR = {
+    "services.learner": ("torch._dynamo", "algorithms.dqn.learner"),
+}
+
+
+#: How long a request may wait for its answer: the preload before it (torch's import
+#: on a busy machine) and the fork.
+SPAWN_TIMEOUT_S = 120.0
+
+#: prctl's option that makes orphaned descendants this process's children.
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+# --- the server --------------------------------------------------------------------------
+
+
+def serve(stdin: IO[str], stdout: IO[str]) -> None:
+    """Preload, then fork one service per request line until stdin closes."""
+    preload(PRELOAD)
+    for line in stdin:
+        try:
+            request = json.loads(line)
+            preload(PRELOAD_FOR.get(request["module"], ()))
+            reply: dict[str, Any] = {"pid": fork_service(request)}
+        except Exception as exc:  # a bad request or a failed fork: the launcher says why
+            reply = {"error": f"{type(exc).__name__}: {exc}"}
+        stdout.write(json.dumps(reply) + "\n")
+        stdout.flush()
+    # The launcher closed our stdin: the services run on. Nothing here needs the
+    # interpreter's teardown (a second with torch loaded).
+    exit_without_teardown(0)
+
+
+def preload(modules: tuple[str, ...]) -> None:
+    """Import `modules` (a no-op for those imported already), checking that no thread
+    was started."""
+    for name in modules:
+        importlib.import_module(name)
+    started = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
+    if started:
+        # A child would lack them (and any lock they held could stay taken there):
+        # exit, and the launcher starts each service as a fresh python instead.
+        raise SystemExit(f"drover.forkserver: the preload started threads {started}")
+    # Objects that exist now are never collected in the children: a collection there
+    # would write to every page it scans and so copy it.
+    gc.freeze()
+
+
+def fork_service(request: dict[str, Any]) -> int:
+    """Fork twice: the grandchild becomes the service; the child exits at once, so the
+    grandchild is re-parented to the launcher (a subreaper). Returns its pid."""
+    read_fd, write_fd = os.pipe()
+    child = os.fork()
+    if child == 0:
+        os.close(read_fd)
+        try:
+            grandchild = os.fork()
+            if grandchild == 0:
+                os.close(write_fd)
+                become_service(request)  # never returns
+            os.write(write_fd, str(grandchild).encode())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as pipe:
+        pid_text = pipe.read()
+    os.waitpid(child, 0)
+    if not pid_text:
+        raise OSError("the service's process could not be forked")
+    return int(pid_text)
+
+
+def become_service(request: dict[str, Any]) -> None:
+    """In the forked process: what `python -m <module> <args>` in `cwd` with `env`, its
+    output to `log`, in a session of its own, would be; then exit with its status."""
+    code = 1
+    try:
+        os.setsid()
+        log_fd = os.open(request["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        null_fd = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null_fd, 0)
+        os.dup2(log_fd, 1)
+        os.dup2(log_fd, 2)
+        os.close(log_fd)
+        os.close(null_fd)
+        os.chdir(request["cwd"])
+        os.environ.clear()
+        os.environ.update(request["env"])
+        # The streams were the server's pipes: now the log, line by line
+        # (PYTHONUNBUFFERED's effect on a fresh interpreter).
+        sys.stdout = open(1, "w", buffering=1, closefd=False)  # noqa: SIM115
+        sys.stderr = open(2, "w", buffering=1, closefd=False)  # noqa: SIM115
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115
+        sys.argv = [sys.executable, *request["args"]]
+        runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
+        code = 0
+    except SystemExit as exc:
+        code = exit_code(exc.code)
+    except BaseException:
+        traceback.print_exc()
+    finally:
+        exit_without_teardown(code)
+
+
+def exit_code(code: Any) -> int:
+    """The status `sys.exit(code)` gives a process."""
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code
+    print(code, file=sys.stderr)
+    return 1
+
+
+# --- the launcher's side -------------------------------------------------------------------
+
+
+def become_subreaper() -> bool:
+    """Make orphaned descendants of this process its children (Linux); False where that
+    cannot be done, and then no fork server can be used."""
+    if not sys.platform.startswith("linux"):
+        return False
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+    return False
+
+
+class ForkServer:
+    """The server process, started at once; its preload runs while the launcher starts
+    the coordinator. `spawn` waits for the preload the first time."""
+
+    def __init__(self, env: dict[str, str], cwd: Path, log_path: Path) -> None:
+        with open(log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "drover.forkserver"],
+                env=env,
+                cwd=cwd,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=log,
+                text=True,
+                # Its own session: Ctrl-C reaches only the launcher.
+                start_new_session=True,
+            )
+
+    def spawn(
+        self, module: str, args: list[str], env: dict[str, str], cwd: Path, log_path: Path
+    ) -> ForkedProcess:
+        """A service forked from the server.
+
+        Raises:
+            OSError: the server is gone or could not fork it.
+        """
+        assert self.process.stdin is not None and self.process.stdout is not None
+        request = {"module": module, "args": args, "env": env, "cwd": str(cwd)}
+        request["log"] = str(log_path)
+        # An answer may wait for a preload; a server that gives none in time is
+        # stopped, and the services start as fresh pythons.
+        timeout_s = SPAWN_TIMEOUT_S
+        try:
+            self.process.stdin.write(json.dumps(request) + "\n")
+            self.process.stdin.flush()
+            # One request at a time, answered by one whole line: once the pipe is
+            # readable, the line is there.
+            readable, _, _ = select.select([self.process.stdout], [], [], timeout_s)
+            line = self.process.stdout.readline() if readable else None
+        except (OSError, ValueError) as exc:
+            raise OSError(f"the fork server is gone: {exc}") from None
+        if line is None:
+            self.process.kill()
+            self.process.wait()
+            raise OSError(f"the fork server gave no answer within {timeout_s:g} s")
+        if not line:
+            raise OSError(f"the fork server exited ({self.process.wait()})")
+        reply = json.loads(line)
+        if "error" in reply:
+            raise OSError(f"the fork server could not start {module}: {reply['error']}")
+        return ForkedProcess(int(reply["pid"]))
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """End the server (its stdin closes); the services it forked run on."""
+        if self.process.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.process.stdin.close()
+        try:
+            self.process.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        if self.process.stdout is not None:
+            self.process.stdout.close()
+
+
+class ForkedProcess:
+    """A service forked by the server, a child of this process (its subreaper): what
+    LocalCluster uses of subprocess.Popen."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            pid, status = os.waitpid(self.pid, os.WNOHANG)
+            if pid == self.pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        """Its exit status, once it has exited.
+
+        Raises:
+            subprocess.TimeoutExpired: still running after `timeout` seconds.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            exited: int | None = os.pidfd_open(self.pid)
+        except (OSError, AttributeError):  # gone already, or no pidfd here
+            exited = None
+        try:
+            while self.poll() is None:
+                left_s = None if deadline is None else deadline - time.monotonic()
+                if left_s is not None and left_s <= 0:
+                    raise subprocess.TimeoutExpired(str(self.pid), timeout or 0.0)
+                if exited is not None:
+                    select.select([exited], [], [], left_s)  # readable once it exits
+                else:
+                    time.sleep(0.05 if left_s is None else min(0.05, left_s))
+        finally:
+            if exited is not None:
+                os.close(exited)
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, signum: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, signum)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    serve(sys.stdin, sys.stdout)

@@ -1,0 +1,55 @@
+"""drover/forkserver.py: a service forked from the server is what `python -m module`
+would be (its args, environment, working directory, session and log), a child of the
+launcher, which reads its exit status."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+# Run in a process of its own: a launcher becomes a subreaper, which the test process
+# must not (every orphan of the session would become its child).
+LAUNCHER = """if True:
+    import json, os, signal, sys
+    from pathlib import Path
+    from drover.forkserver import ForkServer, become_subreaper
+    work = Path(sys.argv[1])
+    assert become_subreaper()
+    env = {**os.environ, "PYTHONSAFEPATH": "1"}
+    server = ForkServer(env, work, work / "forkserver.log")
+    exited = server.spawn(
+        "tests.forked_probe", ["3", "x"], {**env, "PROBE": "yes"}, work, work / "probe.log"
+    )
+    code = exited.wait(timeout=60)
+    stopped = server.spawn("tests.forked_probe", ["0"], env, work, work / "second.log")
+    second = stopped.wait(timeout=60)
+    server.close()
+    print(json.dumps({"pid": exited.pid, "code": code, "second": second}))
+"""
+
+
+def test_a_forked_service_is_what_python_m_would_start(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run(
+        [sys.executable, "-c", LAUNCHER, str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    launcher = json.loads(out.stdout.strip().splitlines()[-1])
+    # Exit statuses only a parent can read: the launcher's waitpid got them.
+    assert (launcher["code"], launcher["second"]) == (3, 0)
+    probe = json.loads((tmp_path / "probe.log").read_text().strip().splitlines()[-1])
+    assert probe["argv"] == ["3", "x"]
+    assert probe["cwd"] == str(tmp_path)
+    assert probe["probe"] == "yes"
+    assert probe["own_session"]
+    assert probe["torch_loaded"]  # the preload came with it
+    assert (tmp_path / "forkserver.log").read_text() == ""
