@@ -105,8 +105,13 @@ class PssSampler:
 
     root_pid: int
     interval_s: float = 0.1
+    #: False: only note which processes are there (a cheap, fine-grained timeline).
+    read_pss: bool = True
     peak_kb: dict[str, int] = field(default_factory=dict)
     peak_total_kb: int = 0
+    #: Each role's PSS in the sample whose total was the peak, and when (monotonic).
+    at_peak_kb: dict[str, int] = field(default_factory=dict)
+    at_peak_s: float = 0.0
     samples: int = 0
     last_seen_s: dict[str, float] = field(default_factory=dict)
     _roles: dict[int, str] = field(default_factory=dict)
@@ -132,7 +137,7 @@ class PssSampler:
         by_role: dict[str, int] = {}
         now = time.monotonic()
         for pid in descendants(self.root_pid):
-            kb = pss_kb(pid)
+            kb = pss_kb(pid) if self.read_pss else 0
             if kb is None:
                 continue
             # A role is looked up once per pid: a forked service redirects its stdout
@@ -144,13 +149,15 @@ class PssSampler:
             self.last_seen_s[role] = now
         for role, kb in by_role.items():
             self.peak_kb[role] = max(self.peak_kb.get(role, 0), kb)
-        self.peak_total_kb = max(self.peak_total_kb, sum(by_role.values()))
+        if sum(by_role.values()) > self.peak_total_kb:
+            self.peak_total_kb = sum(by_role.values())
+            self.at_peak_kb, self.at_peak_s = by_role, now
         self.samples += 1
 
 
-def measure(config: Path, work: Path, interval_s: float) -> tuple[PssSampler, int, float]:
+def measure(config: Path, work: Path, interval_s: float) -> tuple[PssSampler, int, float, float]:
     """One `drover run config`, its process tree sampled; returns the sampler, the
-    command's exit code and its wall time."""
+    command's exit code, its wall time and when it started (monotonic)."""
     started = time.monotonic()
     proc = subprocess.Popen(
         [sys.executable, "-m", "drover.cli", "run", str(config), "--runs-dir", str(work)],
@@ -165,7 +172,7 @@ def measure(config: Path, work: Path, interval_s: float) -> tuple[PssSampler, in
         sampler.stop()
         if proc.poll() is None:
             proc.kill()
-    return sampler, code, time.monotonic() - started
+    return sampler, code, time.monotonic() - started, started
 
 
 def role_order(role: str) -> tuple[int, str]:
@@ -184,7 +191,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.runs):
             runs.append(measure(args.config, Path(tmp) / f"run{i}", args.interval_s))
-    roles = sorted({r for sampler, _, _ in runs for r in sampler.peak_kb}, key=role_order)
+    roles = sorted({r for sampler, *_ in runs for r in sampler.peak_kb}, key=role_order)
     table = Table(title=f"peak PSS (MB) of `drover run {args.config.name}`, every process")
     table.add_column("run", justify="right")
     for role in roles:
@@ -192,15 +199,27 @@ def main() -> None:
     table.add_column("total (peak of sums)", justify="right")
     table.add_column("wall s", justify="right")
     table.add_column("samples", justify="right")
-    for i, (sampler, code, wall_s) in enumerate(runs):
+    for i, (sampler, code, wall_s, started) in enumerate(runs):
+        run = str(i) + ("" if code == 0 else f" (exit {code})")
         table.add_row(
-            str(i) + ("" if code == 0 else f" (exit {code})"),
+            f"{run} peak each",
             *(f"{sampler.peak_kb.get(r, 0) / 1024:.0f}" for r in roles),
             f"[bold]{sampler.peak_total_kb / 1024:.0f}[/]",
             f"{wall_s:.1f}",
             str(sampler.samples),
         )
+        table.add_row(
+            f"{run} at {sampler.at_peak_s - started:.1f} s",
+            *(f"{sampler.at_peak_kb.get(r, 0) / 1024:.0f}" for r in roles),
+            f"{sampler.peak_total_kb / 1024:.0f}",
+            "",
+            "",
+        )
     console.print(table)
+    console.print(
+        "each run: its roles' own peaks, then the sample whose total was the peak "
+        "(seconds after the command started)"
+    )
 
 
 if __name__ == "__main__":

@@ -206,7 +206,7 @@ def timeline(seed: int, work: Path) -> list[tuple[float, str, str]]:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    processes = PssSampler(proc.pid, interval_s=0.02).start()
+    processes = PssSampler(proc.pid, interval_s=0.02, read_pss=False).start()
     files = FirstFiles(runs_dir)
     proc.wait(timeout=RUN_TIMEOUT_S)
     exit_s = time.monotonic() - started
