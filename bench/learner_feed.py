@@ -1,0 +1,595 @@
+"""Learner feed on CartPole-v1: a learner fed through a coordinator and the shared file
+system, against the same algorithm training on the same batches held in memory.
+
+    python bench/learner_feed.py [--algos dqn,ppo] [--iters 2000] [--rounds 4]
+        [--repeats 3] [--profile-s 0] [--profile-out /tmp/learner-feed.txt]
+
+For DQN (examples/cartpole_dqn.yaml: batch 64, 8 batches a sample request, PER,
+publish every 50 iterations, checkpoint every 1,000) and PPO (examples/cartpole_ppo.yaml:
+rounds of 2,048 steps, 10 epochs of minibatches of 64), both unchanged:
+
+- in memory (the reference): the job's learner (`new_learner`, as a learn task builds
+  it) trains in this process on data held in memory, with the job's
+  `system.torch_num_threads`: DQN `learn_batch` on the batches of a few sample replies
+  (gathered from the same segments before timing) in turn; PPO `train_round` on one
+  round's columns again and again. No HTTP, no files, no publishing.
+- fed: a real coordinator process (`drover.local.LocalCluster` with no collectors or
+  learners) holds the job, and this process runs a learn task through the learner
+  service's own code (`LearnerRunner.run` in a thread, as a learner's task thread runs
+  it): sample requests, segment reads, priority updates, publishing, checkpoints.
+  Segments are written before timing, so no collector is waited for:
+  - DQN: the buffer is filled with random CartPole transitions (segments of
+    `collect.n_sample` rows), enough for the limiter (`samples_per_insert`) to let
+    every iteration of every repeat sample;
+  - PPO: a feeder thread here long-polls for each new policy version and inserts the
+    round of segments for it (two, as the example's two collectors write, written
+    before timing with that version in their header), as collectors would once the
+    version is announced: one round is one version.
+  The task sends no task id (the bench calls the coordinator with the cluster's
+  token, as a tool would, and no learner worker is registered); nothing else differs.
+
+Each repeat times one in-memory window and one fed window (a fresh learn task, which
+resumes from the last one's checkpoint), in alternating order, each after untimed
+warm-up iterations (the fed task's first publish and cold segment cache). The fed
+window is read off the task's progress (`train_iter`), timed as it is set:
+DQN `--iters` iterations, PPO `--rounds` rounds from the end of the first one.
+Reported: train iterations/s of each (the fastest repeat's), and fed / in memory (the
+fastest repeats' ratio, and its lowest and highest over the repeats). Target: >= 0.9.
+
+`--profile-s` (0: none) records this process with py-spy (`record --format raw --idle
+--threads`, 100 Hz) for that long during an extra fed DQN window, and prints the
+training thread's wall time by innermost project frame and the top frames by own
+time over all threads.
+
+Timings vary with machine load; compare within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+from prometheus_client import CollectorRegistry
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.learner_scaling import BUSY_SHARE, CpuMeter, cpu_line, print_load_before  # noqa: E402
+from common.config import JobConfig  # noqa: E402
+from common.errors import ApiError  # noqa: E402
+from common.messages import LearnSpec, PolicyRef, SampleReply, SegmentRef, TaskAssignment  # noqa: E402
+from common.storage import SharedStore  # noqa: E402
+from drover.local import LocalCluster  # noqa: E402
+from jobconfig import algorithm_of, fit_to_env, resolve_job_config  # noqa: E402
+from services.coordinator.client import CoordinatorClient  # noqa: E402
+from services.learner.core import LearnerRunner  # noqa: E402
+from services.learner.segments import SegmentCache, SegmentSchema  # noqa: E402
+from services.learner.training import new_learner  # noqa: E402
+from services.slave.core import TaskContext  # noqa: E402
+
+EXAMPLES = {
+    "dqn": ROOT / "examples" / "cartpole_dqn.yaml",
+    "ppo": ROOT / "examples" / "cartpole_ppo.yaml",
+}
+#: Fed iterations/s over in-memory iterations/s that the learner should reach.
+TARGET_RATIO = 0.9
+#: Sample replies whose batches the DQN reference trains on in turn.
+REFERENCE_REPLIES = 4
+#: Untimed iterations of each mode before a DQN window.
+DQN_WARMUP_ITERS = 100
+#: The longest a feeder's insert or long-poll waits at the coordinator.
+FEED_WAIT_S = 2.0
+#: The longest a fed window may take before the bench gives up.
+WINDOW_TIMEOUT_S = 600.0
+
+
+def raw_config(algo: str) -> dict[str, Any]:
+    with open(EXAMPLES[algo]) as f:
+        raw: dict[str, Any] = yaml.safe_load(f)
+    return raw
+
+
+def job_config(algo: str) -> JobConfig:
+    config, _ = resolve_job_config(raw_config(algo))
+    return fit_to_env(config)
+
+
+# --- step data ------------------------------------------------------------------------
+
+
+def dqn_columns(rng: np.random.Generator, rows: int) -> dict[str, np.ndarray]:
+    """Random CartPole 3-step transitions (the columns `NStepBuilder.take` writes)."""
+    return {
+        "obs": rng.normal(size=(rows, 4)).astype(np.float32),
+        "action": rng.integers(0, 2, rows),
+        "reward": rng.uniform(0, 3, rows).astype(np.float32),
+        "next_obs": rng.normal(size=(rows, 4)).astype(np.float32),
+        "done": (rng.random(rows) < 0.05).astype(np.float32),
+        "discount": np.full(rows, 0.99**3, np.float32),
+    }
+
+
+def ppo_columns(rng: np.random.Generator, rows: int) -> dict[str, np.ndarray]:
+    """A random CartPole round's steps (the columns the rounds loop writes)."""
+    return {
+        "obs": rng.normal(size=(rows, 4)).astype(np.float32),
+        "action": rng.integers(0, 2, rows),
+        "logp": np.full(rows, np.log(0.5), np.float32),
+        "adv": rng.normal(size=rows).astype(np.float32),
+        "ret": rng.normal(size=rows).astype(np.float32),
+    }
+
+
+COLUMNS = {"dqn": dqn_columns, "ppo": ppo_columns}
+
+
+class Segments:
+    """Segment files of one job, each written just before it is inserted (as a
+    collector does: the coordinator sweeps files nobody inserts)."""
+
+    def __init__(self, client: CoordinatorClient, store: SharedStore, job_id: str) -> None:
+        self.client, self.store, self.job_id = client, store, job_id
+        self.rng = np.random.default_rng(os.getpid())
+        self.seq = 0
+
+    def write(self, algo: str, rows: int, version: int) -> SegmentRef:
+        path = self.store.segment_path(self.job_id, f"bench-{os.getpid()}", self.seq)
+        self.seq += 1
+        columns = COLUMNS[algo](self.rng, rows)
+        self.store.write_segment(path, columns, header={"policy_version": version})
+        return SegmentRef(path=path, rows=rows, env_steps=rows, policy_version=version)
+
+    def insert(self, refs: list[SegmentRef]) -> None:
+        """Insert, waiting while the limiter holds inserts back (the learner is behind)."""
+        while True:
+            try:
+                self.client.insert_segments(self.job_id, refs, timeout_s=FEED_WAIT_S)
+                return
+            except ApiError as exc:
+                if exc.status != 429:
+                    raise
+
+
+def feed(algo: str) -> None:
+    """The feeder process (`--feeder`): collectors' inserts for the job the environment
+    names, until it is stopped. DQN: one segment of `collect.n_sample` rows after
+    another, as fast as the limiter (`samples_per_insert`) lets them in. PPO: for each
+    new policy version, one round of segments of that version (two halves, as the
+    example's two collectors write it)."""
+    client = CoordinatorClient(os.environ["FEED_URL"], os.environ["FEED_TOKEN"], timeout_s=10.0)
+    job_id = os.environ["FEED_JOB"]
+    segments = Segments(client, SharedStore(os.environ["FEED_DIR"]), job_id)
+    config = job_config(algo)
+    rows = config.policy.collect.n_sample
+    if algo == "dqn":
+        while True:
+            segments.insert([segments.write(algo, rows, 0)])
+    latest = client.latest_policy(job_id)
+    fed = latest.version if latest else 0
+    while True:
+        ref = client.latest_policy(job_id, newer_than=fed, timeout_s=FEED_WAIT_S)
+        if ref is None or ref.version <= fed:
+            continue
+        fed = ref.version
+        segments.insert([segments.write(algo, half, fed) for half in (rows // 2, rows - rows // 2)])
+
+
+class Feeder:
+    """The feeder process for one job (`feed`): collectors are other processes, so
+    their work takes no time from the learner's threads."""
+
+    def __init__(self, cluster: LocalCluster, algo: str, job_id: str) -> None:
+        env = {
+            **os.environ,
+            "FEED_URL": cluster.coordinator_url,
+            "FEED_TOKEN": cluster.token,
+            "FEED_JOB": job_id,
+            "FEED_DIR": str(cluster.shared_dir),
+        }
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, "--feeder", algo], env=env, stdout=subprocess.DEVNULL
+        )
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(10.0)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(5.0)
+
+
+# --- the learn task -------------------------------------------------------------------
+
+
+class AsTool:
+    """The coordinator client as a learn task calls it, the task id left out: the bench
+    calls with the cluster's token, and no task is assigned to it."""
+
+    def __init__(self, client: CoordinatorClient) -> None:
+        self.client = client
+
+    def sample(self, job_id: str, *, task_id: str | None = None, **kw: Any) -> SampleReply:
+        return self.client.sample(job_id, **kw)
+
+    def update_priorities(
+        self, job_id: str, keys: list[int], priorities: list[float], *, task_id: str | None = None
+    ) -> None:
+        self.client.update_priorities(job_id, keys, priorities)
+
+    def announce_policy(self, job_id: str, ref: PolicyRef, *, task_id: str | None = None) -> None:
+        self.client.announce_policy(job_id, ref)
+
+    def latest_policy(self, job_id: str, **kw: Any) -> PolicyRef | None:
+        return self.client.latest_policy(job_id, **kw)
+
+
+class Progress(dict):  # type: ignore[type-arg]
+    """A task's progress that notes when `train_iter` first reaches a mark, so the bench
+    reads the window's times without polling (a polling thread would take the GIL from
+    the learner hundreds of times a second)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.changed = threading.Condition()
+        self.reached: dict[int, tuple[float, int]] = {}  # mark: (monotonic time, train_iter)
+        self.marks: list[int] = []
+
+    def __setitem__(self, key: str, value: float) -> None:
+        super().__setitem__(key, value)
+        if key == "train_iter" and self.marks and value >= self.marks[0]:
+            with self.changed:
+                while self.marks and value >= self.marks[0]:
+                    self.reached[self.marks.pop(0)] = (time.monotonic(), int(value))
+                self.changed.notify_all()
+
+
+class FedTask:
+    """One learn task through the learner service's code, in a thread of this process."""
+
+    def __init__(self, cluster: LocalCluster, job_id: str, mode: str, number: int) -> None:
+        task = TaskAssignment(
+            task_id=f"bench-learn-{number}", job_id=job_id, spec=LearnSpec(seed=0, mode=mode)
+        )
+        self.progress = Progress()
+        self.ctx = TaskContext(
+            task=task,
+            worker_id="bench-learner",
+            coordinator=AsTool(cluster.client),  # type: ignore[arg-type]
+            metrics=CollectorRegistry(),
+            progress=self.progress,
+        )
+        self.runner = LearnerRunner(SharedStore(cluster.shared_dir))
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=f"task-{task.task_id}", daemon=True)
+
+    def start(self, marks: list[int]) -> None:
+        """Start the task, noting when it reaches each of `marks` (train iterations after
+        the one it resumes at)."""
+        self.progress.marks = sorted(marks)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.runner.run(self.ctx)
+        except BaseException as exc:  # raised again on the bench's thread
+            self.error = exc
+        finally:
+            with self.progress.changed:
+                self.progress.changed.notify_all()
+
+    def wait_mark(self, mark: int) -> tuple[float, int]:
+        """(monotonic time, train_iter) when the task first reported `mark` or more."""
+        deadline = time.monotonic() + WINDOW_TIMEOUT_S
+        with self.progress.changed:
+            while mark not in self.progress.reached:
+                if self.error is not None or not self.thread.is_alive():
+                    raise RuntimeError(
+                        f"the learn task ended at {self.progress.get('train_iter')}"
+                    ) from self.error
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"train_iter {self.progress.get('train_iter')}")
+                self.progress.changed.wait(1.0)
+            return self.progress.reached[mark]
+
+    def stop(self) -> None:
+        self.ctx.stop.set()
+        self.thread.join(WINDOW_TIMEOUT_S)
+        if self.error is not None:
+            raise RuntimeError("the learn task failed") from self.error
+
+
+# --- one algorithm ----------------------------------------------------------------------
+
+
+class Bench:
+    """One algorithm's job on the coordinator, and its in-memory reference."""
+
+    mode = "batches"
+
+    def __init__(self, algo: str, cluster: LocalCluster) -> None:
+        self.algo = algo
+        self.cluster = cluster
+        self.config = job_config(algo)
+        store = SharedStore(cluster.shared_dir)
+        job_id = cluster.client.submit_job(raw_config(algo), name=f"bench-{algo}").job_id
+        self.job_id = job_id
+        names = algorithm_of(self.config).column_names
+        self.cache = SegmentCache(
+            store, job_id, SegmentSchema.for_policy(self.config.policy, names)
+        )
+        self.tasks = 0
+        #: The train iteration the next learn task resumes at.
+        self.resumed = 0
+
+    def in_memory(self) -> float:
+        """Train iterations/s of a fresh learner of the job on data in memory."""
+        torch.set_num_threads(self.config.system.torch_num_threads)
+        learner = new_learner(self.config, 0, None)
+        self.train(learner, self.warmup_iters())
+        started, first = time.perf_counter(), learner.train_iter
+        self.train(learner, self.window_iters())
+        return (learner.train_iter - first) / (time.perf_counter() - started)
+
+    def fed(self, profile: Callable[[], None] | None = None) -> float:
+        """Train iterations/s of a learn task fed through the coordinator."""
+        self.tasks += 1
+        task = FedTask(self.cluster, self.job_id, self.mode, self.tasks)
+        # The task resumes where the last one stopped (its final checkpoint).
+        warm = self.resumed + self.warmup_iters()
+        task.start([warm, warm + self.window_iters()])
+        try:
+            started, began = task.wait_mark(warm)
+            if profile is not None:
+                profile()
+            ended, done = task.wait_mark(warm + self.window_iters())
+            return (done - began) / (ended - started)
+        finally:
+            task.stop()
+            self.resumed = int(task.progress.get("train_iter", self.resumed))
+
+    def train(self, learner: Any, iters: int) -> None: ...
+    def warmup_iters(self) -> int: ...
+    def window_iters(self) -> int: ...
+    def close(self) -> None: ...
+
+
+class DQNBench(Bench):
+    def __init__(self, cluster: LocalCluster, iters: int) -> None:
+        super().__init__("dqn", cluster)
+        self.iters = iters
+        self.feeder = Feeder(cluster, "dqn", self.job_id)
+        # The reference trains on batches the buffer sampled, as the fed learner does.
+        learn = self.config.policy.learn
+        self.batches = []
+        for _ in range(REFERENCE_REPLIES):
+            reply = cluster.client.sample(
+                self.job_id,
+                batch_size=learn.batch_size,
+                num_batches=learn.num_batches,
+                timeout_s=60.0,
+            )
+            for batch in reply.batches:
+                columns, weights, _ = self.cache.gather(batch)
+                self.batches.append((columns, weights))
+
+    def train(self, learner: Any, iters: int) -> None:
+        for i in range(iters):
+            learner.learn_batch(*self.batches[i % len(self.batches)])
+
+    def warmup_iters(self) -> int:
+        return DQN_WARMUP_ITERS
+
+    def window_iters(self) -> int:
+        return self.iters
+
+    def close(self) -> None:
+        self.feeder.close()
+
+
+class PPOBench(Bench):
+    mode = "rounds"
+
+    def __init__(self, cluster: LocalCluster, rounds: int) -> None:
+        super().__init__("ppo", cluster)
+        self.rounds = rounds
+        policy = self.config.policy
+        self.columns = ppo_columns(np.random.default_rng(1), policy.collect.n_sample)
+        minibatches = -(-policy.collect.n_sample // policy.learn.batch_size)
+        self.per_round = policy.learn.epoch_per_collect * minibatches
+        self.feeder = Feeder(cluster, "ppo", self.job_id)
+
+    def train(self, learner: Any, iters: int) -> None:
+        done = learner.train_iter + iters
+        while learner.train_iter < done:
+            learner.train_round(self.columns)
+
+    def warmup_iters(self) -> int:
+        return self.per_round  # the first round (its progress comes at its end)
+
+    def window_iters(self) -> int:
+        return self.rounds * self.per_round
+
+    def close(self) -> None:
+        self.feeder.close()
+
+
+# --- profile ----------------------------------------------------------------------------
+
+
+def record_profile(seconds: float, out: Path) -> Callable[[], None]:
+    """A call that starts py-spy on this process for `seconds` (it runs on alone)."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+
+    def start() -> None:
+        command = [spy, "record", "--format", "raw", "-r", "100", "-d", str(int(seconds))]
+        command += ["--threads", "--idle", "--nonblocking", "--pid", str(os.getpid())]
+        command += ["-o", str(out)]
+        subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    return start
+
+
+#: Innermost frames that are waits, not work.
+WAITS = ("wait", "_wait_for_tstate_lock", "select", "poll", "sleep", "acquire", "get", "accept")
+
+
+def summarize(raw: str, console: Console, top: int = 15) -> None:
+    """The learn task's thread by innermost project frame, and the top frames by own
+    time (waits left out) over every thread, from a py-spy raw profile."""
+    training: collections.Counter[str] = collections.Counter()
+    own: collections.Counter[str] = collections.Counter()
+    for line in raw.splitlines():
+        stack_text, _, count_text = line.rpartition(" ")
+        if not stack_text or not count_text.isdigit():
+            continue
+        count = int(count_text)
+        stack = stack_text.split(";")
+        thread = stack[0] if stack[0].startswith("thread") else "?"
+        frames = [f for f in stack if not f.startswith(("thread", "process"))]
+        if not frames:
+            continue
+        if "task-bench-learn" in thread:
+            project = [f for f in frames if "/work/main/" in f and ".venv" not in f]
+            training[short(project[-1] if project else frames[-1])] += count
+        function = frames[-1].split(" (")[0]
+        if not function.endswith(WAITS):
+            own[short(frames[-1])] += count
+    for title, counter in (
+        ("the learn task's thread, wall time", training),
+        ("own time, all threads, waits left out", own),
+    ):
+        total = sum(counter.values())
+        if not total:
+            continue
+        table = Table(title=f"py-spy, fed DQN learner: {title} ({total:,} samples)")
+        table.add_column("frame")
+        table.add_column("share", justify="right")
+        for frame, count in counter.most_common(top):
+            table.add_row(frame, f"{count / total:.1%}")
+        console.print(table)
+
+
+def short(frame: str) -> str:
+    return frame.replace(str(ROOT) + "/", "").split("site-packages/")[-1]
+
+
+# --- the report -------------------------------------------------------------------------
+
+
+@dataclass
+class Row:
+    algo: str
+    what: str
+    in_memory: list[float]
+    fed: list[float]
+
+
+def measure(bench: Bench, repeats: int) -> tuple[list[float], list[float]]:
+    in_memory, fed = [], []
+    for repeat in range(repeats):
+        if repeat % 2:
+            fed.append(bench.fed())
+            in_memory.append(bench.in_memory())
+        else:
+            in_memory.append(bench.in_memory())
+            fed.append(bench.fed())
+    return in_memory, fed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--algos", default="dqn,ppo")
+    parser.add_argument("--iters", type=int, default=2000, help="DQN iterations a window")
+    parser.add_argument("--rounds", type=int, default=4, help="PPO rounds a window")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--profile-s", type=float, default=0.0, help="py-spy the fed DQN task")
+    parser.add_argument("--profile-out", type=Path, default=None)
+    parser.add_argument("--feeder", choices=sorted(COLUMNS), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.feeder:
+        feed(args.feeder)
+        return
+    console = Console(width=140)
+    algos = [a for a in args.algos.split(",") if a]
+    rows: list[Row] = []
+    raw = None
+    print_load_before(console)
+    meter = CpuMeter()
+    with tempfile.TemporaryDirectory(prefix="learner-feed-") as tmp:
+        cluster = LocalCluster(Path(tmp), num_collectors=0, num_learners=0)
+        with cluster:
+            for algo in algos:
+                started = time.monotonic()
+                if algo == "dqn":
+                    bench: Bench = DQNBench(cluster, args.iters)
+                    what = f"{args.iters} iterations a window"
+                else:
+                    bench = PPOBench(cluster, args.rounds)
+                    what = f"{args.rounds} rounds ({bench.window_iters()} iterations) a window"
+                in_memory, fed = measure(bench, args.repeats)
+                rows.append(Row(algo, what, in_memory, fed))
+                if algo == "dqn" and args.profile_s > 0:
+                    out = args.profile_out or Path(tmp) / "learner-feed.txt"
+                    bench.fed(profile=record_profile(args.profile_s, out))
+                    deadline = time.monotonic() + args.profile_s + 30
+                    while time.monotonic() < deadline and not out.exists():
+                        time.sleep(0.5)
+                    time.sleep(1.0)
+                    raw = out.read_text() if out.exists() else None
+                bench.close()
+                console.print(
+                    f"{algo}: {args.repeats} repeats in {time.monotonic() - started:.0f} s"
+                )
+
+    table = Table(
+        title=f"Learner feed, CartPole-v1: fed through a coordinator vs in memory; {cpu_line()}; "
+        f"torch {torch.__version__}"
+    )
+    for column in ("algo", "in memory iters/s", "fed iters/s", "fed / in memory (repeats)"):
+        table.add_column(column, justify="right")
+    table.add_column("window")
+    verdicts = []
+    for row in rows:
+        ratios = [f / m for f, m in zip(row.fed, row.in_memory, strict=True)]
+        ratio = max(row.fed) / max(row.in_memory)
+        table.add_row(
+            row.algo,
+            f"{max(row.in_memory):,.0f}",
+            f"{max(row.fed):,.0f}",
+            f"{ratio:.2f} ({min(ratios):.2f}-{max(ratios):.2f})",
+            row.what,
+        )
+        verdicts.append(f"{row.algo} {ratio:.2f} {'met' if ratio >= TARGET_RATIO else 'NOT met'}")
+    lost = meter.shares()  # the coordinator and the feeders have ended: counted as ours
+    console.print(table)
+    console.print(
+        f"The fastest of {args.repeats} repeats of each; a repeat is one window of each, "
+        f"in alternating order. Target: fed >= {TARGET_RATIO} x in memory: " + "; ".join(verdicts)
+    )
+    if lost is not None:
+        console.print(f"While the bench ran, {lost}.")
+        if lost.others + lost.steal > BUSY_SHARE:
+            console.print("[yellow]the CPUs were not all free: timings are noisier than usual")
+    if raw:
+        summarize(raw, console)
+
+
+if __name__ == "__main__":
+    main()
