@@ -29,9 +29,9 @@ from common.config import JobConfig
 from common.errors import ApiError
 from common.http_client import ServiceUnavailable
 from common.messages import PolicyRef, SampleReply, dump
-from common.models import state_to_numpy
 from common.storage import SharedStore
 from jobconfig import algorithm_of
+from services.learner.background import BackgroundWrites, copy_state
 from services.learner.group import GroupBroken, RankGroup
 from services.learner.guards import JobOver, NonFiniteWeights, finite, priorities_of, set_progress
 from services.learner.metrics import LearnerMetrics
@@ -80,6 +80,9 @@ class BatchSession:
         self.trained_holds: list[str] = []
         self.prioritized = config.policy.other.replay_buffer.type == "prioritized"
         self.board = TrainBoard(store, self.job_id, learner.train_iter)
+        #: Publishes and checkpoints written while training goes on (`publish_soon`,
+        #: `checkpoint_soon`); `run` waits for the last one before it returns.
+        self.writes = BackgroundWrites("writes")
 
     def run(self) -> dict[str, Any]:
         learn = self.config.policy.learn
@@ -121,10 +124,11 @@ class BatchSession:
                     self.metrics.train_iterations.inc()
                     keys += outcome.keys
                     td_abs.append(outcome.td_abs)
+                    self.writes.check()  # a failed publish or checkpoint ends the task here
                     if learner.train_iter % learn.publish_every_iters == 0:
-                        self.publish()
+                        self.publish_soon()
                     if learner.train_iter % learn.checkpoint_every_iters == 0:
-                        self.checkpoint()
+                        self.checkpoint_soon()
                     elapsed = time.monotonic() - started
                     set_progress(
                         ctx.progress,
@@ -148,16 +152,19 @@ class BatchSession:
                     priorities.submit(self.send_priorities, keys, np.concatenate(td_abs))
                 if reply is not None and reply.hold_id is not None:
                     self.trained_holds.append(reply.hold_id)
+            self.writes.wait()  # the last version is announced before the task ends
         except JobOver as exc:
             log.info("learning stops: %s", exc)
             ctx.stop.set()
         except GroupBroken:
+            self.writes.close()
             self.checkpoint()  # the state after the last update every rank took
             raise
         finally:
             prefetch.shutdown(wait=False, cancel_futures=True)
             reader.shutdown(wait=False, cancel_futures=True)
             priorities.shutdown(wait=False, cancel_futures=True)
+            self.writes.close()
             self.board.log.close()
         self.checkpoint()
         return {"train_iter": learner.train_iter, "policy_version": self.version}
@@ -212,15 +219,35 @@ class BatchSession:
         Raises:
             NonFiniteWeights: a weight is NaN or inf; nothing is written or announced.
         """
+        self.write_policy(*self._policy_snapshot())
+
+    def publish_soon(self) -> None:
+        """`publish`, its file written and announced on `self.writes`' thread while
+        training goes on: the weights are copied here first, and the version is taken
+        here, so versions stay in order and a NonFiniteWeights is raised here at once.
+        A failure of the write or the announce is raised at the training thread's
+        next `writes.check()`."""
+        self.writes.submit(self.write_policy, *self._policy_snapshot())
+
+    def _policy_snapshot(self) -> tuple[int, int, dict[str, np.ndarray]]:
+        """(the next version, its train_iter, a copy of the online network's weights);
+        the version is this session's from now on.
+
+        Raises:
+            NonFiniteWeights: a weight is NaN or inf (the version is not taken).
+        """
         learner = self.learner
-        tensors = state_to_numpy(learner.online)
+        tensors = {k: v.numpy() for k, v in copy_state(learner.online.state_dict()).items()}
         if not finite(tensors):
             raise NonFiniteWeights(f"non-finite weights after train_iter {learner.train_iter}")
         self.version += 1
+        return self.version, learner.train_iter, tensors
+
+    def write_policy(self, version: int, train_iter: int, tensors: dict[str, np.ndarray]) -> None:
         path, sha = self.store.write_policy(
-            self.job_id, self.version, learner.train_iter, self.config.policy.type, tensors
+            self.job_id, version, train_iter, self.config.policy.type, tensors
         )
-        ref = PolicyRef(version=self.version, path=path, sha256=sha, train_iter=learner.train_iter)
+        ref = PolicyRef(version=version, path=path, sha256=sha, train_iter=train_iter)
         try:
             # Patient: a coordinator restarting must not cost this task (the version is
             # on disk either way, and a restored coordinator adopts it).
@@ -235,8 +262,8 @@ class BatchSession:
                 raise JobOver(exc.message) from exc
             raise
         self.metrics.publishes.inc()
-        self.metrics.policy_version.set(self.version)
-        set_progress(self.ctx.progress, policy_version=self.version)
+        self.metrics.policy_version.set(version)
+        set_progress(self.ctx.progress, policy_version=version)
 
     def checkpoint(self) -> None:
         """Write a checkpoint and keep the newest `KEEP_CHECKPOINTS`.
@@ -245,13 +272,25 @@ class BatchSession:
             NonFiniteWeights: a weight (or optimizer moment) is NaN or inf: a learner
                 resuming from it could never train again, so nothing is written.
         """
-        state = self.learner.state_dict()
+        self.write_checkpoint(*self._checkpoint_state(self.learner.state_dict()))
+
+    def checkpoint_soon(self) -> None:
+        """`checkpoint`, written on `self.writes`' thread from a copy of the state made
+        here (NonFiniteWeights is raised here at once)."""
+        self.writes.submit(
+            self.write_checkpoint, *self._checkpoint_state(copy_state(self.learner.state_dict()))
+        )
+
+    def _checkpoint_state(self, state: dict[str, Any]) -> tuple[int, Checkpoint]:
         if not finite(state):
             raise NonFiniteWeights(f"non-finite weights after train_iter {self.learner.train_iter}")
         checkpoint = Checkpoint(
             model=state, policy_version=self.version, algo=self.config.policy.type
         )
-        _, size = write_checkpoint(self.store, self.job_id, self.learner.train_iter, checkpoint)
+        return self.learner.train_iter, checkpoint
+
+    def write_checkpoint(self, train_iter: int, checkpoint: Checkpoint) -> None:
+        _, size = write_checkpoint(self.store, self.job_id, train_iter, checkpoint)
         folder = f"{self.job_id}/checkpoints"
         self.metrics.checkpoints.inc()
         self.metrics.checkpoint_bytes.inc(size)
