@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import itertools
 import logging
 import threading
 import time
@@ -310,9 +311,47 @@ class SegmentCache:
                 len(batch.weights),
             )
             return {}, np.zeros(0, np.float32), np.zeros(0, bool)
-        parts: list[dict[str, np.ndarray]] = []
-        keep: list[bool] = []
         self.start_reads([segment.path for segment in batch.segments])
+        flat = _flat_rows(batch)
+        if flat is None:  # a row that is no int64 at all: checked segment by segment
+            return self._gather_each(batch)
+        index, counts = flat
+        # Each entry's lowest and highest row, for all entries at once.
+        starts = np.cumsum([0, *counts[:-1]])
+        nonempty = counts > 0
+        lows = np.zeros(len(counts), np.int64)
+        highs = np.zeros(len(counts), np.int64)
+        if nonempty.any():
+            lows[nonempty] = np.minimum.reduceat(index, starts[nonempty])
+            highs[nonempty] = np.maximum.reduceat(index, starts[nonempty])
+        found: list[dict[str, np.ndarray]] = []
+        kept_rows: list[np.ndarray] = []
+        keep = np.zeros(len(index), bool)
+        for i, segment in enumerate(batch.segments):
+            columns = self.get(segment.path)
+            if columns is None:
+                continue
+            if counts[i] and (lows[i] < 0 or highs[i] >= self._rows(columns)):
+                self.skip(segment.path, "sampled rows out of range")
+                continue
+            found.append(columns)
+            kept_rows.append(index[starts[i] : starts[i] + counts[i]])
+            keep[starts[i] : starts[i] + counts[i]] = True
+        if not found:
+            return {}, np.zeros(0, np.float32), keep
+        rows = _Rows(found, kept_rows)
+        joined = {k: rows.join(k) for k in self.columns}
+        weights = np.asarray(batch.weights, dtype=np.float32)[keep]
+        return joined, weights, keep
+
+    def _gather_each(
+        self, batch: SampledBatch
+    ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """`gather_kept`, each segment's rows checked on their own (a batch holding a
+        row that is not an int64, whose segment alone is skipped)."""
+        found: list[dict[str, np.ndarray]] = []
+        kept_rows: list[np.ndarray] = []
+        keep: list[bool] = []
         for segment in batch.segments:
             columns = self.get(segment.path)
             rows = None
@@ -321,14 +360,64 @@ class SegmentCache:
                 if rows is None:
                     self.skip(segment.path, "sampled rows out of range")
                 else:
-                    parts.append({k: take(columns, k, rows) for k in self.columns})
+                    found.append(columns)
+                    kept_rows.append(rows)
             keep.extend([rows is not None] * len(segment.rows))
         mask = np.asarray(keep, dtype=bool)
-        if not parts:
-            return {}, np.zeros(0, np.float32), np.zeros(len(keep), bool)
-        joined = {k: np.concatenate([p[k] for p in parts]) for k in self.columns}
+        if not found:
+            return {}, np.zeros(0, np.float32), mask
+        rows = _Rows(found, kept_rows)
+        joined = {k: rows.join(k) for k in self.columns}
         weights = np.asarray(batch.weights, dtype=np.float32)[mask]
         return joined, weights, mask
+
+
+#: Up to how many bytes of a column `_Rows.join` copies whole segments to gather their rows
+#: with one index (far cheaper in calls than a take per segment when a batch spreads
+#: over dozens of small segments, as a batch of a big replay does).
+JOIN_WHOLE_BYTES = 1 << 20
+
+
+class _Rows:
+    """The rows a batch takes of each of its usable segments, and how `join` puts them
+    together."""
+
+    def __init__(self, found: list[dict[str, np.ndarray]], rows: list[np.ndarray]) -> None:
+        self.found, self.rows = found, rows
+        self._index: np.ndarray | None = None
+
+    def whole_index(self, lengths: list[int]) -> np.ndarray:
+        """The rows as one index into the segments' columns laid end to end."""
+        if self._index is None:
+            offsets = np.cumsum([0, *lengths[:-1]])
+            counts = [len(r) for r in self.rows]
+            self._index = np.concatenate(self.rows) + np.repeat(offsets, counts)
+        return self._index
+
+    def join(self, name: str) -> np.ndarray:
+        """Column `name`'s rows of each segment, in order, as one array."""
+        found = self.found
+        if not any(is_packed(columns, name) for columns in found):
+            arrays = [columns[name] for columns in found]
+            if sum(a.nbytes for a in arrays) <= JOIN_WHOLE_BYTES:
+                index = self.whole_index([len(a) for a in arrays])
+                return np.concatenate(arrays)[index]
+        return np.concatenate([take(c, name, r) for c, r in zip(found, self.rows, strict=True)])
+
+
+def _flat_rows(batch: SampledBatch) -> tuple[np.ndarray, np.ndarray] | None:
+    """Every entry's rows in one int64 array, and how many each entry has; None when a
+    row cannot be an int64."""
+    counts = np.fromiter((len(segment.rows) for segment in batch.segments), np.int64)
+    try:
+        index = np.fromiter(
+            itertools.chain.from_iterable(segment.rows for segment in batch.segments),
+            np.int64,
+            count=int(counts.sum()),
+        )
+    except (OverflowError, TypeError, ValueError):
+        return None
+    return index, counts
 
 
 def _row_index(rows: list[int], length: int) -> np.ndarray | None:
