@@ -9,7 +9,7 @@ example's `collector_env_num` envs:
 
 - reference, in this process: the vector env `make_env` makes from the job's env
   config, stepped for `--seconds` with the actor's inference at every step, nothing
-  recorded or written. DQN: `actor.act` with a loaded policy, epsilon at its end value
+  recorded or written; once before the measured row and once after, averaged. DQN: `actor.act` with a loaded policy, epsilon at its end value
   (as a collector's is after the warm-up). PPO: `actor.sample`, whose state values
   are the ones GAE needs (the rounds loop passes the critic again only on the final
   observations of episodes that ended, and on the observations after a round). Torch
@@ -437,13 +437,18 @@ def main() -> None:
         work = Path(tmp)
         for algo in args.algos.split(","):
             config = job_config(algo)
+            # The reference before and after the measured row, averaged: the machine's
+            # load may drift over the minute between them.
+            before = reference(config, args.seconds)
             if algo == "dqn":
                 row, raw = measure_dqn(
                     work, args.seconds, args.warmup_steps, args.profile_s, args.profile_out
                 )
             else:
                 row = measure_ppo(work, args.seconds)
-            row.reference = reference(config, args.seconds)
+            after = reference(config, args.seconds)
+            row.reference = (before + after) / 2
+            row.what += f"; reference before/after {before:,.0f}/{after:,.0f}"
             rows.append(row)
 
     table = Table(
