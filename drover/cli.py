@@ -19,6 +19,7 @@ import sys
 import time
 from datetime import datetime
 from pathlib import Path
+from typing import NoReturn
 
 import yaml
 from rich.console import Console
@@ -30,6 +31,7 @@ from common.env_guard import setup_env_registry
 from common.errors import ApiError
 from common.http_client import ServiceUnavailable
 from common.messages import TERMINAL_PHASES, JobStatus
+from common.process import exit_without_teardown
 from common.settings import SettingsError, read_token
 from drover import plot, verbs
 from drover.devices import fit_local_device, local_learner_ranks
@@ -413,5 +415,12 @@ def summarize(cluster: LocalCluster, status: JobStatus | None, wall_s: float) ->
     return 0 if status.phase == "succeeded" else 1
 
 
+def console_main() -> NoReturn:
+    """The `drover` command: `main`, then the process ends without the interpreter's
+    teardown, a quarter of a second after `drover run` (bench/whole_run.py) that only
+    frees what the process is about to give back anyway."""
+    exit_without_teardown(main())
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    console_main()
