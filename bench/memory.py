@@ -145,6 +145,8 @@ class PssSampler:
             role = self._roles.get(pid)
             if role is None or role == "drover.forkserver":
                 role = self._roles[pid] = role_of(pid, self.root_pid)
+            if not role:
+                continue  # exited, not yet waited for: it holds no memory
             by_role[role] = by_role.get(role, 0) + kb
             self.last_seen_s[role] = now
         for role, kb in by_role.items():
