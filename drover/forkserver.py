@@ -46,7 +46,11 @@ from common.process import exit_without_teardown
 
 #: What the collectors and learners import at start or at their first task, but for
 #: the modules that start threads when imported (the learner's segment reads): a fork
-#: keeps only the thread that forked, so those are imported in each child.
+#: keeps only the thread that forked, so those are imported in each child. torch's
+#: compiler module comes with an optimizer's first parameter group (torch.optim
+#: imports it then), 0.9 s that the learner's first task would otherwise wait
+#: for. Everything is imported before the first fork: what the server imports after
+#: one copies the pages it shares with the children forked before (bench/memory.py).
 PRELOAD = (
     "services.collector.app",
     "services.slave.main",
@@ -57,15 +61,9 @@ PRELOAD = (
     "services.learner.guards",
     "common.env_guard",
     "algorithms.registry",
+    "algorithms.dqn.learner",
+    "torch._dynamo",
 )
-
-#: What only some services use, imported before the first of them is forked (the
-#: collectors, forked first, start meanwhile). torch's compiler module comes with an
-#: optimizer's first parameter group (torch.optim imports it then): half a second
-#: that the learner's first task would otherwise wait for.
-PRELOAD_FOR = {
-    "services.learner": ("torch._dynamo", "algorithms.dqn.learner"),
-}
 
 
 #: How long a request may wait for its answer: the preload before it (torch's import
@@ -85,7 +83,6 @@ def serve(stdin: IO[str], stdout: IO[str]) -> None:
     for line in stdin:
         try:
             request = json.loads(line)
-            preload(PRELOAD_FOR.get(request["module"], ()))
             reply: dict[str, Any] = {"pid": fork_service(request)}
         except Exception as exc:  # a bad request or a failed fork: the launcher says why
             reply = {"error": f"{type(exc).__name__}: {exc}"}
@@ -97,8 +94,7 @@ def serve(stdin: IO[str], stdout: IO[str]) -> None:
 
 
 def preload(modules: tuple[str, ...]) -> None:
-    """Import `modules` (a no-op for those imported already), checking that no thread
-    was started."""
+    """Import `modules`, checking that no thread was started."""
     for name in modules:
         importlib.import_module(name)
     started = [t.name for t in threading.enumerate() if t is not threading.main_thread()]
