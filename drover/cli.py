@@ -206,20 +206,14 @@ def run_local(args: argparse.Namespace) -> int:
     console.print(f"drover: run folder [bold]{cluster.run_dir}[/]", highlight=False)
     console.print(f"drover: tensorboard --logdir {args.runs_dir}", highlight=False, markup=False)
     status: JobStatus | None = None
-    job_ids: list[str] = []
-
-    def submit() -> None:
-        created = cluster.client.submit_job(raw, name=config.exp_name)
-        job_ids.append(created.job_id)
-        console.print(f"drover: job [bold]{created.job_id}[/] submitted", highlight=False)
-
     try:
+        cluster.start()
         try:
-            # Submitted as soon as the coordinator answers, while the workers start.
-            cluster.start(when_ready=submit)
+            created = cluster.client.submit_job(raw, name=config.exp_name)
         except ApiError as exc:
             return error(f"the coordinator refused the job: {exc.message}")
-        status = watch(cluster, job_ids[0], started, args.timeout_s)
+        console.print(f"drover: job [bold]{created.job_id}[/] submitted", highlight=False)
+        status = watch(cluster, created.job_id, started, args.timeout_s)
     except KeyboardInterrupt:
         console.print("\ndrover: interrupted; stopping the job and every service")
         status = stop_job(cluster, status)

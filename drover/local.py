@@ -16,7 +16,6 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -204,36 +203,21 @@ class LocalCluster:
             service.args += ["--max-restarts", str(self.learner_max_restarts)]
         return service
 
-    def start(
-        self, *, ready_timeout_s: float = 60.0, when_ready: Callable[[], None] | None = None
-    ) -> None:
-        """Start every service; returns once the coordinator answers and every service
-        has a process. `when_ready` runs once the coordinator answers, and with a fork
-        server before the first worker is forked (`drover run` submits its job then:
-        the job is there when the workers register, instead of the other way round)."""
+    def start(self, *, ready_timeout_s: float = 60.0) -> None:
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        workers = [s for s in self.services if s is not self.coordinator]
+        # Start everything at once: slaves retry registration until the coordinator
+        # answers, and their torch import (or the fork server's) overlaps the
+        # coordinator's start.
         self.coordinator.start()
         if self.fork_server and become_subreaper():
-            # The server's preload overlaps the coordinator's start; forking waits
-            # for that preload, so the coordinator is asked first.
             self._fork_server = ForkServer(
                 self._common_env(), self.shared_dir, self.log_dir / "forkserver.log"
             )
-            self.wait_ready(ready_timeout_s)
-            if when_ready is not None:
-                when_ready()
-            for service in workers:
+        for service in self.services:
+            if service is not self.coordinator:
                 service.fork_server = self._fork_server
                 service.start()
-            return
-        # Start everything at once: slaves retry registration until the coordinator
-        # answers, and their torch import overlaps the coordinator's start.
-        for service in workers:
-            service.start()
         self.wait_ready(ready_timeout_s)
-        if when_ready is not None:
-            when_ready()
 
     def add_collector(self) -> Service:
         """Start one more collector while the cluster runs (it joins at once)."""
