@@ -114,7 +114,6 @@ class PssSampler:
     at_peak_s: float = 0.0
     samples: int = 0
     last_seen_s: dict[str, float] = field(default_factory=dict)
-    _roles: dict[int, str] = field(default_factory=dict)
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
 
@@ -140,11 +139,10 @@ class PssSampler:
             kb = pss_kb(pid) if self.read_pss else 0
             if kb is None:
                 continue
-            # A role is looked up once per pid: a forked service redirects its stdout
-            # to its log right after the fork, so a pid seen before that is asked again.
-            role = self._roles.get(pid)
-            if role is None or role == "drover.forkserver":
-                role = self._roles[pid] = role_of(pid, self.root_pid)
+            # Asked at every sample: a process may be seen between its fork and its
+            # exec (with its parent's command), or between a fork server's fork and
+            # the redirection of its stdout to its log.
+            role = role_of(pid, self.root_pid)
             if not role:
                 continue  # exited, not yet waited for: it holds no memory
             by_role[role] = by_role.get(role, 0) + kb
