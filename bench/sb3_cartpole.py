@@ -3,6 +3,7 @@ the reference that bench/whole_run.py times as a whole process (python's start a
 imports included).
 
     python -m bench.sb3_cartpole SEED [--eval-episodes 10] [--eval-every-steps 400]
+        [--torch-threads N]
 
 The hyperparameters are rl-baselines3-zoo's for CartPole-v1 (hyperparams/dqn.yml).
 An EvalCallback plays `--eval-episodes` greedy episodes on its own env every
@@ -54,7 +55,14 @@ def main() -> None:
     parser.add_argument("seed", type=int)
     parser.add_argument("--eval-episodes", type=int, default=10)
     parser.add_argument("--eval-every-steps", type=int, default=400)
+    parser.add_argument(
+        "--torch-threads", type=int, default=None, help="torch's threads (default: torch's own)"
+    )
     args = parser.parse_args()
+    if args.torch_threads is not None:
+        import torch
+
+        torch.set_num_threads(args.torch_threads)
     env = gym.make("CartPole-v1")
     # Monitor: episode returns as the env gives them (what EvalCallback asks for).
     eval_env = Monitor(gym.make("CartPole-v1"))

@@ -1,7 +1,7 @@
 """The whole `drover run examples/cartpole_dqn.yaml` command, start to exit, against a
 single stable-baselines3 DQN process to the same goal, seeds alternating.
 
-    python bench/whole_run.py [--seeds 5] [--timeline]
+    python bench/whole_run.py [--seeds 5] [--timeline] [--sb3-torch-threads N]
 
 For each seed, first drover, then SB3, on this machine one after the other:
 
@@ -15,6 +15,10 @@ For each seed, first drover, then SB3, on this machine one after the other:
   the example's (`env.n_evaluator_episode`), every `eval_freq` train iterations'
   worth of env steps (200 x train_freq 256 / gradient_steps 128 = 400 env steps),
   until the mean reaches the example's `stop_value`.
+
+SB3 runs with torch's own number of threads (one per CPU), as a single process
+would; `--sb3-torch-threads 1` gives it the one thread each drover process has
+(`system.torch_num_threads`), which keeps it from fighting other load for the CPUs.
 
 The table shows each seed's seconds, the medians over the seeds that reached the goal,
 and drover's median over SB3's. Without stable-baselines3 installed (the optional
@@ -53,6 +57,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.learner_scaling import cpu_line  # noqa: E402
 from bench.memory import PssSampler  # noqa: E402
 from common.config import deep_merge  # noqa: E402
 from jobconfig import load_config_file  # noqa: E402
@@ -104,10 +109,11 @@ def sb3_installed() -> bool:
     return importlib.util.find_spec("stable_baselines3") is not None
 
 
-def run_sb3(seed: int, eval_episodes: int) -> Outcome:
+def run_sb3(seed: int, eval_episodes: int, torch_threads: int | None) -> Outcome:
+    threads = [] if torch_threads is None else ["--torch-threads", str(torch_threads)]
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "bench.sb3_cartpole", str(seed)]
+        [sys.executable, "-m", "bench.sb3_cartpole", str(seed), *threads]
         + ["--eval-episodes", str(eval_episodes), "--eval-every-steps", str(SB3_EVAL_EVERY_STEPS)],
         cwd=ROOT,
         capture_output=True,
@@ -231,6 +237,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--timeline", action="store_true")
+    parser.add_argument("--sb3-torch-threads", type=int, default=None)
     args = parser.parse_args()
     console = Console(width=150)
     example = load_config_file(EXAMPLE)
@@ -251,7 +258,7 @@ def main() -> None:
             if not outcome.reached:
                 console.print(f"seed {seed}: drover: {outcome.note}\n{proc.stderr[-2000:]}")
             if with_sb3:
-                sb3_runs.append(run_sb3(seed, eval_episodes))
+                sb3_runs.append(run_sb3(seed, eval_episodes, args.sb3_torch_threads))
         events = timeline(args.seeds, work) if args.timeline else []
 
     table = Table(
@@ -281,6 +288,8 @@ def main() -> None:
     console.print(table)
     if ours_s is not None and theirs_s is not None:
         console.print(f"drover / SB3 (medians): [bold]{ours_s / theirs_s:.2f}[/]")
+    threads = args.sb3_torch_threads or "torch's default number of"
+    console.print(f"SB3 with {threads} torch threads; {cpu_line()}")
     for o in sb3_runs:
         if o.note:
             console.print(f"SB3: {o.note}")
