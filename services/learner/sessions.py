@@ -91,9 +91,6 @@ class BatchSession:
         prefetch = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch")
         # Priorities go back on their own thread, so training never waits for them.
         priorities = ThreadPoolExecutor(max_workers=1, thread_name_prefix="priorities")
-        # Segments of the batches after the first are read on their own thread while
-        # the batches before them train.
-        reader = ThreadPoolExecutor(max_workers=1, thread_name_prefix="read-ahead")
         future: Future[SampleReply | None] = prefetch.submit(self.fetch)
         try:
             self.publish()  # collectors act with the resumed (or fresh) network at once
@@ -106,8 +103,6 @@ class BatchSession:
                     break
                 future = prefetch.submit(self.fetch)
                 batches = reply.batches if reply else []
-                if len(batches) > 1:
-                    reader.submit(self.trainer.read_ahead, batches[1:])
                 if self.group is not None and not batches:
                     self.group.send({"kind": "idle"})  # the ranks hear from us all the same
                 keys: list[int] = []
@@ -162,7 +157,6 @@ class BatchSession:
             raise
         finally:
             prefetch.shutdown(wait=False, cancel_futures=True)
-            reader.shutdown(wait=False, cancel_futures=True)
             priorities.shutdown(wait=False, cancel_futures=True)
             self.writes.close()
             self.board.log.close()
@@ -170,8 +164,15 @@ class BatchSession:
         return {"train_iter": learner.train_iter, "policy_version": self.version}
 
     def fetch(self) -> SampleReply | None:
+        """The next sample request (on the prefetch thread, while the batches of the
+        one before train: those trained on are one request older than the newest the
+        buffer could give, a staleness a replay buffer's sampling has anyway), its
+        segments' reads started as soon as it is answered."""
         learn = self.config.policy.learn
-        return self.sample(learn.batch_size, learn.num_batches)
+        reply = self.sample(learn.batch_size, learn.num_batches)
+        if reply is not None:
+            self.trainer.start_reads(reply.batches)
+        return reply
 
     def sample(self, batch_size: int, num_batches: int) -> SampleReply | None:
         """One long-poll for data; None when there was none in time (or no coordinator).

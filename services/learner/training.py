@@ -139,12 +139,15 @@ class Trainer:
             scalars=_rank_means(info.scalars, table[:, 3 : len(head)]),
         )
 
-    def read_ahead(self, batches: list[SampledBatch]) -> None:
-        """Load this rank's segments of batches to come (`SegmentCache.read_ahead`)."""
+    def start_reads(self, batches: list[SampledBatch]) -> None:
+        """Start reading this rank's segments of batches to come that are neither cached
+        nor being read, without waiting (`SegmentCache.start_reads`): the reads run on
+        the reading threads while the batches before them train, and `train_batch`
+        waits for any still under way, within the cache's bound."""
         group = self.group
         if group is not None:
             batches = [share_of(b, group.rank, group.world_size) for b in batches]
-        self.cache.read_ahead(batches)
+        self.cache.start_reads([segment.path for batch in batches for segment in batch.segments])
 
     def round_share(self, batch: SampledBatch) -> dict[str, np.ndarray]:
         """This rank's usable rows of an on-policy round (all of them on its own)."""
