@@ -11,6 +11,15 @@ Usage::
     grad_norm = finite_step(loss, optimizer, model.parameters(), max_grad_norm, sync=self.sync)
     if grad_norm is None:
         self.skipped_updates += 1
+
+On a GPU each of `finite_step`'s checks waits for the device. `device_step` takes the
+same step without waiting (a skipped step is skipped on the device), and the learner
+reads its norm with everything else it reports in one transfer (`to_host`)::
+
+    norm = device_step(loss, optimizer, model.parameters(), max_grad_norm, sync=self.sync)
+    scalars, td_abs = to_host({"loss": loss, "grad_norm": norm}, td.abs())
+    if math.isnan(scalars["grad_norm"]):
+        self.skipped_updates += 1
 """
 
 from __future__ import annotations
@@ -18,6 +27,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
+import numpy as np
 import torch
 
 from algorithms.sync import LOCAL, GradientSync
@@ -68,6 +78,69 @@ def finite_step(
         return None
     optimizer.step()
     return grad_norm
+
+
+def device_step(
+    loss: torch.Tensor,
+    optimizer: torch.optim.Optimizer,
+    parameters: Iterable[torch.Tensor] = (),
+    max_grad_norm: float | None = None,
+    *,
+    sync: GradientSync = LOCAL,
+) -> torch.Tensor:
+    """`finite_step` without waiting for the device: returns the gradient norm as a
+    0-dim tensor on the device, NaN when the step was skipped (the loss or the norm was
+    not finite), for the caller to read with its other values in one transfer
+    (`to_host`).
+
+    In one process, with a fused optimizer (`adam`), the step is skipped on the device
+    itself: the optimizer's `found_inf` flag makes its kernel leave every weight and
+    moment as they were (GradScaler's mechanism), so nothing is read here. A non-finite
+    loss is then backpropagated, but its gradients are never applied, and the next
+    step's `zero_grad` drops them. In a learner group the ranks decide together on the
+    host (`finite_step`), so this reads what `finite_step` reads.
+    """
+    if sync is not LOCAL or not optimizer.defaults.get("fused"):
+        norm = finite_step(loss, optimizer, parameters, max_grad_norm, sync=sync)
+        return torch.tensor(math.nan if norm is None else norm, device=loss.device)
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    owned = [p for group in optimizer.param_groups for p in group["params"]]
+    if max_grad_norm is not None:
+        norm = torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm)
+    else:
+        norm = torch.nn.utils.get_total_norm([p.grad for p in owned if p.grad is not None])
+    finite = torch.isfinite(loss.detach()) & torch.isfinite(norm)
+    optimizer.found_inf = (~finite).float()  # type: ignore[attr-defined]
+    try:
+        optimizer.step()
+    finally:
+        del optimizer.found_inf  # type: ignore[attr-defined]
+    return torch.where(finite, norm.detach(), torch.full_like(norm, math.nan))
+
+
+def to_host(
+    values: dict[str, torch.Tensor], vector: torch.Tensor
+) -> tuple[dict[str, float], np.ndarray]:
+    """Scalar tensors as floats and a vector as a numpy array, read from the device in
+    one transfer (on the CPU, where there is nothing to wait for, as they are)."""
+    vector = vector.detach()
+    if vector.device.type == "cpu":
+        return {k: float(v.detach()) for k, v in values.items()}, vector.numpy()
+    head = torch.stack([v.detach().reshape(()).float() for v in values.values()])
+    host = torch.cat([head, vector.reshape(-1).float()]).cpu().numpy()
+    return dict(zip(values, host[: len(values)].tolist(), strict=True)), host[len(values) :]
+
+
+def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
+    """A batch's column as a tensor on `device`. To a GPU it goes from pinned memory,
+    asynchronously: a copy from pageable memory is staged through a pinned buffer by
+    the driver and blocks the host; pinned buffers come from torch's caching host
+    allocator, which keeps each one until its copy has run."""
+    tensor = torch.as_tensor(array)
+    if device.type != "cuda":
+        return tensor.to(device)
+    return tensor.pin_memory().to(device, non_blocking=True)
 
 
 def learning_rate(optimizer: torch.optim.Optimizer) -> float:

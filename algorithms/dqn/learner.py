@@ -19,7 +19,7 @@ import torch
 from torch.nn import functional as F
 
 from algorithms.dqn.networks import QNetwork
-from algorithms.step import adam, finite_step, learning_rate, to_floats
+from algorithms.step import adam, device_step, learning_rate, to_device, to_host
 from algorithms.sync import LOCAL, GradientSync
 from common.config import PolicyConfig
 from common.models import load_numpy_state
@@ -43,7 +43,7 @@ class TransitionBatch:
         cls, columns: dict[str, np.ndarray], weight: np.ndarray, device: torch.device
     ) -> TransitionBatch:
         def t(a: np.ndarray) -> torch.Tensor:
-            return torch.as_tensor(a, device=device)
+            return to_device(a, device)
 
         return cls(
             obs=t(columns["obs"]),
@@ -99,28 +99,30 @@ class DQN:
         td = target - q
         loss = (batch.weight * F.smooth_l1_loss(q, target, reduction="none")).mean()
         parameters = self.online.parameters()
-        grad_norm = finite_step(
+        grad_norm = device_step(
             loss, self.optimizer, parameters, learn.max_grad_norm, sync=self.sync
         )
-        if grad_norm is None:
-            self.skipped_updates += 1
         self.train_iter += 1
         self._update_target()
         td_abs = td.detach().abs()
-        scalars = to_floats(
+        # Everything the update reports, read from the device at once.
+        scalars, td_host = to_host(
             {
                 "loss/td": loss,
                 "value/q_mean": q.mean(),
                 "value/target_q_mean": target.mean(),
                 "value/td_abs_mean": td_abs.mean(),
-            }
+                "optim/grad_norm": grad_norm,
+            },
+            td_abs,
         )
-        scalars["optim/grad_norm"] = math.nan if grad_norm is None else grad_norm
+        if math.isnan(scalars["optim/grad_norm"]):  # not stepped on
+            self.skipped_updates += 1
         scalars["optim/learning_rate"] = learning_rate(self.optimizer)
         return UpdateInfo(
             loss=scalars["loss/td"],
             q_mean=scalars["value/q_mean"],
-            td_abs=td_abs.cpu().numpy(),
+            td_abs=td_host,
             scalars=scalars,
         )
 

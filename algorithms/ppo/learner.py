@@ -22,7 +22,7 @@ import torch
 from algorithms.checkpoint import OneModelState
 from algorithms.ppo import COLUMNS
 from algorithms.ppo.networks import ActorCritic
-from algorithms.step import adam, finite_step, learning_rate, to_floats
+from algorithms.step import adam, device_step, learning_rate, to_device, to_floats
 from common.config import PolicyConfig
 
 
@@ -52,6 +52,13 @@ class PPO(OneModelState):
         self.skipped_updates = 0
 
     def loss(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, float]]:
+        loss, stats = self.loss_terms(batch)
+        return loss, to_floats(stats)
+
+    def loss_terms(
+        self, batch: dict[str, torch.Tensor]
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """The loss, and its statistics as tensors still on the device."""
         learn = self.config.learn
         dist, value = self.model.distribution_and_value(batch["obs"])
         logp = self.model.log_prob(dist, batch["action"])
@@ -68,24 +75,22 @@ class PPO(OneModelState):
         entropy = self.model.entropy(dist).mean()
         loss = policy_loss + learn.value_weight * value_loss - learn.entropy_weight * entropy
         with torch.no_grad():
-            stats = to_floats(
-                {
-                    "loss/total": loss,
-                    "loss/policy": policy_loss,
-                    "loss/value": value_loss,
-                    "policy/entropy": entropy,
-                    "policy/approx_kl": ((ratio - 1) - (logp - batch["logp"])).mean(),
-                    "policy/clip_fraction": ((ratio - 1).abs() > learn.clip_ratio).float().mean(),
-                    "value/v_mean": value.mean(),
-                    "value/return_mean": batch["ret"].mean(),
-                }
-            )
+            stats = {
+                "loss/total": loss.detach(),
+                "loss/policy": policy_loss.detach(),
+                "loss/value": value_loss.detach(),
+                "policy/entropy": entropy.detach(),
+                "policy/approx_kl": ((ratio - 1) - (logp - batch["logp"])).mean(),
+                "policy/clip_fraction": ((ratio - 1).abs() > learn.clip_ratio).float().mean(),
+                "value/v_mean": value.mean().detach(),
+                "value/return_mean": batch["ret"].mean(),
+            }
         return loss, stats
 
     def train_round(self, columns: dict[str, np.ndarray], seed: int | None = None) -> RoundInfo:
         """`epoch_per_collect` passes of shuffled minibatches over one round's data."""
         learn = self.config.learn
-        data = {k: torch.as_tensor(columns[k], device=self.device) for k in COLUMNS}
+        data = {k: to_device(columns[k], self.device) for k in COLUMNS}
         n = len(data["obs"])
         generator = torch.Generator().manual_seed(seed if seed is not None else self.train_iter)
         totals: dict[str, float] = {}
@@ -95,12 +100,14 @@ class PPO(OneModelState):
             order = torch.randperm(n, generator=generator)
             for start in range(0, n, learn.batch_size):
                 index = order[start : start + learn.batch_size].to(self.device)
-                loss, stats = self.loss({k: v[index] for k, v in data.items()})
+                loss, terms = self.loss_terms({k: v[index] for k, v in data.items()})
                 parameters = self.model.parameters()
-                grad_norm = finite_step(
+                terms["optim/grad_norm"] = device_step(
                     loss, self.optimizer, parameters, learn.max_grad_norm, sync=self.sync
                 )
-                if grad_norm is None:
+                stats = to_floats(terms)  # the update's one read from the device
+                grad_norm = stats.pop("optim/grad_norm")
+                if math.isnan(grad_norm):  # not stepped on
                     self.skipped_updates += 1
                 else:
                     norms.append(grad_norm)

@@ -1,0 +1,68 @@
+"""The optimizer step that reads nothing from the device: the same step and norm as
+`finite_step`, a non-finite loss skipped on the device, one read for what it reports."""
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from algorithms.step import adam, device_step, finite_step, to_device, to_host
+
+
+def model_and_loss(scale=1.0):
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 2)
+    return layer, lambda: layer(torch.ones(4, 3)).pow(2).sum() * scale
+
+
+@pytest.mark.parametrize("max_grad_norm", [None, 0.01])
+def test_the_same_step_and_norm_as_finite_step(max_grad_norm):
+    layer, loss = model_and_loss()
+    twin = copy.deepcopy(layer)
+    optimizer, twin_optimizer = adam(layer.parameters(), 0.1), adam(twin.parameters(), 0.1)
+    for _ in range(3):
+        norm = device_step(loss(), optimizer, layer.parameters(), max_grad_norm)
+        twin_loss = twin(torch.ones(4, 3)).pow(2).sum()
+        expected = finite_step(twin_loss, twin_optimizer, twin.parameters(), max_grad_norm)
+        assert float(norm) == pytest.approx(expected)
+    for a, b in zip(layer.parameters(), twin.parameters(), strict=True):
+        assert torch.allclose(a, b)
+
+
+def test_a_non_finite_loss_changes_no_weight_and_no_moment():
+    layer, loss = model_and_loss()
+    optimizer = adam(layer.parameters(), 0.1)
+    device_step(loss(), optimizer, layer.parameters())  # moments exist
+    weights = [p.clone() for p in layer.parameters()]
+    moments = copy.deepcopy(optimizer.state_dict()["state"])
+    norm = device_step(loss() * float("inf"), optimizer, layer.parameters(), 1.0)
+    assert math.isnan(float(norm))
+    assert all(torch.equal(a, b) for a, b in zip(weights, layer.parameters(), strict=True))
+    for key, state in optimizer.state_dict()["state"].items():
+        for name, value in state.items():
+            assert torch.equal(value, moments[key][name]), name
+    assert not hasattr(optimizer, "found_inf")
+    assert not math.isnan(float(device_step(loss(), optimizer, layer.parameters())))
+
+
+def test_an_optimizer_that_cannot_skip_on_the_device_steps_as_finite_step_does():
+    layer, loss = model_and_loss()
+    optimizer = torch.optim.SGD(layer.parameters(), lr=0.1)
+    weights = [p.clone() for p in layer.parameters()]
+    assert math.isnan(float(device_step(loss() * float("nan"), optimizer, layer.parameters())))
+    assert all(torch.equal(a, b) for a, b in zip(weights, layer.parameters(), strict=True))
+    assert float(device_step(loss(), optimizer, layer.parameters())) > 0
+
+
+def test_to_host_reads_scalars_and_a_vector():
+    values = {"a": torch.tensor(1.5), "b": torch.tensor(2)}
+    scalars, vector = to_host(values, torch.arange(3, dtype=torch.float32))
+    assert scalars == {"a": 1.5, "b": 2.0} and vector.tolist() == [0.0, 1.0, 2.0]
+
+
+def test_to_device_keeps_values_and_dtypes_on_the_cpu():
+    array = np.arange(6, dtype=np.int64).reshape(2, 3)
+    tensor = to_device(array, torch.device("cpu"))
+    assert tensor.dtype == torch.int64 and tensor.tolist() == array.tolist()
