@@ -1,10 +1,11 @@
 """The learner's work: a `learn` task. No Flask.
 
 The learner asks the coordinator for `num_batches` batches at once, prefetching the
-next request while it trains on the current one; reads the sampled rows from the
-segment files (caching them: segments are immutable); trains; every
-`publish_every_iters` writes a new policy version and announces it; every
-`checkpoint_every_iters` writes a checkpoint, from which a restarted learner resumes.
+next request (and starting its segment reads) while it trains on the current one;
+reads the sampled rows from the segment files (caching them: segments are immutable);
+trains; every `publish_every_iters` writes a new policy version and announces it, and
+every `checkpoint_every_iters` writes a checkpoint, from which a restarted learner
+resumes, both on a thread of their own while training goes on.
 
 Segment files are written by other machines and trusted for nothing: each is checked
 against the job's `SegmentSchema` before any row of it is trained on, and one that
@@ -24,6 +25,7 @@ sessions also send each reply's batches to the other ranks, and each rank's
 | `sessions.py` | the task's loop: `BatchSession` (batches), `RoundSession` (rounds) |
 | `segments.py` | `SegmentSchema` and its column checks, the `SegmentCache` |
 | `reads.py` | segment reads on threads of their own, each waited for with a bound |
+| `background.py` | publishes and checkpoints written off the training thread, in order |
 | `guards.py` | finite weights, progress and priorities; `JobOver` |
 | `tensorboard.py` | the learner's TensorBoard scalars (`TrainBoard`) |
 | `metrics.py` | what a learner counts for Prometheus (`LearnerMetrics`) |
