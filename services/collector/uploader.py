@@ -148,6 +148,8 @@ class SegmentUploader:
         #: Queued chunks and when each was queued (monotonic seconds).
         self._queue: collections.deque[tuple[float, PendingSegment]] = collections.deque()
         self._queued_rows = 0
+        #: Set while a `put` waits for room: the next upload is due at once.
+        self._full = False
         self._closing = False
         self._changed = threading.Condition()
         self._thread = threading.Thread(target=self._loop, name="uploader", daemon=True)
@@ -177,10 +179,14 @@ class SegmentUploader:
                     if self.error is not None:
                         raise UploadFailed(self.error)
                     if self._has_room(pending.ref.rows):
+                        self._full = False
                         self._queue.append((time.monotonic(), pending))
                         self._queued_rows += pending.ref.rows
                         self._changed.notify_all()
                         return
+                    # Full: the upload starts now, not when the oldest chunk is due.
+                    self._full = True
+                    self._changed.notify_all()
                     # A bounded wait: a stopped task sets no condition.
                     self._changed.wait(timeout=0.2)
         finally:
@@ -205,7 +211,7 @@ class SegmentUploader:
                     self._changed.wait(timeout=0.2)
                     continue
                 due = self._queue[0][0] + self.wait_s - time.monotonic()
-                hurry = self._closing or self.ctx.stopped() or self.error is not None
+                hurry = self._full or self._closing or self.ctx.stopped() or self.error is not None
                 if due <= 0 or hurry or self._queued_rows >= self.max_rows:
                     break
                 self._changed.wait(timeout=due)
@@ -216,6 +222,7 @@ class SegmentUploader:
                 chunks.append(chunk)
                 rows += chunk.ref.rows
             self._queued_rows -= rows
+            self._full = False
             self._changed.notify_all()
             return chunks
 

@@ -132,3 +132,18 @@ def test_put_waits_while_the_queue_holds_max_rows():
     assert not third.is_alive()
     uploader.close()
     assert uploader.rows_acknowledged == 32
+
+
+@pytest.mark.timeout(20)
+def test_a_full_queue_starts_the_upload_without_waiting_for_the_oldest_chunk():
+    coordinator = Slow()
+    coordinator.release.set()
+    uploader = SegmentUploader(
+        CollectTaskContext(coordinator), Store(), insert_timeout_s=0.0, max_rows=12, wait_s=30.0
+    )
+    started = time.monotonic()
+    for seq in range(3):  # the second fills the queue; the third waits for room
+        uploader.put(pending(seq))
+    assert time.monotonic() - started < 5  # not the 30 s the oldest chunk may wait
+    uploader.close()
+    assert uploader.rows_acknowledged == 24
