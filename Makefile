@@ -66,7 +66,15 @@ format: install
 	$(BIN)/ruff format .
 	$(BIN)/ruff check --fix .
 
+# The fast benches (about 10 minutes): throughput (a collector against its envs and
+# inference alone, a learner fed through the services against in-memory batches), the
+# whole `drover run` against one stable-baselines3 process (the `sb3` extra; without it
+# drover's side alone), every process's memory, time to goal, the replay buffer.
 bench: install
+	$(BIN)/python bench/collector.py
+	$(BIN)/python bench/learner_feed.py
+	$(BIN)/python bench/whole_run.py
+	$(BIN)/python bench/memory.py
 	$(BIN)/python bench/time_to_goal.py
 	$(BIN)/python bench/buffer.py
 

@@ -155,7 +155,8 @@ class LearnConfig:
 class CollectConfig:
     """The keys every collect loop reads."""
 
-    #: Transitions in one step-data segment (one file, one insert message).
+    #: Transitions a collector hands its uploader at least at a time; what queues up
+    #: while an upload is out goes as one segment (services/collector/uploader.py).
     n_sample: Annotated[int, Gt(0), Le(100_000)] = 64
     #: How often a collector asks for the newest policy version.
     policy_poll_s: Annotated[float, Gt(0), Le(60)] = 0.2

@@ -1,9 +1,10 @@
 """The collector's work: `collect` and `evaluate` tasks. No Flask.
 
 A collect task steps a vector env with the newest policy (reloaded only when the
-coordinator's version changes), turns steps into n-step transitions, and every
-`n_sample` transitions hands a segment to the uploader thread, which writes it to the
-shared store and inserts its reference. Stepping continues while a segment uploads;
+coordinator's version changes), turns steps into n-step transitions, and hands them,
+in chunks of at least `n_sample`, to the uploader thread, which writes what has queued
+up as one segment to the shared store and inserts its reference. Stepping continues
+while a segment uploads;
 when the rate limiter says wait, the uploader waits and the queue fills, which
 slows stepping down: the faster side waits, and no data is dropped.
 
