@@ -9,8 +9,9 @@ example's `collector_env_num` envs:
 
 - reference, in this process: the vector env `make_env` makes from the job's env
   config, stepped for `--seconds` with the actor's inference at every step, nothing
-  recorded or written; once before the measured row and once after, averaged. DQN: `actor.act` with a loaded policy, epsilon at its end value
-  (as a collector's is after the warm-up). PPO: `actor.sample`, whose state values
+  recorded or written; once before the measured row and once after, averaged. DQN:
+  `actor.act` with a loaded policy, epsilon at its end value (as a collector's is
+  after the warm-up). PPO: `actor.sample`, whose state values
   are the ones GAE needs (the rounds loop passes the critic again only on the final
   observations of episodes that ended, and on the observations after a round). Torch
   runs the job's `system.torch_num_threads` threads, as a collector sets it.
