@@ -62,7 +62,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import yaml
 from prometheus_client import CollectorRegistry
 from rich.console import Console
 from rich.table import Table
@@ -76,7 +75,7 @@ from common.errors import ApiError  # noqa: E402
 from common.messages import LearnSpec, PolicyRef, SampleReply, SegmentRef, TaskAssignment  # noqa: E402
 from common.storage import SharedStore  # noqa: E402
 from drover.local import LocalCluster  # noqa: E402
-from jobconfig import algorithm_of, fit_to_env, resolve_job_config  # noqa: E402
+from jobconfig import algorithm_of, fit_to_env, load_config_file, resolve_job_config  # noqa: E402
 from services.coordinator.client import CoordinatorClient  # noqa: E402
 from services.learner.core import LearnerRunner  # noqa: E402
 from services.learner.segments import SegmentCache, SegmentSchema  # noqa: E402
@@ -100,9 +99,7 @@ WINDOW_TIMEOUT_S = 600.0
 
 
 def raw_config(algo: str) -> dict[str, Any]:
-    with open(EXAMPLES[algo]) as f:
-        raw: dict[str, Any] = yaml.safe_load(f)
-    return raw
+    return load_config_file(EXAMPLES[algo])
 
 
 def job_config(algo: str) -> JobConfig:

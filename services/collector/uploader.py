@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import itertools
 import logging
 import threading
 import time
@@ -92,13 +93,8 @@ def merged(chunks: list[PendingSegment]) -> PendingSegment:
 def upload_groups(chunks: list[PendingSegment]) -> list[PendingSegment]:
     """The segments one upload writes: each run of chunks of one policy version merged
     (a segment reference carries one version, which staleness is judged by)."""
-    groups: list[list[PendingSegment]] = []
-    for chunk in chunks:
-        if groups and groups[-1][0].ref.policy_version == chunk.ref.policy_version:
-            groups[-1].append(chunk)
-        else:
-            groups.append([chunk])
-    return [merged(group) for group in groups]
+    runs = itertools.groupby(chunks, key=lambda chunk: chunk.ref.policy_version)
+    return [merged(list(run)) for _, run in runs]
 
 
 class SegmentUploader:
@@ -115,7 +111,7 @@ class SegmentUploader:
     Args:
         max_rows: rows one upload carries at most, and the queue holds before `put`
             waits (a chunk bigger than this still goes, alone). With a rate limiter it
-            must be an insert the limiter can always admit (`upload_rows_bound`):
+            must be an insert the limiter can always admit (`jobconfig.insert_rows_bound`):
             a bigger one could wait for room that never comes.
         wait_s: how long the oldest chunk waits for others before its upload starts
             (sooner once `max_rows` rows are queued); 0 for loops whose next chunk
