@@ -8,6 +8,7 @@ shrinks in inserts.
 import concurrent.futures
 import http.server
 import os
+import signal
 import socket
 import threading
 import time
@@ -391,18 +392,32 @@ def test_poisoned_segments_are_skipped_and_listed_never_trained_on(running):
         paths[what] = store.segment_path(job_id, "poison", seq)
         store.write_segment(paths[what], cols)
         assert operator_insert(cluster, job_id, paths[what]).status_code == 200, what
-    # A file that is swapped for a FIFO after its insert must not block the learner.
-    fifo = store.segment_path(job_id, "poison", len(poisoned))
-    store.write_segment(fifo, columns())
-    assert operator_insert(cluster, job_id, fifo).status_code == 200
-    store.resolve(fifo).unlink()
-    os.mkfifo(store.resolve(fifo))
-    # A huge sparse file with a valid header is refused by size, not read whole.
-    sparse = store.segment_path(job_id, "poison", len(poisoned) + 1)
-    store.write_segment(sparse, columns())
-    assert operator_insert(cluster, job_id, sparse).status_code == 200
-    with open(store.resolve(sparse), "r+b") as f:
-        f.truncate(1 << 40)
+    # The next two files are swapped after their insert. The learner reads a segment
+    # as soon as a sample names it and caches what it read, so it is held stopped
+    # meanwhile: otherwise it may read (and keep) the file before the swap. The
+    # collectors are stopped first, and the learner samples on until the rate limiter
+    # holds it: the limiter then has room for these small inserts.
+    for collector in cluster.collectors:
+        collector.signal(signal.SIGSTOP)
+    try:
+        time.sleep(1.0)
+        for learner in cluster.learners:
+            learner.signal(signal.SIGSTOP)
+        # A file that is swapped for a FIFO after its insert must not block the learner.
+        fifo = store.segment_path(job_id, "poison", len(poisoned))
+        store.write_segment(fifo, columns(16))
+        assert operator_insert(cluster, job_id, fifo, rows=16).status_code == 200
+        store.resolve(fifo).unlink()
+        os.mkfifo(store.resolve(fifo))
+        # A huge sparse file with a valid header is refused by size, not read whole.
+        sparse = store.segment_path(job_id, "poison", len(poisoned) + 1)
+        store.write_segment(sparse, columns(16))
+        assert operator_insert(cluster, job_id, sparse, rows=16).status_code == 200
+        with open(store.resolve(sparse), "r+b") as f:
+            f.truncate(1 << 40)
+    finally:
+        for service in [*cluster.learners, *cluster.collectors]:
+            service.signal(signal.SIGCONT)
     paths.update(fifo=fifo, sparse=sparse)
 
     def unlisted():
