@@ -34,6 +34,12 @@ class Spaces:
     action_space: str  # "discrete" | "continuous"
     action_bounds: tuple[list[float], list[float]] | None = None
     obs_dtype: str = "float32"  # "float32" | "uint8"
+    #: The env gives a legal-action mask with each observation (two-player games): the
+    #: model's logits for the masked-out actions must never be chosen.
+    action_mask: bool = False
+    #: Seats that take turns in one env: 1 for a single-agent env, 2 for a two-player
+    #: game (common/games.py), whose observation is the seat to move's view.
+    players: int = 1
 
 
 def is_atari(config: EnvConfig) -> bool:

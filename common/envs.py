@@ -24,6 +24,7 @@ from gymnasium.vector import AutoresetMode
 
 from common.config import ConfigError, EnvConfig
 from common.env_make import Spaces, make_one_env, spaces_of
+from common.games import game_spaces
 
 
 def make_vector_env(
@@ -211,10 +212,28 @@ class Gymnasium:
         return env_manager(config)(config, num_envs, training)
 
 
-#: The kinds of environment, by `env.adapter`. One today (stepped by any of
-#: `ENV_MANAGERS`); room for multi-agent games, each an `EnvAdapter` here.
+class PettingZoo:
+    """Two-player turn-based games (common/games.py): their spaces, for the model that
+    plays either seat; the games themselves are played by the self-play workflow's
+    battle loop, seat by seat, not stepped as a single-agent vector env."""
+
+    def spaces(self, config: EnvConfig) -> Spaces:
+        return game_spaces(config)
+
+    def make(self, config: EnvConfig, num_envs: int, *, training: bool = True) -> VectorEnvAdapter:
+        raise ConfigError(
+            "env.adapter",
+            f"'{config.env_id}' is a two-player game: a two-player game is played by the "
+            "self-play workflow's battle loop (system.workflow: selfplay), not as a "
+            "single-agent vector env",
+        )
+
+
+#: The kinds of environment, by `env.adapter`: gymnasium's single-agent envs (stepped by
+#: any of `ENV_MANAGERS`) and PettingZoo's two-player games (`selfplay` workflow).
 ENV_ADAPTERS: dict[str, EnvAdapter] = {
     "gymnasium": Gymnasium(),
+    "pettingzoo": PettingZoo(),
 }
 
 
