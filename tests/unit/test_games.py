@@ -249,6 +249,8 @@ def test_the_rules_know_which_moves_win_as_pettingzoo_does(env_id):
     random = make_baseline("random", env_id)
     wins_seen = 0
     for _ in range(250):
+        own, opp = rules.planes(games.obs)
+        assert not rules.has_line(own).any() and not rules.has_line(opp).any()  # all live
         actions = random.act(games.obs, games.mask, rng)
         predicted = rules.winning_moves(games.obs, games.mask)[np.arange(16), actions]
         mover = games.to_move
@@ -257,6 +259,9 @@ def test_the_rules_know_which_moves_win_as_pettingzoo_does(env_id):
         assert np.array_equal(predicted, won)
         wins_seen += int(won.sum())
     assert wins_seen > 50
+    full = np.zeros((1, rules.cells), bool)
+    full[0, np.flatnonzero(rules.lines[0])] = True
+    assert rules.has_line(full).all()
     games.close()
 
 
