@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
-from common.columns import Column
+from common.columns import Column, job_columns
 from common.config import ActionSpace, PolicyConfig
 
 if TYPE_CHECKING:
@@ -36,7 +36,8 @@ UNIT_COLUMNS: dict[CollectUnit, frozenset[str]] = {
     "unrolls": frozenset(
         {"obs", "action", "reward", "logp", "done", "truncated", "final_obs", "bootstrap_obs"}
     ),
-    "rounds": frozenset({"obs", "action", "logp", "adv", "ret"}),
+    # the battle loop (self-play) writes the legal-action mask of each step too
+    "rounds": frozenset({"obs", "action", "logp", "adv", "ret", "action_mask"}),
 }
 
 
@@ -279,6 +280,12 @@ class Algorithm(Protocol):
     @property
     def column_names(self) -> tuple[str, ...]: ...
 
+    def columns_for(self, policy: PolicyConfig) -> tuple[Column, ...]:
+        """The columns a job's step data holds (`common.columns.job_columns`)."""
+        ...
+
+    def column_names_for(self, policy: PolicyConfig) -> tuple[str, ...]: ...
+
     def make_actor(self, policy: PolicyConfig) -> Actor:
         """Its acting side for a config whose spaces are filled in."""
         ...
@@ -317,3 +324,9 @@ class AlgorithmSpec:
     @property
     def column_names(self) -> tuple[str, ...]:
         return tuple(column.name for column in self.columns)
+
+    def columns_for(self, policy: PolicyConfig) -> tuple[Column, ...]:
+        return job_columns(self.columns, policy)
+
+    def column_names_for(self, policy: PolicyConfig) -> tuple[str, ...]:
+        return tuple(column.name for column in self.columns_for(policy))

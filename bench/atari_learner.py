@@ -574,7 +574,9 @@ def main() -> None:
     for fact in machine_facts(device, torch.get_num_threads()):
         console.print(fact)
     print_load_before(console)
-    schema = SegmentSchema.for_policy(config.policy, ALGORITHMS["dqn"].column_names)
+    schema = SegmentSchema.for_policy(
+        config.policy, ALGORITHMS["dqn"].column_names_for(config.policy)
+    )
     results: dict[int, dict[str, Measured]] = {}
     updates_of: dict[int, int] = {}
     read_ahead: dict[int, float] = {}

@@ -327,7 +327,7 @@ class Bench:
         store = SharedStore(cluster.shared_dir)
         job_id = cluster.client.submit_job(raw_config(algo), name=f"bench-{algo}").job_id
         self.job_id = job_id
-        names = algorithm_of(self.config).column_names
+        names = algorithm_of(self.config).column_names_for(self.config.policy)
         self.cache = SegmentCache(
             store, job_id, SegmentSchema.for_policy(self.config.policy, names)
         )

@@ -9,7 +9,8 @@ learner holds every segment to them before training. A column's meaning is its
     observation  the env's observation: `obs_shape`, uint8 for images, else float32
     action       an action id below `action_shape` (discrete), or `action_shape`
                  floats (continuous)
-    mask         0 or 1 for each discrete action (`action_shape` of them)
+    mask         0 or 1 for each discrete action (`action_shape` of them), at least
+                 one 1 a row; the row's action (an `action` column) must be a 1
     float        numbers of `shape` (() is one number a row)
     flag         0 or 1 (episode ends)
     recurrent    a recurrent network's state: floats of `shape`
@@ -30,8 +31,9 @@ from common.config import PolicyConfig, obs_shape_of
 
 ColumnKind = Literal["observation", "action", "mask", "float", "flag", "recurrent"]
 #: How a column's value is checked: `float` finite numbers, `index` integers in
-#: `[0, high)`, `flag` 0 or 1, `pixels` uint8 images (whole, or packed frames).
-CheckKind = Literal["float", "index", "flag", "pixels"]
+#: `[0, high)`, `flag` 0 or 1, `mask` 0 or 1 with a 1 in each row (a legal-action
+#: mask), `pixels` uint8 images (whole, or packed frames).
+CheckKind = Literal["float", "index", "flag", "mask", "pixels"]
 #: An entry of a declared shape: a number, or the job's action count.
 ACTIONS = "actions"
 
@@ -48,6 +50,16 @@ class Column:
     #: The actor records it while acting (`RecordingActor.recorded`), rather than the
     #: collect loop from the env's steps.
     from_actor: bool = False
+    #: Only a job whose env gives a legal-action mask (`policy.model.action_mask`) has
+    #: it: the mask itself, or what only masked play records.
+    masked_only: bool = False
+
+
+def job_columns(columns: tuple[Column, ...], policy: PolicyConfig) -> tuple[Column, ...]:
+    """The columns of `columns` (an algorithm's) that a job's step data holds: those
+    `masked_only` ones only when the job's env gives action masks."""
+    masked = bool(policy.model.action_mask)
+    return tuple(column for column in columns if masked or not column.masked_only)
 
 
 @dataclass(frozen=True)
@@ -79,7 +91,7 @@ def column_spec(column: Column, policy: PolicyConfig, steps: tuple[int, ...]) ->
             return ColumnSpec("float", (*row, model.action_shape), np.float32)
         return ColumnSpec("index", row, np.int64, high=model.action_shape)
     if column.kind == "mask":
-        return ColumnSpec("flag", (*row, model.action_shape), np.float32)
+        return ColumnSpec("mask", (*row, model.action_shape), np.float32)
     if column.kind == "flag":
         return ColumnSpec("flag", row, np.float32)
     return ColumnSpec("float", (*row, *declared), np.float32)  # float, recurrent

@@ -115,6 +115,9 @@ class ModelConfig:
     action_shape: PosInt | None = None
     #: Filled in from the environment: discrete (Discrete) or continuous (Box) actions.
     action_space: ActionSpace | None = None
+    #: Filled in from the environment: it gives a legal-action mask with each
+    #: observation (two-player games), which the networks apply to their logits.
+    action_mask: bool | None = None
     #: Continuous actions: the Box's bounds (filled in from the environment).
     action_low: list[float] | None = None
     action_high: list[float] | None = None
@@ -229,9 +232,64 @@ class ReplayBufferConfig:
     error_buffer: PosFloat | None = None
 
 
+#: The fixed opponents a league may hold (common/games.py plays them).
+BaselineName = Literal["random", "heuristic"]
+
+
+@section
+class LeagueStopConfig:
+    """The job has succeeded once a battle evaluation's win rate against `vs` reaches
+    `win_rate` (draws count half)."""
+
+    #: The baseline the win rate is measured against.
+    vs: BaselineName = "heuristic"
+    #: (wins + draws / 2) / games of the newest evaluation, at which the job succeeds.
+    win_rate: Annotated[float, Gt(0), Le(1)] = 0.6
+
+
+@section
+class LeagueConfig:
+    """The `selfplay` workflow's league (services/coordinator/league.py): past policy
+    versions and fixed baselines as opponents, drawn by prioritized fictitious self-play,
+    with a payoff table and ratings. Other workflows ignore it."""
+
+    #: A snapshot of the learning policy joins the opponent pool every this many policy
+    #: versions.
+    snapshot_every: Annotated[int, Gt(0), Le(1_000_000)] = 10
+    #: Past versions the pool holds at most; the oldest retires first. Baselines stay.
+    pool_size: Annotated[int, Gt(0), Le(256)] = 8
+    #: The fixed opponents always in the pool.
+    baselines: Annotated[list[BaselineName], MaxLen(2)] = field(
+        default_factory=lambda: ["random", "heuristic"]
+    )
+    #: How an opponent is chosen for each game (DI-engine's main player's `branch_probs`):
+    #: `pfsp` draws from the pool, more often those the policy does badly against; `sp`
+    #: plays the policy against itself. The two are normalized.
+    branch_probs: dict[Literal["pfsp", "sp"], Annotated[float, Ge(0)]] = field(
+        default_factory=lambda: {"pfsp": 0.5, "sp": 0.5}
+    )
+    #: PFSP's weight of an opponent beaten with probability p: `squared` (1 - p)^2,
+    #: `variance` p(1 - p) (opponents of the policy's own strength), `linear` 1 - p.
+    pfsp_weighting: Literal["squared", "variance", "linear"] = "squared"
+    #: Games against an opponent before its win rate counts (DI-engine's payoff key);
+    #: until then it is taken as 0.5.
+    min_win_rate_games: Annotated[int, Ge(0), Le(10_000)] = 8
+    #: Self-play games (the policy on both seats) store both sides' steps: the games
+    #: are symmetric, so either side's moves are the learning policy's.
+    both_sides: bool = True
+    #: The baselines each battle evaluation plays `env.n_evaluator_episode` games
+    #: against, half on each seat (None: all of `baselines`).
+    eval_vs: list[BaselineName] | None = None
+    #: A win rate against a baseline that ends the job (None: `env.stop_value` or the
+    #: budgets only).
+    stop: LeagueStopConfig | None = None
+
+
 @section
 class OtherConfig:
     replay_buffer: ReplayBufferConfig = field(default_factory=ReplayBufferConfig)
+    #: Self-play (`system.workflow: selfplay`): the league of opponents.
+    league: LeagueConfig = field(default_factory=LeagueConfig)
 
 
 @section
@@ -289,7 +347,8 @@ class SystemConfig:
     #: async: collectors and learner run freely, the rate limiter keeps the replay
     #: ratio. evaluate: no training; run `evaluate.source` for its episodes and report.
     #: sync: rounds of "collect exactly n_sample with version v, train on exactly that
-    #: data, publish v + 1" (on-policy: PPO).
+    #: data, publish v + 1" (on-policy: PPO). selfplay: sync rounds of two-player games
+    #: against a league of opponents (`policy.other.league`).
     workflow: Annotated[str, MinLen(1), MaxLen(64)] = "async"
     #: Data collected by a policy more than this many versions behind the learner's is
     #: not trained on (an async job's bound on policy lag; None: no bound).

@@ -266,9 +266,16 @@ class CollectSpec:
     num_envs: PosInt
     #: The loop the collector runs: n-step transitions, fixed-length unrolls, or
     #: rounds of exactly `round_steps` env steps with one policy version.
-    mode: Literal["transitions", "unrolls", "rounds"] = "transitions"
+    #: `battle`: rounds of two-player games against opponents the league draws.
+    mode: Literal["transitions", "unrolls", "rounds", "battle"] = "transitions"
     #: Rounds: env steps this collector contributes to each round.
     round_steps: PosInt | None = None
+
+
+#: A fixed opponent of a game (common/games.py): a self-play league's baselines.
+BaselineName = Literal["random", "heuristic"]
+#: Games of one battle evaluation against each baseline, both seats together.
+MAX_BATTLE_GAMES = 10_000
 
 
 @message
@@ -277,6 +284,9 @@ class EvaluateSpec:
     seed: Count
     num_envs: PosInt
     episodes: PosInt
+    #: A battle evaluation (two-player games): `episodes` games against each of these,
+    #: half on each seat. Empty: single-agent episodes.
+    opponents: Annotated[list[BaselineName], MaxLen(2)] = field(default_factory=list)
     #: What acts: a policy file, a learner checkpoint (its online network), or random.
     source: Literal["policy", "checkpoint", "random"] = "policy"
     policy_version: Version = 0
@@ -303,9 +313,10 @@ class TaskAssignment:
     job_id: Ident
     spec: TaskSpec
 
-    #: Every field at its bound in ASCII is under 2 KiB.
+    #: Every field at its bound in ASCII is under 2 KiB; a battle evaluation's list of
+    #: opponents is the deepest part (body, spec, list).
     body_limit: ClassVar[BodyLimit] = BodyLimit(
-        max_bytes=16 * KIB, max_containers=64, max_values=256, max_keys=64, max_depth=2
+        max_bytes=16 * KIB, max_containers=64, max_values=256, max_keys=64, max_depth=3
     )
 
     @property
@@ -314,10 +325,22 @@ class TaskAssignment:
 
 
 @message
+class GameTally:
+    """Games of one side against one opponent."""
+
+    wins: Count = 0
+    draws: Count = 0
+    losses: Count = 0
+
+
+@message
 class EvalResult:
     policy_version: Version
     returns: Annotated[list[Number], FailFast(), MinLen(1), MaxLen(MAX_EVAL_EPISODES)]
     lengths: Annotated[list[Count], FailFast(), MaxLen(MAX_EVAL_EPISODES)]
+    #: A battle evaluation: the games against each baseline (its `returns` are the
+    #: games' outcomes, 1 a win, 0 a draw, -1 a loss).
+    tallies: Annotated[dict[BaselineName, GameTally], MaxLen(2)] | None = None
 
 
 @message
@@ -690,3 +713,123 @@ class SlaveStatus:
     role: str
     worker_id: str | None
     tasks: list[SlaveTask]
+
+
+# --- the self-play league (services/coordinator/league.py) ----------------------------
+
+#: Matches one draw request asks for at most.
+MAX_MATCHES_PER_DRAW = 1024
+#: Results one report carries at most.
+MAX_RESULTS_PER_REPORT = 4096
+#: An opponent's name in a league: a baseline's, `v<version>` or `self`.
+MemberName = Annotated[str, MinLen(1), MaxLen(32)]
+Sha256 = Annotated[str, MinLen(64), MaxLen(64)]
+
+
+@message
+class MatchDraw:
+    """A battle collect task asks for the opponents of its next games."""
+
+    task_id: Ident
+    count: Annotated[int, Gt(0), Le(MAX_MATCHES_PER_DRAW)]
+
+    body_limit: ClassVar[BodyLimit] = BodyLimit(
+        max_bytes=4 * KIB, max_containers=2, max_values=8, max_keys=8, max_depth=1
+    )
+
+
+@message
+class Match:
+    """One game a collect task plays: against `opponent`, the learning policy on
+    `learner_seat` (0: it moves first). A past version's policy file is named with the
+    digest it was announced with; baselines and `self` have none."""
+
+    match_id: Count
+    opponent: MemberName
+    learner_seat: Literal[0, 1]
+    version: Version | None = None
+    path: RelPath | None = None
+    sha256: Sha256 | None = None
+
+
+@message
+class MatchList:
+    matches: list[Match]
+
+
+@message
+class GameResult:
+    """How a match ended, from the learning policy's side."""
+
+    match_id: Count
+    outcome: Literal["win", "draw", "loss"]
+
+
+@message
+class GameResults:
+    task_id: Ident
+    results: Annotated[list[GameResult], FailFast(), MinLen(1), MaxLen(MAX_RESULTS_PER_REPORT)]
+
+    body_limit: ClassVar[BodyLimit] = BodyLimit(
+        max_bytes=512 * KIB,
+        max_containers=MAX_RESULTS_PER_REPORT + 4,
+        max_values=MAX_RESULTS_PER_REPORT * 3 + 8,
+        max_keys=MAX_RESULTS_PER_REPORT * 2 + 8,
+        max_depth=3,
+    )
+
+
+@message
+class Rating:
+    """An openskill rating: `ordinal` is mu - 3 sigma, what tables sort by."""
+
+    mu: float
+    sigma: float
+    ordinal: float
+
+
+@message
+class LeagueMember:
+    """An opponent in the pool, with the learning policy's games against it."""
+
+    name: str
+    kind: Literal["baseline", "snapshot"]
+    version: int | None
+    joined_env_steps: int
+    mu: float
+    sigma: float
+    ordinal: float
+    games: int
+    wins: int
+    draws: int
+    losses: int
+    #: (wins + draws / 2) / games (0.5 before any game).
+    win_rate: float
+    #: The share of the pool's draws it gets now.
+    pfsp_weight: float
+
+
+@message
+class BattleSummary:
+    """One battle evaluation: the version's games against each baseline."""
+
+    policy_version: int
+    train_iter: int
+    env_steps: int
+    win_rates: dict[str, float | None]
+    tallies: dict[str, GameTally]
+
+
+@message
+class LeagueView:
+    """A self-play job's league (GET /api/v1/jobs/<id>/league)."""
+
+    #: The learning policy's rating.
+    main: Rating
+    members: list[LeagueMember]
+    #: The learning policy's games against each opponent: pool members, `self`, and
+    #: recently retired past versions.
+    payoff: dict[str, GameTally]
+    games: int
+    #: Battle evaluations, newest last (the last 100).
+    evaluations: list[BattleSummary]

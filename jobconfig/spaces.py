@@ -19,6 +19,7 @@ def with_spaces(
     action_space: str = "discrete",
     action_bounds: tuple[list[float], list[float]] | None = None,
     obs_dtype: str = "float32",
+    action_mask: bool = False,
 ) -> JobConfig:
     """The config with the model's input and output sizes filled in (or checked).
 
@@ -68,6 +69,7 @@ def with_spaces(
         obs_dtype=obs_dtype,  # type: ignore[arg-type]
         action_shape=action_shape,
         action_space=action_space,  # type: ignore[arg-type]
+        action_mask=action_mask,
         action_low=low,
         action_high=high,
     )
@@ -87,4 +89,5 @@ def fit_to_env(config: JobConfig) -> JobConfig:
         spaces.action_space,
         spaces.action_bounds,
         spaces.obs_dtype,
+        spaces.action_mask,
     )

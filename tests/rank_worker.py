@@ -92,7 +92,9 @@ def fabricate(config: JobConfig, rows: int, seed: int) -> dict[str, np.ndarray]:
     """`rows` rows of the columns the job's algorithm reads, random but valid for the
     learner's segment checks (an IMPALA row is an unroll: time axis included)."""
     rng = np.random.default_rng(seed)
-    schema = SegmentSchema.for_policy(config.policy, ALGORITHMS[config.policy.type].column_names)
+    schema = SegmentSchema.for_policy(
+        config.policy, ALGORITHMS[config.policy.type].column_names_for(config.policy)
+    )
     columns: dict[str, np.ndarray] = {}
     for name, spec in schema.columns.items():
         shape = (rows, *spec.shape)
@@ -186,7 +188,9 @@ def ppo(group: RankGroup, out: Path) -> None:
     config = config_of("ppo")
     learner = new_learner(config, SEED, group)
     group.broadcast_state(learner.state_dict())
-    schema = SegmentSchema.for_policy(config.policy, ALGORITHMS["ppo"].column_names)
+    schema = SegmentSchema.for_policy(
+        config.policy, ALGORITHMS["ppo"].column_names_for(config.policy)
+    )
     trainer = Trainer(learner, SegmentCache(SharedStore(spec["root"]), JOB, schema), group)
     batch = parse(SampledBatch, spec["batch"])
     rows = []
@@ -243,7 +247,9 @@ def priorities(group: RankGroup, out: Path) -> None:
         return info
 
     learner.learn_batch = recording  # type: ignore[method-assign]
-    schema = SegmentSchema.for_policy(config.policy, ALGORITHMS["dqn"].column_names)
+    schema = SegmentSchema.for_policy(
+        config.policy, ALGORITHMS["dqn"].column_names_for(config.policy)
+    )
     store = SharedStore(spec["root"])
     batch = parse(SampledBatch, spec["batch"])
     results = []

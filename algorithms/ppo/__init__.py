@@ -29,8 +29,12 @@ ROUND_ROWS = (
     Column("logp", "float"),  # the behaviour policy's log-probability of the action
     Column("adv", "float"),  # GAE advantage, computed by the collector
     Column("ret", "float"),  # the value target: adv + V(obs)
+    # Games: the actions that were legal; acting and the loss give the others no
+    # probability.
+    Column("action_mask", "mask", masked_only=True),
 )
-COLUMNS = tuple(column.name for column in ROUND_ROWS)
+#: The columns of a job whose env gives no action masks.
+COLUMNS = tuple(column.name for column in ROUND_ROWS if not column.masked_only)
 
 
 def make_actor(policy: PolicyConfig) -> ActorCriticPolicy:

@@ -38,10 +38,16 @@ class ActorCriticPolicy:
         """What the env receives: a Gaussian sample clipped to the action bounds."""
         return np.clip(action, self.low, self.high) if self.continuous else action
 
-    def sample(self, obs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """(actions, their log-probabilities, state values) for a batch of obs."""
+    def _mask(self, mask: np.ndarray | None) -> torch.Tensor | None:
+        return None if mask is None else torch.as_tensor(mask, device=self.device)
+
+    def sample(
+        self, obs: np.ndarray, mask: np.ndarray | None = None
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(actions, their log-probabilities, state values) for a batch of obs; with a
+        legal-action `mask` (a row per obs), only allowed actions are drawn."""
         with torch.inference_mode():
-            dist, value = self.network.distribution_and_value(self._tensor(obs))
+            dist, value = self.network.distribution_and_value(self._tensor(obs), self._mask(mask))
             action = dist.sample()
             logp = self.network.log_prob(dist, action)
         return action.cpu().numpy(), logp.cpu().numpy(), value.cpu().numpy()
@@ -50,8 +56,11 @@ class ActorCriticPolicy:
         with torch.inference_mode():
             return self.network.value(self._tensor(obs)).cpu().numpy()
 
-    def greedy(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-        """The env action for evaluation: the most likely one (the Gaussian's mean)."""
+    def greedy(
+        self, obs: np.ndarray, rng: np.random.Generator, mask: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The env action for evaluation: the most likely one (the Gaussian's mean),
+        among those `mask` allows when given."""
         with torch.inference_mode():
-            action = self.network.mode(self._tensor(obs)).cpu().numpy()
+            action = self.network.mode(self._tensor(obs), self._mask(mask)).cpu().numpy()
         return self.env_action(action)

@@ -20,9 +20,10 @@ import numpy as np
 import torch
 
 from algorithms.checkpoint import OneModelState
-from algorithms.ppo import COLUMNS
+from algorithms.ppo import ROUND_ROWS
 from algorithms.ppo.networks import ActorCritic
 from algorithms.step import adam, device_step, learning_rate, to_device, to_floats
+from common.columns import job_columns
 from common.config import PolicyConfig
 
 
@@ -48,6 +49,8 @@ class PPO(OneModelState):
         self.optimizer = adam(self.model.parameters(), lr=config.learn.learning_rate, eps=1e-5)
         self.train_iter = 0  # minibatch updates so far
         self.online = self.model  # what a policy version publishes
+        #: What it trains on: a game's legal-action masks too.
+        self.column_names = tuple(c.name for c in job_columns(ROUND_ROWS, config))
         #: Minibatches whose loss was not finite: no step was taken on them.
         self.skipped_updates = 0
 
@@ -60,7 +63,7 @@ class PPO(OneModelState):
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The loss, and its statistics as tensors still on the device."""
         learn = self.config.learn
-        dist, value = self.model.distribution_and_value(batch["obs"])
+        dist, value = self.model.distribution_and_value(batch["obs"], batch.get("action_mask"))
         logp = self.model.log_prob(dist, batch["action"])
         ratio = (logp - batch["logp"]).exp()
         adv = batch["adv"]
@@ -90,7 +93,7 @@ class PPO(OneModelState):
     def train_round(self, columns: dict[str, np.ndarray], seed: int | None = None) -> RoundInfo:
         """`epoch_per_collect` passes of shuffled minibatches over one round's data."""
         learn = self.config.learn
-        data = {k: to_device(columns[k], self.device) for k in COLUMNS}
+        data = {k: to_device(columns[k], self.device) for k in self.column_names}
         n = len(data["obs"])
         generator = torch.Generator().manual_seed(seed if seed is not None else self.train_iter)
         totals: dict[str, float] = {}

@@ -63,23 +63,31 @@ class ActorCritic(nn.Module):
         x = obs.float()
         return self.actor(x), self.critic(x).squeeze(-1)
 
-    def _dist(self, out: torch.Tensor) -> torch.distributions.Distribution:
+    def _dist(
+        self, out: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.distributions.Distribution:
         if self.continuous:
             return torch.distributions.Normal(out, self.log_std.exp().expand_as(out))
+        if mask is not None:
+            # A masked action's logit is the lowest finite number: its probability is
+            # exactly 0 and the entropy stays finite (an -inf logit would make it NaN).
+            out = out.masked_fill(mask == 0, torch.finfo(out.dtype).min)
         return torch.distributions.Categorical(logits=out)
 
     def distribution_and_value(
-        self, obs: torch.Tensor
+        self, obs: torch.Tensor, mask: torch.Tensor | None = None
     ) -> tuple[torch.distributions.Distribution, torch.Tensor]:
-        """The policy's distribution and the state values, with one pass through a
-        shared encoder."""
+        """The policy's distribution (over the actions `mask` allows, when given) and
+        the state values, with one pass through a shared encoder."""
         out, value = self._heads(obs)
-        return self._dist(out), value
+        return self._dist(out, mask), value
 
-    def distribution(self, obs: torch.Tensor) -> torch.distributions.Distribution:
+    def distribution(
+        self, obs: torch.Tensor, mask: torch.Tensor | None = None
+    ) -> torch.distributions.Distribution:
         if self.shared:
-            return self._dist(self.actor(self.encoder(obs)))
-        return self._dist(self.actor(obs.float()))
+            return self._dist(self.actor(self.encoder(obs)), mask)
+        return self._dist(self.actor(obs.float()), mask)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         if self.shared:
@@ -96,7 +104,7 @@ class ActorCritic(nn.Module):
         entropy = dist.entropy()
         return entropy.sum(-1) if self.continuous else entropy
 
-    def mode(self, obs: torch.Tensor) -> torch.Tensor:
-        """The deterministic action (for evaluation)."""
-        out = self.distribution(obs)
+    def mode(self, obs: torch.Tensor, mask: torch.Tensor | None = None) -> torch.Tensor:
+        """The deterministic action (for evaluation): the most likely allowed one."""
+        out = self.distribution(obs, mask)
         return out.mean if self.continuous else out.probs.argmax(dim=-1)

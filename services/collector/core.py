@@ -37,6 +37,7 @@ from common.envs import make_env
 from common.messages import CollectSpec, EvalResult, EvaluateSpec, SegmentRef, dump
 from common.storage import SharedStore
 from jobconfig import algorithm_of, insert_rows_bound, read_job_config
+from services.collector.battle import BattleLoop, battle_evaluation
 from services.collector.follower import PolicyFollower
 from services.collector.metrics import CollectorMetrics
 from services.collector.step_data import (
@@ -88,7 +89,7 @@ UNROLL_STEP_COLUMNS = ("obs", "action", "reward", "logp", "done", "truncated", "
 
 def actor_columns(config: JobConfig) -> tuple[str, ...]:
     """The columns the job's algorithm declares that its actor records."""
-    return tuple(c.name for c in algorithm_of(config).columns if c.from_actor)
+    return tuple(c.name for c in algorithm_of(config).columns_for(config.policy) if c.from_actor)
 
 
 def recorded(policy: Actor, names: tuple[str, ...]) -> tuple[np.ndarray, ...]:
@@ -107,7 +108,7 @@ def recorded(policy: Actor, names: tuple[str, ...]) -> tuple[np.ndarray, ...]:
 def declared_only(config: JobConfig, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A segment's columns: the ones the job's algorithm declares, and no others (the
     learner checks each of them; a loop may compute more than one algorithm reads)."""
-    declared = algorithm_of(config).column_names
+    declared = algorithm_of(config).column_names_for(config.policy)
     missing = [name for name in declared if name not in columns]
     if missing:
         raise RuntimeError(f"this collect loop writes no {', '.join(missing)}")
@@ -135,6 +136,7 @@ class CollectorRunner:
             "transitions": self.collect,
             "unrolls": self.collect_unrolls,
             "rounds": self.collect_rounds,
+            "battle": self.collect_battle,
         }
         return loops[spec.mode](ctx, config, spec)
 
@@ -369,6 +371,14 @@ class CollectorRunner:
             env.close()
         return {"env_steps": env_steps, "segments": uploader.segments_sent}
 
+    def collect_battle(
+        self, ctx: TaskContext, config: JobConfig, spec: CollectSpec
+    ) -> dict[str, Any]:
+        """The selfplay workflow: rounds of two-player games against the league's
+        opponents (services/collector/battle.py)."""
+        loop = BattleLoop(self, ctx, config, lambda: make_actor(config, SamplingActor))
+        return loop.run(spec)
+
     def collect(self, ctx: TaskContext, config: JobConfig, spec: CollectSpec) -> dict[str, Any]:
         job_id = ctx.task.job_id
         policy_cfg = config.policy
@@ -485,6 +495,8 @@ class CollectorRunner:
         """
         policy = make_actor(config, Actor)
         self._load_for_evaluation(policy, spec, config.policy.type)
+        if spec.opponents:
+            return battle_evaluation(ctx, config, spec, policy)
         num_envs = min(spec.num_envs, spec.episodes)
         quota = np.full(num_envs, spec.episodes // num_envs)
         quota[: spec.episodes % num_envs] += 1

@@ -13,6 +13,8 @@ from typing import Any
 from common.http_client import ServiceClient, ServiceUnavailable
 from common.messages import (
     TERMINAL_PHASES,
+    GameResult,
+    GameResults,
     Heartbeat,
     HeartbeatReply,
     InsertReply,
@@ -20,6 +22,10 @@ from common.messages import (
     JobList,
     JobStatus,
     JobSubmit,
+    LeagueView,
+    Match,
+    MatchDraw,
+    MatchList,
     PolicyAnnounce,
     PolicyRef,
     PriorityUpdate,
@@ -152,6 +158,27 @@ class CoordinatorClient(ServiceClient):
 
     def fail_task(self, task_id: str, error: str) -> None:
         self.call("POST", f"{API}/tasks/{task_id}/fail", TaskFail(error=error[:4096]))
+
+    # --- self-play leagues ---------------------------------------------------------
+
+    def league(self, job_id: str) -> LeagueView:
+        return self.call_as(LeagueView, "GET", f"{API}/jobs/{job_id}/league")
+
+    def draw_matches(self, job_id: str, task_id: str, count: int) -> list[Match]:
+        reply = self.call_as(
+            MatchList,
+            "POST",
+            f"{API}/jobs/{job_id}/league/matches",
+            MatchDraw(task_id=task_id, count=count),
+        )
+        return reply.matches
+
+    def report_games(self, job_id: str, task_id: str, results: list[GameResult]) -> None:
+        self.call(
+            "POST",
+            f"{API}/jobs/{job_id}/league/results",
+            GameResults(task_id=task_id, results=results),
+        )
 
     # --- data plane ---------------------------------------------------------------
 

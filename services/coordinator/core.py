@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry
 from common.http import Caller
 from common.messages import (
     BufferStats,
+    GameResults,
     Heartbeat,
     InsertReply,
     JobCreated,
@@ -36,6 +37,9 @@ from common.messages import (
     JobMetrics,
     JobStatus,
     JobSubmit,
+    LeagueView,
+    MatchDraw,
+    MatchList,
     PolicyRef,
     PriorityUpdate,
     Registered,
@@ -49,6 +53,7 @@ from common.metrics import service_registry
 from common.storage import SharedStore
 from services.coordinator.data import DataPlane
 from services.coordinator.jobs import MAX_PAGE, JobBook
+from services.coordinator.matches import MatchDesk
 from services.coordinator.metrics import CoordinatorMetrics, JobGauges
 from services.coordinator.persistence import Persistence
 from services.coordinator.planning import Planning
@@ -107,6 +112,7 @@ class Coordinator:
             self.state, self.job_book, self.tasks_board, self.registry, self.data
         )
         self.persistence = Persistence(self.state, self.job_book, self.data, self.policies)
+        self.matches = MatchDesk(self.state, self.job_book, self.tasks_board)
         self.metrics.registry.register(JobGauges(self._gauge_values))
 
     # What tests and the app read directly.
@@ -169,6 +175,17 @@ class Coordinator:
     def _gauge_values(self) -> tuple[list[JobStatus], dict[str, int], int]:
         """What the per-job gauges show at a scrape."""
         return self.list_jobs().jobs, self.buffer_sizes(), len(self.list_workers())
+
+    # --- self-play leagues -----------------------------------------------------------
+
+    def league(self, job_id: str) -> LeagueView:
+        return self.matches.view(job_id)
+
+    def draw_matches(self, job_id: str, draw: MatchDraw, *, caller: str | None = None) -> MatchList:
+        return self.matches.draw(job_id, draw, caller=caller)
+
+    def report_games(self, job_id: str, results: GameResults, *, caller: str | None = None) -> None:
+        self.matches.report(job_id, results, caller=caller)
 
     # --- workers ---------------------------------------------------------------------
 

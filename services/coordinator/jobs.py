@@ -163,7 +163,7 @@ class JobBook:
             _let_go_of_series(job)
             return job
         job.episode_returns.extend(record["episode_returns"])
-        job.workflow_state = workflow_of(config).restore(_workflow_record(record))
+        job.workflow_state = workflow_of(config).restore(_workflow_record(record), config)
         job.metrics.extend(parse(MetricsPoint, p) for p in record["metrics"])
         job.unusable_segments.update(record.get("unusable_segments", []))
         return job

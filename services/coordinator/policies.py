@@ -12,6 +12,7 @@ from services.coordinator.jobs import JobBook
 from services.coordinator.state import CoordinatorState, Job
 from services.coordinator.tasks import TaskBoard
 from services.coordinator.workers import WorkerRegistry
+from services.coordinator.workflows import workflow_of
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +57,7 @@ class PolicyPointer:
         """Keep the newest versions, the best one and those being evaluated."""
         store = self.state.store
         keep = set(job.policy_versions[-self.state.limits.keep_policies :])
+        keep |= workflow_of(job.config).kept_versions(job)
         if job.best_eval is not None:
             keep.add(job.best_eval.policy_version)
         for task in self.tasks.of_job(job, "evaluate"):

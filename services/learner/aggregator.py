@@ -142,7 +142,9 @@ def _follow_task(group: RankGroup, store: SharedStore, task: dict[str, Any]) -> 
     if task["policy"] is not None:
         load_policy(store, learner, parse(PolicyRef, task["policy"]), config.policy.type)
     group.broadcast_state(learner.state_dict())  # bitwise rank 0's, whatever happened
-    schema = SegmentSchema.for_policy(config.policy, algorithm_of(config).column_names)
+    schema = SegmentSchema.for_policy(
+        config.policy, algorithm_of(config).column_names_for(config.policy)
+    )
     trainer = Trainer(learner, SegmentCache(store, job_id, schema), group)
     log.info("rank %d follows task for job %s (%s)", group.rank, job_id, config.policy.type)
     while True:

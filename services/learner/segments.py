@@ -9,7 +9,8 @@ never the task.
 
 Usage::
 
-    schema = SegmentSchema.for_policy(config.policy, algorithm_of(config).column_names)
+    names = algorithm_of(config).column_names_for(config.policy)
+    schema = SegmentSchema.for_policy(config.policy, names)
     cache = SegmentCache(store, job_id, schema)
     columns, weights, keys = cache.gather(batch)   # the batch's usable rows
 """
@@ -51,7 +52,8 @@ class SegmentSchema:
 
     Usage::
 
-        schema = SegmentSchema.for_policy(config.policy, algorithm_of(config).column_names)
+        names = algorithm_of(config).column_names_for(config.policy)
+        schema = SegmentSchema.for_policy(config.policy, names)
         columns = schema.check(store.read_segment(path))   # or CorruptFileError
     """
 
@@ -64,7 +66,7 @@ class SegmentSchema:
         job, `common.columns.column_spec`). Rows of the `unrolls` unit (IMPALA's) are
         unrolls, so their per-step columns have a time axis of `unroll_len` first."""
         algorithm = ALGORITHMS[policy.type]
-        declared = {column.name: column for column in algorithm.columns}
+        declared = {column.name: column for column in algorithm.columns_for(policy)}
         undeclared = [name for name in names if name not in declared]
         if undeclared:
             raise ValueError(f"{policy.type} declares no column {', '.join(undeclared)}")
@@ -102,7 +104,20 @@ class SegmentSchema:
                 lengths[name] = len(checked[name])
         if len(set(lengths.values())) > 1:
             raise CorruptFileError(f"columns differ in length: {lengths}")
+        self._check_legal(checked)
         return checked
+
+    def _check_legal(self, checked: dict[str, np.ndarray]) -> None:
+        """Every discrete action a segment holds was legal under the mask it holds for
+        the same step (a policy never takes a masked action; a row that says it did is
+        not the game's)."""
+        masks = [name for name, spec in self.columns.items() if spec.kind == "mask"]
+        actions = [name for name, spec in self.columns.items() if spec.kind == "index"]
+        for mask_name, action_name in zip(masks, actions, strict=False):
+            mask, action = checked[mask_name], checked[action_name]
+            taken = np.take_along_axis(mask, action[..., None], axis=-1)
+            if not (taken == 1).all():
+                raise CorruptFileError(f"{action_name} holds actions that {mask_name} masks")
 
 
 def _check_frame_index(
@@ -152,6 +167,8 @@ def _check_column(name: str, array: np.ndarray, spec: ColumnSpec) -> np.ndarray:
         raise CorruptFileError(f"{name} is {array.dtype}, not bool or numeric")
     if not ((array == 0) | (array == 1)).all():
         raise CorruptFileError(f"{name} holds values other than 0 and 1")
+    if spec.kind == "mask" and array.size and not array.any(axis=-1).all():
+        raise CorruptFileError(f"{name} has rows that allow no action")
     return array.astype(spec.dtype, copy=False)
 
 

@@ -72,7 +72,9 @@ class BatchSession:
         self.version = version
         self.group = group
         self.job_id = ctx.task.job_id
-        schema = SegmentSchema.for_policy(config.policy, algorithm_of(config).column_names)
+        schema = SegmentSchema.for_policy(
+            config.policy, algorithm_of(config).column_names_for(config.policy)
+        )
         self.cache = SegmentCache(store, self.job_id, schema, unusable=ctx.unusable_segments)
         self.trainer = Trainer(learner, self.cache, group)
         self.sample_timeouts = 0

@@ -65,7 +65,9 @@ def test_fleet_segments_have_the_jobs_schema(tmp_path: Path) -> None:
     args = parse_args(["--quick"])
     config = fit_to_env(resolve_job_config(job_config(args, 2))[0])
     columns = transitions(to_dict(config)["policy"], SEGMENT_ROWS, seed=0)
-    schema = SegmentSchema.for_policy(config.policy, algorithm_of(config).column_names)
+    schema = SegmentSchema.for_policy(
+        config.policy, algorithm_of(config).column_names_for(config.policy)
+    )
     checked = schema.check(columns)
     assert all(len(column) == SEGMENT_ROWS for column in checked.values())
     store = SharedStore(tmp_path)

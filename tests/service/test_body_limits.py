@@ -22,12 +22,16 @@ from common.messages import (
     MAX_EVAL_EPISODES,
     MAX_INT32,
     MAX_KEYS_PER_UPDATE,
+    MAX_MATCHES_PER_DRAW,
+    MAX_RESULTS_PER_REPORT,
     MAX_SEGMENT_ROWS,
     MAX_SEGMENTS_PER_INSERT,
     MAX_TASKS_PER_HEARTBEAT,
     EvalResult,
+    GameResults,
     Heartbeat,
     JobSubmit,
+    MatchDraw,
     PolicyAnnounce,
     PriorityUpdate,
     SampleRequest,
@@ -139,6 +143,8 @@ def test_every_body_route_refuses_a_body_over_its_limit_before_reading_it(
         PolicyAnnounce,
         JobSubmit,
         TaskAssignment,
+        MatchDraw,
+        GameResults,
     }
 
 
@@ -217,6 +223,7 @@ def largest_assignment(rng):
         "policy_version": MAX_INT32,
         "policy_path": text(1024),
         "policy_sha256": text(64, "f"),
+        "opponents": ["heuristic", "heuristic"],
     }
     return TaskAssignment, {"task_id": text(128), "job_id": text(128), "spec": spec}
 
@@ -281,6 +288,15 @@ def largest_priority_update(rng):
     }
 
 
+def largest_match_draw(rng):
+    return MatchDraw, {"task_id": text(128), "count": MAX_MATCHES_PER_DRAW}
+
+
+def largest_game_results(rng):
+    results = [{"match_id": 2**53 - i, "outcome": "draw"} for i in range(MAX_RESULTS_PER_REPORT)]
+    return GameResults, {"task_id": text(128), "results": results}
+
+
 def largest_announce(rng):
     return PolicyAnnounce, {
         "version": MAX_INT32,
@@ -328,6 +344,8 @@ def example_configs(rng):
         largest_sample_request,
         largest_priority_update,
         largest_announce,
+        largest_match_draw,
+        largest_game_results,
         largest_config,
         example_configs,
     ],

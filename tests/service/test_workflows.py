@@ -33,7 +33,7 @@ def checked(raw):
         (
             {"policy": {"type": "ppo"}, "system": {"workflow": "async"}},
             "system.workflow",
-            "ppo runs evaluate or sync",
+            "ppo runs evaluate or selfplay or sync",
         ),
         (
             {"policy": {"type": "dqn"}, "system": {"workflow": "sync"}},
@@ -105,7 +105,7 @@ class PlannedThrice(AsyncTraining):
     def record(self, state):
         return {"planned": state.planned}
 
-    def restore(self, record):
+    def restore(self, record, config):
         return Passes(planned=int(record.get("planned", 0)))
 
     def plan(self, job, planner):

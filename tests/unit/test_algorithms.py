@@ -99,7 +99,7 @@ def test_actor_and_learner_fit_each_other_and_train(name, space):
     # One update on the columns it reads moves the published network.
     rows = 8
     before = {k: v.copy() for k, v in state_to_numpy(learner.online).items()}  # not views
-    columns = synthetic_columns(config, algo.column_names, rows)
+    columns = synthetic_columns(config, algo.column_names_for(config.policy), rows)
     report = train_once(learner, columns, rows)
     assert np.isfinite(report.loss) and learner.train_iter >= 1 and learner.skipped_updates == 0
     after = state_to_numpy(learner.online)
@@ -129,7 +129,7 @@ def test_reports_name_each_loss_term_the_gradient_norm_and_learning_rate(name, s
     config = job_config(name, space)
     learner = algo.make_learner(config.policy, "cpu")
     rows = 8
-    columns = synthetic_columns(config, algo.column_names, rows)
+    columns = synthetic_columns(config, algo.column_names_for(config.policy), rows)
     first, second = (train_once(learner, columns, rows).scalars for _ in range(2))
     assert list(first) == list(second)  # a learner group merges them by position
     groups = {tag.split("/")[0] for tag in first}
@@ -153,10 +153,10 @@ def test_the_collector_writes_the_columns_the_algorithm_declares(tmp_path, name,
     config = job_config(name, space)
     algo = ALGORITHMS[name]
     ref, columns = collect_one_segment(store, config, publish_fresh_policy(store, config))
-    assert sorted(columns) == sorted(algo.column_names)
+    assert sorted(columns) == sorted(algo.column_names_for(config.policy))
     assert ref.policy_version == 1 and ref.rows == len(columns["obs"]) > 0
     # ... and they pass the learner's checks of the columns it reads.
-    SegmentSchema.for_policy(config.policy, algo.column_names).check(columns)
+    SegmentSchema.for_policy(config.policy, algo.column_names_for(config.policy)).check(columns)
 
 
 # An algorithm added to the registry, and nowhere else.

@@ -51,7 +51,9 @@ def test_every_algorithms_checkpoint_reads_back_exactly(tmp_path, name, space):
     algo = ALGORITHMS[name]
     config = job_config(name, space)
     learner = algo.make_learner(config.policy, "cpu")
-    train_once(learner, synthetic_columns(config, algo.column_names, 8), 8)  # optimizer state
+    train_once(
+        learner, synthetic_columns(config, algo.column_names_for(config.policy), 8), 8
+    )  # optimizer state
     state = learner.state_dict()
     store = SharedStore(tmp_path)
     path, size = write_checkpoint(store, JOB, 7, Checkpoint(state, policy_version=3, algo=name))

@@ -34,7 +34,9 @@ def stacked_transitions(rows, rng, nstep=1):
 def image_schema():
     config, _ = resolve_job_config({"policy": {"type": "dqn"}})
     config = with_spaces(config, (STACK, SIDE, SIDE), ACTIONS, obs_dtype="uint8")
-    return SegmentSchema.for_policy(config.policy, ALGORITHMS["dqn"].column_names)
+    return SegmentSchema.for_policy(
+        config.policy, ALGORITHMS["dqn"].column_names_for(config.policy)
+    )
 
 
 def test_packing_stores_each_frame_once_and_rebuilds_every_row_exactly():

@@ -25,6 +25,6 @@ def version_query(name: str) -> int | None:
 
 
 def blueprints() -> list[Blueprint]:
-    from services.coordinator.api import dashboard, health, jobs, policies, tasks, workers
+    from services.coordinator.api import dashboard, health, jobs, league, policies, tasks, workers
 
-    return [health.bp, jobs.bp, workers.bp, tasks.bp, policies.bp, dashboard.bp]
+    return [health.bp, jobs.bp, workers.bp, tasks.bp, policies.bp, league.bp, dashboard.bp]

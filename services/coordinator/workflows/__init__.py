@@ -15,12 +15,14 @@ from common.config import ConfigError, JobConfig
 from jobconfig import algorithm_of
 from services.coordinator.workflows.base import Planner, Workflow
 from services.coordinator.workflows.evaluate import Evaluate
+from services.coordinator.workflows.selfplay import SelfPlay
 from services.coordinator.workflows.training import AsyncTraining, SyncTraining
 
 WORKFLOWS: dict[str, Workflow] = {
     "async": AsyncTraining(),
     "sync": SyncTraining(),
     "evaluate": Evaluate(),
+    "selfplay": SelfPlay(),
 }
 
 

@@ -70,7 +70,9 @@ class Workflow(Protocol):
     workflow.task_ended(job, task, state)      # a task failed or was lost
     outcome = workflow.outcome(job)            # after any of the job's counters moved
     record = workflow.record(job.workflow_state)      # snapshots, JSON
-    job.workflow_state = workflow.restore(record)     # after a restart
+    job.workflow_state = workflow.restore(record, config)   # after a restart
+    workflow.kept_versions(job)                # policy files it still reads
+    workflow.scalars(job)                      # its TensorBoard scalars now
 
     A workflow never ends a job itself: it says why the job is done (`outcome`), and
     the coordinator's one decision point (`JobBook.settle`) ends it, with the budgets
@@ -123,6 +125,17 @@ class Workflow(Protocol):
         """The state as JSON data, for the job's snapshots and record."""
         ...
 
-    def restore(self, record: dict[str, Any]) -> Any:
-        """The state from `record` (what `record` wrote), after a restart."""
+    def restore(self, record: dict[str, Any], config: JobConfig) -> Any:
+        """The state from `record` (what `record` wrote) for a job of `config`, after
+        a restart."""
+        ...
+
+    def kept_versions(self, job: Job) -> set[int]:
+        """Policy versions whose files the workflow still reads (a league's past
+        versions): kept on disk beyond the newest few."""
+        ...
+
+    def scalars(self, job: Job) -> dict[str, float]:
+        """Its TensorBoard scalars of the job now (tag: value), written with the job's
+        metrics points (services/coordinator/tensorboard.py)."""
         ...

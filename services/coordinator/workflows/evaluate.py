@@ -150,5 +150,11 @@ class Evaluate:
         # Episodes handed out and not reported go out again after a restart.
         return {"evaluation": list(state.episodes)}
 
-    def restore(self, record: dict[str, Any]) -> EvaluationState:
+    def restore(self, record: dict[str, Any], config: JobConfig) -> EvaluationState:
         return EvaluationState(episodes=list(record.get("evaluation", [])))
+
+    def kept_versions(self, job: Job) -> set[int]:
+        return set()
+
+    def scalars(self, job: Job) -> dict[str, float]:
+        return {}

@@ -66,7 +66,7 @@ class AsyncTraining:
     #: What the learner runs: batches sampled as they come.
     learn_mode: Literal["batches", "rounds"] = "batches"
 
-    def collect_mode(self, job: Job) -> Literal["transitions", "unrolls", "rounds"]:
+    def collect_mode(self, job: Job) -> Literal["transitions", "unrolls", "rounds", "battle"]:
         """The collector's loop: the algorithm's unit of step data."""
         return algorithm_of(job.config).collect_unit
 
@@ -98,17 +98,21 @@ class AsyncTraining:
                 assert job.policy is not None
                 # The least busy collector evaluates, so collection slows the least.
                 worker = min(evaluators, key=lambda w: len(w.task_ids))
-                spec = EvaluateSpec(
-                    seed=planner.seed(job),
-                    num_envs=job.config.env.evaluator_env_num,
-                    episodes=job.config.env.n_evaluator_episode,
-                    policy_version=job.policy.version,
-                    policy_path=job.policy.path,
-                    policy_sha256=job.policy.sha256,
-                )
                 job.workflow_state.eval_requested_iter = job.policy.train_iter
-                plan.append(planner.assign(job, worker, spec))
+                plan.append(planner.assign(job, worker, self.evaluate_spec(job, planner)))
         return plan
+
+    def evaluate_spec(self, job: Job, planner: Planner) -> EvaluateSpec:
+        """An evaluation of the job's newest policy version."""
+        assert job.policy is not None
+        return EvaluateSpec(
+            seed=planner.seed(job),
+            num_envs=job.config.env.evaluator_env_num,
+            episodes=job.config.env.n_evaluator_episode,
+            policy_version=job.policy.version,
+            policy_path=job.policy.path,
+            policy_sha256=job.policy.sha256,
+        )
 
     @staticmethod
     def _eval_due(job: Job) -> bool:
@@ -170,13 +174,19 @@ class AsyncTraining:
             f"(policy version {last.policy_version})",
         )
 
+    def kept_versions(self, job: Job) -> set[int]:
+        return set()
+
+    def scalars(self, job: Job) -> dict[str, float]:
+        return {}
+
     def new_state(self, config: JobConfig) -> TrainingState:
         return TrainingState()
 
     def record(self, state: TrainingState) -> dict[str, Any]:
         return dataclasses.asdict(state)
 
-    def restore(self, record: dict[str, Any]) -> TrainingState:
+    def restore(self, record: dict[str, Any], config: JobConfig) -> TrainingState:
         return TrainingState(eval_requested_iter=int(record.get("eval_requested_iter", 0)))
 
 
@@ -201,7 +211,7 @@ class SyncTraining(AsyncTraining):
 
     learn_mode: Literal["batches", "rounds"] = "rounds"
 
-    def collect_mode(self, job: Job) -> Literal["transitions", "unrolls", "rounds"]:
+    def collect_mode(self, job: Job) -> Literal["transitions", "unrolls", "rounds", "battle"]:
         return "rounds"
 
     def round_steps(self, job: Job, planner: Planner) -> int | None:

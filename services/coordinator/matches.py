@@ -1,0 +1,115 @@
+"""A self-play job's league as the API reaches it: opponents drawn for a collect
+task's games, the games' results, and what the league holds now.
+
+The league itself is the `selfplay` workflow's state (services/coordinator/league.py);
+this checks who asks (the worker running the named collect task of the job) and turns
+the league's refusals into API errors naming the field.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from common.errors import ApiError, not_found
+from common.messages import GameResults, LeagueView, Match, MatchDraw, MatchList, parse
+from services.coordinator.jobs import JobBook
+from services.coordinator.league import League, LeagueError
+from services.coordinator.snapshot import read_job_record
+from services.coordinator.state import CoordinatorState, Job
+from services.coordinator.tasks import TaskBoard
+from services.coordinator.workflows import workflow_of
+from services.coordinator.workflows.selfplay import SelfPlayState
+
+_STATUS_CODES = {400: "invalid", 404: "not_found", 409: "conflict", 429: "too_many"}
+
+
+def _api_error(exc: LeagueError) -> ApiError:
+    return ApiError(exc.status, _STATUS_CODES.get(exc.status, "invalid"), str(exc))
+
+
+class MatchDesk:
+    def __init__(self, state: CoordinatorState, jobs: JobBook, tasks: TaskBoard) -> None:
+        self.state = state
+        self.jobs = jobs
+        self.tasks = tasks
+
+    @staticmethod
+    def _league(job: Job) -> League:
+        if job.config.system.workflow != "selfplay":
+            raise not_found(f"a league of job {job.job_id} (its workflow is not selfplay)")
+        state = job.workflow_state
+        assert isinstance(state, SelfPlayState) and state.league is not None
+        return state.league
+
+    def draw(self, job_id: str, draw: MatchDraw, *, caller: str | None = None) -> MatchList:
+        with self.state.guard.changing():
+            job = self.jobs.running(job_id)
+            league = self._league(job)
+            self.tasks.check_sender(job_id, draw.task_id, "collect", caller)
+            try:
+                matches = league.draw(draw.task_id, draw.count)
+            except LeagueError as exc:
+                raise _api_error(exc) from None
+        return MatchList(
+            matches=[
+                Match(
+                    match_id=m.match_id,
+                    opponent=m.opponent,
+                    learner_seat=m.learner_seat,  # type: ignore[arg-type]  # 0 or 1
+                    version=m.version,
+                    path=m.path,
+                    sha256=m.sha256,
+                )
+                for m in matches
+            ]
+        )
+
+    def report(self, job_id: str, results: GameResults, *, caller: str | None = None) -> None:
+        with self.state.guard.changing():
+            job = self.jobs.running(job_id)
+            league = self._league(job)
+            self.tasks.check_sender(job_id, results.task_id, "collect", caller)
+            try:
+                league.report(results.task_id, [(r.match_id, r.outcome) for r in results.results])
+            except LeagueError as exc:
+                raise _api_error(exc) from None
+
+    def view(self, job_id: str) -> LeagueView:
+        return parse(LeagueView, self._view(job_id))
+
+    def _view(self, job_id: str) -> dict[str, Any]:
+        """The league's pool, ratings and payoff table; with the job's battle
+        evaluations (`evaluations`: newest last, at most 100). An ended job's comes
+        from its durable record."""
+        with self.state.guard.changing():
+            job = self.jobs.get(job_id)
+            if job.workflow_state is not None:
+                league = self._league(job)
+                view = league.view()
+                battles = job.workflow_state.battles[-100:]
+                view["evaluations"] = [_battle_view(b) for b in battles]
+                return view
+            if job.config.system.workflow != "selfplay":
+                self._league(job)  # raises: no league
+            config = job.config
+        record = read_job_record(self.state.store, job_id) or {}
+        workflow = record.get("workflow") or {}
+        if workflow.get("league") is None:
+            raise not_found(f"the league of job {job_id}")
+        restored = workflow_of(config).restore(workflow, config)
+        view = restored.league.view()
+        view["evaluations"] = [_battle_view(b) for b in restored.battles[-100:]]
+        return view
+
+
+def _battle_view(battle: Any) -> dict[str, Any]:
+    return {
+        "policy_version": battle.policy_version,
+        "train_iter": battle.train_iter,
+        "env_steps": battle.env_steps,
+        "win_rates": {name: battle.win_rate(name) for name in battle.tallies},
+        "tallies": {
+            name: {"wins": t.wins, "draws": t.draws, "losses": t.losses}
+            for name, t in battle.tallies.items()
+        },
+    }
