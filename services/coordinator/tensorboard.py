@@ -3,7 +3,9 @@
 Step axis: the job's env steps. Tags: `eval/return_mean`, `eval/return_std`,
 `eval/return_min`, `eval/return_max` at each evaluation; `throughput/env_steps_per_s`,
 `buffer/size`, `buffer/samples_per_insert`, `buffer/sampled_policy_lag_mean`,
-`tasks/failures`, `tasks/reassigned` at each metrics point with new env steps.
+`tasks/failures`, `tasks/reassigned` at each metrics point with new env steps, with
+the job's workflow's own (`Workflow.scalars`: a self-play league's `league/rating`,
+`league/rating_<baseline>` and `league/win_rate_<baseline>`).
 
 `record` is called holding the coordinator's lock and only copies what it needs; the
 buffer's stats and the writing run once the lock is let go (`guard.defer`).
@@ -18,6 +20,7 @@ from common.messages import BufferStats, EvalSummary, MetricsPoint
 from common.storage import SharedStore
 from common.tensorboard import ScalarLog, job_tb_dir
 from services.coordinator.state import CoordinatorState, Job
+from services.coordinator.workflows import workflow_of
 
 
 @dataclass(frozen=True)
@@ -51,8 +54,10 @@ class JobBoards:
         evals = list(job.evals)
         tasks = _TaskCounts(job.task_failures, job.tasks_reassigned)
         buffer = job.buffer
+        # The workflow's own (a league's ratings and win rates), copied now.
+        own = {} if job.workflow_state is None else workflow_of(job.config).scalars(job)
         self._state.guard.defer(
-            lambda: self._write(job.job_id, evals, point, buffer.stats(), tasks)
+            lambda: self._write(job.job_id, evals, point, buffer.stats(), tasks, own)
         )
 
     def close(self, job_id: str, evals: list[EvalSummary]) -> None:
@@ -94,11 +99,12 @@ class JobBoards:
         point: MetricsPoint,
         stats: BufferStats,
         tasks: _TaskCounts,
+        own: dict[str, float],
     ) -> None:
         with self._lock:  # one writer at a time: evaluations are written once, in order
             board = self._board(job_id)
             if not board.closed:
-                self._write_point(board, evals, point, stats, tasks)
+                self._write_point(board, evals, point, stats, tasks, own)
 
     def _write_point(
         self,
@@ -107,6 +113,7 @@ class JobBoards:
         point: MetricsPoint,
         stats: BufferStats,
         tasks: _TaskCounts,
+        own: dict[str, float],
     ) -> None:
         self._write_evals(board, evals)
         last = board.last_point
@@ -129,6 +136,7 @@ class JobBoards:
                 ),
                 "tasks/failures": tasks.failures,
                 "tasks/reassigned": tasks.reassigned,
+                **own,
             },
             wall_time=point.t,
         )

@@ -7,6 +7,7 @@ import signal
 from pathlib import Path
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from common.config import deep_merge
 from drover.local import LocalCluster
@@ -53,6 +54,13 @@ def test_a_selfplay_job_collects_battles_evaluates_and_ends(tmp_path):
         assert set(last.tallies) == {"random", "heuristic"}
         games = last.tallies["random"]
         assert games.wins + games.draws + games.losses == config["env"]["n_evaluator_episode"]
+        # TensorBoard has the league's scalars against env steps.
+        events = EventAccumulator(str(cluster.shared_dir / job_id / "tb" / "coordinator"))
+        events.Reload()
+        tags = set(events.Tags()["scalars"])
+        assert {"league/rating", "league/rating_random", "league/win_rate_heuristic"} <= tags
+        # Every battle segment passed the learner's checks: masks, and legal actions.
+        assert cluster.client.metrics(job_id)["unusable_segments"] == []
 
 
 def test_the_league_survives_a_coordinator_kill_and_restart(tmp_path):
@@ -104,3 +112,58 @@ def _league_or_none(cluster, job_id):
         return league_of(cluster, job_id)
     except Exception:
         return None
+
+
+def test_bad_input_gets_a_4xx_naming_the_field_and_bad_segments_are_skipped(tmp_path):
+    import requests
+
+    config = deep_merge(
+        CONFIG,
+        {"system": {"max_env_step": 10_000_000}, "policy": {"other": {"league": {"stop": None}}}},
+    )
+
+    def send(cluster, method, path, **kwargs):
+        headers = {"Authorization": f"Bearer {cluster.token}"}
+        url = cluster.coordinator_url + path
+        return requests.request(method, url, headers=headers, timeout=10, **kwargs)
+
+    with LocalCluster(tmp_path / "run", num_collectors=2) as cluster:
+        for env, field in [
+            ({"env_id": "pettingzoo.classic.chess_v6"}, "config.env.env_id"),
+            ({"env_id": "os"}, "config.env.env_id"),
+            ({"env_id": "CartPole-v1"}, "config.env"),
+        ]:
+            bad = deep_merge(config, {"env": env})
+            resp = send(cluster, "POST", "/api/v1/jobs", json={"config": bad})
+            assert resp.status_code == 400, (env, resp.text)
+            assert resp.json()["message"].startswith(field), resp.json()
+        dqn = deep_merge(config, {"policy": {"type": "dqn"}})
+        resp = send(cluster, "POST", "/api/v1/jobs", json={"config": dqn})
+        assert resp.status_code == 400 and "system.workflow" in resp.json()["message"]
+        assert send(cluster, "GET", "/api/v1/jobs/job-nope/league").status_code == 404
+
+        job_id = cluster.client.submit_job(config).job_id
+        wait_until(lambda: league_of(cluster, job_id).games > 0, 60, "games")
+        collect = next(
+            t for w in cluster.client.workers() for t in w.task_ids if t.startswith("collect")
+        )
+        for results, field, status in [
+            ([{"match_id": 10**9, "outcome": "win"}], "results.0.match_id", 404),
+            ([{"match_id": 0, "outcome": "maybe"}], "results.0.outcome", 400),
+        ]:
+            resp = send(
+                cluster,
+                "POST",
+                f"/api/v1/jobs/{job_id}/league/results",
+                json={"task_id": collect, "results": results},
+            )
+            assert resp.status_code == status, resp.text
+            assert field in resp.json()["message"], resp.json()
+        resp = send(
+            cluster,
+            "POST",
+            f"/api/v1/jobs/{job_id}/league/matches",
+            json={"task_id": collect, "count": 0},
+        )
+        assert resp.status_code == 400 and "count" in resp.json()["message"]
+        assert cluster.client.job(job_id).phase == "running"
