@@ -30,13 +30,14 @@ from common.config import ConfigError, JobConfig, to_dict
 from common.env_guard import setup_env_registry
 from common.errors import ApiError
 from common.http_client import ServiceUnavailable
-from common.messages import TERMINAL_PHASES, JobStatus
+from common.messages import TERMINAL_PHASES, JobStatus, LeagueView
 from common.process import exit_without_teardown
 from common.settings import SettingsError, read_token
 from drover import plot, verbs
 from drover.devices import fit_local_device, local_learner_ranks
 from drover.docker_backend import DockerUnavailable, run_in_docker
 from drover.local import LocalCluster, torchrun_args
+from drover.tables import league_line
 from jobconfig import fit_to_env, load_config, resolve_job_config
 from services.coordinator.client import CoordinatorClient
 from services.coordinator.workflows import check_workflow
@@ -295,6 +296,9 @@ def watch(cluster: LocalCluster, job_id: str, started: float, timeout_s: float) 
     last: tuple[float, JobStatus] | None = None
     rate = 0.0
     rates: dict[str, float] = {}
+    # A self-play job's league, shown under the table (None: not asked yet / none).
+    league: LeagueView | None = None
+    has_league: bool | None = None
     with Live(console=console, refresh_per_second=4, transient=False) as live:
         while True:
             try:
@@ -311,7 +315,10 @@ def watch(cluster: LocalCluster, job_id: str, started: float, timeout_s: float) 
                     rate = (status.env_steps - last[1].env_steps) / (now - last[0])
                 last = (now, status)
                 rates = collector_rates(cluster.client)
-            live.update(progress_table(status, now - started, rate, rates))
+                if has_league is not False:
+                    league = league_or_none(cluster.client, job_id)
+                    has_league = league is not None
+            live.update(progress_table(status, now - started, rate, rates, league))
             if status.phase in TERMINAL_PHASES:
                 return status
             for event in cluster.supervise():
@@ -331,8 +338,20 @@ def collector_rates(client: CoordinatorClient) -> dict[str, float]:
     return rates
 
 
+def league_or_none(client: CoordinatorClient, job_id: str) -> LeagueView | None:
+    """The job's league, or None when it has none (not a self-play job)."""
+    try:
+        return client.league(job_id)
+    except (ApiError, ServiceUnavailable):
+        return None
+
+
 def progress_table(
-    status: JobStatus, elapsed_s: float, env_rate: float, rates: dict[str, float]
+    status: JobStatus,
+    elapsed_s: float,
+    env_rate: float,
+    rates: dict[str, float],
+    league: LeagueView | None = None,
 ) -> Table:
     table = Table(title=f"{status.name} · {status.algo} on {status.env_id}", min_width=60)
     table.add_column("phase")
@@ -366,6 +385,8 @@ def progress_table(
             captions.append(
                 f"learner group of {learner.world_size} ranks: {per} samples/s per rank"
             )
+    if league is not None:
+        captions.append(league_line(league))
     table.caption = "\n".join(captions) or None
     return table
 

@@ -13,7 +13,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from common.messages import JobStatus
+from common.messages import JobStatus, LeagueView
 
 PHASE_COLORS = {
     "running": "cyan",
@@ -56,6 +56,42 @@ def status_table(job: JobStatus) -> Table:
     table.add_row("best eval", best)
     table.add_row("learners", str(len(job.learners)) if job.learners else "-")
     table.add_row("tasks", f"{job.task_failures} failed, {job.tasks_reassigned} reassigned")
+    return table
+
+
+def league_line(league: LeagueView) -> str:
+    """One line of a self-play league: the policy's rating, and the newest battle
+    evaluation's win rates against the baselines."""
+    line = f"league: rating {league.main.ordinal:.1f}, {league.games:,} games"
+    if league.evaluations:
+        last = league.evaluations[-1]
+        rates = ", ".join(
+            f"{name} {rate:.2f}" for name, rate in last.win_rates.items() if rate is not None
+        )
+        line += f"; win rate (v{last.policy_version}) vs {rates}"
+    return line
+
+
+def league_table(league: LeagueView) -> Table:
+    """The pool: each opponent's rating and the policy's games against it."""
+    table = Table(title=escape(league_line(league)))
+    for column in ("opponent", "kind", "rating", "games", "won", "drawn", "lost"):
+        table.add_column(column, justify="left" if column in ("opponent", "kind") else "right")
+    table.add_column("win rate", justify="right")
+    table.add_column("pfsp weight", justify="right")
+    for member in sorted(league.members, key=lambda m: -m.ordinal):
+        table.add_row(
+            escape(member.name),
+            member.kind,
+            f"{member.ordinal:.1f}",
+            f"{member.games:,}",
+            f"{member.wins:,}",
+            f"{member.draws:,}",
+            f"{member.losses:,}",
+            f"{member.win_rate:.2f}" if member.games else "-",
+            f"{member.pfsp_weight:.2f}",
+        )
+    table.caption = f"the learning policy's rating: {league.main.ordinal:.1f} (mu - 3 sigma)"
     return table
 
 

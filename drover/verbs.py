@@ -33,12 +33,13 @@ from rich.table import Table
 
 from common.errors import ApiError
 from common.http_client import ServiceUnavailable
-from common.messages import JobList, JobStatus, WorkerInfo, WorkerList, dump
+from common.messages import JobList, JobStatus, LeagueView, WorkerInfo, WorkerList, dump
 from common.settings import SettingsError, read_token
 from drover.tables import (
     buffer_table,
     duration,
     elapsed_s,
+    league_table,
     learners_table,
     phase_text,
     progress_text,
@@ -229,8 +230,9 @@ def list_jobs(remote: Remote, args: argparse.Namespace) -> int:
 def job_status(remote: Remote, args: argparse.Namespace) -> int:
     job: JobStatus = remote.ask(lambda c: c.job(args.job))
     buffer = buffer_stats(remote, args.job)
+    league = league_of(remote, args.job)
     if args.json:
-        print_json({**dump(job), "buffer": buffer})
+        print_json({**dump(job), "buffer": buffer, "league": league and dump(league)})
         return 0
     out = output()
     out.print(f"[bold]{escape(f'{job.job_id} · {job.name} · {job.algo} on {job.env_id}')}[/]")
@@ -240,7 +242,17 @@ def job_status(remote: Remote, args: argparse.Namespace) -> int:
     if buffer is not None:
         out.print("\n[bold]buffer[/]")
         out.print(buffer_table(buffer))
+    if league is not None:
+        out.print(league_table(league))
     return 0
+
+
+def league_of(remote: Remote, job_id: str) -> LeagueView | None:
+    """A self-play job's league, or None for a job that has none."""
+    try:
+        return remote.client.league(job_id)
+    except (ApiError, ServiceUnavailable, ValueError):
+        return None
 
 
 def buffer_stats(remote: Remote, job_id: str) -> dict[str, Any] | None:
