@@ -818,6 +818,8 @@ class BattleSummary:
     env_steps: int
     win_rates: dict[str, float | None]
     tallies: dict[str, GameTally]
+    #: The learning policy's rating (ordinal) when the result came in.
+    rating: float | None = None
 
 
 @message

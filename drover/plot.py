@@ -1,8 +1,10 @@
 """`drover plot`: evaluation return against env steps (or wall time, or train
-iterations) of the jobs in run folders, as a PNG.
+iterations) of the jobs in run folders, as a PNG; for self-play jobs, the win rate
+against a baseline or the policy's rating (`--y win_rate --vs heuristic`, `--y rating`).
 
     drover plot runs/cartpole_dqn-20261122-122710                # -> <run folder>/returns.png
     drover plot runs/cartpole_dqn-* runs/cartpole_ppo-* --out cartpole.png
+    drover plot runs/connect_four_selfplay-* --y win_rate --vs heuristic
 
 Where the evaluations are: a job's durable record, `<job_id>/coordinator/record.json`
 (services/coordinator/snapshot.py), which the coordinator writes at submission and on
@@ -37,6 +39,14 @@ X_AXES = {
     "env_steps": "env steps",
     "wall_s": "wall time since the job started (s)",
     "train_iter": "train iterations",
+}
+#: The y axes, by `--y` value: evaluation return, or a self-play job's battle
+#: evaluations (the win rate against `--vs`, draws counting half; the learning
+#: policy's rating when each came in).
+Y_AXES = {
+    "return": "evaluation return (mean over episodes)",
+    "win_rate": "win rate against {vs} (draws count half)",
+    "rating": "rating of the learning policy (openskill mu - 3 sigma)",
 }
 #: The figure's size: 8 x 5 inches at 100 dots an inch, 800 x 500 pixels.
 FIGURE_SIZE_IN = (8.0, 5.0)
@@ -95,6 +105,19 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
         "--x", choices=list(X_AXES), default="env_steps", help="the x axis (env_steps)"
     )
     parser.add_argument(
+        "--y",
+        choices=list(Y_AXES),
+        default="return",
+        help="the y axis: evaluation return, or a self-play job's win rate (against "
+        "--vs) or rating",
+    )
+    parser.add_argument(
+        "--vs",
+        default="heuristic",
+        metavar="BASELINE",
+        help="--y win_rate: the baseline (default: heuristic)",
+    )
+    parser.add_argument(
         "--label",
         action="append",
         default=None,
@@ -107,7 +130,14 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     """`drover plot`: 0 with the image's path on stdout, or 2 with an error line."""
     try:
-        out = plot([Path(p) for p in args.paths], out=args.out, x_axis=args.x, labels=args.label)
+        out = plot(
+            [Path(p) for p in args.paths],
+            out=args.out,
+            x_axis=args.x,
+            labels=args.label,
+            y_axis=args.y,
+            vs=args.vs,
+        )
     except PlotError as exc:
         console.print(f"[bold red]drover: error:[/] {exc}", highlight=False)
         return 2
@@ -121,6 +151,8 @@ def plot(
     out: Path | None = None,
     x_axis: str = "env_steps",
     labels: list[str] | None = None,
+    y_axis: str = "return",
+    vs: str = "heuristic",
 ) -> Path:
     """Draw the evaluations of the jobs in `paths` (run or job folders) into `out`.
 
@@ -131,11 +163,12 @@ def plot(
         PlotError: a path that is no run or job folder, a job without evaluations, an
             unreadable record, labels that do not match the paths, an unwritable `out`.
     """
-    curves = read_curves(paths, x_axis=x_axis, labels=labels)
+    curves = read_curves(paths, x_axis=x_axis, labels=labels, y_axis=y_axis, vs=vs)
     if out is None:
         runs = {curve.job_dir.parent for curve in curves}
-        out = runs.pop() / DEFAULT_NAME if len(runs) == 1 else Path(DEFAULT_NAME)
-    draw(curves, x_axis, out)
+        name = DEFAULT_NAME if y_axis == "return" else f"{y_axis}.png"
+        out = runs.pop() / name if len(runs) == 1 else Path(name)
+    draw(curves, x_axis, out, y_label=Y_AXES[y_axis].format(vs=vs))
     return out
 
 
@@ -143,7 +176,12 @@ def plot(
 
 
 def read_curves(
-    paths: list[Path], *, x_axis: str = "env_steps", labels: list[str] | None = None
+    paths: list[Path],
+    *,
+    x_axis: str = "env_steps",
+    labels: list[str] | None = None,
+    y_axis: str = "return",
+    vs: str = "heuristic",
 ) -> list[Curve]:
     """Each job's curve, labelled by `labels` (one a path) or else by the job's name."""
     if labels is not None and len(labels) != len(paths):
@@ -156,7 +194,10 @@ def read_curves(
         for job_dir in job_dirs(path):
             record = read_record(job_dir)
             label = labels[i] if labels is not None else str(record.get("name") or job_dir.name)
-            curves.append(curve_of(record, job_dir, label, x_axis))
+            if y_axis == "return":
+                curves.append(curve_of(record, job_dir, label, x_axis))
+            else:
+                curves.append(battle_curve_of(record, job_dir, label, x_axis, y_axis, vs))
     return curves
 
 
@@ -222,6 +263,57 @@ def curve_of(record: dict[str, Any], job_dir: Path, label: str, x_axis: str) -> 
     )
 
 
+def battle_curve_of(
+    record: dict[str, Any], job_dir: Path, label: str, x_axis: str, y_axis: str, vs: str
+) -> Curve:
+    """A self-play job's battle evaluations: the win rate against `vs`, or the
+    learning policy's rating, at each."""
+    try:
+        battles = (record.get("workflow") or {}).get("battles") or []
+        env, policy = record["config"]["env"], record["config"]["policy"]
+        points = []
+        for battle in battles:
+            if y_axis == "rating":
+                y = battle.get("rating")
+            else:
+                tally = battle["tallies"].get(vs)
+                games = sum(tally.values()) if tally else 0
+                y = (tally["wins"] + tally["draws"] / 2) / games if games else None
+            if y is not None:
+                points.append((battle, float(y)))
+        evals = [
+            EvalSummary(
+                return_mean=y,
+                return_std=0.0,
+                episodes=1,
+                policy_version=int(b["policy_version"]),
+                train_iter=int(b["train_iter"]),
+                env_steps=int(b["env_steps"]),
+            )
+            for b, y in points
+        ]
+        x = wall_seconds(record, evals) if x_axis == "wall_s" else x_values(evals, x_axis)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        raise PlotError(f"{job_dir}: the job's record is not as expected: {exc}") from None
+    if not evals:
+        what = "a rating" if y_axis == "rating" else f"games against {vs}"
+        raise PlotError(
+            f"{job_dir}: job {record.get('job_id')} has no battle evaluations with {what} "
+            "(--y win_rate and rating plot self-play jobs)"
+        )
+    stop = ((policy.get("other") or {}).get("league") or {}).get("stop") or {}
+    order = np.argsort(x, kind="stable")
+    return Curve(
+        label=label,
+        job_dir=job_dir,
+        env_id=str(env.get("env_id")),
+        algo=str(policy.get("type")),
+        stop_value=stop.get("win_rate") if y_axis == "win_rate" and stop.get("vs") == vs else None,
+        x=np.asarray(x, dtype=float)[order],
+        y=np.array([e.return_mean for e in evals], dtype=float)[order],
+    )
+
+
 def x_values(evals: list[EvalSummary], x_axis: str) -> np.ndarray:
     return np.array([getattr(e, x_axis) for e in evals], dtype=float)
 
@@ -275,7 +367,7 @@ def title_of(curves: list[Curve]) -> str:
     return textwrap.fill(title, TITLE_WIDTH)
 
 
-def draw(curves: list[Curve], x_axis: str, out: Path) -> None:
+def draw(curves: list[Curve], x_axis: str, out: Path, *, y_label: str = Y_AXES["return"]) -> None:
     """One figure, one colour an experiment; written atomically to `out`."""
     # Imported here: only `drover plot` needs matplotlib. A bare Figure renders with
     # Agg and sets no global backend (no display, no pyplot state).
@@ -310,7 +402,7 @@ def draw(curves: list[Curve], x_axis: str, out: Path) -> None:
         )
     ax.set_title(title_of(curves))
     ax.set_xlabel(X_AXES[x_axis])
-    ax.set_ylabel("evaluation return (mean over episodes)")
+    ax.set_ylabel(y_label)
     ax.grid(alpha=0.3)
     ax.legend(loc="best", fontsize="small")
     # Written whole, then renamed: a viewer never shows half an image.

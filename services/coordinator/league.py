@@ -354,6 +354,10 @@ class League:
     def _ordinal(self, mu: float, sigma: float) -> float:
         return float(self._model.rating(mu=mu, sigma=sigma).ordinal())
 
+    def main_ordinal(self) -> float:
+        """The learning policy's rating as one number (mu - 3 sigma)."""
+        return self._ordinal(self.main_mu, self.main_sigma)
+
     def view(self) -> dict[str, Any]:
         """What the job's status shows: main's rating, each member with its rating and
         main's results against it, and the whole payoff table (SELF and retired

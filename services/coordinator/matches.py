@@ -108,6 +108,7 @@ def _battle_view(battle: Any) -> dict[str, Any]:
         "train_iter": battle.train_iter,
         "env_steps": battle.env_steps,
         "win_rates": {name: battle.win_rate(name) for name in battle.tallies},
+        "rating": battle.rating,
         "tallies": {
             name: {"wins": t.wins, "draws": t.draws, "losses": t.losses}
             for name, t in battle.tallies.items()

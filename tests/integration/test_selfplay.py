@@ -11,6 +11,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from common.config import deep_merge
 from drover.local import LocalCluster
+from drover.plot import plot
 from jobconfig import load_config_file
 from tests.helpers import wait_for_end, wait_until
 
@@ -37,10 +38,7 @@ def test_a_selfplay_job_collects_battles_evaluates_and_ends(tmp_path):
         job_id = cluster.client.submit_job(config).job_id
         status = wait_for_end(cluster, job_id, 240)
         assert status.phase == "succeeded", status
-        print(status.reason)
         league = league_of(cluster, job_id)
-        print(league.main, [(m.name, m.ordinal, m.win_rate) for m in league.members])
-        print(league.evaluations[-1:])
         names = {m.name for m in league.members}
         assert {"random", "heuristic"} <= names
         snapshots = [m for m in league.members if m.kind == "snapshot"]
@@ -59,6 +57,10 @@ def test_a_selfplay_job_collects_battles_evaluates_and_ends(tmp_path):
         events.Reload()
         tags = set(events.Tags()["scalars"])
         assert {"league/rating", "league/rating_random", "league/win_rate_heuristic"} <= tags
+        # drover plot draws the win rate and the rating against env steps.
+        for y_axis in ("win_rate", "rating"):
+            out = plot([cluster.shared_dir / job_id], y_axis=y_axis, out=tmp_path / f"{y_axis}.png")
+            assert out.stat().st_size > 1000
         # Every battle segment passed the learner's checks: masks, and legal actions.
         assert cluster.client.metrics(job_id)["unusable_segments"] == []
 

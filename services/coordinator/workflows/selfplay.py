@@ -46,6 +46,8 @@ class Battle:
     train_iter: int
     env_steps: int
     tallies: dict[str, GameTally]
+    #: The learning policy's rating (openskill ordinal) when the result came in.
+    rating: float | None = None
 
     def win_rate(self, baseline: str) -> float | None:
         """(wins + draws / 2) / games against `baseline` (None: not played)."""
@@ -130,6 +132,7 @@ class SelfPlay(SyncTraining):
                 train_iter=job.evals[-1].train_iter,
                 env_steps=job.env_steps,
                 tallies=dict(result.tallies),
+                rating=None if state.league is None else state.league.main_ordinal(),
             )
         )
         del state.battles[:-MAX_BATTLES]
@@ -210,6 +213,7 @@ class SelfPlay(SyncTraining):
                 train_iter=int(b["train_iter"]),
                 env_steps=int(b["env_steps"]),
                 tallies={name: GameTally(**t) for name, t in b["tallies"].items()},
+                rating=b.get("rating"),
             )
             for b in record.get("battles", [])
         ]
