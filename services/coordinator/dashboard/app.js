@@ -217,6 +217,8 @@ function budgetCard(label, value, budget) {
 async function jobView(jobId) {
   const id = encodeURIComponent(jobId);
   const [job, metrics] = await Promise.all([api(`/jobs/${id}`), api(`/jobs/${id}/metrics`)]);
+  // A self-play job's league; other jobs have none (404).
+  const league = await api(`/jobs/${id}/league`).catch(() => null);
   const returns = metrics.evals.map((e) => ({ x: e.env_steps, y: e.return_mean }));
   const pts = metrics.points;
   const rate = [];
@@ -268,7 +270,41 @@ async function jobView(jobId) {
       barChart("lag-chart", "Sampled items by policy lag", buf.sampled_lag_histogram, "versions behind"),
     ),
     learners.length ? el("p", { class: "muted" }, "Learners: ", learners.join("; ")) : null,
+    league ? leagueSection(league) : null,
   ];
+}
+
+// A self-play job's league: the policy's rating, its newest battle's win rates against
+// the baselines, and each opponent with its rating and the policy's games against it.
+function leagueSection(league) {
+  const last = league.evaluations.length ? league.evaluations[league.evaluations.length - 1] : null;
+  const rates = last
+    ? Object.entries(last.win_rates).map(([name, rate]) => card(`win rate vs ${name} (v${last.policy_version})`, rate === null ? "–" : fmt(rate, 2)))
+    : [];
+  const rows = league.members.map((m) =>
+    el(
+      "tr",
+      { class: "member" },
+      el("td", {}, m.name),
+      el("td", {}, m.kind),
+      el("td", {}, fmt(m.ordinal, 1)),
+      el("td", {}, `${fmt(m.wins)} / ${fmt(m.draws)} / ${fmt(m.losses)}`),
+      el("td", {}, m.games ? fmt(m.win_rate, 2) : "–"),
+      el("td", {}, fmt(m.pfsp_weight, 2)),
+    ),
+  );
+  return el(
+    "div",
+    { id: "league" },
+    el("h2", {}, "League"),
+    el("div", { class: "cards" }, card("rating", fmt(league.main.ordinal, 1)), card("games", fmt(league.games)), rates),
+    el(
+      "table",
+      {},
+      el("thead", {}, el("tr", {}, ["opponent", "kind", "rating", "won / drawn / lost", "win rate", "pfsp weight"].map((h) => el("th", {}, h)))),
+      el("tbody", {}, rows),
+    ),
+  );
 }
 
 async function workersView() {
