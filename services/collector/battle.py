@@ -48,6 +48,9 @@ SELF = "self"
 MAX_LOADED_OPPONENTS = 16
 #: Matches drawn at a time, at least (one per game slot otherwise).
 MIN_DRAW = 16
+#: Drawn matches skipped in a row (their opponent could not be loaded) before the task
+#: gives up: the league keeps handing out an opponent nobody can load.
+MAX_SKIPPED_MATCHES = 256
 
 
 def outcome_of(reward: float) -> str:
@@ -72,26 +75,43 @@ class Opponents:
         self._baselines: dict[str, Any] = {}
         self._versions: collections.OrderedDict[int, SamplingActor] = collections.OrderedDict()
 
-    def act(self, match: Match, obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def ready(self, match: Match) -> None:
+        """Load what acts for `match`'s opponent, so a game never starts against one
+        that cannot act.
+
+        Raises:
+            ValueError, OSError: a baseline this game lacks, or a past version whose
+                policy file is missing, swapped (sha256), or not this algorithm's.
+        """
         if match.version is None:
-            baseline = self._baselines.get(match.opponent)
-            if baseline is None:
-                baseline = make_baseline(match.opponent, self.config.env.env_id)
-                self._baselines[match.opponent] = baseline
+            if match.opponent not in self._baselines:
+                self._baselines[match.opponent] = make_baseline(
+                    match.opponent, self.config.env.env_id
+                )
+            return
+        if match.version in self._versions:
+            self._versions.move_to_end(match.version)
+            return
+        if match.path is None or match.sha256 is None:
+            raise ValueError(f"match {match.match_id}: version {match.version} has no file")
+        policy_file = self.store.read_policy(
+            match.path, sha256=match.sha256, algo=self.config.policy.type
+        )
+        actor = self.make_actor()
+        actor.load(match.version, policy_file.tensors)
+        self._versions[match.version] = actor
+        while len(self._versions) > MAX_LOADED_OPPONENTS:
+            self._versions.popitem(last=False)
+
+    def act(self, match: Match, obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """The opponent's moves in the games of `match`'s opponent (`ready` first)."""
+        if match.version is None:
+            baseline = self._baselines[match.opponent]
             return np.asarray(baseline.act(obs, mask, self.rng), dtype=np.int64)
         actor = self._versions.get(match.version)
-        if actor is None:
-            if match.path is None or match.sha256 is None:
-                raise ValueError(f"match {match.match_id}: version {match.version} has no file")
-            policy_file = self.store.read_policy(
-                match.path, sha256=match.sha256, algo=self.config.policy.type
-            )
-            actor = self.make_actor()
-            actor.load(match.version, policy_file.tensors)
-            self._versions[match.version] = actor
-            while len(self._versions) > MAX_LOADED_OPPONENTS:
-                self._versions.popitem(last=False)
-        self._versions.move_to_end(match.version)
+        if actor is None:  # let go of since its game started (more than the cap in play)
+            self.ready(match)
+            actor = self._versions[match.version]
         action, _, _ = actor.sample(obs, mask)  # type: ignore[call-arg]  # a masked actor
         return np.asarray(action, dtype=np.int64)
 
@@ -109,9 +129,6 @@ class _Round:
     @classmethod
     def empty(cls) -> _Round:
         return cls([], [], [], [], [])
-
-    def rows(self) -> int:
-        return sum(len(a) for a in self.action)
 
 
 class BattleLoop:
@@ -139,10 +156,19 @@ class BattleLoop:
         )
         self._queue.extend(matches)
 
-    def _next_match(self) -> Match:
-        if not self._queue:
-            self._draw(1)
-        return self._queue.popleft()
+    def _next_match(self, opponents: Opponents) -> Match:
+        """The next drawn match whose opponent can act. One that cannot (its policy
+        file gone or swapped) is skipped and never reported: it counts for nobody."""
+        for _ in range(MAX_SKIPPED_MATCHES):
+            if not self._queue:
+                self._draw(1)
+            match = self._queue.popleft()
+            try:
+                opponents.ready(match)
+                return match
+            except (OSError, ValueError) as exc:
+                log.warning("skipping match %d against %s: %s", match.match_id, match.opponent, exc)
+        raise RuntimeError(f"{MAX_SKIPPED_MATCHES} drawn matches in a row had no opponent to play")
 
     def _report(self) -> None:
         if not self._results:
@@ -163,7 +189,7 @@ class BattleLoop:
         round_steps = spec.round_steps or config.policy.collect.n_sample
         games.reset(seed=spec.seed)
         self._draw(n)
-        matches = [self._next_match() for _ in range(n)]
+        matches = [self._next_match(opponents) for _ in range(n)]
         episodes = EpisodeTracker(n)
         last_version, env_steps, seq = 0, 0, 0
         started = time.monotonic()
@@ -185,7 +211,7 @@ class BattleLoop:
                 next_row: list[int] = []
                 pending = np.full((n, 2), -1, dtype=np.int64)
                 steps = 0
-                while moves.rows() < round_steps and not ctx.stopped():
+                while len(reward) < round_steps and not ctx.stopped():
                     seat = np.array([m.learner_seat for m in matches])
                     is_self = np.array([m.opponent == SELF for m in matches])
                     to_move = games.to_move
@@ -249,7 +275,7 @@ class BattleLoop:
                                 outcome=outcome_of(float(learner_rewards[i])),  # type: ignore[arg-type]
                             )
                         )
-                        matches[i] = self._next_match()
+                        matches[i] = self._next_match(opponents)
                 if ctx.stopped():
                     break
                 # The moves whose side has not moved again: bootstrapped (see above).
