@@ -251,13 +251,26 @@ def curve_of(record: dict[str, Any], job_dir: Path, label: str, x_axis: str) -> 
             f"{job_dir}: job {record.get('job_id')} ({record.get('phase')}) has no "
             "evaluations to plot"
         )
+    return sorted_curve(label, job_dir, env, policy, env.get("stop_value"), x, evals)
+
+
+def sorted_curve(
+    label: str,
+    job_dir: Path,
+    env: dict[str, Any],
+    policy: dict[str, Any],
+    stop_value: float | None,
+    x: np.ndarray,
+    evals: list[EvalSummary],
+) -> Curve:
+    """The job's curve: its evaluations' `return_mean` against `x`, sorted by x."""
     order = np.argsort(x, kind="stable")
     return Curve(
         label=label,
         job_dir=job_dir,
         env_id=str(env.get("env_id")),
         algo=str(policy.get("type")),
-        stop_value=env.get("stop_value"),
+        stop_value=stop_value,
         x=np.asarray(x, dtype=float)[order],
         y=np.array([e.return_mean for e in evals], dtype=float)[order],
     )
@@ -302,16 +315,8 @@ def battle_curve_of(
             "(--y win_rate and rating plot self-play jobs)"
         )
     stop = ((policy.get("other") or {}).get("league") or {}).get("stop") or {}
-    order = np.argsort(x, kind="stable")
-    return Curve(
-        label=label,
-        job_dir=job_dir,
-        env_id=str(env.get("env_id")),
-        algo=str(policy.get("type")),
-        stop_value=stop.get("win_rate") if y_axis == "win_rate" and stop.get("vs") == vs else None,
-        x=np.asarray(x, dtype=float)[order],
-        y=np.array([e.return_mean for e in evals], dtype=float)[order],
-    )
+    goal = stop.get("win_rate") if y_axis == "win_rate" and stop.get("vs") == vs else None
+    return sorted_curve(label, job_dir, env, policy, goal, x, evals)
 
 
 def x_values(evals: list[EvalSummary], x_axis: str) -> np.ndarray:

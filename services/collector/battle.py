@@ -83,6 +83,8 @@ class Opponents:
             ValueError, OSError: a baseline this game lacks, or a past version whose
                 policy file is missing, swapped (sha256), or not this algorithm's.
         """
+        if match.opponent == SELF:
+            return  # the learning policy itself
         if match.version is None:
             if match.opponent not in self._baselines:
                 self._baselines[match.opponent] = make_baseline(
@@ -180,6 +182,8 @@ class BattleLoop:
         runner, ctx, config = self.runner, self.ctx, self.config
         gamma = config.policy.discount_factor
         lam = config.policy.collect.gae_lambda  # type: ignore[attr-defined]
+        from services.collector.core import wait_for_newer  # core imports this module
+
         policy, follower, games, uploader, worker_dir = runner._sampling_rig(
             ctx, config, spec, lambda env, n: GameVector(env, n), upload_wait_s=0.0
         )
@@ -195,12 +199,7 @@ class BattleLoop:
         started = time.monotonic()
         slots = np.arange(n)
         try:
-            while not ctx.stopped():
-                while not ctx.stopped() and not (policy.loaded and policy.version > last_version):
-                    uploader.raise_if_failed()
-                    follower.wait_newer(timeout_s=1.0)
-                if ctx.stopped():
-                    break
+            while wait_for_newer(ctx, policy, follower, uploader, last_version):
                 version = policy.version
                 moves = _Round.empty()
                 # Per row: reward, whether the game ended at it, the value after it,

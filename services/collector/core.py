@@ -105,6 +105,21 @@ def recorded(policy: Actor, names: tuple[str, ...]) -> tuple[np.ndarray, ...]:
     return tuple(np.asarray(values[name]) for name in names)
 
 
+def wait_for_newer(
+    ctx: TaskContext,
+    policy: Actor,
+    follower: PolicyFollower,
+    uploader: SegmentUploader,
+    after: int,
+) -> bool:
+    """Wait until the actor holds a version newer than `after` (a round's version:
+    no step is taken with an older one); False when the task was stopped meanwhile."""
+    while not ctx.stopped() and not (policy.loaded and policy.version > after):
+        uploader.raise_if_failed()
+        follower.wait_newer(timeout_s=1.0)
+    return not ctx.stopped()
+
+
 def declared_only(config: JobConfig, columns: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
     """A segment's columns: the ones the job's algorithm declares, and no others (the
     learner checks each of them; a loop may compute more than one algorithm reads)."""
@@ -320,12 +335,7 @@ class CollectorRunner:
         last_version, env_steps, seq = 0, 0, 0
         started = time.monotonic()
         try:
-            while not ctx.stopped():
-                while not ctx.stopped() and not (policy.loaded and policy.version > last_version):
-                    uploader.raise_if_failed()
-                    follower.wait_newer(timeout_s=1.0)
-                if ctx.stopped():
-                    break
+            while wait_for_newer(ctx, policy, follower, uploader, last_version):
                 version = policy.version
                 record: dict[str, list] = {k: [] for k in (*ROUND_COLUMNS, *own)}
                 for _ in range(steps):

@@ -81,10 +81,12 @@ def test_a_match_whose_opponent_cannot_be_loaded_is_skipped(tmp_path):
         sha256="0" * 64,
     )
     fine = Match(match_id=1, opponent="heuristic", learner_seat=1)
-    ctx = FakeCtx(FakeCoordinator([missing, fine]))
+    itself = Match(match_id=2, opponent="self", learner_seat=0)
+    ctx = FakeCtx(FakeCoordinator([missing, fine, itself]))
     loop = BattleLoop(None, ctx, config, make_actor=lambda: None)
     opponents = Opponents(config, SharedStore(tmp_path), lambda: None, np.random.default_rng(0))
     assert loop._next_match(opponents) == fine
+    assert loop._next_match(opponents) == itself
     ctx = FakeCtx(FakeCoordinator([missing] * 300))
     loop = BattleLoop(None, ctx, config, make_actor=lambda: None)
     with pytest.raises(RuntimeError, match="no opponent"):
