@@ -136,6 +136,22 @@ class RecordingActor(Protocol):
 
 
 @runtime_checkable
+class RecurrentActor(Protocol):
+    """An actor that keeps a recurrent state per env (R2D2): the loops tell it, after
+    every vector step, which envs' episodes ended, and it starts those afresh.
+
+    Usage::
+
+        step = env.step(actor.env_action(actor.act(obs, rng, job_env_steps)))
+        actor.reset_state(step.ended)
+    """
+
+    def reset_state(self, ended: np.ndarray) -> None:
+        """Zero the state of the envs where `ended` is true."""
+        ...
+
+
+@runtime_checkable
 class Learner(Protocol):
     """The learning side, as the learner service calls it (loss and update rule in
     pure torch: no I/O, no HTTP).
@@ -271,6 +287,12 @@ class Algorithm(Protocol):
         ...
 
     @property
+    def recurrent(self) -> bool:
+        """Its actor keeps a recurrent state per env and its learner trains on
+        sequences (`[items, time]` batches with a `valid` mask)."""
+        ...
+
+    @property
     def columns(self) -> tuple[Column, ...]:
         """Its step data's columns, each with its kind (common/columns.py): what the
         collect loop writes (and its actor records), what the learner checks each
@@ -314,6 +336,9 @@ class AlgorithmSpec:
     collect_unit: CollectUnit
     action_spaces: frozenset[ActionSpace]
     image_obs: bool = False
+    #: Its actor keeps a recurrent state per env (`RecurrentActor`), and its learner
+    #: trains on sequences: `[items, time]` batches with a `valid` mask (R2D2).
+    recurrent: bool = False
     columns: tuple[Column, ...]
     make_actor: Callable[[PolicyConfig], Actor]
     make_learner: Callable[[PolicyConfig, str | torch.device], Learner]

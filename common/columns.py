@@ -42,9 +42,11 @@ ACTIONS = "actions"
 class Column:
     name: str
     kind: ColumnKind
-    #: `float` and `recurrent` columns: one row's shape (entries are ints, or
-    #: `ACTIONS`, the job's action count); the other kinds' shapes come from the job.
-    shape: tuple[int | Literal["actions"], ...] = ()
+    #: `float` and `recurrent` columns: one row's shape. Entries are ints, `ACTIONS`
+    #: (the job's action count), or the name of an int key of the job's
+    #: `policy.model` section (a recurrent state's `lstm_hidden_size`); the other
+    #: kinds' shapes come from the job.
+    shape: tuple[int | str, ...] = ()
     #: One value an item even where an item is an unroll of steps.
     per_item: bool = False
     #: The actor records it while acting (`RecordingActor.recorded`), rather than the
@@ -60,6 +62,18 @@ def job_columns(columns: tuple[Column, ...], policy: PolicyConfig) -> tuple[Colu
     `masked_only` ones only when the job's env gives action masks."""
     masked = bool(policy.model.action_mask)
     return tuple(column for column in columns if masked or not column.masked_only)
+
+
+def _size(model: object, entry: int | str) -> int:
+    """A declared shape entry's size for a job (see `Column.shape`)."""
+    if entry == ACTIONS:
+        entry = "action_shape"
+    if isinstance(entry, str):
+        value = getattr(model, entry, None)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"policy.model.{entry} is no int for a column's shape")
+        return value
+    return int(entry)
 
 
 @dataclass(frozen=True)
@@ -81,7 +95,7 @@ def column_spec(column: Column, policy: PolicyConfig, steps: tuple[int, ...]) ->
     if model.obs_shape is None or model.action_shape is None:
         raise ValueError("the job config lacks policy.model.obs_shape or action_shape")
     row = () if column.per_item else steps
-    declared = tuple(model.action_shape if d == ACTIONS else int(d) for d in column.shape)
+    declared = tuple(_size(model, d) for d in column.shape)
     if column.kind == "observation":
         if model.obs_dtype == "uint8":
             return ColumnSpec("pixels", (*row, *obs_shape_of(model)), np.uint8)

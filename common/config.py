@@ -34,6 +34,8 @@ CONFIG_SECTION = ConfigDict(extra="forbid")
 # Upper bounds that keep one job from taking a whole machine by accident.
 MAX_ENVS_PER_WORKER = 1024
 MAX_BUFFER_ITEMS = 50_000_000
+#: Rows of one sampled sequence at most (episode and sequence items).
+MAX_SEQUENCE_LENGTH = 4096
 
 
 def section(cls: type) -> type:
@@ -80,6 +82,11 @@ class EnvConfig:
     #: A Dict observation's key to train on (MiniGrid: `image`); None takes the whole
     #: Dict, which must then hold flat Box and Discrete parts only.
     obs_key: Annotated[str, MaxLen(64)] | None = None
+    #: Only these entries of a vector observation are seen (e.g. `[0, 2]`: CartPole's
+    #: positions without their velocities, a partially observed task); None: all.
+    observation_filter: Annotated[list[Annotated[int, Ge(0)]], MinLen(1), MaxLen(4096)] | None = (
+        None
+    )
     #: The last this many observations stacked along a new first axis (None: Atari 4,
     #: others 1).
     frame_stack: Annotated[int, Gt(0), Le(64)] | None = None
@@ -208,10 +215,17 @@ class ReplayBufferConfig:
     #: Which items leave a full buffer: the oldest, the newest, or random ones.
     eviction: Literal["fifo", "lifo", "uniform"] = "fifo"
     #: What one item is: a row of a segment (a transition, or an unroll whose columns
-    #: have a time axis), or a whole episode from which sub-sequences are sampled.
-    item: Literal["transition", "episode"] = "transition"
-    #: Episode items: rows in each sampled sub-sequence (never crossing episodes).
-    sequence_length: PosInt = 1
+    #: have a time axis); a whole episode, from which a sub-sequence of up to
+    #: `sequence_length` rows is sampled; or a sequence: each episode cut into windows
+    #: of `sequence_length` rows, consecutive ones sharing `overlap` rows (an
+    #: episode's last window may be shorter; the learner pads it and masks the
+    #: padding). Episode and sequence items never cross an episode's end. The learner
+    #: gets them as [batch, time] columns with a `valid` mask.
+    item: Literal["transition", "episode", "sequence"] = "transition"
+    #: Episode and sequence items: rows in each sampled (sub-)sequence.
+    sequence_length: Annotated[int, Gt(0), Le(MAX_SEQUENCE_LENGTH)] = 1
+    #: Sequence items: rows each window shares with the one before (R2D2: half).
+    overlap: Annotated[int, Ge(0)] = 0
     #: Prioritized: priority exponent, importance-weight exponent and the sampled
     #: batches over which beta rises to 1 (0: no annealing).
     alpha: Annotated[float, Ge(0), Le(1)] = 0.6
@@ -327,6 +341,12 @@ class TransitionPolicyConfig(PolicyConfig):
 
     #: Steps summed into each transition's return before bootstrapping.
     nstep: Annotated[int, Gt(0), Le(100)] = 1
+
+    @property
+    def collect_nstep(self) -> int:
+        """The steps the collector sums into each row's return: `nstep`, unless the
+        algorithm sums them itself over sequences (R2D2: 1)."""
+        return self.nstep
 
 
 @section

@@ -205,6 +205,8 @@ def make_one_env(config: EnvConfig, *, training: bool) -> gym.Env:
             env = gym.wrappers.TransformObservation(env, lambda obs: obs[key], space.spaces[key])
         layout, box = _observation_layout(env.observation_space, config.env_id)
         env = gym.wrappers.TransformObservation(env, layout, box)
+        if config.observation_filter is not None:
+            env, box = _filtered(env, box, config.observation_filter)
         stack = frame_stack_of(config)
         if stack > 1:
             if len(box.shape) == 3 and box.shape[0] == 1:
@@ -234,6 +236,31 @@ def make_one_env(config: EnvConfig, *, training: bool) -> gym.Env:
             env.close()
         raise
     return env
+
+
+def _filtered(
+    env: gym.Env, box: gym.spaces.Box, keep: list[int]
+) -> tuple[gym.Env, gym.spaces.Box]:
+    """Only the `keep` entries of a vector observation (a partially observed task:
+    CartPole's positions without their velocities).
+
+    Raises:
+        ConfigError: on `env.observation_filter`, for images, an entry past the
+            vector's end, or one named twice.
+    """
+    if len(box.shape) != 1:
+        raise ConfigError(
+            "env.observation_filter", f"filters vectors; the observations are {list(box.shape)}"
+        )
+    size = box.shape[0]
+    if max(keep) >= size or len(set(keep)) != len(keep):
+        raise ConfigError(
+            "env.observation_filter",
+            f"{keep} must name distinct entries of the observation's {size} (0 to {size - 1})",
+        )
+    index = np.asarray(keep, dtype=np.intp)
+    filtered = _box(box, (len(keep),), box.dtype.type)
+    return gym.wrappers.TransformObservation(env, lambda obs: obs[index], filtered), filtered
 
 
 def _atari_wrappers(env: gym.Env, config: EnvConfig, training: bool) -> gym.Env:

@@ -26,6 +26,7 @@ from jobconfig.resolve import (
     min_error_buffer,
     read_job_config,
     resolve_job_config,
+    sequence_length_of,
 )
 from jobconfig.spaces import fit_to_env, with_spaces
 
@@ -40,5 +41,6 @@ __all__ = [
     "min_error_buffer",
     "read_job_config",
     "resolve_job_config",
+    "sequence_length_of",
     "with_spaces",
 ]

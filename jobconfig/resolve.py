@@ -274,6 +274,55 @@ def insert_rows_bound(config: JobConfig) -> int | None:
     return max(1, int(room / spi))
 
 
+def sequence_length_of(config: JobConfig) -> int | None:
+    """The rows of each sampled item when items are episodes or sequences (the learner
+    gathers them as `[items, rows]` batches); None when an item is one row."""
+    buffer = config.policy.other.replay_buffer
+    return None if buffer.item == "transition" else buffer.sequence_length
+
+
+def _check_sequences(config: JobConfig) -> None:
+    """Episode and sequence items: what the buffer, the collectors and the learner
+    can serve (ConfigError naming the key)."""
+    buffer = config.policy.other.replay_buffer
+    key = "policy.other.replay_buffer"
+    if buffer.item == "transition":
+        if buffer.sequence_length > 1:
+            raise ConfigError(
+                f"{key}.sequence_length",
+                "sequences are sampled from episode or sequence items: set item",
+            )
+        if buffer.overlap:
+            raise ConfigError(f"{key}.overlap", "only sequence items overlap: set item: sequence")
+        return
+    algorithm = algorithm_of(config)
+    if algorithm.recurrent and config.env.double_buffer:
+        raise ConfigError(
+            "env.double_buffer",
+            f"{config.policy.type}'s actor keeps a state per env: its envs step together",
+        )
+    unit = algorithm.collect_unit
+    if unit != "transitions":
+        raise ConfigError(
+            f"{key}.item",
+            f"{buffer.item} items are cut from the episodes the transitions loop records "
+            f"(dqn, r2d2, ...); {config.policy.type} collects {unit}",
+        )
+    if buffer.sequence_length > buffer.replay_buffer_size:
+        raise ConfigError(
+            f"{key}.sequence_length",
+            f"{buffer.sequence_length} is longer than the whole buffer "
+            f"(replay_buffer_size {buffer.replay_buffer_size})",
+        )
+    if buffer.item == "sequence" and buffer.overlap >= buffer.sequence_length:
+        raise ConfigError(
+            f"{key}.overlap",
+            f"{buffer.overlap} must be below sequence_length {buffer.sequence_length}",
+        )
+    if buffer.item == "episode" and buffer.overlap:
+        raise ConfigError(f"{key}.overlap", "only sequence items overlap: set item: sequence")
+
+
 def check_consistency(config: JobConfig) -> None:
     """Checks that span several keys. Raises ConfigError naming the keys."""
     buffer = config.policy.other.replay_buffer
@@ -305,11 +354,7 @@ def check_consistency(config: JobConfig) -> None:
             f"{buffer.samples_per_insert} can never be reached: a fifo buffer hands out "
             "each item once (at most 1 sample per insert)",
         )
-    if buffer.sequence_length > 1 and buffer.item != "episode":
-        raise ConfigError(
-            "policy.other.replay_buffer.sequence_length",
-            "sub-sequences are sampled from episode items: set item: episode",
-        )
+    _check_sequences(config)
     if buffer.type == "fifo" and learn.batch_size * learn.num_batches > buffer.replay_buffer_size:
         raise ConfigError(
             "policy.learn.num_batches",

@@ -157,6 +157,27 @@ class _Counters:
     released_segments: int = 0
 
 
+def sequence_windows(
+    starts: np.ndarray, lengths: np.ndarray, sequence_length: int, overlap: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """(first row, rows) of the sequence items of episodes at `starts` of `lengths`
+    rows: windows of `sequence_length` rows, each starting `sequence_length - overlap`
+    rows after the one before, as many as cover the episode; an episode's last window
+    may be shorter, and one no longer than `sequence_length` is one window. Every row
+    is in some window, and no window crosses an episode's end."""
+    stride = sequence_length - overlap
+    first: list[np.ndarray] = []
+    rows: list[np.ndarray] = []
+    for start, length in zip(starts.tolist(), lengths.tolist(), strict=True):
+        # A window starting at `o` adds rows past the one before while o < length - overlap.
+        offsets = np.arange(0, max(length - overlap, 1), stride, dtype=np.int64)
+        first.append(start + offsets)
+        rows.append(np.minimum(sequence_length, length - offsets))
+    if not first:
+        return np.zeros(0, np.int32), np.zeros(0, np.int32)
+    return np.concatenate(first).astype(np.int32), np.concatenate(rows).astype(np.int32)
+
+
 class ReplayBuffer:
     """Thread-safe; inserts and sample requests wait on one condition."""
 
@@ -315,6 +336,10 @@ class ReplayBuffer:
         order = np.argsort(starts)
         if (starts[order][1:] < (starts + lengths)[order][:-1]).any():
             raise ValueError(f"{ref.path}: episodes overlap")
+        if self.config.item == "sequence":
+            return sequence_windows(
+                starts, lengths, self.config.sequence_length, self.config.overlap
+            )
         return starts.astype(np.int32), lengths.astype(np.int32)
 
     def classify(self, path: str) -> str:
@@ -540,7 +565,7 @@ class ReplayBuffer:
         ends = [*starts[1:], len(order)]
         # Python lists slice much faster than numpy splits into small arrays.
         row_list = rows[order].tolist()
-        length_list = lengths[order].tolist() if self.config.item == "episode" else None
+        length_list = lengths[order].tolist() if self.config.item != "transition" else None
         first_ids = segment_ids[starts].tolist()
         segments = [
             SampledSegment(

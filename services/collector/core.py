@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from prometheus_client import CollectorRegistry
 
-from algorithms.base import Actor, SamplingActor, TransitionActor
+from algorithms.base import Actor, RecurrentActor, SamplingActor, TransitionActor
 from common.checkpoint_file import read_checkpoint
 from common.config import EnvConfig, JobConfig
 from common.envs import make_env
@@ -42,6 +42,7 @@ from services.collector.follower import PolicyFollower
 from services.collector.metrics import CollectorMetrics
 from services.collector.step_data import (
     ROUND_COLUMNS,
+    EpisodeRows,
     EpisodeTracker,
     NStepBuilder,
     as_obs,
@@ -403,8 +404,16 @@ class CollectorRunner:
             policy_cfg.collect.policy_poll_s,
             policy_cfg.type,
         )
-        builder = NStepBuilder(spec.num_envs, policy_cfg.nstep, policy_cfg.discount_factor)
+        builder = NStepBuilder(
+            spec.num_envs,
+            policy_cfg.collect_nstep,  # type: ignore[attr-defined]  # a transitions config
+            policy_cfg.discount_factor,
+        )
         uploader = self._uploader(ctx, config)
+        # Episode and sequence items: rows go out grouped by episode, with their spans.
+        grouped = policy_cfg.other.replay_buffer.item != "transition"
+        episode_rows = EpisodeRows(spec.num_envs, uploader.max_rows) if grouped else None
+        recurrent = isinstance(policy, RecurrentActor)
         # Segment names carry this worker's id and the task's id, so two tasks (or a
         # task reassigned after a restart) never write the same file.
         worker_dir = f"{ctx.worker_id}.{ctx.task.task_id}"
@@ -434,16 +443,26 @@ class CollectorRunner:
                     step.truncated,
                     dict(zip(own, extra, strict=True)),
                 )
+                if recurrent:
+                    policy.reset_state(step.ended)  # type: ignore[attr-defined]
                 env_steps += spec.num_envs
                 segment_steps += spec.num_envs
                 self.metrics.env_steps.inc(spec.num_envs)
                 episodes.step(step.reward, step.ended)
-                ready = len(builder)
+                ready = len(builder) + (len(episode_rows) if episode_rows is not None else 0)
                 if ready >= policy_cfg.collect.n_sample and (
                     ready >= uploader.max_rows or time.monotonic() >= next_take_at
                 ):
                     next_take_at = time.monotonic() + TAKE_EVERY_S
-                    columns = declared_only(config, builder.take())
+                    spans: list[tuple[int, int]] = []
+                    if episode_rows is None:
+                        rows = builder.take()
+                    else:
+                        episode_rows.add(builder.take(where=True))
+                        if len(episode_rows) < policy_cfg.collect.n_sample:
+                            continue  # the rest are in episodes still going on
+                        rows, spans = episode_rows.take(uploader.max_rows)
+                    columns = declared_only(config, rows)
                     path = self.store.segment_path(job_id, worker_dir, seq)
                     returns, lengths = episodes.take()
                     ref = SegmentRef(
@@ -453,6 +472,7 @@ class CollectorRunner:
                         policy_version=policy.version,
                         episode_returns=returns,
                         episode_lengths=lengths,
+                        episodes=spans,
                     )
                     uploader.put(PendingSegment(columns=columns, ref=ref))
                     seq += 1
@@ -519,9 +539,12 @@ class CollectorRunner:
         returns: list[float] = []
         lengths: list[int] = []
         try:
+            recurrent = isinstance(policy, RecurrentActor)
             while (done_count < quota).any() and not ctx.stopped():
                 step = env.step(policy.greedy(obs, rng))
                 obs = step.obs
+                if recurrent:
+                    policy.reset_state(step.ended)  # type: ignore[attr-defined]
                 for i, ret, length in episodes.step(step.reward, step.ended):
                     if done_count[i] < quota[i]:  # each env's quota was fixed up front
                         returns.append(ret)

@@ -13,6 +13,8 @@ A time-limit truncation is not `done`: the learner bootstraps from the last stat
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 
 from algorithms.base import SamplingActor
@@ -61,6 +63,100 @@ class EpisodeTracker:
         out = (self._returns[-keep:], self._lengths[-keep:])
         self._returns, self._lengths = [], []
         return out
+
+
+#: `NStepBuilder.take(where=True)`'s extra columns: each row's env, and whether its
+#: step ended the episode.
+ENV = "_env"
+LAST = "_last"
+
+
+class EpisodeRows:
+    """Rows held by env until their episode ends, then given out with each episode's
+    rows together and their spans: what episode and sequence items are cut from.
+
+    An episode longer than `max_piece_rows` goes out in pieces of that many rows
+    (each a span of its own: an item never crosses a piece either), so no chunk has to
+    wait on an episode without end, and one piece always fits one upload.
+
+    Usage::
+
+        episodes.add(builder.take(where=True))
+        if len(episodes) >= n_sample:
+            columns, spans = episodes.take(max_rows)
+    """
+
+    def __init__(self, num_envs: int, max_piece_rows: int) -> None:
+        self.max_piece_rows = max_piece_rows
+        #: Each env's rows since its episode (or piece) began, in order.
+        self._open: list[list[dict[str, np.ndarray]]] = [[] for _ in range(num_envs)]
+        self._open_rows = [0] * num_envs
+        #: Whole episodes (and pieces), oldest first.
+        self._closed: collections.deque[dict[str, np.ndarray]] = collections.deque()
+        self._closed_rows = 0
+
+    def __len__(self) -> int:
+        """Rows of whole episodes (and pieces) `take` can give now."""
+        return self._closed_rows
+
+    def add(self, rows: dict[str, np.ndarray]) -> None:
+        """Rows of `NStepBuilder.take(where=True)`: each env's in time order."""
+        env, last = rows[ENV], rows[LAST]
+        columns = {k: v for k, v in rows.items() if k not in (ENV, LAST)}
+        for e in np.unique(env).tolist():
+            index = np.flatnonzero(env == e)
+            # Pieces of this env's rows, each but maybe the last ending its episode.
+            for piece in np.split(index, np.flatnonzero(last[index]) + 1):
+                if piece.size:
+                    self._extend(e, {k: v[piece] for k, v in columns.items()})
+                    if last[piece[-1]]:
+                        self._close(e)
+
+    def _extend(self, env: int, rows: dict[str, np.ndarray]) -> None:
+        """Append rows to the env's open episode, closing it as a piece whenever it
+        reaches `max_piece_rows`."""
+        count = len(next(iter(rows.values())))
+        done = 0
+        while done < count:
+            room = self.max_piece_rows - self._open_rows[env]
+            part = {k: v[done : done + room] for k, v in rows.items()}
+            taken = min(room, count - done)
+            self._open[env].append(part)
+            self._open_rows[env] += taken
+            done += taken
+            if self._open_rows[env] >= self.max_piece_rows:
+                self._close(env)
+
+    def _close(self, env: int) -> None:
+        parts = self._open[env]
+        if not parts:
+            return
+        episode = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
+        self._closed.append(episode)
+        self._closed_rows += self._open_rows[env]
+        self._open[env], self._open_rows[env] = [], 0
+
+    def take(self, max_rows: int) -> tuple[dict[str, np.ndarray], list[tuple[int, int]]]:
+        """Whole episodes (and pieces), oldest first, up to `max_rows` rows (at least
+        one), as columns with each one's (first row, rows)."""
+        taken: list[dict[str, np.ndarray]] = []
+        spans: list[tuple[int, int]] = []
+        rows = 0
+        while self._closed and (not taken or rows + _rows_of(self._closed[0]) <= max_rows):
+            if len(spans) == MAX_EPISODES_PER_SEGMENT:
+                break
+            episode = self._closed.popleft()
+            spans.append((rows, _rows_of(episode)))
+            rows += spans[-1][1]
+            taken.append(episode)
+        self._closed_rows -= rows
+        if not taken:
+            return {}, []
+        return {k: np.concatenate([e[k] for e in taken]) for k in taken[0]}, spans
+
+
+def _rows_of(columns: dict[str, np.ndarray]) -> int:
+    return len(next(iter(columns.values())))
 
 
 class NStepBuilder:
@@ -130,8 +226,11 @@ class NStepBuilder:
         self._ready += int(np.count_nonzero(waiting == self.nstep))
         np.minimum(waiting, self.nstep - 1, out=waiting)
 
-    def take(self) -> dict[str, np.ndarray]:
-        """All finished transitions as column arrays; the builder keeps the rest."""
+    def take(self, *, where: bool = False) -> dict[str, np.ndarray]:
+        """All finished transitions as column arrays; the builder keeps the rest.
+
+        `where`: also `ENV` (each row's env) and `LAST` (the row's step ended its
+        episode), for grouping rows by episode (`EpisodeRows`)."""
         if not self._steps:
             return {name: np.zeros(0, np.float32) for name in self.COLUMNS}
         held = {name: np.stack([s[name] for s in self._steps]) for name in self._steps[0]}
@@ -174,6 +273,8 @@ class NStepBuilder:
             if name not in (*self.COLUMNS, "terminated", "ended")
         }
         action = held["action"][t, env]
+        if where:
+            extras |= {ENV: env, LAST: held["ended"][t, env]}
         return extras | {
             "obs": as_obs(held["obs"][t, env]),
             # discrete: action ids; continuous: actions normalized to [-1, 1]

@@ -92,9 +92,20 @@ def merged(chunks: list[PendingSegment]) -> PendingSegment:
 
 def upload_groups(chunks: list[PendingSegment]) -> list[PendingSegment]:
     """The segments one upload writes: each run of chunks of one policy version merged
-    (a segment reference carries one version, which staleness is judged by)."""
-    runs = itertools.groupby(chunks, key=lambda chunk: chunk.ref.policy_version)
-    return [merged(list(run)) for _, run in runs]
+    (a segment reference carries one version, which staleness is judged by), split
+    where their episode spans would pass what one reference lists."""
+    groups: list[PendingSegment] = []
+    for _, run in itertools.groupby(chunks, key=lambda chunk: chunk.ref.policy_version):
+        group: list[PendingSegment] = []
+        spans = 0
+        for chunk in run:
+            if group and spans + len(chunk.ref.episodes) > MAX_EPISODES_PER_SEGMENT:
+                groups.append(merged(group))
+                group, spans = [], 0
+            group.append(chunk)
+            spans += len(chunk.ref.episodes)
+        groups.append(merged(group))
+    return groups
 
 
 class SegmentUploader:

@@ -40,7 +40,7 @@ from common.metrics import service_registry
 from common.ranks import LEARNER_RANKS, RANK_DEVICES
 from common.settings import SettingsError, SlaveSettings, env_float
 from common.storage import SharedStore
-from jobconfig import algorithm_of, read_job_config
+from jobconfig import algorithm_of, read_job_config, sequence_length_of
 from services.learner.core import LearnerRunner
 from services.learner.group import GroupBroken, RankEnv, RankGroup
 from services.learner.metrics import LearnerMetrics
@@ -145,7 +145,8 @@ def _follow_task(group: RankGroup, store: SharedStore, task: dict[str, Any]) -> 
     schema = SegmentSchema.for_policy(
         config.policy, algorithm_of(config).column_names_for(config.policy)
     )
-    trainer = Trainer(learner, SegmentCache(store, job_id, schema), group)
+    cache = SegmentCache(store, job_id, schema, sequence_length=sequence_length_of(config))
+    trainer = Trainer(learner, cache, group, takes_sequences=algorithm_of(config).recurrent)
     log.info("rank %d follows task for job %s (%s)", group.rank, job_id, config.policy.type)
     while True:
         message = group.receive()

@@ -18,6 +18,7 @@ Usage::
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import itertools
 import logging
@@ -172,6 +173,10 @@ def _check_column(name: str, array: np.ndarray, spec: ColumnSpec) -> np.ndarray:
     return array.astype(spec.dtype, copy=False)
 
 
+#: The column of sequence batches (`SegmentCache.sequence_length`) that says which of
+#: each item's steps are real rows (1) and which are padding (0).
+VALID = "valid"
+
 #: What reading and checking a segment raises for a bad file (PathError and
 #: CorruptFileError are ValueErrors).
 UNUSABLE = (OSError, ValueError, TypeError, KeyError, OverflowError)
@@ -197,8 +202,12 @@ class SegmentCache:
         unusable: set[str] | None = None,
         *,
         read_timeout_s: float = READ_TIMEOUT_S,
+        sequence_length: int | None = None,
     ) -> None:
         self.store = store
+        #: Episode and sequence items: each sampled item is a span of rows, gathered as
+        #: `[items, sequence_length, ...]` columns with a `VALID` mask (None: rows).
+        self.sequence_length = sequence_length
         self.job_id = job_id
         self.schema = schema
         self.columns = tuple(schema.columns)
@@ -318,7 +327,54 @@ class SegmentCache:
         self, batch: SampledBatch
     ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
         """As `gather`, with which of the batch's items were kept (a bool per item)
-        instead of their keys."""
+        instead of their keys. Episode and sequence items (`sequence_length`) come as
+        `[items, sequence_length, ...]` columns, each item's rows from its first one,
+        padded past its end (the padding repeats its last row) and marked by `VALID`."""
+        if self.sequence_length is not None:
+            return self._gather_sequences(batch, self.sequence_length)
+        return self._gather_rows(batch)
+
+    def _gather_sequences(
+        self, batch: SampledBatch, steps: int
+    ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        items = sum(len(segment.rows) for segment in batch.segments)
+        if len(batch.keys) != items or len(batch.weights) != items:
+            return self._gather_rows(batch)  # refused there, with the same warning
+        offsets = np.arange(steps)
+        segments = []
+        lengths: list[int] = []
+        for segment in batch.segments:
+            spans = segment.lengths
+            if spans is None or len(spans) != len(segment.rows):
+                spans = [0] * len(segment.rows)  # no lengths: every item refused below
+            rows: list[int] = []
+            for first, length in zip(segment.rows, spans, strict=True):
+                if isinstance(length, int) and 1 <= length <= steps and isinstance(first, int):
+                    rows.extend((first + np.minimum(offsets, length - 1)).tolist())
+                else:  # a span the learner cannot take: the segment's rows fail the check
+                    rows.extend([-1] * steps)
+                lengths.append(length if isinstance(length, int) else 0)
+            segments.append(dataclasses.replace(segment, rows=rows, lengths=None))
+        expanded = dataclasses.replace(
+            batch,
+            keys=[key for key in batch.keys for _ in offsets],
+            weights=[w for w in batch.weights for _ in offsets],
+            segments=segments,
+        )
+        columns, weights, keep = self._gather_rows(expanded)
+        kept = keep.reshape(items, steps)[:, 0] if keep.size else np.zeros(items, bool)
+        if not kept.any():
+            return {}, np.zeros(0, np.float32), kept
+        count = int(kept.sum())
+        out = {k: v.reshape(count, steps, *v.shape[1:]) for k, v in columns.items()}
+        valid = offsets[None, :] < np.asarray(lengths)[kept][:, None]
+        out[VALID] = valid.astype(np.float32)
+        return out, weights.reshape(count, steps)[:, 0].copy(), kept
+
+    def _gather_rows(
+        self, batch: SampledBatch
+    ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
+        """The batch's rows (one a item), from each usable segment."""
         items = sum(len(segment.rows) for segment in batch.segments)
         if len(batch.keys) != items or len(batch.weights) != items:
             log.warning(

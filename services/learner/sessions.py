@@ -30,7 +30,7 @@ from common.errors import ApiError
 from common.http_client import ServiceUnavailable
 from common.messages import PolicyRef, SampleReply, dump
 from common.storage import SharedStore
-from jobconfig import algorithm_of
+from jobconfig import algorithm_of, sequence_length_of
 from services.learner.background import BackgroundWrites, copy_state
 from services.learner.group import GroupBroken, RankGroup
 from services.learner.guards import JobOver, NonFiniteWeights, finite, priorities_of, set_progress
@@ -75,8 +75,16 @@ class BatchSession:
         schema = SegmentSchema.for_policy(
             config.policy, algorithm_of(config).column_names_for(config.policy)
         )
-        self.cache = SegmentCache(store, self.job_id, schema, unusable=ctx.unusable_segments)
-        self.trainer = Trainer(learner, self.cache, group)
+        self.cache = SegmentCache(
+            store,
+            self.job_id,
+            schema,
+            unusable=ctx.unusable_segments,
+            sequence_length=sequence_length_of(config),
+        )
+        self.trainer = Trainer(
+            learner, self.cache, group, takes_sequences=algorithm_of(config).recurrent
+        )
         self.sample_timeouts = 0
         #: Holds (fifo items kept for this task) trained on and not yet acknowledged.
         self.trained_holds: list[str] = []

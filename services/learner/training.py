@@ -20,13 +20,13 @@ from typing import TypeVar
 import numpy as np
 import torch
 
-from algorithms.base import BatchLearner, Learner, RoundLearner
+from algorithms.base import BatchLearner, BatchReport, Learner, RoundLearner
 from algorithms.registry import ALGORITHMS
 from algorithms.sync import AllReduceSync
 from common.config import JobConfig
 from common.messages import SampledBatch
 from services.learner.group import RankGroup, share_bounds, share_of
-from services.learner.segments import SegmentCache
+from services.learner.segments import VALID, SegmentCache
 
 L = TypeVar("L", bound=Learner)
 
@@ -82,8 +82,18 @@ class Trainer:
     A learner on its own (`group` None) trains on the whole batch.
     """
 
-    def __init__(self, learner: Learner, cache: SegmentCache, group: RankGroup | None) -> None:
+    def __init__(
+        self,
+        learner: Learner,
+        cache: SegmentCache,
+        group: RankGroup | None,
+        *,
+        takes_sequences: bool = False,
+    ) -> None:
+        """`takes_sequences`: the learner trains on `[items, time]` batches (a recurrent
+        algorithm's); otherwise sequence items are trained on as their rows."""
         self.learner = learner
+        self.takes_sequences = takes_sequences
         self.cache = cache
         self.group = group
         self._started = time.monotonic()
@@ -103,7 +113,7 @@ class Trainer:
             columns, weights, keys = self.cache.gather(batch)
             if not len(weights):
                 return None
-            info = learner.learn_batch(columns, weights)
+            info = self._learn(learner, columns, weights)
             rate = self._rate(len(weights))
             return BatchOutcome(keys, info.td_abs, info.loss, info.q_mean, [rate], info.scalars)
         mine = share_of(batch, group.rank, group.world_size)
@@ -112,7 +122,7 @@ class Trainer:
         # all skip the batch together.
         if group.all_min(len(weights)) == 0:
             return None
-        info = learner.learn_batch(columns, weights)
+        info = self._learn(learner, columns, weights)
         width = share_bounds(len(batch.keys), 0, group.world_size)[1]
         td = np.full(width, _DROPPED)
         td[: len(kept)][kept] = np.asarray(info.td_abs, dtype=np.float64)
@@ -138,6 +148,23 @@ class Trainer:
             rank_samples_per_s=table[:, 2].tolist(),
             scalars=_rank_means(info.scalars, table[:, 3 : len(head)]),
         )
+
+    def _learn(
+        self, learner: BatchLearner, columns: dict[str, np.ndarray], weights: np.ndarray
+    ) -> BatchReport:
+        """One update. Sequence items (`[items, time]` columns with a `VALID` mask) go
+        as they are to a learner that takes sequences (a recurrent one); any other
+        learns on their valid rows as transitions, and an item's new priority is its
+        rows' highest."""
+        if VALID not in columns or self.takes_sequences:
+            return learner.learn_batch(columns, weights)
+        valid = columns[VALID].astype(bool)
+        flat = {k: v[valid] for k, v in columns.items() if k != VALID}
+        items = np.nonzero(valid)[0]
+        info = learner.learn_batch(flat, weights[items])
+        td_abs = np.zeros(len(weights))
+        np.maximum.at(td_abs, items, np.asarray(info.td_abs, dtype=np.float64))
+        return ItemReport(info.loss, info.q_mean, td_abs, info.scalars)
 
     def start_reads(self, batches: list[SampledBatch]) -> None:
         """Start reading this rank's segments of batches to come that are neither cached
@@ -197,6 +224,16 @@ def _rank_means(scalars: dict[str, float], table: np.ndarray) -> dict[str, float
         warnings.simplefilter("ignore", RuntimeWarning)
         means = np.nanmean(np.where(np.isfinite(table), table, np.nan), axis=0)
     return dict(zip(scalars, means.tolist(), strict=True))
+
+
+@dataclass(frozen=True)
+class ItemReport:
+    """A `BatchReport` whose `td_abs` is one per item of a sequence batch."""
+
+    loss: float
+    q_mean: float
+    td_abs: np.ndarray
+    scalars: dict[str, float]
 
 
 def new_learner(config: JobConfig, seed: int, group: RankGroup | None) -> Learner:
