@@ -1,0 +1,142 @@
+"""Sequence replay: the buffer's windows over scripted episodes (never across an
+episode's end, every row in some window, overlap as configured), the collector's rows
+grouped by episode, and the learner's [items, time] batches with a valid mask."""
+
+import numpy as np
+import pytest
+
+from common.config import ReplayBufferConfig
+from common.messages import SampledBatch, SampledSegment, SegmentRef
+from services.buffer.core import ReplayBuffer, sequence_windows
+from services.collector.step_data import EpisodeRows, NStepBuilder
+from tests.fakes import DeletedFiles
+
+EPISODES = [1, 5, 8, 9, 13, 20, 3]
+
+
+def spans_of(lengths):
+    starts = np.cumsum([0, *lengths[:-1]])
+    return [(int(s), int(n)) for s, n in zip(starts, lengths, strict=True)]
+
+
+@pytest.mark.parametrize(("length", "overlap"), [(8, 3), (8, 0), (4, 3), (1, 0), (30, 10)])
+def test_windows_cover_every_row_overlap_as_configured_and_stay_in_their_episode(length, overlap):
+    spans = spans_of(EPISODES)
+    starts = np.array([s for s, _ in spans])
+    lengths = np.array([n for _, n in spans])
+    first, rows = sequence_windows(starts, lengths, length, overlap)
+    covered = np.zeros(sum(EPISODES), bool)
+    for start, n in spans:
+        mine = (first >= start) & (first < start + n)
+        f, r = first[mine], rows[mine]
+        assert (f + r <= start + n).all() and (r >= 1).all() and (r <= length).all()
+        for a, k in zip(f, r, strict=True):
+            covered[a : a + k] = True
+        # consecutive windows share exactly `overlap` rows (or the episode's rest)
+        ends = f + r
+        shared = ends[:-1] - f[1:]
+        assert (shared == overlap).all() or n <= length, (start, n, f, r)
+    assert covered.all()
+
+
+def test_the_buffer_samples_sequences_inside_episodes_and_every_row_in_some():
+    config = ReplayBufferConfig(
+        replay_buffer_size=1000,
+        min_size_to_sample=1,
+        item="sequence",
+        sequence_length=6,
+        overlap=2,
+    )
+    buf = ReplayBuffer("job-1", config, DeletedFiles(), error_buffer=0.0)
+    spans = spans_of(EPISODES)
+    path = "job-1/segments/w/00000000.safetensors"
+    rows = sum(EPISODES)
+    buf.insert([SegmentRef(path=path, rows=rows, env_steps=rows, policy_version=0, episodes=spans)])
+    seen = np.zeros(rows, bool)
+    for batch in buf.sample(8, 64, timeout_s=1.0):
+        for segment in batch.segments:
+            for first, length in zip(segment.rows, segment.lengths, strict=True):
+                episode = next(s for s in spans if s[0] <= first < s[0] + s[1])
+                assert first + length <= episode[0] + episode[1]
+                assert 1 <= length <= 6
+                seen[first : first + length] = True
+    assert seen.all()
+    # Windows of an episode longer than a window overlap by 2 rows.
+    assert buf.size == len(sequence_windows(*map(np.array, zip(*spans, strict=True)), 6, 2)[0])
+
+
+def test_an_episode_span_past_the_segment_or_overlapping_another_is_refused():
+    config = ReplayBufferConfig(item="sequence", sequence_length=4, overlap=1)
+    buf = ReplayBuffer("job-1", config, DeletedFiles(), error_buffer=0.0)
+    path = "job-1/segments/w/00000000.safetensors"
+    for episodes, what in [([(0, 5), (5, 6)], "past"), ([(0, 5), (4, 3)], "overlap")]:
+        bad = SegmentRef(path=path, rows=10, env_steps=10, policy_version=0, episodes=episodes)
+        with pytest.raises(ValueError, match=what):
+            buf.insert([bad])
+
+
+def test_collector_rows_come_out_grouped_by_episode_with_their_spans():
+    rng = np.random.default_rng(0)
+    envs = 4
+    builder = NStepBuilder(envs, 1, 0.99)
+    grouped = EpisodeRows(envs, max_piece_rows=7)
+    t = np.zeros(envs, np.int64)
+    out_columns, out_spans = [], []
+    for _ in range(200):
+        obs = np.stack([np.arange(envs), t], axis=1).astype(np.float32)  # (env, step)
+        ended = rng.random(envs) < 0.15
+        builder.add(obs, np.zeros(envs, np.int64), np.ones(envs), obs, ended, np.zeros(envs, bool))
+        t = np.where(ended, 0, t + 1)
+        grouped.add(builder.take(where=True))
+        if len(grouped) >= 10:
+            columns, spans = grouped.take(max_rows=20)
+            assert sum(n for _, n in spans) == len(columns["obs"]) <= 20 or len(spans) == 1
+            out_columns.append(columns)
+            out_spans.append(spans)
+    pieces = 0
+    for columns, spans in zip(out_columns, out_spans, strict=True):
+        for start, n in spans:
+            obs = columns["obs"][start : start + n]
+            assert (obs[:, 0] == obs[0, 0]).all()  # one env
+            assert (np.diff(obs[:, 1]) == 1).all()  # its consecutive steps
+            assert n <= 7
+            pieces += 1
+    assert pieces > 20
+
+
+def test_the_learner_gets_items_by_time_with_padding_masked(tmp_path):
+    from common.storage import SharedStore
+    from jobconfig import fit_to_env, resolve_job_config
+    from services.learner.segments import VALID, SegmentCache, SegmentSchema
+
+    config = fit_to_env(resolve_job_config({"policy": {"type": "dqn"}})[0])
+    schema = SegmentSchema.for_policy(config.policy, ("obs", "action", "reward"))
+    store = SharedStore(tmp_path)
+    path = store.segment_path("job-1", "w", 0)
+    rows = 12
+    store.write_segment(
+        path,
+        {
+            "obs": np.arange(rows * 4, dtype=np.float32).reshape(rows, 4),
+            "action": np.zeros(rows, np.int64),
+            "reward": np.arange(rows, dtype=np.float32),
+        },
+    )
+    cache = SegmentCache(store, "job-1", schema, sequence_length=5)
+    batch = SampledBatch(
+        keys=[1, 2],
+        segments=[SampledSegment(path=path, rows=[2, 9], lengths=[5, 3])],
+        weights=[0.5, 1.0],
+    )
+    columns, weights, keys = cache.gather(batch)
+    assert keys == [1, 2] and weights.tolist() == [0.5, 1.0]
+    assert columns["reward"].shape == (2, 5) and columns["obs"].shape == (2, 5, 4)
+    assert columns["reward"][0].tolist() == [2, 3, 4, 5, 6]
+    assert columns[VALID].tolist() == [[1, 1, 1, 1, 1], [1, 1, 1, 0, 0]]
+    assert columns["reward"][1][:3].tolist() == [9, 10, 11]
+    # A span longer than the sequence, or running off the segment, skips the segment.
+    bad = SampledBatch(
+        keys=[3], segments=[SampledSegment(path=path, rows=[10], lengths=[5])], weights=[1.0]
+    )
+    columns, weights, keys = cache.gather(bad)
+    assert keys == [] and path in cache.unusable
