@@ -5,7 +5,7 @@ Adding an algorithm is its folder (see `algorithms/dqn/`) and one line here.
 
 from __future__ import annotations
 
-from algorithms import dqn, impala, ppo, rainbow, sac
+from algorithms import dqn, impala, ppo, r2d2, rainbow, sac
 from algorithms.base import Algorithm
 
 ALGORITHMS: dict[str, Algorithm] = {
@@ -15,4 +15,5 @@ ALGORITHMS: dict[str, Algorithm] = {
     "sac": sac.SPEC,
     "rainbow": rainbow.SPEC,
     "c51": rainbow.C51_SPEC,
+    "r2d2": r2d2.SPEC,
 }
