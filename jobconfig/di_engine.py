@@ -13,6 +13,7 @@ asks for.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from algorithms.registry import ALGORITHMS
@@ -99,7 +100,10 @@ def from_di_engine(
     _algorithm(raw, _get(create, "policy.type"), notes)
     _env(raw, _get(create, "env.type"), notes)
     for source, target in MOVES:
+        if _own_key(raw, source):
+            continue
         _move(raw, source, target, notes)
+    _sequences(raw, notes)
     _replay_ratio(raw, notes)
     _priority(raw, notes)
     envs = _get(raw, "env.collector_env_num")
@@ -230,6 +234,47 @@ def _priority(raw: dict[str, Any], notes: list[str]) -> None:
     if priority is True and _get(raw, target) is None:
         _set(raw, target, "prioritized")
         notes.append(f"policy.priority true -> {target} prioritized")
+
+
+def _own_key(raw: dict[str, Any], path: str) -> bool:
+    """Whether the job's algorithm has `path` itself (R2D2's `policy.unroll_len`, the
+    learned steps of a sequence), so DI-engine's key means what drover's does."""
+    algorithm = ALGORITHMS.get(str(_get(raw, "policy.type")))
+    if algorithm is None or not path.startswith("policy."):
+        return False
+    fields = {f.name for f in dataclasses.fields(algorithm.config)}
+    return path.split(".")[1] in fields and path.count(".") == 1
+
+
+def _sequences(raw: dict[str, Any], notes: list[str]) -> None:
+    """A recurrent algorithm's sequences (R2D2): DI-engine derives the replayed
+    sequence from `burnin_step + unroll_len`, drover's buffer names it; and its
+    exploration is Ape-X's per-env epsilons, not DI-engine's decaying one."""
+    algorithm = ALGORITHMS.get(str(_get(raw, "policy.type")))
+    if algorithm is None or not algorithm.recurrent:
+        return
+    defaults = algorithm.config()
+    burnin = _get(raw, "policy.burnin_step")
+    unroll = _get(raw, "policy.unroll_len")
+    burnin = defaults.burnin_step if burnin is None else burnin  # type: ignore[attr-defined]
+    unroll = defaults.unroll_len if unroll is None else unroll  # type: ignore[attr-defined]
+    if isinstance(burnin, int) and isinstance(unroll, int):
+        buffer = "policy.other.replay_buffer"
+        if _get(raw, f"{buffer}.sequence_length") is None:
+            _set(raw, f"{buffer}.item", "sequence")
+            _set(raw, f"{buffer}.sequence_length", burnin + unroll)
+            _set(raw, f"{buffer}.overlap", (burnin + unroll) // 2)
+            notes.append(
+                f"{buffer}: sequences of burnin_step + unroll_len = {burnin + unroll} steps, "
+                f"consecutive ones sharing {(burnin + unroll) // 2}"
+            )
+    eps = _get(raw, "policy.other.eps")
+    if isinstance(eps, dict) and any(k in eps for k in ("type", "start", "end", "decay")):
+        _pop(raw, "policy.other.eps")
+        notes.append(
+            "policy.other.eps: r2d2 explores with Ape-X's fixed epsilon per env "
+            "(policy.other.eps.base, alpha); the decaying schedule is dropped"
+        )
 
 
 def _move(raw: dict[str, Any], source: str, target: str, notes: list[str]) -> None:

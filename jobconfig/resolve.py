@@ -161,13 +161,20 @@ def _split_unknown(
     for key, value in data.items():
         path = f"{prefix}{key}"
         if key not in schema.keys:
-            users = _other_users(path, algo)
-            if users:
-                verb = "does" if len(users) == 1 else "do"
-                ignored.extend(
-                    f"{leaf}: ignored, {algo} does not use it ({' and '.join(users)} {verb})"
-                    for leaf in _leaf_paths(value, path)
-                )
+            if _other_users(path, algo):
+                # Each leaf on its own: another algorithm may have the section (`eps`)
+                # but not every key in it.
+                for leaf in _leaf_paths(value, path):
+                    users = _other_users(leaf, algo)
+                    if users:
+                        verb = "does" if len(users) == 1 else "do"
+                        ignored.append(
+                            f"{leaf}: ignored, {algo} does not use it "
+                            f"({' and '.join(users)} {verb})"
+                        )
+                    else:
+                        name = leaf.rsplit(".", 1)[-1]
+                        unknown.append(f"{leaf}: unknown key{_did_you_mean(name, schema)}")
             else:
                 unknown.append(f"{path}: unknown key{_did_you_mean(str(key), schema)}")
             continue

@@ -25,9 +25,9 @@ from common.messages import (
 )
 from common.models import state_to_numpy
 from common.storage import SharedStore
-from jobconfig import fit_to_env, resolve_job_config
+from jobconfig import fit_to_env, resolve_job_config, sequence_length_of
 from services.collector.core import CollectorRunner
-from services.learner.segments import SegmentSchema
+from services.learner.segments import VALID, SegmentSchema
 
 JOB = "job-1"
 ENV_IDS: dict[str, str] = {"discrete": "CartPole-v1", "continuous": "Pendulum-v1"}
@@ -78,7 +78,15 @@ def synthetic_columns(config: JobConfig, names: tuple[str, ...], rows: int) -> d
             columns[name] = np.zeros(shape, spec.dtype)
         else:
             columns[name] = rng.uniform(-1.0, 1.0, shape).astype(spec.dtype)
-    return schema.check(columns)
+    columns = schema.check(columns)
+    steps = sequence_length_of(config)
+    if steps is None:
+        return columns
+    # Sequence items: `rows` items of `steps` rows each, the last few padding.
+    sequences = {k: np.stack([v] * steps, axis=1) for k, v in columns.items()}
+    valid = np.ones((rows, steps), np.float32)
+    valid[:, max(1, steps - 2) :] = 0
+    return sequences | {VALID: valid}
 
 
 def train_once(learner: Any, columns: dict, rows: int) -> Any:

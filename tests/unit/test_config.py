@@ -127,7 +127,8 @@ def test_every_coordinator_limit_is_settable_and_documented():
         # a key drover has in another section says where
         (
             {"policy": {"learn": {"unroll_len": 8}}},
-            "policy.learn.unroll_len: unknown key (drover has it as policy.collect.unroll_len)",
+            "policy.learn.unroll_len: unknown key "
+            "(drover has it as policy.collect.unroll_len and policy.unroll_len)",
         ),
         (
             {"policy": {"learn": {"discount_factor": 0.9}}},

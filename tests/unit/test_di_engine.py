@@ -8,7 +8,7 @@ from drover.cli import main as drover
 from jobconfig import load_config, resolve_job_config
 from jobconfig.di_engine import from_di_engine
 from services.coordinator.workflows import check_workflow
-from tests.helpers import DI_ENGINE_FILE
+from tests.helpers import DI_ENGINE_FILE, EXAMPLES
 
 
 def create(policy, env):
@@ -94,7 +94,7 @@ def test_sac_on_pendulum_reads_di_engines_actor_and_priority_keys():
     [
         ("discrete_sac", "cartpole", "create_config.policy.type", "continuous"),
         ("ppo_offpolicy", "cartpole", "create_config.policy.type", "on-policy"),
-        ("r2d2", "cartpole", "create_config.policy.type", "not an algorithm drover runs"),
+        ("qmix", "cartpole", "create_config.policy.type", "not an algorithm drover runs"),
         ("dqn", "atari_pong", "create_config.env.type", "set env.env_id"),
     ],
 )
@@ -134,8 +134,8 @@ def test_config_show_prints_the_resolved_config_and_starts_nothing(tmp_path, cap
     shown = capsys.readouterr()
     assert "translated: create_config.env.type cartpole -> env.env_id CartPole-v0" in shown.err
     assert "type: ppo" in shown.out and "workflow: sync" in shown.out
-    refused = tmp_path / "cartpole_r2d2_config.py"
-    refused.write_text(DI_ENGINE_FILE.replace("type='ppo'", "type='r2d2'"))
+    refused = tmp_path / "cartpole_qmix_config.py"
+    refused.write_text(DI_ENGINE_FILE.replace("type='ppo'", "type='qmix'"))
     assert drover(["config", "show", str(refused)]) == 2
     assert "create_config.policy.type" in capsys.readouterr().err
 
@@ -217,3 +217,14 @@ def test_multi_gpu_keeps_its_meaning_wherever_di_engine_puts_it(where):
     config, notes, warnings = resolved(main, create("dqn", "cartpole"))
     assert config.policy.learn.multi_gpu is True
     assert not any("multi_gpu" in w for w in warnings)
+
+
+def test_a_di_engine_r2d2_file_replays_its_sequences():
+    raw, notes = load_config(EXAMPLES / "di_engine" / "cartpole_r2d2_config.py")
+    config, warnings = resolve_job_config(raw)
+    policy = config.policy
+    assert policy.type == "r2d2" and warnings == []
+    buffer = policy.other.replay_buffer
+    assert (buffer.item, buffer.sequence_length, buffer.overlap) == ("sequence", 20, 10)
+    assert policy.burnin_step + policy.unroll_len == buffer.sequence_length
+    assert any("Ape-X" in note for note in notes)
