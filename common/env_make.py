@@ -238,9 +238,7 @@ def make_one_env(config: EnvConfig, *, training: bool) -> gym.Env:
     return env
 
 
-def _filtered(
-    env: gym.Env, box: gym.spaces.Box, keep: list[int]
-) -> tuple[gym.Env, gym.spaces.Box]:
+def _filtered(env: gym.Env, box: gym.spaces.Box, keep: list[int]) -> tuple[gym.Env, gym.spaces.Box]:
     """Only the `keep` entries of a vector observation (a partially observed task:
     CartPole's positions without their velocities).
 
