@@ -35,10 +35,10 @@ from algorithms.sync import LOCAL
 from common.config import JobConfig
 from common.messages import SampledBatch, parse
 from common.storage import SharedStore
-from jobconfig import resolve_job_config, with_spaces
+from jobconfig import resolve_job_config, sequence_length_of, with_spaces
 from services.learner.aggregator import follow_task
 from services.learner.group import RankEnv, RankGroup, share_bounds
-from services.learner.segments import SegmentCache, SegmentSchema
+from services.learner.segments import VALID, SegmentCache, SegmentSchema
 from services.learner.training import Trainer, new_learner
 
 JOB = "job-1"
@@ -48,7 +48,7 @@ OBS, ACTIONS = 4, 2
 GLOBAL_BATCH = 32
 #: Updates each rank takes in the scenario `learn` (SAC's three optimizers make it the
 #: slowest per update, and no single-process reference needs its 50).
-UPDATES = {"dqn": 50, "impala": 50, "sac": 20}
+UPDATES = {"dqn": 50, "impala": 50, "sac": 20, "r2d2": 20}
 #: A PPO round (n_sample items) and its global minibatch.
 PPO_ROUND, PPO_MINIBATCH = 64, 16
 PPO_ROUNDS = 2
@@ -79,6 +79,10 @@ def config_of(algo: str) -> JobConfig:
     }
     if algo == "impala":
         raw["policy"]["collect"] = {"unroll_len": 4}
+    if algo == "r2d2":  # short sequences: burn-in 1, 5 learned steps
+        raw["policy"] |= {"burnin_step": 1, "unroll_len": 5, "nstep": 2}
+        raw["policy"]["model"]["lstm_hidden_size"] = 16
+        raw["policy"]["other"] = {"replay_buffer": {"sequence_length": 6, "overlap": 3}}
     if algo == "ppo":
         raw["policy"]["learn"] = {"batch_size": PPO_MINIBATCH, "epoch_per_collect": 2}
         raw["policy"]["collect"] = {"n_sample": PPO_ROUND}
@@ -108,7 +112,14 @@ def fabricate(config: JobConfig, rows: int, seed: int) -> dict[str, np.ndarray]:
             columns[name] = rng.uniform(0.9, 1.0, shape).astype(spec.dtype)
         else:
             columns[name] = rng.uniform(-1.0, 1.0, shape).astype(spec.dtype)
-    return schema.check(columns)
+    columns = schema.check(columns)
+    steps = sequence_length_of(config)
+    if steps is None:
+        return columns
+    # Sequence items (R2D2): each row's values along a time axis, the ends padding.
+    sequences = {k: np.repeat(v[:, None], steps, axis=1) for k, v in columns.items()}
+    lengths = rng.integers(2, steps + 1, rows)
+    return sequences | {VALID: (np.arange(steps)[None] < lengths[:, None]).astype(np.float32)}
 
 
 def global_batches(config: JobConfig, count: int) -> list[tuple[dict[str, np.ndarray], np.ndarray]]:

@@ -13,9 +13,11 @@ short sequence's end are padding, `valid` 0):
    sequence; a step whose row t+n is past the sequence's valid rows, and whose episode
    did not terminate before, is not learned here (the next, overlapping, sequence
    learns it);
-3. the loss is the mean over the learned steps of the squared (or Huber) TD error,
-   each weighted by its sequence's importance weight; a sequence's new priority is
-   eta * max + (1 - eta) * mean of its |TD errors|.
+3. the loss is the mean over the batch's sequences of each one's mean squared (or
+   Huber) TD error over its learned steps, weighted by its importance weight (a mean
+   of per-sequence means: a learner group's ranks, each with an equal share of the
+   sequences, average to exactly the whole batch's loss); a sequence's new priority
+   is eta * max + (1 - eta) * mean of its |TD errors|.
 
 Usage::
 
@@ -197,9 +199,10 @@ class R2D2:
             per_step = F.smooth_l1_loss(q, target, reduction="none")
         else:
             per_step = td.square()
-        weight = batch.weight[:, None] if config.priority_IS_weight else 1.0
+        weight = batch.weight if config.priority_IS_weight else 1.0
         steps = learned.sum()
-        loss = (weight * learned * per_step).sum() / steps.clamp(min=1.0)
+        per_sequence_loss = (learned * per_step).sum(dim=1) / learned.sum(dim=1).clamp(min=1.0)
+        loss = (weight * per_sequence_loss).mean()
         grad_norm = device_step(
             loss, self.optimizer, self.online.parameters(), learn.max_grad_norm, sync=self.sync
         )

@@ -56,6 +56,7 @@ SCENARIOS = [
     "learn:dqn",
     "learn:impala",
     "learn:sac",
+    "learn:r2d2",
     "ppo",
     "nan",
     "priorities",
@@ -234,7 +235,7 @@ def changed(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor], pre
 
 
 @pytest.mark.torchrun
-@pytest.mark.parametrize("algo", ["dqn", "impala"])
+@pytest.mark.parametrize("algo", ["dqn", "impala", "r2d2"])
 def test_two_ranks_train_as_one_process_on_the_global_batches(group_run, algo):
     """Each rank trains on its half of the same 50 global batches: networks and
     optimizer moments stay bitwise identical across the ranks, and equal (up to float
