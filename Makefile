@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= examples/cartpole_dqn.yaml
 
-.PHONY: install install-browser run test test-fast test-full test-engine lint format bench bench-learning bench-chaos bench-learner bench-atari bench-atari-collect bench-atari-learner bench-fleet bench-soak up down clean
+.PHONY: install install-browser run test test-fast test-full test-engine lint format bench bench-learning bench-selfplay bench-chaos bench-learner bench-atari bench-atari-collect bench-atari-learner bench-fleet bench-soak up down clean
 
 # The stamp is refreshed whenever pyproject.toml changes, so `make test` on a fresh
 # clone installs once and later runs start at once.
@@ -80,6 +80,11 @@ bench: install
 
 bench-learning: install
 	$(BIN)/python bench/learning.py
+
+# Self-play: Connect Four and tic-tac-toe through the services, then their policies
+# against random, heuristic and minimax players (about 5 minutes)
+bench-selfplay: install
+	$(BIN)/python bench/selfplay.py
 
 bench-chaos: install
 	$(BIN)/python bench/chaos.py --seeds 10

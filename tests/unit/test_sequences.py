@@ -140,3 +140,32 @@ def test_the_learner_gets_items_by_time_with_padding_masked(tmp_path):
     )
     columns, weights, keys = cache.gather(bad)
     assert keys == [] and path in cache.unusable
+
+
+def test_a_segment_whose_recurrent_state_is_of_the_wrong_size_is_skipped(tmp_path):
+    from algorithms.registry import ALGORITHMS
+    from common.storage import SharedStore
+    from jobconfig import fit_to_env, resolve_job_config
+    from services.learner.segments import SegmentCache, SegmentSchema
+
+    raw = {"env": {"observation_filter": [0, 2]}, "policy": {"type": "r2d2"}}
+    config = fit_to_env(resolve_job_config(raw)[0])
+    names = ALGORITHMS["r2d2"].column_names_for(config.policy)
+    schema = SegmentSchema.for_policy(config.policy, names)
+    hidden = config.policy.model.lstm_hidden_size
+    rows = 10
+    good = {
+        "obs": np.zeros((rows, 2), np.float32),
+        "action": np.zeros(rows, np.int64),
+        "reward": np.ones(rows, np.float32),
+        "done": np.zeros(rows, np.float32),
+        "h": np.zeros((rows, hidden), np.float32),
+        "c": np.zeros((rows, hidden), np.float32),
+    }
+    store = SharedStore(tmp_path)
+    cache = SegmentCache(store, "job-1", schema, sequence_length=config.policy.sequence_length)
+    for seq, columns in enumerate([good, {**good, "h": np.zeros((rows, hidden + 1), np.float32)}]):
+        path = store.segment_path("job-1", "w", seq)
+        store.write_segment(path, columns)
+        assert (cache.get(path) is None) == (seq == 1)
+    assert len(cache.unusable) == 1
