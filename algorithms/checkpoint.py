@@ -1,5 +1,6 @@
-"""Checkpoint state of a learner that trains one model with one optimizer (PPO and
-IMPALA): what it saves to resume, and how it takes a published policy's weights."""
+"""Checkpoint state of a learner: one model with one optimizer (PPO, IMPALA), or an
+online network with a target network (DQN, R2D2): what it saves to resume, and how it
+takes a published policy's weights."""
 
 from __future__ import annotations
 
@@ -31,3 +32,44 @@ class OneModelState:
 
     def load_policy(self, tensors: dict[str, np.ndarray]) -> None:
         load_numpy_state(self.model, tensors)
+
+
+class TargetNetworkState:
+    """An online network trained with one optimizer, and a target network that follows
+    it (a hard copy every so many updates, or Polyak averaging)."""
+
+    online: torch.nn.Module
+    target: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    train_iter: int
+    sync: GradientSync = LOCAL
+
+    def update_target(self, theta: float | None, every_iters: int) -> None:
+        """After an update: move the target `theta` of the way to the online network,
+        or (theta None) copy it whole every `every_iters` updates."""
+        if theta is not None:
+            with torch.no_grad():
+                for t, o in zip(self.target.parameters(), self.online.parameters(), strict=True):
+                    t.lerp_(o, theta)
+        elif self.train_iter % every_iters == 0:
+            self.target.load_state_dict(self.online.state_dict())
+
+    def state_dict(self) -> dict:
+        """Everything to resume: networks, optimizer, counter (weights_only-loadable)."""
+        return {
+            "online": self.online.state_dict(),
+            "target": self.target.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "train_iter": self.train_iter,
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.online.load_state_dict(state["online"])
+        self.target.load_state_dict(state["target"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.train_iter = int(state["train_iter"])
+
+    def load_policy(self, tensors: dict[str, np.ndarray]) -> None:
+        """A published version's weights; the target network restarts from them."""
+        load_numpy_state(self.online, tensors)
+        self.target.load_state_dict(self.online.state_dict())

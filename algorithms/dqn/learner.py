@@ -18,11 +18,11 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from algorithms.checkpoint import TargetNetworkState
 from algorithms.dqn.networks import QNetwork
 from algorithms.step import adam, device_step, learning_rate, to_device, to_host
 from algorithms.sync import LOCAL, GradientSync
 from common.config import PolicyConfig
-from common.models import load_numpy_state
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class UpdateInfo:
     scalars: dict[str, float]  # TensorBoard tags (algorithms.base.BatchReport)
 
 
-class DQN:
+class DQN(TargetNetworkState):
     """The learner; a variant with another head and loss (C51, Rainbow) overrides
     `make_network` and `update`, and keeps the target network, checkpoints and the
     policy loading."""
@@ -128,29 +128,4 @@ class DQN:
 
     def _update_target(self) -> None:
         learn = self.config.learn
-        if learn.target_theta is not None:
-            with torch.no_grad():
-                for t, o in zip(self.target.parameters(), self.online.parameters(), strict=True):
-                    t.lerp_(o, learn.target_theta)
-        elif self.train_iter % learn.target_update_freq == 0:
-            self.target.load_state_dict(self.online.state_dict())
-
-    def state_dict(self) -> dict:
-        """Everything to resume: networks, optimizer, counter (weights_only-loadable)."""
-        return {
-            "online": self.online.state_dict(),
-            "target": self.target.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "train_iter": self.train_iter,
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        self.online.load_state_dict(state["online"])
-        self.target.load_state_dict(state["target"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.train_iter = int(state["train_iter"])
-
-    def load_policy(self, tensors: dict[str, np.ndarray]) -> None:
-        """A published version's weights; the target network restarts from them."""
-        load_numpy_state(self.online, tensors)
-        self.target.load_state_dict(self.online.state_dict())
+        self.update_target(learn.target_theta, learn.target_update_freq)

@@ -35,12 +35,12 @@ import numpy as np
 import torch
 from torch.nn import functional as F
 
+from algorithms.checkpoint import TargetNetworkState
 from algorithms.r2d2.config import R2D2Config
 from algorithms.r2d2.networks import RecurrentQNetwork
 from algorithms.step import adam, device_step, learning_rate, to_device, to_host
 from algorithms.sync import LOCAL, GradientSync
 from common.config import PolicyConfig
-from common.models import load_numpy_state
 
 #: The `h(x) = sign(x)(sqrt(|x| + 1) - 1) + eps x` of Pohlen et al. (2018): its linear
 #: term keeps it invertible (and its inverse Lipschitz).
@@ -143,7 +143,7 @@ class UpdateInfo:
     scalars: dict[str, float]  # TensorBoard tags (algorithms.base.BatchReport)
 
 
-class R2D2:
+class R2D2(TargetNetworkState):
     """The learner: online and target recurrent Q-networks, one Adam step a batch."""
 
     def __init__(self, config: PolicyConfig, device: str | torch.device = "cpu") -> None:
@@ -244,30 +244,4 @@ class R2D2:
 
     def _update_target(self) -> None:
         learn = self.config.learn
-        theta = learn.target_update_theta
-        if theta is not None:
-            with torch.no_grad():
-                for t, o in zip(self.target.parameters(), self.online.parameters(), strict=True):
-                    t.lerp_(o, theta)
-        elif self.train_iter % learn.target_update_freq == 0:
-            self.target.load_state_dict(self.online.state_dict())
-
-    def state_dict(self) -> dict:
-        """Everything to resume: networks, optimizer, counter (weights_only-loadable)."""
-        return {
-            "online": self.online.state_dict(),
-            "target": self.target.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "train_iter": self.train_iter,
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        self.online.load_state_dict(state["online"])
-        self.target.load_state_dict(state["target"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.train_iter = int(state["train_iter"])
-
-    def load_policy(self, tensors: dict[str, np.ndarray]) -> None:
-        """A published version's weights; the target network restarts from them."""
-        load_numpy_state(self.online, tensors)
-        self.target.load_state_dict(self.online.state_dict())
+        self.update_target(learn.target_update_theta, learn.target_update_freq)
