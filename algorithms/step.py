@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -130,6 +131,32 @@ def to_host(
     head = torch.stack([v.detach().reshape(()).float() for v in values.values()])
     host = torch.cat([head, vector.reshape(-1).float()]).cpu().numpy()
     return dict(zip(values, host[: len(values)].tolist(), strict=True)), host[len(values) :]
+
+
+@dataclass(frozen=True)
+class TDReport:
+    """A TD learner's update (algorithms.base.BatchReport): its loss, mean value
+    estimate, the items' new priorities and its TensorBoard tags."""
+
+    loss: float
+    q_mean: float
+    #: Per item: the new priority (|TD error|; a sequence's mix of its steps').
+    td_abs: np.ndarray
+    scalars: dict[str, float]
+
+
+def td_report(
+    on_device: dict[str, torch.Tensor], td_abs: torch.Tensor, optimizer: torch.optim.Optimizer
+) -> tuple[TDReport, bool]:
+    """An update's report from its tags still on the device (`loss/td`, `value/q_mean`,
+    `optim/grad_norm`, ...: read in one transfer) and the items' priorities, with the
+    optimizer's learning rate; and whether the update was skipped (a NaN gradient norm:
+    `finite_step` took no step)."""
+    scalars, td_host = to_host(on_device, td_abs)
+    skipped = math.isnan(scalars["optim/grad_norm"])
+    scalars["optim/learning_rate"] = learning_rate(optimizer)
+    report = TDReport(scalars["loss/td"], scalars["value/q_mean"], td_host, scalars)
+    return report, skipped
 
 
 def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:

@@ -65,6 +65,7 @@ from common.messages import JobStatus, LeagueView  # noqa: E402
 from common.storage import SharedStore  # noqa: E402
 from drover.local import LocalCluster  # noqa: E402
 from jobconfig import algorithm_of, load_config_file, read_job_config  # noqa: E402
+from services.coordinator.league import Tally as LeagueTally  # noqa: E402
 
 Score = Literal["win_rate", "draw_or_win"]
 #: An action chooser: (obs [N, obs_size], mask [N, num_actions], rng) -> [N] actions.
@@ -120,14 +121,8 @@ GAMES = {
 
 
 @dataclass
-class Tally:
-    wins: int = 0
-    draws: int = 0
-    losses: int = 0
-
-    @property
-    def games(self) -> int:
-        return self.wins + self.draws + self.losses
+class Tally(LeagueTally):
+    """Games of one side (the league's tally), scored two ways."""
 
     def rate(self, score: Score) -> float:
         """Wins plus draws (a half each for `win_rate`, whole for `draw_or_win`) per game."""

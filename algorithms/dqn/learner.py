@@ -11,7 +11,6 @@ Usage::
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -20,7 +19,13 @@ from torch.nn import functional as F
 
 from algorithms.checkpoint import TargetNetworkState
 from algorithms.dqn.networks import QNetwork
-from algorithms.step import adam, device_step, learning_rate, to_device, to_host
+from algorithms.step import (
+    TDReport,
+    adam,
+    device_step,
+    td_report,
+    to_device,
+)
 from algorithms.sync import LOCAL, GradientSync
 from common.config import PolicyConfig
 
@@ -56,12 +61,8 @@ class TransitionBatch:
         )
 
 
-@dataclass(frozen=True)
-class UpdateInfo:
-    loss: float
-    q_mean: float
-    td_abs: np.ndarray  # per-row |TD error|, for prioritized replay
-    scalars: dict[str, float]  # TensorBoard tags (algorithms.base.BatchReport)
+#: What an update reports (per row |TD error|, for prioritized replay).
+UpdateInfo = TDReport
 
 
 class DQN(TargetNetworkState):
@@ -106,7 +107,7 @@ class DQN(TargetNetworkState):
         self._update_target()
         td_abs = td.detach().abs()
         # Everything the update reports, read from the device at once.
-        scalars, td_host = to_host(
+        report, skipped = td_report(
             {
                 "loss/td": loss,
                 "value/q_mean": q.mean(),
@@ -115,16 +116,10 @@ class DQN(TargetNetworkState):
                 "optim/grad_norm": grad_norm,
             },
             td_abs,
+            self.optimizer,
         )
-        if math.isnan(scalars["optim/grad_norm"]):  # not stepped on
-            self.skipped_updates += 1
-        scalars["optim/learning_rate"] = learning_rate(self.optimizer)
-        return UpdateInfo(
-            loss=scalars["loss/td"],
-            q_mean=scalars["value/q_mean"],
-            td_abs=td_host,
-            scalars=scalars,
-        )
+        self.skipped_updates += skipped
+        return report
 
     def _update_target(self) -> None:
         learn = self.config.learn

@@ -28,7 +28,6 @@ Usage::
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,7 +37,13 @@ from torch.nn import functional as F
 from algorithms.checkpoint import TargetNetworkState
 from algorithms.r2d2.config import R2D2Config
 from algorithms.r2d2.networks import RecurrentQNetwork
-from algorithms.step import adam, device_step, learning_rate, to_device, to_host
+from algorithms.step import (
+    TDReport,
+    adam,
+    device_step,
+    td_report,
+    to_device,
+)
 from algorithms.sync import LOCAL, GradientSync
 from common.config import PolicyConfig
 
@@ -133,14 +138,9 @@ class SequenceBatch:
         )
 
 
-@dataclass(frozen=True)
-class UpdateInfo:
-    loss: float
-    #: Mean Q of the learned steps' actions, in returns (not the rescaled space).
-    q_mean: float
-    #: Per sequence: eta * max + (1 - eta) * mean |TD error| over its learned steps.
-    td_abs: np.ndarray
-    scalars: dict[str, float]  # TensorBoard tags (algorithms.base.BatchReport)
+#: What an update reports: `q_mean` in returns (not the rescaled space), and per
+#: sequence eta * max + (1 - eta) * mean |TD error| over its learned steps.
+UpdateInfo = TDReport
 
 
 class R2D2(TargetNetworkState):
@@ -222,7 +222,7 @@ class R2D2(TargetNetworkState):
             returns_target = inverse_value_rescale(target) if rescale else target
             denominator = steps.clamp(min=1.0)
             # Everything the update reports, read from the device at once.
-            scalars, priority_host = to_host(
+            report, skipped = td_report(
                 {
                     "loss/td": loss,
                     "value/q_mean": (returns_q * learned).sum() / denominator,
@@ -231,16 +231,10 @@ class R2D2(TargetNetworkState):
                     "optim/grad_norm": grad_norm,
                 },
                 priority,
+                self.optimizer,
             )
-        if math.isnan(scalars["optim/grad_norm"]):  # not stepped on
-            self.skipped_updates += 1
-        scalars["optim/learning_rate"] = learning_rate(self.optimizer)
-        return UpdateInfo(
-            loss=scalars["loss/td"],
-            q_mean=scalars["value/q_mean"],
-            td_abs=priority_host,
-            scalars=scalars,
-        )
+        self.skipped_updates += skipped
+        return report
 
     def _update_target(self) -> None:
         learn = self.config.learn
