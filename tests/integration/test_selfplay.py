@@ -10,6 +10,7 @@ import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from common.config import deep_merge
+from drover.cli import main as drover
 from drover.local import LocalCluster
 from drover.plot import plot
 from jobconfig import load_config_file
@@ -25,7 +26,7 @@ def league_of(cluster, job_id):
     return cluster.client.league(job_id)
 
 
-def test_a_selfplay_job_collects_battles_evaluates_and_ends(tmp_path):
+def test_a_selfplay_job_collects_battles_evaluates_and_ends(tmp_path, monkeypatch, capsys):
     # A budget, not a threshold: the job ends by its env steps or its goal.
     config = deep_merge(
         CONFIG,
@@ -61,6 +62,16 @@ def test_a_selfplay_job_collects_battles_evaluates_and_ends(tmp_path):
         for y_axis in ("win_rate", "rating"):
             out = plot([cluster.shared_dir / job_id], y_axis=y_axis, out=tmp_path / f"{y_axis}.png")
             assert out.stat().st_size > 1000
+        # drover status shows the league: the policy's rating and each opponent's.
+        monkeypatch.setenv("DROVER_COORDINATOR_URL", cluster.coordinator_url)
+        monkeypatch.setenv("DROVER_TOKEN", cluster.token)
+        monkeypatch.delenv("DROVER_TOKEN_FILE", raising=False)
+        capsys.readouterr()
+        assert drover(["status", job_id]) == 0
+        shown = capsys.readouterr().out
+        assert "league: rating" in shown and "heuristic" in shown and "pfsp weight" in shown
+        assert drover(["status", job_id, "--json"]) == 0
+        assert '"league"' in capsys.readouterr().out
         # Every battle segment passed the learner's checks: masks, and legal actions.
         assert cluster.client.metrics(job_id)["unusable_segments"] == []
 
