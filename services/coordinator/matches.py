@@ -8,6 +8,7 @@ the league's refusals into API errors naming the field.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from common.errors import ApiError, not_found
@@ -50,19 +51,7 @@ class MatchDesk:
                 matches = league.draw(draw.task_id, draw.count)
             except LeagueError as exc:
                 raise _api_error(exc) from None
-        return MatchList(
-            matches=[
-                Match(
-                    match_id=m.match_id,
-                    opponent=m.opponent,
-                    learner_seat=m.learner_seat,  # type: ignore[arg-type]  # 0 or 1
-                    version=m.version,
-                    path=m.path,
-                    sha256=m.sha256,
-                )
-                for m in matches
-            ]
-        )
+        return MatchList(matches=[Match(**dataclasses.asdict(m)) for m in matches])
 
     def report(self, job_id: str, results: GameResults, *, caller: str | None = None) -> None:
         with self.state.guard.changing():
@@ -83,23 +72,23 @@ class MatchDesk:
         from its durable record."""
         with self.state.guard.changing():
             job = self.jobs.get(job_id)
-            if job.workflow_state is not None:
-                league = self._league(job)
-                view = league.view()
-                battles = job.workflow_state.battles[-100:]
-                view["evaluations"] = [_battle_view(b) for b in battles]
-                return view
             if job.config.system.workflow != "selfplay":
-                self._league(job)  # raises: no league
+                raise not_found(f"a league of job {job_id} (its workflow is not selfplay)")
+            if job.workflow_state is not None:
+                return _state_view(job.workflow_state)
             config = job.config
         record = read_job_record(self.state.store, job_id) or {}
         workflow = record.get("workflow") or {}
         if workflow.get("league") is None:
             raise not_found(f"the league of job {job_id}")
-        restored = workflow_of(config).restore(workflow, config)
-        view = restored.league.view()
-        view["evaluations"] = [_battle_view(b) for b in restored.battles[-100:]]
-        return view
+        return _state_view(workflow_of(config).restore(workflow, config))
+
+
+def _state_view(state: SelfPlayState) -> dict[str, Any]:
+    assert state.league is not None
+    view = state.league.view()
+    view["evaluations"] = [_battle_view(b) for b in state.battles[-100:]]
+    return view
 
 
 def _battle_view(battle: Any) -> dict[str, Any]:
