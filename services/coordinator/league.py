@@ -290,7 +290,8 @@ class League:
         Raises:
             LeagueError: a malformed entry (400), a match id never drawn or drawn for
                 another task (404), or one not outstanding: reported before, repeated
-                in this batch, or dropped with its task (409). Nothing changed.
+                in this batch, or dropped with its task or by a coordinator restart
+                (409). Nothing changed.
         """
         seen: set[int] = set()
         for i, entry in enumerate(results):
@@ -313,7 +314,8 @@ class League:
             if owner is None:
                 raise LeagueError(
                     field,
-                    f"match {match_id} is not outstanding (already reported, or its task ended)",
+                    f"match {match_id} is not outstanding (already reported, or dropped when "
+                    "its task ended or the coordinator restarted)",
                     409,
                 )
             if owner != task_id:
@@ -396,8 +398,8 @@ class League:
         }
 
     def record(self) -> dict[str, Any]:
-        """The league as JSON data, unreported matches included, so a task's report
-        after a coordinator restart is still accepted."""
+        """The league as JSON data. Matches awaiting a report are left out: the tasks
+        they were drawn for do not outlive the coordinator (`restore`)."""
         return {
             "format": RECORD_FORMAT,
             "main": {"mu": self.main_mu, "sigma": self.main_sigma},
@@ -407,17 +409,19 @@ class League:
             "games": self.games,
             "last_snapshot_version": self.last_snapshot_version,
             "next_match_id": self._next_match_id,
-            "outstanding": {
-                task_id: [dataclasses.asdict(m) for m in matches.values()]
-                for task_id, matches in self._outstanding.items()
-            },
         }
 
     @classmethod
     def restore(cls, config: LeagueConfig, record: dict[str, Any], *, seed: int) -> League:
-        """The league `record` holds: its pool, ratings, payoff table, unreported
-        matches and counters exactly. Draws go on from a generator seeded by `seed`
-        plus the games played, so they do not repeat those before the restart.
+        """The league `record` holds: its pool, ratings, payoff table and counters
+        exactly. Draws go on from a generator seeded by `seed` plus the games played,
+        so they do not repeat those before the restart.
+
+        No match is outstanding: a restarted coordinator has none of the tasks they
+        were drawn for, so nothing would ever report or forget them. Match ids go on
+        from the record's, so an id from before the restart never names a new match: a
+        late report of one is refused as not outstanding (409), as after `forget_task`.
+        (An older record's `outstanding` list is ignored.)
 
         Raises:
             ValueError: `record` is of a format this code does not read.
@@ -435,6 +439,4 @@ class League:
         last = record["last_snapshot_version"]
         league.last_snapshot_version = None if last is None else int(last)
         league._next_match_id = int(record["next_match_id"])
-        for task_id, matches in record["outstanding"].items():
-            league._remember(task_id, (Match(**m) for m in matches))
         return league

@@ -336,7 +336,7 @@ def test_record_survives_json_and_restore():
         matches = league.draw("a", 24)
         results = ["win", "draw", "loss", "win"] * 6
         league.report("a", [(m.match_id, r) for m, r in zip(matches, results, strict=True)])
-    pending_a = league.draw("a", 5)
+    league.draw("a", 5)  # outstanding: the record leaves them out
     pending_b = league.draw("b", 3)
     assert "v0" in league.view()["payoff"] and "v0" not in league.members  # retired, kept
 
@@ -345,17 +345,45 @@ def test_record_survives_json_and_restore():
     assert restored.view() == league.view()
     assert restored.record() == json.loads(text)
     assert restored.last_snapshot_version == 6
-    assert restored.outstanding("a") == pending_a
-    assert restored.outstanding("b") == pending_b
-
-    # Reports of matches drawn before the record are accepted, and counted alike.
-    for copy in (league, restored):
-        copy.report("a", [(m.match_id, "win") for m in pending_a])
-        copy.report("b", [(m.match_id, "loss") for m in pending_b])
-    assert restored.view() == league.view()
-    # New matches continue the numbering, and snapshots the schedule.
-    assert restored.draw("a", 1)[0].match_id == pending_b[-1].match_id + 1
+    # New matches continue the numbering (the outstanding ones are dropped: see the
+    # next test), and snapshots the schedule.
+    fresh = restored.draw("c", 4)
+    assert fresh[0].match_id == pending_b[-1].match_id + 1
+    restored.report("c", [(m.match_id, "win") for m in fresh])
+    assert restored.view()["games"] == league.view()["games"] + 4
     assert add(restored, 7) is None and add(restored, 8) is not None
+
+
+def test_restore_drops_the_outstanding_matches_and_never_reuses_their_ids():
+    # A restarted coordinator has none of the tasks: their matches would stay
+    # outstanding forever, so they are dropped, and a late report of one is refused
+    # as after forget_task.
+    league = make_league(snapshot_every=1)
+    add(league, 1)
+    pending = league.draw("a", 7) + league.draw("b", 3)
+    league.report("a", [(pending[0].match_id, "win")])
+    restored = League.restore(league.config, json.loads(json.dumps(league.record())), seed=0)
+    assert restored.outstanding("a") == [] and restored.outstanding("b") == []
+    fresh = restored.draw("a", 5)
+    assert min(m.match_id for m in fresh) > max(m.match_id for m in pending)
+    for late in (pending[0], pending[1], pending[-1]):  # reported before, or dropped
+        task = "a" if late in pending[:7] else "b"
+        error = refused(restored, task, [(late.match_id, "win")])
+        assert (error.field, error.status) == ("results.0.match_id", 409)
+    error = refused(restored, "a", [(fresh[-1].match_id + 1, "win")])
+    assert (error.field, error.status) == ("results.0.match_id", 404)  # never drawn
+    restored.report("a", [(m.match_id, "draw") for m in fresh])
+    assert restored.view()["games"] == league.view()["games"] + 5
+
+
+def test_a_record_with_outstanding_matches_from_before_still_restores_without_them():
+    league = make_league()
+    league.draw("a", 3)
+    record = league.record()
+    record["outstanding"] = {"a": [{"match_id": 0, "opponent": SELF, "learner_seat": 0}]}
+    restored = League.restore(league.config, record, seed=0)
+    assert restored.outstanding("a") == []
+    assert restored.draw("a", 1)[0].match_id == 3
 
 
 def test_restore_refuses_a_record_of_another_format():
