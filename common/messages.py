@@ -759,10 +759,12 @@ class MatchList:
 
 @message
 class GameResult:
-    """How a match ended, from the learning policy's side."""
+    """How a match ended, from the learning policy's side; `void`: the collector did
+    not play it (its opponent could not be loaded), so the league lets go of it and
+    counts it for nobody."""
 
     match_id: Count
-    outcome: Literal["win", "draw", "loss"]
+    outcome: Literal["win", "draw", "loss", "void"]
 
 
 @message

@@ -6,8 +6,14 @@ policy on the match's seat, the opponent on the other, which is the learning pol
 itself (`self`), a past version (its policy file, checked by sha256) or a fixed
 baseline. The learning side's moves are its rows (both sides' in a game against
 itself when `league.both_sides`); its reward is what the game gave it between its
-move and its next one. When a game ends its slot starts the next match at once, and
-each round reports how its games ended (`POST .../league/results`).
+move and its next one. When a game ends its slot starts the next match at once.
+
+How the games ended is reported (`POST .../league/results`) as they add up, before
+more matches are drawn, and at each round's end: the league counts a match as
+outstanding until its result comes, and refuses a task more than 4,096 of them
+(its `MAX_OUTSTANDING_PER_TASK`), so a round of many games cannot wait for its end. A
+match whose opponent cannot be loaded is reported `void`: not played, it counts for
+nobody, and the league lets go of it.
 
 Advantages are GAE over each side's own moves. A move whose side has not moved again
 by the round's end is bootstrapped from the critic: the side's value of the position
@@ -25,14 +31,22 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from algorithms.base import SamplingActor
 from common.config import JobConfig
 from common.games import GameVector, make_baseline
-from common.messages import CollectSpec, EvalResult, EvaluateSpec, GameResult, GameTally, Match
+from common.messages import (
+    MAX_RESULTS_PER_REPORT,
+    CollectSpec,
+    EvalResult,
+    EvaluateSpec,
+    GameResult,
+    GameTally,
+    Match,
+)
 from common.messages import dump as dump_message
 from common.storage import SharedStore
 from services.collector.step_data import EpisodeTracker
@@ -44,22 +58,37 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SELF = "self"
-#: Past versions whose networks a task keeps loaded (the league's pool is small).
+#: Past versions whose networks a task keeps loaded when no game plays them; one that
+#: a game in progress plays stays loaded past it (the league's pool is small).
 MAX_LOADED_OPPONENTS = 16
 #: Matches drawn at a time, at least (one per game slot otherwise).
 MIN_DRAW = 16
 #: Drawn matches skipped in a row (their opponent could not be loaded) before the task
 #: gives up: the league keeps handing out an opponent nobody can load.
 MAX_SKIPPED_MATCHES = 256
+#: Results a task holds back before it reports them, at its next draw: far below the
+#: league's bound on a task's outstanding matches (4,096), which also counts the games
+#: in progress and the matches drawn ahead.
+REPORT_AT_RESULTS = 1024
 
 
-def outcome_of(reward: float) -> str:
+def outcome_of(reward: float) -> Literal["win", "draw", "loss"]:
     return "win" if reward > 0 else "loss" if reward < 0 else "draw"
 
 
 class Opponents:
     """What acts for the other seat: baselines, and past versions loaded from their
-    policy files (checked against the digest the league named), kept by version."""
+    policy files (checked against the digest the league named), kept by version.
+
+    A game against a past version is played from `ready` to `finished`; the version
+    stays loaded all that while, since its file may be gone by its next move (the
+    league retires versions, and their files are pruned). Past the cap, the versions
+    no game plays go first, least recently readied first::
+
+        opponents.ready(match)         # the game starts (raises: skip the match)
+        actions = opponents.act(match, obs, mask)   # each of the opponent's moves
+        opponents.finished(match)      # the game ended
+    """
 
     def __init__(
         self,
@@ -74,6 +103,8 @@ class Opponents:
         self.rng = rng
         self._baselines: dict[str, Any] = {}
         self._versions: collections.OrderedDict[int, SamplingActor] = collections.OrderedDict()
+        #: Games in progress against each loaded version.
+        self._games_of: collections.Counter[int] = collections.Counter()
 
     def ready(self, match: Match) -> None:
         """Load what acts for `match`'s opponent, so a game never starts against one
@@ -91,29 +122,45 @@ class Opponents:
                     match.opponent, self.config.env.env_id
                 )
             return
-        if match.version in self._versions:
-            self._versions.move_to_end(match.version)
+        if match.version not in self._versions:
+            if match.path is None or match.sha256 is None:
+                raise ValueError(f"match {match.match_id}: version {match.version} has no file")
+            policy_file = self.store.read_policy(
+                match.path, sha256=match.sha256, algo=self.config.policy.type
+            )
+            actor = self.make_actor()
+            actor.load(match.version, policy_file.tensors)
+            self._versions[match.version] = actor
+        self._versions.move_to_end(match.version)
+        self._games_of[match.version] += 1
+        self._let_go()
+
+    def finished(self, match: Match) -> None:
+        """`match`'s game ended: its version may be let go of."""
+        if match.version is None:
             return
-        if match.path is None or match.sha256 is None:
-            raise ValueError(f"match {match.match_id}: version {match.version} has no file")
-        policy_file = self.store.read_policy(
-            match.path, sha256=match.sha256, algo=self.config.policy.type
-        )
-        actor = self.make_actor()
-        actor.load(match.version, policy_file.tensors)
-        self._versions[match.version] = actor
-        while len(self._versions) > MAX_LOADED_OPPONENTS:
-            self._versions.popitem(last=False)
+        self._games_of[match.version] -= 1
+        if self._games_of[match.version] <= 0:
+            del self._games_of[match.version]
+        self._let_go()
+
+    def _let_go(self) -> None:
+        """Past the cap, unload the versions no game plays, least recently readied first
+        (all played: over the cap until games end, rather than reading files again)."""
+        idle = [version for version in self._versions if version not in self._games_of]
+        for version in idle[: max(0, len(self._versions) - MAX_LOADED_OPPONENTS)]:
+            del self._versions[version]
+
+    def loaded(self) -> list[int]:
+        """The past versions loaded, least recently readied first."""
+        return list(self._versions)
 
     def act(self, match: Match, obs: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """The opponent's moves in the games of `match`'s opponent (`ready` first)."""
         if match.version is None:
             baseline = self._baselines[match.opponent]
             return np.asarray(baseline.act(obs, mask, self.rng), dtype=np.int64)
-        actor = self._versions.get(match.version)
-        if actor is None:  # let go of since its game started (more than the cap in play)
-            self.ready(match)
-            actor = self._versions[match.version]
+        actor = self._versions[match.version]  # loaded while its game is in progress
         action, _, _ = actor.sample(obs, mask)  # type: ignore[call-arg]  # a masked actor
         return np.asarray(action, dtype=np.int64)
 
@@ -160,9 +207,13 @@ class BattleLoop:
 
     def _next_match(self, opponents: Opponents) -> Match:
         """The next drawn match whose opponent can act. One that cannot (its policy
-        file gone or swapped) is skipped and never reported: it counts for nobody."""
+        file gone or swapped) is skipped and reported void: it counts for nobody."""
         for _ in range(MAX_SKIPPED_MATCHES):
             if not self._queue:
+                # What was played is reported before more is drawn, so the task's
+                # outstanding matches stay under the league's bound.
+                if len(self._results) >= REPORT_AT_RESULTS:
+                    self._report()
                 self._draw(1)
             match = self._queue.popleft()
             try:
@@ -170,13 +221,22 @@ class BattleLoop:
                 return match
             except (OSError, ValueError) as exc:
                 log.warning("skipping match %d against %s: %s", match.match_id, match.opponent, exc)
+                self._results.append(GameResult(match_id=match.match_id, outcome="void"))
         raise RuntimeError(f"{MAX_SKIPPED_MATCHES} drawn matches in a row had no opponent to play")
 
+    def _game_over(self, match: Match, reward: float, opponents: Opponents) -> Match:
+        """`match`'s game ended with `reward` for the learning side: its result waits
+        to be reported, and the slot's next match is returned."""
+        self._results.append(GameResult(match_id=match.match_id, outcome=outcome_of(reward)))
+        opponents.finished(match)
+        return self._next_match(opponents)
+
     def _report(self) -> None:
-        if not self._results:
-            return
-        results, self._results = self._results, []
-        self.ctx.coordinator.report_games(self.job_id, self.ctx.task.task_id, results)
+        """Report the results held back, at most MAX_RESULTS_PER_REPORT a request."""
+        while self._results:
+            results = self._results[:MAX_RESULTS_PER_REPORT]
+            del self._results[:MAX_RESULTS_PER_REPORT]
+            self.ctx.coordinator.report_games(self.job_id, self.ctx.task.task_id, results)
 
     def run(self, spec: CollectSpec) -> dict[str, Any]:
         runner, ctx, config = self.runner, self.ctx, self.config
@@ -268,13 +328,9 @@ class BattleLoop:
                             if row >= 0:
                                 done[row] = True
                             pending[i, s] = -1
-                        self._results.append(
-                            GameResult(
-                                match_id=matches[i].match_id,
-                                outcome=outcome_of(float(learner_rewards[i])),  # type: ignore[arg-type]
-                            )
+                        matches[i] = self._game_over(
+                            matches[i], float(learner_rewards[i]), opponents
                         )
-                        matches[i] = self._next_match(opponents)
                 if ctx.stopped():
                     break
                 # The moves whose side has not moved again: bootstrapped (see above).

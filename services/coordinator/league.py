@@ -16,6 +16,7 @@ I/O)::
     league.add_snapshot(version, path, sha256, env_steps)   # each new policy version
     matches = league.draw(task_id, count)        # games for a collect task
     league.report(task_id, [(match_id, "win"), ...])   # what the task played
+    league.report(task_id, [(match_id, "void")])  # drawn, not played: counts for nobody
     league.forget_task(task_id)                  # the task ended
     record = league.record()                     # JSON, in the job's snapshots
     league = League.restore(config.policy.other.league, record, seed=seed)
@@ -31,7 +32,7 @@ import collections
 import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 
 import numpy as np
 from openskill.models import PlackettLuce
@@ -52,6 +53,11 @@ MAX_RETIRED_TALLIES = 64
 
 GameResult = Literal["win", "draw", "loss"]
 RESULTS: tuple[GameResult, ...] = ("win", "draw", "loss")
+#: What a report says of a match drawn and never played (the collector could not load
+#: its opponent): it is no longer outstanding, and counts for nobody.
+VOID: Final = "void"
+#: What a report may say of a match.
+Reported = Literal["win", "draw", "loss", "void"]
 #: The record's layout; `restore` reads this one.
 RECORD_FORMAT = 1
 
@@ -279,8 +285,9 @@ class League:
 
     # -- results -------------------------------------------------------------------
 
-    def report(self, task_id: str, results: list[tuple[int, GameResult]]) -> None:
-        """Results of the task's matches, each from main's side.
+    def report(self, task_id: str, results: list[tuple[int, Reported]]) -> None:
+        """Results of the task's matches, each from main's side, or VOID for a match
+        the task did not play (it is let go of and counts for nobody).
 
         The whole batch is checked before anything changes, so a refused report can be
         corrected and sent again whole. A game against an opponent that retired since
@@ -301,9 +308,10 @@ class League:
             field = f"results.{i}.match_id"
             if isinstance(match_id, bool) or not isinstance(match_id, int):
                 raise LeagueError(field, f"must be an integer, not {match_id!r}")
-            if result not in RESULTS:
+            if result not in RESULTS and result != VOID:
                 raise LeagueError(
-                    f"results.{i}.result", f"{result!r} is not one of {', '.join(RESULTS)}"
+                    f"results.{i}.result",
+                    f"{result!r} is not one of {', '.join(RESULTS)}, {VOID}",
                 )
             if not 0 <= match_id < self._next_match_id:
                 raise LeagueError(field, f"match {match_id} was never drawn", 404)
@@ -324,7 +332,8 @@ class League:
         for match_id, result in results:
             match = outstanding.pop(match_id)
             del self._task_of[match_id]
-            self._score(match.opponent, result)
+            if result != VOID:
+                self._score(match.opponent, result)
         if task_id in self._outstanding and not outstanding:
             del self._outstanding[task_id]
 

@@ -323,6 +323,28 @@ def test_forget_task_drops_its_outstanding_matches():
     assert league.view()["games"] == 3
 
 
+def test_a_void_match_is_let_go_of_and_counts_for_nobody():
+    # A collector that cannot load a match's opponent reports it void: it no longer
+    # counts against the task's bound, and changes no tally or rating.
+    league, only_the_win = make_league(baselines=["random"]), make_league(baselines=["random"])
+    matches = league.draw("t", 3)
+    assert only_the_win.draw("t", 3) == matches
+    league.report("t", [(matches[0].match_id, "void"), (matches[1].match_id, "win")])
+    only_the_win.report("t", [(matches[1].match_id, "win")])
+    assert league.outstanding("t") == [matches[2]]
+    assert league.view() == only_the_win.view()
+    assert league.view()["payoff"] == {"random": {"wins": 1, "draws": 0, "losses": 0}}
+    # Void is checked like the rest: once only, and only for the task's own matches.
+    error = refused(league, "t", [(matches[0].match_id, "void")])
+    assert (error.field, error.status) == ("results.0.match_id", 409)
+    other = league.draw("u", 1)[0]
+    error = refused(league, "t", [(matches[2].match_id, "void"), (other.match_id, "void")])
+    assert (error.field, error.status) == ("results.1.match_id", 404)
+    error = refused(league, "t", [(matches[2].match_id, "forfeit")])
+    assert (error.field, error.status) == ("results.0.result", 400)
+    assert "void" in str(error)
+
+
 # -- record and restore ------------------------------------------------------------------
 
 
