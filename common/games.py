@@ -604,14 +604,14 @@ BASELINE_GAMES: dict[str, tuple[str, ...] | None] = {
 }
 
 
-def make_baseline(name: str, env_id: str) -> Baseline:
-    """The baseline `name` for the game `env_id`.
+def check_baseline(name: str, env_id: str, field: str = "policy.other.league.baselines") -> None:
+    """Refuse a baseline that cannot play the game `env_id`; makes and imports nothing,
+    so a job is checked at submission.
 
     Raises:
-        ConfigError: on `policy.other.league.baselines`: an unknown name, or a game the
-            baseline has no rules for.
+        ConfigError: on `field`: an unknown name, or a game the baseline has no rules
+            for.
     """
-    field = "policy.other.league.baselines"
     if name not in BASELINE_GAMES:
         raise ConfigError(
             field, f"unknown baseline {name!r} (known: {', '.join(sorted(BASELINE_GAMES))})"
@@ -622,6 +622,15 @@ def make_baseline(name: str, env_id: str) -> Baseline:
             field,
             f"the {name!r} baseline has no rules for {env_id!r} (it plays {', '.join(games)})",
         )
+
+
+def make_baseline(name: str, env_id: str) -> Baseline:
+    """The baseline `name` for the game `env_id`.
+
+    Raises:
+        ConfigError: on `policy.other.league.baselines`: see `check_baseline`.
+    """
+    check_baseline(name, env_id)
     if name == "random":
         return RandomBaseline()
     if name == "heuristic":

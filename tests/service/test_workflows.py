@@ -6,6 +6,8 @@ from dataclasses import dataclass
 import pytest
 
 from common.config import ConfigError
+from common.env_guard import ENV_MODULES_VAR
+from common.games import TICTACTOE
 from common.messages import CollectSpec
 from common.storage import SharedStore
 from jobconfig import resolve_job_config
@@ -14,6 +16,7 @@ from services.coordinator.workflows import WORKFLOWS, check_workflow
 from services.coordinator.workflows.base import Outcome
 from services.coordinator.workflows.training import AsyncTraining
 from tests.coordinator_app import (
+    AUTH,
     CONFIG,
     post,
     register,
@@ -56,6 +59,61 @@ def test_a_workflow_refuses_what_it_cannot_run_naming_the_field(raw, field, says
     with pytest.raises(ConfigError) as err:
         checked(raw)
     assert err.value.field == field and says in err.value.message
+
+
+GO = "pettingzoo.classic.go_v5"  # a two-player game with no heuristic's rules
+
+
+def selfplay(league=None, env_id=TICTACTOE, workflow="selfplay"):
+    return {
+        "env": {"adapter": "pettingzoo", "env_id": env_id},
+        "policy": {"type": "ppo", "other": {"league": league or {}}},
+        "system": {"workflow": workflow},
+    }
+
+
+@pytest.mark.parametrize(
+    ("raw", "field"),
+    [
+        (selfplay(env_id=GO), "policy.other.league.baselines.1"),  # random, heuristic
+        (selfplay({"baselines": ["heuristic"]}, GO), "policy.other.league.baselines.0"),
+        (
+            selfplay({"baselines": ["random"], "eval_vs": ["random", "heuristic"]}, GO),
+            "policy.other.league.eval_vs.1",
+        ),
+        (
+            selfplay({"baselines": ["random"], "stop": {"vs": "heuristic"}}, GO),
+            "policy.other.league.stop.vs",
+        ),
+        (selfplay(env_id="os"), "env.env_id"),  # the game's own refusal comes first
+        (selfplay(workflow="sync"), "env.adapter"),
+        (selfplay(workflow="evaluate"), "env.adapter"),
+    ],
+)
+def test_selfplay_refuses_a_baseline_without_rules_for_the_game_and_only_it_plays_games(
+    raw, field, monkeypatch
+):
+    monkeypatch.setenv(ENV_MODULES_VAR, GO)  # the operator allows go
+    with pytest.raises(ConfigError) as err:
+        checked(raw)
+    assert err.value.field == field, err.value
+    assert checked(selfplay({"baselines": ["random"]}, GO)) is WORKFLOWS["selfplay"]
+    assert checked(selfplay({"eval_vs": ["heuristic"]})) is WORKFLOWS["selfplay"]
+
+
+def test_a_submitted_job_with_a_baseline_the_game_lacks_is_refused_naming_it(client, monkeypatch):
+    monkeypatch.setenv(ENV_MODULES_VAR, GO)
+    for raw, field in [
+        (
+            selfplay({"baselines": ["random"], "eval_vs": ["heuristic"]}, GO),
+            "config.policy.other.league.eval_vs.0",
+        ),
+        (selfplay(workflow="sync"), "config.env.adapter"),
+    ]:
+        resp = post(client, "/api/v1/jobs", {"config": raw})
+        assert resp.status_code == 400, resp.json
+        assert resp.json["message"].startswith(f"{field}: "), resp.json
+    assert client.get("/api/v1/jobs", headers=AUTH).json["jobs"] == []
 
 
 def test_every_algorithms_default_workflow_takes_its_default_config():

@@ -18,6 +18,7 @@ from common.games import (
     TICTACTOE,
     Baseline,
     GameVector,
+    check_baseline,
     check_game_id,
     make_baseline,
 )
@@ -359,6 +360,17 @@ def test_a_baseline_without_rules_for_the_game_is_refused(name, env_id):
     with pytest.raises(ConfigError) as err:
         make_baseline(name, env_id)
     assert err.value.field == "policy.other.league.baselines"
+
+
+def test_a_baseline_is_checked_against_the_game_by_name_alone_naming_the_field():
+    # What a job's submission runs: nothing is imported or made for the game.
+    check_baseline("heuristic", CONNECT_FOUR, "policy.other.league.eval_vs.0")
+    check_baseline("random", "pettingzoo.classic.no_such_game_v1", "x")
+    for name, env_id in [("minimax", CONNECT_FOUR), ("heuristic", "pettingzoo.classic.go_v5")]:
+        with pytest.raises(ConfigError) as err:
+            check_baseline(name, env_id, "policy.other.league.eval_vs.0")
+        assert err.value.field == "policy.other.league.eval_vs.0"
+        assert "no rules for" in err.value.message
 
 
 def test_random_plays_any_game_and_refuses_a_position_without_moves():

@@ -35,8 +35,8 @@ def check_workflow(config: JobConfig) -> Workflow:
     """The job's workflow, once it takes the config.
 
     Raises:
-        ConfigError: an unknown workflow, one that cannot run the job's algorithm, or
-            a config it refuses.
+        ConfigError: an unknown workflow, one that cannot run the job's algorithm or
+            env adapter (two-player games: selfplay alone), or a config it refuses.
     """
     name = config.system.workflow
     workflow = WORKFLOWS.get(name)
@@ -47,6 +47,13 @@ def check_workflow(config: JobConfig) -> Workflow:
     if unit not in workflow.collect_units:
         fitting = sorted(n for n, w in WORKFLOWS.items() if unit in w.collect_units)
         raise ConfigError("system.workflow", f"{config.policy.type} runs {' or '.join(fitting)}")
+    # A two-player game is played by the self-play battle loop alone: any other
+    # workflow's first collect or evaluate task would fail to make envs of it.
+    if config.env.adapter == "pettingzoo" and name != "selfplay":
+        raise ConfigError(
+            "env.adapter",
+            f"pettingzoo's two-player games are played by system.workflow: selfplay, not {name}",
+        )
     workflow.check(config)
     return workflow
 

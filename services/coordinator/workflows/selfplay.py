@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from common.config import ConfigError, JobConfig
+from common.games import check_baseline, check_game_id
 from common.messages import EvalResult, EvaluateSpec, GameTally
 from jobconfig import algorithm_of
 from services.coordinator.league import League
@@ -85,7 +86,16 @@ class SelfPlay(SyncTraining):
                 f"{config.policy.type} declares no action-mask column; self-play needs an "
                 "algorithm that acts and learns with legal-action masks (ppo)",
             )
+        # The game first: a baseline's rules are looked up by the game's name.
+        env_id = check_game_id(config.env.env_id)
         league = config.policy.other.league
+        section = "policy.other.league"
+        for i, name in enumerate(league.baselines):
+            check_baseline(name, env_id, f"{section}.baselines.{i}")
+        for i, name in enumerate(league.eval_vs or []):
+            check_baseline(name, env_id, f"{section}.eval_vs.{i}")
+        if league.stop is not None:
+            check_baseline(league.stop.vs, env_id, f"{section}.stop.vs")
         if league.stop is not None and league.stop.vs not in eval_opponents(config):
             raise ConfigError(
                 "policy.other.league.stop.vs",
