@@ -333,6 +333,16 @@ class GameTally:
     losses: Count = 0
 
 
+def win_rate(wins: int, draws: int, losses: int) -> float | None:
+    """A side's score per game, draws counting half: (wins + draws / 2) / games; None
+    before any game. The one definition: the league's payoff table, the battle
+    evaluations (and `league.stop.win_rate`) and `drover plot` all count with it."""
+    games = wins + draws + losses
+    if games == 0:
+        return None
+    return (wins + draws / 2) / games
+
+
 @message
 class EvalResult:
     policy_version: Version

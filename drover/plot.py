@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-from common.messages import EvalSummary, MetricsPoint, parse
+from common.messages import EvalSummary, MetricsPoint, parse, win_rate
 from common.storage import CorruptFileError, SharedStore
 from services.coordinator.snapshot import read_job_record, record_path, state_path
 
@@ -290,8 +290,7 @@ def battle_curve_of(
                 y = battle.get("rating")
             else:
                 tally = battle["tallies"].get(vs)
-                games = sum(tally.values()) if tally else 0
-                y = (tally["wins"] + tally["draws"] / 2) / games if games else None
+                y = win_rate(tally["wins"], tally["draws"], tally["losses"]) if tally else None
             if y is not None:
                 points.append((battle, float(y)))
         evals = [

@@ -38,6 +38,7 @@ import numpy as np
 from openskill.models import PlackettLuce
 
 from common.config import ConfigError, LeagueConfig
+from common.messages import win_rate
 
 #: The opponent of a self-play game: main against itself.
 SELF = "self"
@@ -107,10 +108,10 @@ class Tally:
 
     @property
     def win_rate(self) -> float:
-        """Main's score per game, draws counting half; 0.5 before any game."""
-        if self.games == 0:
-            return 0.5
-        return (self.wins + self.draws / 2) / self.games
+        """Main's score per game, draws counting half (`common.messages.win_rate`);
+        0.5 before any game."""
+        rate = win_rate(self.wins, self.draws, self.losses)
+        return 0.5 if rate is None else rate
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ record that survives JSON and a restart."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import Counter
 
@@ -64,6 +65,34 @@ def test_payoff_counts_and_win_rates_are_exact():
     assert league.win_rate("random") == pytest.approx(0.7)
     # Fewer games than min_win_rate_games (4): PFSP takes 0.5.
     assert league.win_rate("heuristic") == 0.5
+
+
+def test_one_win_rate_counts_for_the_league_the_battles_and_drover_plot(tmp_path):
+    from common.messages import GameTally, win_rate
+    from drover.plot import battle_curve_of
+    from services.coordinator.league import Tally
+    from services.coordinator.workflows.selfplay import Battle
+
+    assert win_rate(3, 2, 5) == pytest.approx(0.4)
+    assert win_rate(0, 0, 0) is None
+    assert Tally(wins=3, draws=2, losses=5).win_rate == pytest.approx(0.4)
+    assert Tally().win_rate == 0.5  # PFSP's prior before any game
+    tallies = {"heuristic": {"wins": 3, "draws": 2, "losses": 5}, "random": {}}
+    battle = Battle(
+        policy_version=4,
+        train_iter=40,
+        env_steps=4000,
+        tallies={name: GameTally(**t) for name, t in tallies.items()},
+    )
+    assert battle.win_rate("heuristic") == pytest.approx(0.4)
+    assert battle.win_rate("random") is None and battle.win_rate("minimax") is None
+    record = {
+        "job_id": "job-1",
+        "config": {"env": {"env_id": "tictactoe"}, "policy": {"type": "ppo"}},
+        "workflow": {"battles": [dataclasses.asdict(battle)]},
+    }
+    curve = battle_curve_of(record, tmp_path, "job", "env_steps", "win_rate", "heuristic")
+    assert curve.y.tolist() == [pytest.approx(0.4)] and curve.x.tolist() == [4000]
 
 
 def test_beating_an_opponent_moves_the_ratings_apart():

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from common.config import ConfigError, JobConfig
 from common.games import check_baseline, check_game_id
-from common.messages import EvalResult, EvaluateSpec, GameTally
+from common.messages import EvalResult, EvaluateSpec, GameTally, win_rate
 from jobconfig import algorithm_of
 from services.coordinator.league import League
 from services.coordinator.workflows.base import Outcome, Planner
@@ -51,12 +51,10 @@ class Battle:
     rating: float | None = None
 
     def win_rate(self, baseline: str) -> float | None:
-        """(wins + draws / 2) / games against `baseline` (None: not played)."""
+        """The score per game against `baseline` (`common.messages.win_rate`; None: not
+        played)."""
         tally = self.tallies.get(baseline)
-        games = 0 if tally is None else tally.wins + tally.draws + tally.losses
-        if tally is None or games == 0:
-            return None
-        return (tally.wins + tally.draws / 2) / games
+        return None if tally is None else win_rate(tally.wins, tally.draws, tally.losses)
 
 
 @dataclass
