@@ -256,17 +256,24 @@ def _sequences(raw: dict[str, Any], notes: list[str]) -> None:
     defaults = algorithm.config()
     burnin = _get(raw, "policy.burnin_step")
     unroll = _get(raw, "policy.unroll_len")
+    nstep = _get(raw, "policy.nstep")
     burnin = defaults.burnin_step if burnin is None else burnin  # type: ignore[attr-defined]
     unroll = defaults.unroll_len if unroll is None else unroll  # type: ignore[attr-defined]
-    if isinstance(burnin, int) and isinstance(unroll, int):
+    nstep = defaults.nstep if nstep is None else nstep  # type: ignore[attr-defined]
+    if isinstance(burnin, int) and isinstance(unroll, int) and isinstance(nstep, int):
         buffer = "policy.other.replay_buffer"
         if _get(raw, f"{buffer}.sequence_length") is None:
+            length = burnin + unroll
+            # Half, as R2D2's, but at least what has every step learned by some sequence
+            # (its burn-in and last nstep rows are not); below the length, so an nstep
+            # too long for the sequences is the error the config check names.
+            overlap = min(max(length // 2, burnin + nstep), length - 1)
             _set(raw, f"{buffer}.item", "sequence")
-            _set(raw, f"{buffer}.sequence_length", burnin + unroll)
-            _set(raw, f"{buffer}.overlap", (burnin + unroll) // 2)
+            _set(raw, f"{buffer}.sequence_length", length)
+            _set(raw, f"{buffer}.overlap", overlap)
             notes.append(
-                f"{buffer}: sequences of burnin_step + unroll_len = {burnin + unroll} steps, "
-                f"consecutive ones sharing {(burnin + unroll) // 2}"
+                f"{buffer}: sequences of burnin_step + unroll_len = {length} steps, "
+                f"consecutive ones sharing {overlap} (at least burnin_step + nstep)"
             )
     eps = _get(raw, "policy.other.eps")
     if isinstance(eps, dict) and any(k in eps for k in ("type", "start", "end", "decay")):

@@ -14,9 +14,10 @@ Its step data are single steps (the collector's `transitions` loop with
 `policy.collect_nstep` 1) grouped by episode, which the replay buffer cuts into
 overlapping sequences (`policy.other.replay_buffer.item: sequence`) of
 `burnin_step + unroll_len` rows. With a burn-in of b and n-step returns, a sequence
-learns its rows b .. T - n - 1 (and the rows up to its end where its episode
-terminates): an `overlap` of at least b + n rows has every step learned by some
-sequence.
+learns its rows b .. T - n - 1 (from row 0 where it starts its episode, and up to its
+end where its episode terminates): an `overlap` of at least b + n rows, which the
+config requires, has every step learned by some sequence (but the last n of an
+episode a time limit ended: nothing follows them to bootstrap from).
 """
 
 from __future__ import annotations
@@ -44,7 +45,8 @@ SEQUENCE_STEPS = (
     # limit's end is not: its sequence just ends).
     Column("done", "flag"),
     # The actor's LSTM state before this step's observation went in: the learner
-    # starts each sequence from its first row's.
+    # starts each sequence from its first row's. Zeros at an episode's first step,
+    # which tell the learner that a sequence starts its episode (no burn-in).
     Column("h", "recurrent", shape=("lstm_hidden_size",), from_actor=True),
     Column("c", "recurrent", shape=("lstm_hidden_size",), from_actor=True),
 )

@@ -3,8 +3,11 @@
 The sequence keys are DI-engine's: `policy.burnin_step` steps at each sequence's
 start only warm the LSTM's state up, and `policy.unroll_len` steps after them are
 learned on, so the replay buffer's sequences must be `burnin_step + unroll_len` rows
-long. `policy.nstep` is the learner's n-step return within a sequence; the collector
-writes single steps (`collect_nstep`).
+long (a sequence that starts its episode has no burn-in: its stored state, zeros, is
+exact for any network, so it is learned from its first step). `policy.nstep` is the
+learner's n-step return within a sequence; the collector writes single steps
+(`collect_nstep`). Consecutive sequences must share at least `burnin_step + nstep`
+rows (the buffer's `overlap`), which one learns and the other cannot.
 """
 
 from __future__ import annotations
@@ -136,4 +139,15 @@ class R2D2Config(TransitionPolicyConfig):
                 "policy.nstep",
                 f"{self.nstep} is not below unroll_len {self.unroll_len}: only steps whose "
                 "episode ends within n steps could be learned",
+            )
+        # A sequence learns neither its burn-in rows nor its last nstep (no row to
+        # bootstrap from), so the next one must start early enough to learn them.
+        least = self.burnin_step + self.nstep
+        if buffer.overlap < least:
+            raise ConfigError(
+                "policy.other.replay_buffer.overlap",
+                f"{buffer.overlap} leaves steps that no sequence learns: a sequence's first "
+                f"burnin_step rows only warm the LSTM up and its last nstep rows have no "
+                f"n-step target, so consecutive sequences must share at least burnin_step + "
+                f"nstep = {self.burnin_step} + {self.nstep}: set it to at least {least}",
             )

@@ -6,7 +6,11 @@ One update on a batch of sequences [B, T] (T = burnin_step + unroll_len, rows pa
 short sequence's end are padding, `valid` 0):
 
 1. both networks run the first `burnin_step` steps without gradients from the stored
-   state (`h[:, 0]`, `c[:, 0]`), the online one then the rest with gradients;
+   state (`h[:, 0]`, `c[:, 0]`), the online one then the rest with gradients; a
+   sequence that starts its episode (its stored state is zeros: the actor starts every
+   episode from zeros) has no burn-in: zeros are its exact state whatever the network,
+   so the online network runs it from its first row with gradients, and its first
+   `burnin_step` steps are learned too;
 2. step t's target sums the rewards of steps t .. t+n-1 (stopping at the episode's
    termination) and bootstraps, unless it terminated, from
    Q_target(s_{t+n}, argmax_a Q_online(s_{t+n}, a)), read at row t+n of the same
@@ -113,6 +117,10 @@ class SequenceBatch:
     h0: torch.Tensor  # [B, H] the actor's LSTM state before row 0
     c0: torch.Tensor  # [B, H]
     weight: torch.Tensor  # [B] importance weights (1.0 when not used)
+    #: [B] True where the sequence starts its episode: its stored state is zeros (the
+    #: actor's state along an episode is never exactly zeros). A numpy array, on the
+    #: host: which sequences skip the burn-in is decided without waiting on the device.
+    starts_episode: np.ndarray
 
     @classmethod
     def from_numpy(
@@ -126,16 +134,29 @@ class SequenceBatch:
             mask = real.reshape(*real.shape, *([1] * (tensor.dim() - 2)))
             return torch.where(mask, tensor, torch.zeros((), dtype=tensor.dtype, device=device))
 
+        h0, c0 = columns["h"][:, 0], columns["c"][:, 0]
+        starts_episode = ~(np.any(h0 != 0, axis=1) | np.any(c0 != 0, axis=1))
         return cls(
             obs=t("obs"),
             action=t("action").long(),
             reward=t("reward").float(),
             done=t("done").float(),
             valid=valid,
-            h0=to_device(np.ascontiguousarray(columns["h"][:, 0]), device).float(),
-            c0=to_device(np.ascontiguousarray(columns["c"][:, 0]), device).float(),
+            h0=to_device(np.ascontiguousarray(h0), device).float(),
+            c0=to_device(np.ascontiguousarray(c0), device).float(),
             weight=to_device(weight.astype(np.float32), device),
+            starts_episode=starts_episode,
         )
+
+
+def learned_steps(batch: SequenceBatch, parts: NStep, burnin: int) -> torch.Tensor:
+    """1 at each step [B, T] an update learns: a valid row with a whole n-step target
+    (it bootstraps from a row of its sequence, or its episode terminates first), after
+    the burn-in, or from row 0 in a sequence that starts its episode."""
+    after_burnin = torch.arange(batch.valid.shape[1], device=batch.valid.device) >= burnin
+    starts = to_device(batch.starts_episode, batch.valid.device)
+    learnable = after_burnin[None, :] | starts[:, None]
+    return batch.valid * torch.maximum(parts.terminated, parts.has_next) * learnable
 
 
 #: What an update reports: `q_mean` in returns (not the rescaled space), and per
@@ -171,18 +192,14 @@ class R2D2(TargetNetworkState):
         burnin, nstep, gamma = config.burnin_step, config.nstep, config.discount_factor
         rescale = learn.value_rescale
 
-        state = (batch.h0, batch.c0)
-        with torch.no_grad():
-            target_q, _ = self.target(batch.obs, state)  # burn-in and the rest at once
-            if burnin:
-                _, state = self.online(batch.obs[:, :burnin], state)
-        q_all, _ = self.online(batch.obs[:, burnin:], state)  # [B, L, A], L = T - burnin
-        q = q_all.gather(2, batch.action[:, burnin:, None]).squeeze(2)
+        with torch.no_grad():  # the target network: burn-in and the rest at once
+            target_q, _ = self.target(batch.obs, (batch.h0, batch.c0))
+        q_all = self._online_q(batch, burnin)  # [B, T, A]
+        q = q_all.gather(2, batch.action[:, :, None]).squeeze(2)
 
         with torch.no_grad():
             # Double Q: the online net picks the action at row t+n, the target net values it.
-            online_q = F.pad(q_all.detach(), (0, 0, burnin, 0))  # burn-in rows: never read
-            next_action = at_offset(online_q, nstep).argmax(dim=2, keepdim=True)
+            next_action = at_offset(q_all.detach(), nstep).argmax(dim=2, keepdim=True)
             next_q = at_offset(target_q, nstep).gather(2, next_action).squeeze(2)
             if rescale:
                 next_q = inverse_value_rescale(next_q)
@@ -191,8 +208,7 @@ class R2D2(TargetNetworkState):
             target = parts.returns + gamma**nstep * bootstrap * next_q
             if rescale:
                 target = value_rescale(target)
-            learned = batch.valid * torch.maximum(parts.terminated, parts.has_next)
-            target, learned = target[:, burnin:], learned[:, burnin:]
+            learned = learned_steps(batch, parts, burnin)
 
         td = target - q
         if learn.td_loss == "huber":
@@ -235,6 +251,32 @@ class R2D2(TargetNetworkState):
             )
         self.skipped_updates += skipped
         return report
+
+    def _online_q(self, batch: SequenceBatch, burnin: int) -> torch.Tensor:
+        """The online network's Q-values [B, T, A], with gradients from the first row
+        each sequence learns: a sequence that starts its episode runs from row 0; any
+        other warms its stored state up over the burn-in without gradients first (its
+        burn-in rows' Q-values are zeros, never read: no step there is learned, and a
+        learned step bootstraps from a row after them)."""
+        state = (batch.h0, batch.c0)
+        if not burnin:
+            return self.online(batch.obs, state)[0]
+        starts = batch.starts_episode
+        # Each kind runs as one batch: rows of the batch, as indexes on the device.
+        fresh = to_device(np.flatnonzero(starts), batch.obs.device)
+        warm = to_device(np.flatnonzero(~starts), batch.obs.device)
+        parts = []
+        if len(fresh):
+            parts.append(self.online(batch.obs[fresh], (batch.h0[fresh], batch.c0[fresh]))[0])
+        if len(warm):
+            obs = batch.obs[warm]
+            with torch.no_grad():
+                _, warmed = self.online(obs[:, :burnin], (batch.h0[warm], batch.c0[warm]))
+            q_rest, _ = self.online(obs[:, burnin:], warmed)
+            parts.append(F.pad(q_rest, (0, 0, burnin, 0)))
+        # Back in the batch's order: row i of the joined parts is sequence order[i].
+        order = torch.cat([fresh, warm])
+        return torch.cat(parts)[torch.argsort(order)]
 
     def _update_target(self) -> None:
         learn = self.config.learn

@@ -228,3 +228,16 @@ def test_a_di_engine_r2d2_file_replays_its_sequences():
     assert (buffer.item, buffer.sequence_length, buffer.overlap) == ("sequence", 20, 10)
     assert policy.burnin_step + policy.unroll_len == buffer.sequence_length
     assert any("Ape-X" in note for note in notes)
+
+
+def test_a_di_engine_r2d2_file_shares_enough_rows_for_every_step_to_be_learned():
+    """Half of long sequences with a long burn-in is too little: a sequence learns
+    neither its burn-in nor its last nstep rows, so the next must cover them."""
+    main = {
+        "env": {"stop_value": 20},
+        "policy": {"burnin_step": 40, "unroll_len": 40, "nstep": 5, "collect": {"n_sample": 8}},
+    }
+    config, notes, _ = resolved(main, create("r2d2", "cartpole"))
+    buffer = config.policy.other.replay_buffer
+    assert (buffer.sequence_length, buffer.overlap) == (80, 45)
+    assert any("sharing 45" in note for note in notes)

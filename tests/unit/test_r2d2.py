@@ -116,6 +116,42 @@ def test_burn_in_steps_get_no_gradient_and_no_loss():
     np.testing.assert_allclose(second.td_abs, first.td_abs, rtol=1e-6)
 
 
+def test_a_sequence_that_starts_its_episode_is_learned_from_its_first_row():
+    """Zeros, the stored state at an episode's start, are its exact state: no burn-in.
+    Such sequences learn as with no burn-in at all; the others of the batch as before."""
+    with_burnin = r2d2_config(burnin_step=3, unroll_len=5)
+    without = r2d2_config(burnin_step=0, unroll_len=8)
+    a, b = learner_pair(with_burnin, without)
+    columns = sequences(4, 8, lengths=[8, 8, 5, 2])
+    columns["done"][3, 1] = 1.0  # an episode of 2 steps: both within the burn-in
+    for name in ("h", "c"):
+        columns[name][:, 0] = 0.0  # each starts its episode
+    weights = np.ones(4, np.float32)
+    first, second = a.learn_batch(columns, weights), b.learn_batch(columns, weights)
+    assert first.loss == pytest.approx(second.loss, rel=1e-6)
+    np.testing.assert_allclose(first.td_abs, second.td_abs, rtol=1e-6)
+    assert (first.td_abs > UNLEARNED_PRIORITY).all()  # the 2-row one too
+
+    # In a batch with sequences that do not start their episode, each is learned as alone.
+    learner = R2D2(with_burnin)
+    mixed = sequences(4, 8, seed=3)
+    for name in ("h", "c"):
+        mixed[name][:2, 0] = 0.0
+    batch = SequenceBatch.from_numpy(mixed, weights, torch.device("cpu"))
+    assert batch.starts_episode.tolist() == [True, True, False, False]
+    obs = batch.obs.clone().requires_grad_(True)
+    before = copy.deepcopy(learner)
+    together = learner.update(dataclasses.replace(batch, obs=obs)).td_abs
+    assert obs.grad is not None
+    assert torch.all(obs.grad[:2, :3].abs().sum(dim=2) > 0)  # learned from row 0
+    assert torch.all(obs.grad[2:, :3] == 0)  # burn-in only
+    for rows in ([0, 1], [2, 3]):
+        alone = copy.deepcopy(before).learn_batch(
+            {k: v[rows] for k, v in mixed.items()}, weights[rows]
+        )
+        np.testing.assert_allclose(together[rows], alone.td_abs, rtol=1e-5)
+
+
 def test_padding_rows_change_nothing():
     """The buffer pads short sequences (repeating their last row): whatever the
     padding holds, the loss, the priorities and the step taken are the same."""
@@ -290,6 +326,28 @@ def test_config_checks_name_the_sequence_keys():
         assert err.value.field.endswith(key), err.value
     with pytest.raises(ConfigError, match="set it to 22"):
         resolve_job_config({"policy": {"type": "r2d2", "burnin_step": 4}})
+
+
+def test_config_refuses_an_overlap_that_leaves_steps_unlearned():
+    """A sequence learns neither its burn-in rows nor its last nstep rows: the next one
+    must share at least burnin_step + nstep rows with it."""
+
+    def policy(overlap: int) -> dict[str, Any]:
+        buffer = {"sequence_length": 80, "overlap": overlap}
+        return {
+            "type": "r2d2",
+            "burnin_step": 40,
+            "unroll_len": 40,
+            "nstep": 5,
+            "other": {"replay_buffer": buffer},
+        }
+
+    for overlap in (40, 44):
+        with pytest.raises(ConfigError, match="at least 45") as err:
+            resolve_job_config({"policy": policy(overlap)})
+        assert err.value.field == "policy.other.replay_buffer.overlap"
+    config, _ = resolve_job_config({"policy": policy(45)})
+    assert config.policy.other.replay_buffer.overlap == 45
 
 
 # --- learning a task that needs memory ------------------------------------------------

@@ -1,22 +1,105 @@
 """Sequence replay: the buffer's windows over scripted episodes (never across an
-episode's end, every row in some window, overlap as configured), the collector's rows
-grouped by episode, and the learner's [items, time] batches with a valid mask."""
+episode's end, every row in some window, overlap as configured), every step learned
+by R2D2 in some window (episodes of any length), the collector's rows grouped by
+episode, and the learner's [items, time] batches with a valid mask."""
+
+from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
+from algorithms.r2d2.learner import SequenceBatch, learned_steps, nstep_returns
 from common.config import ReplayBufferConfig
 from common.messages import SampledBatch, SampledSegment, SegmentRef
+from jobconfig import load_config, resolve_job_config
 from services.buffer.core import ReplayBuffer, sequence_windows
 from services.collector.step_data import EpisodeRows, NStepBuilder
 from tests.fakes import DeletedFiles
 
 EPISODES = [1, 5, 8, 9, 13, 20, 3]
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
 def spans_of(lengths):
     starts = np.cumsum([0, *lengths[:-1]])
     return [(int(s), int(n)) for s, n in zip(starts, lengths, strict=True)]
+
+
+def learned_rows(columns, spans, burnin, unroll, nstep, overlap):
+    """Which rows of a segment R2D2 learns in some sequence item: the buffer's windows
+    over the segment's episode spans, gathered and padded as the learner gets them,
+    and the learner's own mask of the steps an update learns."""
+    length = burnin + unroll
+    starts, lengths = (np.array(x, np.int64) for x in zip(*spans, strict=True))
+    first, rows = sequence_windows(starts, lengths, length, overlap)
+    index = first[:, None] + np.arange(length)[None, :]
+    valid = np.arange(length)[None, :] < rows[:, None]
+    index = np.where(valid, index, first[:, None])  # padding: any row, masked
+    window = {name: columns[name][index] for name in ("obs", "action", "reward", "done", "h", "c")}
+    window["valid"] = valid.astype(np.float32)
+    batch = SequenceBatch.from_numpy(window, np.ones(len(first), np.float32), torch.device("cpu"))
+    parts = nstep_returns(batch.reward, batch.done, batch.valid, nstep, 0.99)
+    learned = learned_steps(batch, parts, burnin).numpy() > 0
+    covered = np.zeros(len(columns["obs"]), bool)
+    covered[index[learned]] = True
+    return covered
+
+
+def scripted_rows(lengths, terminated, hidden=4):
+    """Episodes one after another, as the actor records them: the stored state is
+    zeros at each episode's first step only; `done` where an episode terminated."""
+    total = sum(lengths)
+    done = np.zeros(total, np.float32)
+    state = np.ones((total, hidden), np.float32)
+    for (start, n), ends in zip(spans_of(lengths), terminated, strict=True):
+        state[start] = 0.0
+        done[start + n - 1] = float(ends)
+    columns = {
+        "obs": np.zeros((total, 2), np.float32),
+        "action": np.zeros(total, np.int64),
+        "reward": np.ones(total, np.float32),
+        "done": done,
+        "h": state,
+        "c": state.copy(),
+    }
+    return columns
+
+
+def r2d2_sequences(path):
+    config, _ = resolve_job_config(load_config(path)[0])
+    policy = config.policy
+    buffer = policy.other.replay_buffer
+    return policy.burnin_step, policy.unroll_len, policy.nstep, buffer.overlap
+
+
+#: (burn-in, learned steps, nstep, overlap) of sequences: the examples', and others at
+#: the least overlap the config allows.
+SEQUENCES = [
+    pytest.param(*r2d2_sequences(EXAMPLES / name), id=name)
+    for name in ("cartpole_pomdp_r2d2.yaml", "pong_r2d2.yaml", "di_engine/cartpole_r2d2_config.py")
+] + [(3, 5, 2, 5), (0, 6, 3, 3), (6, 10, 1, 7)]
+LENGTHS = [1, 2, 3, 4, 7, 19, 20, 21, 44, 45, 46, 80, 81, 200, 333]
+
+
+@pytest.mark.parametrize(("burnin", "unroll", "nstep", "overlap"), SEQUENCES)
+def test_every_step_of_any_episode_is_learned_by_some_sequence(burnin, unroll, nstep, overlap):
+    """Terminated episodes have every step learned; one a time limit ended has all
+    but its last nstep (nothing follows them to bootstrap from). With one row less
+    overlap, some step of a long episode is never learned."""
+    lengths = LENGTHS * 2
+    terminated = [True] * len(LENGTHS) + [False] * len(LENGTHS)
+    columns = scripted_rows(lengths, terminated)
+    expected = np.ones(sum(lengths), bool)
+    for (start, n), ends in zip(spans_of(lengths), terminated, strict=True):
+        if not ends:
+            expected[start + max(0, n - nstep) : start + n] = False
+    spans = spans_of(lengths)
+    covered = learned_rows(columns, spans, burnin, unroll, nstep, overlap)
+    np.testing.assert_array_equal(covered, expected)
+    assert overlap >= burnin + nstep  # the config's check
+    less = learned_rows(columns, spans, burnin, unroll, nstep, burnin + nstep - 1)
+    assert (expected & ~less).any()
 
 
 @pytest.mark.parametrize(("length", "overlap"), [(8, 3), (8, 0), (4, 3), (1, 0), (30, 10)])
