@@ -17,7 +17,8 @@ overlapping sequences (`policy.other.replay_buffer.item: sequence`) of
 learns its rows b .. T - n - 1 (from row 0 where it starts its episode, and up to its
 end where its episode terminates): an `overlap` of at least b + n rows, which the
 config requires, has every step learned by some sequence (but the last n of an
-episode a time limit ended: nothing follows them to bootstrap from).
+episode a time limit ended: nothing follows them to bootstrap from). An episode the
+collector cuts into pieces repeats the `overlap` rows at each cut.
 """
 
 from __future__ import annotations

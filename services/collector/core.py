@@ -410,9 +410,18 @@ class CollectorRunner:
             policy_cfg.discount_factor,
         )
         uploader = self._uploader(ctx, config)
-        # Episode and sequence items: rows go out grouped by episode, with their spans.
-        grouped = policy_cfg.other.replay_buffer.item != "transition"
-        episode_rows = EpisodeRows(spec.num_envs, uploader.max_rows) if grouped else None
+        # Episode and sequence items: rows go out grouped by episode, with their spans;
+        # an episode cut into pieces repeats the rows consecutive sequences share at
+        # each cut. A piece must hold more rows than it repeats: where the insert bound
+        # is smaller, a piece of overlap + 1 rows is one sequence item, which any bound
+        # admits.
+        buffer = policy_cfg.other.replay_buffer
+        grouped = buffer.item != "transition"
+        episode_rows = (
+            EpisodeRows(spec.num_envs, max(uploader.max_rows, buffer.overlap + 1), buffer.overlap)
+            if grouped
+            else None
+        )
         recurrent = isinstance(policy, RecurrentActor)
         # Segment names carry this worker's id and the task's id, so two tasks (or a
         # task reassigned after a restart) never write the same file.

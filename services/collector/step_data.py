@@ -75,9 +75,13 @@ class EpisodeRows:
     """Rows held by env until their episode ends, then given out with each episode's
     rows together and their spans: what episode and sequence items are cut from.
 
-    An episode longer than `max_piece_rows` goes out in pieces of that many rows
-    (each a span of its own: an item never crosses a piece either), so no chunk has to
-    wait on an episode without end, and one piece always fits one upload.
+    An episode longer than `max_piece_rows` goes out in pieces of at most that many
+    rows (each a span of its own: an item never crosses a piece either), so no chunk
+    has to wait on an episode without end, and one piece always fits one upload. Each
+    piece after the first starts with a copy of the last `overlap_rows` rows of the
+    one before, as consecutive sequence items share rows within a piece: without it
+    the rows around a cut would be in no item whole enough to learn them. The copies
+    are rows, not env steps: the collector counts env steps as it steps.
 
     Usage::
 
@@ -86,11 +90,19 @@ class EpisodeRows:
             columns, spans = episodes.take(max_rows)
     """
 
-    def __init__(self, num_envs: int, max_piece_rows: int) -> None:
+    def __init__(self, num_envs: int, max_piece_rows: int, overlap_rows: int = 0) -> None:
+        if not 0 <= overlap_rows < max_piece_rows:
+            raise ValueError(
+                f"pieces of {max_piece_rows} rows cannot carry {overlap_rows} rows over: "
+                "each must add a row"
+            )
         self.max_piece_rows = max_piece_rows
+        self.overlap_rows = overlap_rows
         #: Each env's rows since its episode (or piece) began, in order.
         self._open: list[list[dict[str, np.ndarray]]] = [[] for _ in range(num_envs)]
         self._open_rows = [0] * num_envs
+        #: How many of those rows are copies carried over from the env's last piece.
+        self._carried_rows = [0] * num_envs
         #: Whole episodes (and pieces), oldest first.
         self._closed: collections.deque[dict[str, np.ndarray]] = collections.deque()
         self._closed_rows = 0
@@ -114,7 +126,7 @@ class EpisodeRows:
 
     def _extend(self, env: int, rows: dict[str, np.ndarray]) -> None:
         """Append rows to the env's open episode, closing it as a piece whenever it
-        reaches `max_piece_rows`."""
+        reaches `max_piece_rows`; the next piece starts with its last `overlap_rows`."""
         count = len(next(iter(rows.values())))
         done = 0
         while done < count:
@@ -125,16 +137,26 @@ class EpisodeRows:
             self._open_rows[env] += taken
             done += taken
             if self._open_rows[env] >= self.max_piece_rows:
-                self._close(env)
+                carry = self._close(env)
+                if self.overlap_rows:
+                    # copies: a view would keep the whole piece in memory
+                    tail = {k: v[-self.overlap_rows :].copy() for k, v in carry.items()}
+                    self._open[env] = [tail]
+                    self._open_rows[env] = self._carried_rows[env] = self.overlap_rows
 
-    def _close(self, env: int) -> None:
+    def _close(self, env: int) -> dict[str, np.ndarray]:
+        """Give out the env's open rows as one episode (or piece), and return them; an
+        open piece of carried copies only is dropped (its episode ended with the piece
+        before, which holds them)."""
         parts = self._open[env]
-        if not parts:
-            return
+        new_rows = self._open_rows[env] - self._carried_rows[env]
+        self._open[env], self._open_rows[env], self._carried_rows[env] = [], 0, 0
+        if not new_rows:
+            return {}
         episode = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
         self._closed.append(episode)
-        self._closed_rows += self._open_rows[env]
-        self._open[env], self._open_rows[env] = [], 0
+        self._closed_rows += _rows_of(episode)
+        return episode
 
     def take(self, max_rows: int) -> tuple[dict[str, np.ndarray], list[tuple[int, int]]]:
         """Whole episodes (and pieces), oldest first, up to `max_rows` rows (at least

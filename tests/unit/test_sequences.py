@@ -1,7 +1,8 @@
 """Sequence replay: the buffer's windows over scripted episodes (never across an
 episode's end, every row in some window, overlap as configured), every step learned
-by R2D2 in some window (episodes of any length), the collector's rows grouped by
-episode, and the learner's [items, time] batches with a valid mask."""
+by R2D2 in some window (episodes of any length, and long ones the collector cuts into
+pieces), the collector's rows grouped by episode, and the learner's [items, time]
+batches with a valid mask."""
 
 from pathlib import Path
 
@@ -185,6 +186,100 @@ def test_collector_rows_come_out_grouped_by_episode_with_their_spans():
             assert n <= 7
             pieces += 1
     assert pieces > 20
+
+
+#: Each env's scripted episodes (steps, terminated): one longer than many uploads,
+#: ones of exactly one or two pieces, and short ones between.
+SCRIPT = [
+    [(500, True), (3, True)],
+    [(80, True), (150, False), (1, True), (79, True), (81, True), (220, True), (37, False)],
+]
+
+
+@pytest.mark.parametrize(
+    ("burnin", "unroll", "nstep", "overlap", "max_rows"),
+    [(2, 18, 5, 10, 80), (8, 12, 3, 11, 50), (0, 6, 2, 2, 3)],
+)
+def test_episodes_cut_into_pieces_have_every_step_learned_and_counted_once(
+    burnin, unroll, nstep, overlap, max_rows
+):
+    """Long episodes go out in pieces of at most one upload, each after the first
+    starting with the rows consecutive sequences share: the buffer takes each piece as
+    a span of its own, every step of a terminated episode is learned in some sequence
+    (of a truncated one, all but its last nstep), and each step is stored once besides
+    the copies carried into the next piece."""
+    envs = len(SCRIPT)
+    builder = NStepBuilder(envs, 1, 0.99)
+    grouped = EpisodeRows(envs, max_piece_rows=max_rows, overlap_rows=overlap)
+    # Each env's episodes as (episode, step) ids, and what the env is at now.
+    episode = np.zeros(envs, np.int64)
+    step = np.zeros(envs, np.int64)
+    hidden = 4
+    outputs = []
+    steps = max(sum(n for n, _ in script) for script in SCRIPT)
+    for _ in range(steps + 1):  # an env past its script starts an episode never ended
+        lengths = [
+            SCRIPT[e][episode[e]] if episode[e] < len(SCRIPT[e]) else (10**9, False)
+            for e in range(envs)
+        ]
+        last = np.array([step[e] + 1 == lengths[e][0] for e in range(envs)])
+        terminated = last & np.array([ends for _, ends in lengths])
+        obs = np.stack([np.arange(envs), episode, step], axis=1).astype(np.float32)
+        state = np.where((step == 0)[:, None], 0.0, 1.0) * np.ones((envs, hidden))
+        builder.add(
+            obs,
+            np.zeros(envs, np.int64),
+            np.ones(envs),
+            obs,
+            terminated,
+            last & ~terminated,
+            {"h": state, "c": state},
+        )
+        grouped.add(builder.take(where=True))
+        while len(grouped) >= max_rows:
+            outputs.append(grouped.take(max_rows))
+        episode, step = np.where(last, episode + 1, episode), np.where(last, 0, step + 1)
+    while len(grouped):
+        outputs.append(grouped.take(max_rows))
+
+    config = ReplayBufferConfig(
+        replay_buffer_size=100_000,
+        item="sequence",
+        sequence_length=burnin + unroll,
+        overlap=overlap,
+    )
+    buf = ReplayBuffer("job-1", config, DeletedFiles(), error_buffer=0.0)
+    learned: set[tuple[int, int, int]] = set()
+    stored: list[tuple[int, int, int]] = []
+    carried_pieces = 0
+    for seq, (columns, spans) in enumerate(outputs):
+        rows = len(columns["obs"])
+        assert rows <= max_rows or len(spans) == 1
+        path = f"job-1/segments/w/{seq:08d}.safetensors"
+        ref = SegmentRef(path=path, rows=rows, env_steps=0, policy_version=0, episodes=spans)
+        buf.insert([ref])  # refuses spans that overlap or run past the segment
+        covered = learned_rows(columns, spans, burnin, unroll, nstep, overlap)
+        ids = [(int(e), int(k), int(t)) for e, k, t in columns["obs"]]
+        learned |= {ids[i] for i in np.flatnonzero(covered)}
+        stored += ids
+        for start, n in spans:
+            env, number, first = ids[start]
+            assert ids[start : start + n] == [(env, number, first + t) for t in range(n)]
+            carried_pieces += first > 0
+
+    expected = set()
+    finished = set()
+    for e, script in enumerate(SCRIPT):
+        for k, (n, ends) in enumerate(script):
+            expected |= {(e, k, t) for t in range(n if ends else n - nstep)}
+            finished |= {(e, k, t) for t in range(n)}
+    assert expected <= learned
+    # Every finished episode's steps stored (and pieces of the endless ones after),
+    # each once but for the copies each piece after an episode's first starts with.
+    assert finished <= set(stored)
+    assert all(k == len(SCRIPT[e]) for e, k, _ in set(stored) - finished)
+    assert carried_pieces > 0
+    assert len(stored) == len(set(stored)) + overlap * carried_pieces
 
 
 def test_the_learner_gets_items_by_time_with_padding_masked(tmp_path):
