@@ -42,6 +42,7 @@ from services.collector.follower import PolicyFollower
 from services.collector.metrics import CollectorMetrics
 from services.collector.step_data import (
     ROUND_COLUMNS,
+    VERSION,
     EpisodeRows,
     EpisodeTracker,
     NStepBuilder,
@@ -436,13 +437,16 @@ class CollectorRunner:
             # Exploration follows the whole job's env steps, so adding collectors does
             # not slow its decay down.
             actions = policy.act(obs, rng, max(uploader.job_env_steps, env_steps))
-            return policy.env_action(actions), (actions, *recorded(policy, own))
+            # Recorded with the step: double buffered, a half steps with the version
+            # it acted with, which may be older than the one loaded when it returns.
+            versions = np.full(len(obs), policy.version, np.int64)
+            return policy.env_action(actions), (actions, versions, *recorded(policy, own))
 
         try:
             while not ctx.stopped():
                 follower.refresh()
                 job_env_steps = max(uploader.job_env_steps, env_steps)
-                obs, (actions, *extra), step = stepper.step_with(act)
+                obs, (actions, versions, *extra), step = stepper.step_with(act)
                 builder.add(
                     obs,
                     actions,
@@ -450,7 +454,7 @@ class CollectorRunner:
                     step.final_obs,
                     step.terminated,
                     step.truncated,
-                    dict(zip(own, extra, strict=True)),
+                    {VERSION: versions, **dict(zip(own, extra, strict=True))},
                 )
                 if recurrent:
                     policy.reset_state(step.ended)  # type: ignore[attr-defined]
@@ -478,7 +482,10 @@ class CollectorRunner:
                         path=path,
                         rows=len(columns["obs"]),
                         env_steps=segment_steps,
-                        policy_version=policy.version,
+                        # Its oldest row's: rows held until their episode ended may have
+                        # been acted by versions before the one acting now, and
+                        # staleness is judged by the oldest.
+                        policy_version=int(rows[VERSION].min()),
                         episode_returns=returns,
                         episode_lengths=lengths,
                         episodes=spans,

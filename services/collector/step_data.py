@@ -69,6 +69,10 @@ class EpisodeTracker:
 #: step ended the episode.
 ENV = "_env"
 LAST = "_last"
+#: An extra column the transitions loop records at each step (`NStepBuilder.add`'s
+#: `extras`): the policy version that acted it. A row keeps its first step's, the
+#: oldest of the steps it sums; a segment is labelled with its oldest row's.
+VERSION = "_version"
 
 
 class EpisodeRows:
@@ -290,7 +294,8 @@ class NStepBuilder:
         self._ready = 0
 
         extras = {
-            name: held[name][t, env].astype(np.float32)
+            # versions stay integers; the actor's columns are float32 data
+            name: held[name][t, env] if name == VERSION else held[name][t, env].astype(np.float32)
             for name in held
             if name not in (*self.COLUMNS, "terminated", "ended")
         }

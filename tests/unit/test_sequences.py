@@ -4,6 +4,7 @@ by R2D2 in some window (episodes of any length, and long ones the collector cuts
 pieces), the collector's rows grouped by episode, and the learner's [items, time]
 batches with a valid mask."""
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -11,11 +12,16 @@ import pytest
 import torch
 
 from algorithms.r2d2.learner import SequenceBatch, learned_steps, nstep_returns
+from algorithms.registry import ALGORITHMS
 from common.config import ReplayBufferConfig
-from common.messages import SampledBatch, SampledSegment, SegmentRef
+from common.messages import CollectSpec, PolicyRef, SampledBatch, SampledSegment, SegmentRef
+from common.models import state_to_numpy
+from common.storage import SharedStore
 from jobconfig import load_config, resolve_job_config
 from services.buffer.core import ReplayBuffer, sequence_windows
+from services.collector.core import CollectorRunner
 from services.collector.step_data import EpisodeRows, NStepBuilder
+from tests.algorithm_runs import JOB, Ctx, FakeCoordinator, job_config, publish_fresh_policy
 from tests.fakes import DeletedFiles
 
 EPISODES = [1, 5, 8, 9, 13, 20, 3]
@@ -280,6 +286,36 @@ def test_episodes_cut_into_pieces_have_every_step_learned_and_counted_once(
     assert all(k == len(SCRIPT[e]) for e, k, _ in set(stored) - finished)
     assert carried_pieces > 0
     assert len(stored) == len(set(stored)) + overlap * carried_pieces
+
+
+def test_a_segment_of_episodes_carries_the_version_of_its_oldest_row(tmp_path):
+    """Rows wait in the collector until their episode ends, while newer versions act:
+    the segment is labelled with the oldest version that acted one of its rows (what
+    the buffer's staleness limit judges), not the one acting when it is taken."""
+    store = SharedStore(tmp_path)
+    config = job_config("r2d2", "discrete", policy={"collect": {"policy_poll_s": 1e-6}})
+    first = publish_fresh_policy(store, config)
+    learner = ALGORITHMS["r2d2"].make_learner(config.policy, "cpu")
+    path, sha = store.write_policy(JOB, 2, 1, "r2d2", state_to_numpy(learner.online))
+    second = PolicyRef(version=2, path=path, sha256=sha, train_iter=1)
+
+    class NewerAfterThreeSteps(FakeCoordinator):
+        """Version 1 for the first three steps' polls, then version 2."""
+
+        answers = 0
+
+        def latest_policy(self, job_id, *, newer_than=None, timeout_s=0.0):
+            self.answers += 1
+            return first if self.answers <= 3 else second
+
+    stop = threading.Event()
+    ctx = Ctx(NewerAfterThreeSteps(stop), stop)
+    spec = CollectSpec(seed=0, num_envs=2, mode="transitions")
+    CollectorRunner(store).collect(ctx, config, spec)
+    (ref, *_) = ctx.coordinator.inserted
+    # CartPole's episodes last more than three steps: version 2 acted before any ended.
+    assert ctx.progress["policy_version"] == 2
+    assert ref.policy_version == 1
 
 
 def test_the_learner_gets_items_by_time_with_padding_masked(tmp_path):
