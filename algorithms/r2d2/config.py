@@ -94,7 +94,8 @@ class R2D2Config(TransitionPolicyConfig):
     #: next, overlapping, sequence instead).
     nstep: Annotated[int, Gt(0), Le(100)] = 5
     #: Steps at each sequence's start that only run the networks from the stored state
-    #: to warm it up (no loss), so stale stored states matter less.
+    #: to warm it up (no loss), so stale stored states matter less; a sequence that
+    #: starts its episode (zero state) needs none and is learned from its first step.
     burnin_step: Annotated[int, Ge(0), Le(MAX_SEQUENCE_STEPS)] = BURNIN_STEP
     #: Steps after the burn-in that are learned on.
     unroll_len: Annotated[int, Gt(0), Le(MAX_SEQUENCE_STEPS)] = UNROLL_LEN
