@@ -160,7 +160,7 @@ def measure(config: Path, work: Path, interval_s: float) -> tuple[PssSampler, in
     command's exit code, its wall time and when it started (monotonic)."""
     started = time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "drover.cli", "run", str(config), "--runs-dir", str(work)],
+        [sys.executable, "-m", "drover", "run", str(config), "--runs-dir", str(work)],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

@@ -77,7 +77,7 @@ def one_seed(seed: int, work: Path, deadline_s: float, example: Path = EXAMPLE) 
 def cli_run(work: Path) -> tuple[int, float]:
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "drover.cli", "run", str(EXAMPLE), "--runs-dir", str(work)],
+        [sys.executable, "-m", "drover", "run", str(EXAMPLE), "--runs-dir", str(work)],
         cwd=ROOT,
         capture_output=True,
         text=True,

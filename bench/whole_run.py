@@ -5,7 +5,7 @@ single stable-baselines3 DQN process to the same goal, seeds alternating.
 
 For each seed, first drover, then SB3, on this machine one after the other:
 
-- drover: `python -m drover.cli run` on the example with `system.seed` set to the
+- drover: `python -m drover run` (the `drover` command) on the example with `system.seed` set to the
   seed (a copy of the example, nothing else changed), timed from before the command
   starts to its exit: the launcher's start, every service's start and registration,
   training, the evaluations, and the shutdown of every process.
@@ -90,7 +90,7 @@ def run_drover(seed: int, work: Path) -> tuple[Outcome, subprocess.CompletedProc
     runs_dir = work / f"drover-seed{seed}"
     started = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "drover.cli", "run", str(config), "--runs-dir", str(runs_dir)],
+        [sys.executable, "-m", "drover", "run", str(config), "--runs-dir", str(runs_dir)],
         cwd=ROOT,
         capture_output=True,
         text=True,
@@ -207,7 +207,7 @@ def timeline(seed: int, work: Path) -> list[tuple[float, str, str]]:
     runs_dir.mkdir()
     started_wall, started = time.time(), time.monotonic()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "drover.cli", "run", str(config), "--runs-dir", str(runs_dir)],
+        [sys.executable, "-m", "drover", "run", str(config), "--runs-dir", str(runs_dir)],
         cwd=ROOT,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

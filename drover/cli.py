@@ -36,6 +36,7 @@ from common.settings import SettingsError, read_token
 from drover import plot, verbs
 from drover.devices import fit_local_device, local_learner_ranks
 from drover.docker_backend import DockerUnavailable, run_in_docker
+from drover.forkserver import ForkServer
 from drover.local import LocalCluster, torchrun_args
 from drover.tables import league_line
 from jobconfig import fit_to_env, load_config, resolve_job_config
@@ -46,7 +47,17 @@ from services.coordinator.workflows import check_workflow
 console = Console(stderr=True, soft_wrap=True)
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, fork_server: ForkServer | None = None) -> int:
+    """`fork_server`: one `drover run` started before its imports (drover/__main__.py);
+    stopped here unless the run uses it."""
+    try:
+        return _main(argv, fork_server)
+    finally:
+        if fork_server is not None and fork_server.process.poll() is None:
+            fork_server.discard()  # a no-op once the run's cluster has closed it
+
+
+def _main(argv: list[str] | None, fork_server: ForkServer | None) -> int:
     parser = argparse.ArgumentParser(prog="drover", description=__doc__.split("\n\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     run = sub.add_parser("run", help="train a job locally, end to end")
@@ -114,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     if args.command == "run":
-        return run_local(args)
+        return run_local(args, fork_server)
     if args.command == "config":
         return show_config(args)
     if args.command == "submit":
@@ -178,7 +189,7 @@ def error(message: str) -> int:
     return 2
 
 
-def run_local(args: argparse.Namespace) -> int:
+def run_local(args: argparse.Namespace, fork_server: ForkServer | None = None) -> int:
     started = time.monotonic()
     if args.collectors < 1:
         return error("--collectors must be at least 1")
@@ -200,7 +211,11 @@ def run_local(args: argparse.Namespace) -> int:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     run_dir = Path(args.runs_dir) / f"{config.exp_name}-{stamp}"
     cluster = LocalCluster(
-        run_dir, num_collectors=args.collectors, learner_ranks=ranks, fork_server=True
+        run_dir,
+        num_collectors=args.collectors,
+        learner_ranks=ranks,
+        fork_server=True,
+        started_fork_server=fork_server,
     )
     if ranks > 1:
         console.print(f"drover: the learner is a group of {ranks} ranks (torchrun)")
@@ -430,11 +445,12 @@ def summarize(cluster: LocalCluster, status: JobStatus | None, wall_s: float) ->
     return 0 if status.phase == "succeeded" else 1
 
 
-def console_main() -> NoReturn:
-    """The `drover` command: `main`, then the process ends without the interpreter's
-    teardown, a quarter of a second after `drover run` (bench/whole_run.py) that only
-    frees what the process is about to give back anyway."""
-    exit_without_teardown(main())
+def console_main(fork_server: ForkServer | None = None) -> NoReturn:
+    """The `drover` command (from drover/__main__.py): `main`, then the process ends
+    without the interpreter's teardown, a quarter of a second after `drover run`
+    (bench/whole_run.py) that only frees what the process is about to give back
+    anyway."""
+    exit_without_teardown(main(fork_server=fork_server))
 
 
 if __name__ == "__main__":

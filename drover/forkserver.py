@@ -39,6 +39,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Mapping
 from pathlib import Path
 from typing import IO, Any
 
@@ -187,12 +188,30 @@ def become_subreaper() -> bool:
     return False
 
 
+def server_env(environ: Mapping[str, str]) -> dict[str, str]:
+    """The fork server's own environment: the launcher's, without its secrets (each
+    service gets its own environment with each request), and with nothing in the
+    working directory importable."""
+    return {
+        **{k: v for k, v in environ.items() if not k.startswith(("DROVER_TOKEN", "DROVER_REG"))},
+        "PYTHONSAFEPATH": "1",
+        "PYTHONUNBUFFERED": "1",
+    }
+
+
 class ForkServer:
     """The server process, started at once; its preload runs while the launcher starts
-    the coordinator. `spawn` waits for the preload the first time."""
+    the coordinator. `spawn` waits for the preload the first time.
 
-    def __init__(self, env: dict[str, str], cwd: Path, log_path: Path) -> None:
-        with open(log_path, "ab") as log:
+    `drover run` starts it before the command's own imports (`ForkServer.early`, from
+    drover/__main__.py): the preload is what the first learner and collectors wait
+    for, so it goes first."""
+
+    def __init__(self, env: dict[str, str], cwd: Path, log_path: Path | None) -> None:
+        """`log_path`: where the server's own output goes (it writes only when it
+        fails); None: the launcher's stderr."""
+        with contextlib.ExitStack() as stack:
+            log = None if log_path is None else stack.enter_context(open(log_path, "ab"))
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "drover.forkserver"],
                 env=env,
@@ -204,6 +223,23 @@ class ForkServer:
                 # Its own session: Ctrl-C reaches only the launcher.
                 start_new_session=True,
             )
+
+    @classmethod
+    def early(cls) -> ForkServer | None:
+        """A server started now, from the launcher's environment and working directory,
+        its output on the launcher's stderr; None where no fork server can be used."""
+        if not sys.platform.startswith("linux"):
+            return None
+        try:
+            return cls(server_env(os.environ), Path.cwd(), None)
+        except OSError:
+            return None
+
+    def discard(self) -> None:
+        """Stop a server that will fork nothing (the command ended before it needed
+        one) now, preload or not."""
+        self.process.kill()
+        self.close()
 
     def spawn(
         self, module: str, args: list[str], env: dict[str, str], cwd: Path, log_path: Path

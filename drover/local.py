@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import IO
 
 from common.http_client import ServiceUnavailable
-from drover.forkserver import ForkedProcess, ForkServer, become_subreaper
+from drover.forkserver import ForkedProcess, ForkServer, become_subreaper, server_env
 from services.coordinator.client import CoordinatorClient
 
 #: The services a fork server may start: the slaves that import torch. A learner
@@ -145,6 +145,9 @@ class LocalCluster:
     #: import (drover/forkserver.py): they start sooner and share those pages. Where
     #: that cannot be done (not Linux), each starts python anew as without it.
     fork_server: bool = False
+    #: A fork server started already (`drover run` starts it before its own imports:
+    #: drover/__main__.py), used when `fork_server` is set; stopped by `stop`.
+    started_fork_server: ForkServer | None = None
     services: list[Service] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -209,11 +212,20 @@ class LocalCluster:
         # answers, and their torch import (or the fork server's) overlaps the
         # coordinator's start.
         self.coordinator.start()
+        started, self.started_fork_server = self.started_fork_server, None
         if self.fork_server and become_subreaper():
-            self._fork_server = ForkServer(
-                self._common_env(), self.shared_dir, self.log_dir / "forkserver.log"
-            )
-        for service in self.services:
+            if started is not None:
+                self._fork_server = started
+            else:
+                self._fork_server = ForkServer(
+                    server_env(self._common_env()), self.shared_dir, self.log_dir / "forkserver.log"
+                )
+        elif started is not None:
+            started.discard()
+        # Learners first: the first policy version, which the collectors wait for,
+        # is theirs.
+        slaves = [*self.learners, *self.collectors]
+        for service in slaves + [s for s in self.services if s not in slaves]:
             if service is not self.coordinator:
                 service.fork_server = self._fork_server
                 service.start()
@@ -297,6 +309,9 @@ class LocalCluster:
         for service in slaves:
             service.stop()
         self.coordinator.stop()
+        if self.started_fork_server is not None:  # never started
+            self.started_fork_server.discard()
+            self.started_fork_server = None
         if self._fork_server is not None:
             self._fork_server.close()
             self._fork_server = None

@@ -53,3 +53,30 @@ def test_a_forked_service_is_what_python_m_would_start(tmp_path):
     assert probe["own_session"]
     assert probe["torch_loaded"]  # the preload came with it
     assert (tmp_path / "forkserver.log").read_text() == ""
+
+
+def test_drover_run_starts_its_fork_server_first_and_only_for_a_local_run():
+    from drover.__main__ import wants_fork_server
+
+    assert wants_fork_server(["run", "examples/cartpole_dqn.yaml"])
+    assert wants_fork_server(["run", "x.yaml", "--backend", "local"])
+    for argv in (
+        ["run", "x.yaml", "--backend", "docker"],
+        ["run", "x.yaml", "--backend=docker"],
+        ["run", "--help"],
+        ["status", "job-1"],
+        [],
+    ):
+        assert not wants_fork_server(argv), argv
+
+
+def test_a_fork_server_started_early_is_stopped_when_the_run_never_uses_it(tmp_path):
+    from drover.cli import main
+    from drover.forkserver import ForkServer
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("policy: {type: no-such-algorithm}\n")
+    server = ForkServer.early()
+    assert server is not None
+    assert main(["run", str(bad), "--runs-dir", str(tmp_path)], fork_server=server) == 2
+    assert server.process.poll() is not None  # stopped, not left to finish its preload
