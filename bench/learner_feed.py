@@ -33,8 +33,10 @@ resumes from the last one's checkpoint), in alternating order, each after untime
 warm-up iterations (the fed task's first publish and cold segment cache). The fed
 window is read off the task's progress (`train_iter`), timed as it is set:
 DQN `--iters` iterations, PPO `--rounds` rounds from the end of the first one.
-Reported: train iterations/s of each (the fastest repeat's), and fed / in memory (the
-fastest repeats' ratio, and its lowest and highest over the repeats). Target: >= 0.9.
+Reported: train iterations/s of each (the fastest repeat's), fed / in memory (the
+fastest repeats' ratio, and its lowest and highest over the repeats), and the CPU
+seconds the coordinator and the learner (this process) spent per 1,000 fed train
+iterations (medians over the fed windows). Target: >= 0.9.
 
 `--profile-s` (0: none) records this process with py-spy (`record --format raw --idle
 --threads`, 100 Hz) for that long during an extra fed DQN window, and prints the
@@ -50,6 +52,7 @@ import argparse
 import collections
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -312,6 +315,12 @@ class FedTask:
             raise RuntimeError("the learn task failed") from self.error
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user and system) a process has used so far (Linux's /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 # --- one algorithm ----------------------------------------------------------------------
 
 
@@ -334,6 +343,9 @@ class Bench:
         self.tasks = 0
         #: The train iteration the next learn task resumes at.
         self.resumed = 0
+        #: CPU seconds a fed window took per 1,000 train iterations, each window's:
+        #: (the coordinator's, the learner's: this process, the bench idle in it).
+        self.cpu_per_kilo_iter: list[tuple[float, float]] = []
 
     def in_memory(self) -> float:
         """Train iterations/s of a fresh learner of the job on data in memory."""
@@ -351,11 +363,21 @@ class Bench:
         # The task resumes where the last one stopped (its final checkpoint).
         warm = self.resumed + self.warmup_iters()
         task.start([warm, warm + self.window_iters()])
+        coordinator = self.cluster.coordinator.process
+        assert coordinator is not None
         try:
             started, began = task.wait_mark(warm)
+            coordinator_s, learner_s = cpu_s(coordinator.pid), time.process_time()
             if profile is not None:
                 profile()
             ended, done = task.wait_mark(warm + self.window_iters())
+            kilo_iters = (done - began) / 1000
+            self.cpu_per_kilo_iter.append(
+                (
+                    (cpu_s(coordinator.pid) - coordinator_s) / kilo_iters,
+                    (time.process_time() - learner_s) / kilo_iters,
+                )
+            )
             return (done - began) / (ended - started)
         finally:
             task.stop()
@@ -496,6 +518,9 @@ class Row:
     what: str
     in_memory: list[float]
     fed: list[float]
+    #: Medians over the fed windows of CPU seconds per 1,000 train iterations.
+    coordinator_cpu_s: float
+    learner_cpu_s: float
 
 
 def measure(bench: Bench, repeats: int) -> tuple[list[float], list[float]]:
@@ -541,7 +566,17 @@ def main() -> None:
                     bench = PPOBench(cluster, args.rounds)
                     what = f"{args.rounds} rounds ({bench.window_iters()} iterations) a window"
                 in_memory, fed = measure(bench, args.repeats)
-                rows.append(Row(algo, what, in_memory, fed))
+                coordinator_cpu, learner_cpu = zip(*bench.cpu_per_kilo_iter, strict=True)
+                rows.append(
+                    Row(
+                        algo,
+                        what,
+                        in_memory,
+                        fed,
+                        statistics.median(coordinator_cpu),
+                        statistics.median(learner_cpu),
+                    )
+                )
                 if algo == "dqn" and args.profile_s > 0:
                     out = args.profile_out or Path(tmp) / "learner-feed.txt"
                     bench.fed(profile=record_profile(args.profile_s, out))
@@ -559,7 +594,13 @@ def main() -> None:
         title=f"Learner feed, CartPole-v1: fed through a coordinator vs in memory; {cpu_line()}; "
         f"torch {torch.__version__}"
     )
-    for column in ("algo", "in memory iters/s", "fed iters/s", "fed / in memory (repeats)"):
+    for column in (
+        "algo",
+        "in memory iters/s",
+        "fed iters/s",
+        "fed / in memory (repeats)",
+        "CPU s / 1k fed iters: coordinator, learner",
+    ):
         table.add_column(column, justify="right")
     table.add_column("window")
     verdicts = []
@@ -571,6 +612,7 @@ def main() -> None:
             f"{max(row.in_memory):,.0f}",
             f"{max(row.fed):,.0f}",
             f"{ratio:.2f} ({min(ratios):.2f}-{max(ratios):.2f})",
+            f"{row.coordinator_cpu_s:.2f}, {row.learner_cpu_s:.2f}",
             row.what,
         )
         verdicts.append(f"{row.algo} {ratio:.2f} {'met' if ratio >= TARGET_RATIO else 'NOT met'}")

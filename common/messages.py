@@ -442,10 +442,24 @@ class SampleRequest:
     task_id: Ident | None = None
     #: Holds (`SampleReply.hold_id`) whose items this learner has trained on.
     acknowledge: Annotated[list[Ident], MaxLen(64)] = field(default_factory=list)
+    #: New priorities of items this learner has trained on (a prioritized buffer), by
+    #: key: applied before the sample is drawn, as a `PriorityUpdate` would apply them,
+    #: so that a learner sends them with its next request, not in one of their own.
+    priority_keys: Annotated[list[ItemKey], FailFast(), MaxLen(MAX_KEYS_PER_UPDATE)] = field(
+        default_factory=list
+    )
+    priorities: Annotated[list[Priority], FailFast(), MaxLen(MAX_KEYS_PER_UPDATE)] = field(
+        default_factory=list
+    )
 
-    #: Every field at its bound in ASCII is about 8.5 KiB.
+    #: Every field at its bound in ASCII is about 8.5 KiB, and the priorities as much
+    #: as a `PriorityUpdate`'s (about 2.9 MiB).
     body_limit: ClassVar[BodyLimit] = BodyLimit(
-        max_bytes=16 * KIB, max_containers=8, max_values=256, max_keys=64, max_depth=2
+        max_bytes=4 * MIB + 16 * KIB,
+        max_containers=8,
+        max_values=2 * MAX_KEYS_PER_UPDATE + 256,
+        max_keys=64,
+        max_depth=2,
     )
 
 

@@ -207,6 +207,8 @@ class CoordinatorClient(ServiceClient):
         timeout_s: float,
         task_id: str | None = None,
         acknowledge: list[str] | None = None,
+        priority_keys: list[int] | None = None,
+        priorities: list[float] | None = None,
     ) -> SampleReply:
         req = SampleRequest(
             batch_size=batch_size,
@@ -214,6 +216,8 @@ class CoordinatorClient(ServiceClient):
             timeout_s=timeout_s,
             task_id=task_id,
             acknowledge=acknowledge or [],
+            priority_keys=priority_keys or [],
+            priorities=priorities or [],
         )
         return self.call_as(
             SampleReply,

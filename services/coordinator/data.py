@@ -217,6 +217,12 @@ class DataPlane:
                 "num_batches",
                 f"batch_size x num_batches = {items} exceeds {MAX_SAMPLE_ITEMS} items",
             )
+        if len(request.priority_keys) != len(request.priorities):
+            raise bad_request(
+                "priorities",
+                f"{len(request.priority_keys)} priority_keys but "
+                f"{len(request.priorities)} priorities",
+            )
         guard = self.state.guard
         with guard.changing():
             job = self.jobs.running(job_id)
@@ -229,6 +235,8 @@ class DataPlane:
         try:
             if request.task_id is not None and request.acknowledge:
                 job.buffer.acknowledge(request.task_id, list(request.acknowledge))
+            if request.priority_keys:
+                job.buffer.update_priorities(request.priority_keys, request.priorities)
             started = time.monotonic()
             try:
                 batches, hold_id = job.buffer.sample_for(

@@ -16,6 +16,7 @@ Usage (what `LearnerRunner` does)::
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -88,6 +89,11 @@ class BatchSession:
         self.sample_timeouts = 0
         #: Holds (fifo items kept for this task) trained on and not yet acknowledged.
         self.trained_holds: list[str] = []
+        #: New priorities of items trained on, not yet sent: they go with the next
+        #: sample request (`sample`), not in a request of their own.
+        self.priority_keys: list[int] = []
+        self.priority_values: list[float] = []
+        self._priorities_lock = threading.Lock()
         self.prioritized = config.policy.other.replay_buffer.type == "prioritized"
         self.board = TrainBoard(store, self.job_id, learner.train_iter)
         #: Publishes and checkpoints written while training goes on (`publish_soon`,
@@ -99,8 +105,6 @@ class BatchSession:
         ctx, learner = self.ctx, self.learner
         started, start_iter = time.monotonic(), learner.train_iter
         prefetch = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch")
-        # Priorities go back on their own thread, so training never waits for them.
-        priorities = ThreadPoolExecutor(max_workers=1, thread_name_prefix="priorities")
         future: Future[SampleReply | None] = prefetch.submit(self.fetch)
         try:
             self.publish()  # collectors act with the resumed (or fresh) network at once
@@ -153,8 +157,10 @@ class BatchSession:
                         outcome.rank_samples_per_s,
                         every_iters=TB_EVERY_ITERS,
                     )
-                if self.prioritized and keys:
-                    priorities.submit(self.send_priorities, keys, np.concatenate(td_abs))
+                # Sent with the next request that has not left yet (usually the one
+                # after the request under way): a priority is applied a request or two
+                # after its item trained.
+                self.queue_priorities(keys, td_abs)
                 if reply is not None and reply.hold_id is not None:
                     self.trained_holds.append(reply.hold_id)
             self.writes.wait()  # the last version is announced before the task ends
@@ -167,9 +173,9 @@ class BatchSession:
             raise
         finally:
             prefetch.shutdown(wait=False, cancel_futures=True)
-            priorities.shutdown(wait=False, cancel_futures=True)
             self.writes.close()
             self.board.log.close()
+        self.send_priorities()
         self.checkpoint()
         return {"train_iter": learner.train_iter, "policy_version": self.version}
 
@@ -184,6 +190,21 @@ class BatchSession:
             self.trainer.start_reads(reply.batches)
         return reply
 
+    def queue_priorities(self, keys: list[int], td_abs: list[np.ndarray]) -> None:
+        """Keep the new priorities of items just trained on for the next request."""
+        if self.prioritized and keys:
+            values = priorities_of(np.concatenate(td_abs))
+            with self._priorities_lock:
+                self.priority_keys += keys
+                self.priority_values += values
+
+    def take_priorities(self) -> tuple[list[int], list[float]]:
+        """The priorities queued and not yet sent (the queue is then empty)."""
+        with self._priorities_lock:
+            keys, self.priority_keys = self.priority_keys, []
+            values, self.priority_values = self.priority_values, []
+        return keys, values
+
     def sample(self, batch_size: int, num_batches: int) -> SampleReply | None:
         """One long-poll for data; None when there was none in time (or no coordinator).
 
@@ -192,6 +213,9 @@ class BatchSession:
         buffer if the task ends first.
         """
         acknowledge, self.trained_holds = self.trained_holds, []
+        # New priorities go with the request; lost with it if it fails (stale
+        # priorities only make sampling a little less sharp), never sent twice.
+        keys, values = self.take_priorities()
         try:
             return self.ctx.coordinator.sample(
                 self.job_id,
@@ -200,6 +224,8 @@ class BatchSession:
                 timeout_s=self.config.policy.learn.sample_timeout_s,
                 task_id=self.ctx.task.task_id,
                 acknowledge=acknowledge,
+                priority_keys=keys,
+                priorities=values,
             )
         except ApiError as exc:
             if exc.status == 503:  # sample_timeout, or a coordinator restarting
@@ -215,10 +241,14 @@ class BatchSession:
             self.ctx.stop.wait(1.0)
             return None
 
-    def send_priorities(self, keys: list[int], td_abs: np.ndarray) -> None:
+    def send_priorities(self) -> None:
+        """Send the priorities no request took (the task's last), best effort."""
+        keys, values = self.take_priorities()
+        if not keys:
+            return
         try:
             self.ctx.coordinator.update_priorities(
-                self.job_id, keys, priorities_of(td_abs), task_id=self.ctx.task.task_id
+                self.job_id, keys, values, task_id=self.ctx.task.task_id
             )
         except (ApiError, ServiceUnavailable) as exc:
             # Stale priorities only make sampling a little less sharp: carry on.

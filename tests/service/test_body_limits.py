@@ -277,6 +277,8 @@ def largest_sample_request(rng):
         "timeout_s": 60.0,
         "task_id": text(128),
         "acknowledge": [text(128) for _ in range(64)],
+        "priority_keys": [2**63 - 1 - i for i in range(MAX_KEYS_PER_UPDATE)],
+        "priorities": [-p for p in full_precision(rng, MAX_KEYS_PER_UPDATE)],
     }
 
 

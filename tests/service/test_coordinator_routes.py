@@ -214,6 +214,36 @@ def test_samples_long_poll_timeout_then_batches(client, core):
     assert neg.status_code == 400
 
 
+def test_priorities_sent_with_a_sample_request_are_applied_before_it_samples(client, core):
+    job_id = submit(client)
+    url = f"/api/v1/jobs/{job_id}/samples"
+    insert_segments(client, core, job_id, 3)
+    keys = post(client, url, {"batch_size": 4, "timeout_s": 1}).json["batches"][0]["keys"]
+    buffer = core.jobs[job_id].buffer
+
+    def priority(key):
+        slots, _ = buffer.table.slots_of(np.array([key]))
+        return float(buffer.table.priority[slots[0]])
+
+    before = priority(keys[0])
+    resp = post(
+        client,
+        url,
+        {"batch_size": 4, "timeout_s": 1, "priority_keys": keys[:2], "priorities": [7.0, 9.0]},
+    )
+    assert resp.status_code == 200, resp.json
+    assert priority(keys[0]) != before
+    assert priority(keys[1]) - priority(keys[0]) == pytest.approx(2.0)
+    for bad, field in (
+        ({"priority_keys": keys[:2], "priorities": [1.0]}, "priorities"),
+        ({"priority_keys": [keys[0]], "priorities": [-1.0]}, "priorities"),
+        ({"priority_keys": [-5], "priorities": [1.0]}, "priority_keys"),
+    ):
+        resp = post(client, url, {"batch_size": 4, "timeout_s": 1, **bad})
+        assert resp.status_code == 400 and field in resp.json["message"], (bad, resp.json)
+    assert priority(keys[1]) - priority(keys[0]) == pytest.approx(2.0)  # nothing applied
+
+
 # --- policies, evaluation, stop -------------------------------------------------------
 
 

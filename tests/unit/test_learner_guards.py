@@ -207,9 +207,12 @@ def test_priorities_are_finite_and_clipped():
     assert priorities_of(td) == [0.5, MAX_PRIORITY, MAX_PRIORITY, MAX_PRIORITY, 0.0]
 
 
-def test_sent_priorities_are_clipped(tmp_path):
+def test_sent_priorities_are_clipped_and_sent_once(tmp_path):
     learn = session(tmp_path)
-    learn.send_priorities([1, 2], np.array([np.nan, 2.0], np.float32))
+    learn.prioritized = True
+    learn.queue_priorities([1, 2], [np.array([np.nan, 2.0], np.float32)])
+    learn.send_priorities()
+    learn.send_priorities()  # nothing left to send
     assert learn.ctx.coordinator.priorities == [([1, 2], [MAX_PRIORITY, 2.0])]
 
 
@@ -285,8 +288,10 @@ class Sampler(Coordinator):
     def __init__(self, reply):
         super().__init__()
         self.replies = [reply]
+        self.requests = []
 
     def sample(self, job_id, **request):
+        self.requests.append(request)
         if not self.replies:
             raise ApiError(404, "not_found", "the job is over")
         return self.replies.pop()
@@ -384,3 +389,45 @@ def test_a_round_skips_a_segment_whose_header_read_never_returns(tmp_path, monke
         assert ctx.unusable_segments == {fifo}
     finally:
         end_of_file(store, fifo)
+
+
+@pytest.mark.timeout(30)
+def test_priorities_ride_on_the_next_sample_requests_each_sent_once(tmp_path):
+    config, _ = resolve_job_config(
+        {"policy": {"type": "dqn", "other": {"replay_buffer": {"type": "prioritized"}}}}
+    )
+    config = with_spaces(config, 4, 2)
+    store = SharedStore(tmp_path)
+    path = store.segment_path(JOB, "w", 0)
+    rows = {
+        "obs": np.zeros((8, 4), np.float32),
+        "action": np.zeros(8, np.int64),
+        "reward": np.ones(8, np.float32),
+        "next_obs": np.zeros((8, 4), np.float32),
+        "done": np.zeros(8, np.float32),
+        "discount": np.full(8, 0.99, np.float32),
+    }
+    store.write_segment(path, rows)
+
+    def reply(first_key):
+        keys = [first_key, first_key + 1]
+        segment = SampledSegment(path=path, rows=[0, 1])
+        return SampleReply(batches=[SampledBatch(keys=keys, segments=[segment], weights=[1.0] * 2)])
+
+    sampler = Sampler(reply(100))
+    sampler.replies = [reply(300), reply(200), reply(100)]  # popped from the end
+    ctx = TaskContext(
+        task=TaskAssignment(task_id="t-1", job_id=JOB, spec=LearnSpec(seed=0)),
+        worker_id="learner-1",
+        coordinator=sampler,  # type: ignore[arg-type]
+        metrics=CollectorRegistry(),
+    )
+    learn = BatchSession(ctx, config, store, DQN(config.policy), 0)
+    assert learn.run()["train_iter"] == 3
+    with_requests = [k for request in sampler.requests for k in request["priority_keys"]]
+    alone = [k for keys, _ in sampler.priorities for k in keys]
+    # No priorities request while sampling goes on: they come with the requests.
+    assert with_requests and set(with_requests) <= {100, 101, 200, 201}
+    assert sorted(with_requests + alone) == [100, 101, 200, 201, 300, 301]
+    for request in sampler.requests:
+        assert len(request["priority_keys"]) == len(request["priorities"])
