@@ -116,7 +116,7 @@ class FakeCoordinator:
         rows = sum(ref.rows for ref in refs)
         return InsertReply(accepted=len(refs), duplicates=0, env_steps=rows)
 
-    def sample(self, job_id, *, batch_size, num_batches, timeout_s, task_id, acknowledge):
+    def sample(self, job_id, *, batch_size, num_batches, timeout_s, task_id, acknowledge, **_):
         if not self.batches:
             self.stop.set()
             return None
