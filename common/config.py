@@ -224,7 +224,8 @@ class ReplayBufferConfig:
     item: Literal["transition", "episode", "sequence"] = "transition"
     #: Episode and sequence items: rows in each sampled (sub-)sequence.
     sequence_length: Annotated[int, Gt(0), Le(MAX_SEQUENCE_LENGTH)] = 1
-    #: Sequence items: rows each window shares with the one before (R2D2: half).
+    #: Sequence items: rows each window shares with the one before (R2D2: at least
+    #: burnin_step + nstep, so that every step is learned by some window).
     overlap: Annotated[int, Ge(0)] = 0
     #: Prioritized: priority exponent, importance-weight exponent and the sampled
     #: batches over which beta rises to 1 (0: no annealing).

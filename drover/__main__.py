@@ -31,9 +31,14 @@ def console_main() -> NoReturn:
         from drover.forkserver import ForkServer
 
         early = ForkServer.early()
-    from drover import cli
+    try:
+        from drover import cli
 
-    cli.console_main(early)
+        cli.console_main(early)
+    except BaseException:  # an import that failed, Ctrl-C during it: no server waits on
+        if early is not None and early.process.poll() is None:
+            early.discard()
+        raise
 
 
 if __name__ == "__main__":

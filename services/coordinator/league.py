@@ -429,9 +429,10 @@ class League:
 
         No match is outstanding: a restarted coordinator has none of the tasks they
         were drawn for, so nothing would ever report or forget them. Match ids go on
-        from the record's, so an id from before the restart never names a new match: a
-        late report of one is refused as not outstanding (409), as after `forget_task`.
-        (An older record's `outstanding` list is ignored.)
+        from the record's; after a crash, ids drawn since the last snapshot may be drawn
+        again, which is harmless: the tasks that drew them are gone, and their late
+        reports are refused before the league sees them (the sender's task is not
+        active, 409). (An older record's `outstanding` list is ignored.)
 
         Raises:
             ValueError: `record` is of a format this code does not read.

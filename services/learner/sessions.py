@@ -29,7 +29,7 @@ from common.checkpoint_file import Checkpoint, write_checkpoint
 from common.config import JobConfig
 from common.errors import ApiError
 from common.http_client import ServiceUnavailable
-from common.messages import PolicyRef, SampleReply, dump
+from common.messages import MAX_KEYS_PER_UPDATE, PolicyRef, SampleReply, dump
 from common.storage import SharedStore
 from jobconfig import algorithm_of, sequence_length_of
 from services.learner.background import BackgroundWrites, copy_state
@@ -87,13 +87,14 @@ class BatchSession:
             learner, self.cache, group, takes_sequences=algorithm_of(config).recurrent
         )
         self.sample_timeouts = 0
-        #: Holds (fifo items kept for this task) trained on and not yet acknowledged.
+        #: What the next sample request tells the coordinator, kept by the training
+        #: thread and taken by the prefetch thread's request (under `_outbox_lock`):
+        #: holds (fifo items kept for this task) trained on and not yet acknowledged,
+        #: and new priorities of items trained on (not in a request of their own).
         self.trained_holds: list[str] = []
-        #: New priorities of items trained on, not yet sent: they go with the next
-        #: sample request (`sample`), not in a request of their own.
         self.priority_keys: list[int] = []
         self.priority_values: list[float] = []
-        self._priorities_lock = threading.Lock()
+        self._outbox_lock = threading.Lock()
         self.prioritized = config.policy.other.replay_buffer.type == "prioritized"
         self.board = TrainBoard(store, self.job_id, learner.train_iter)
         #: Publishes and checkpoints written while training goes on (`publish_soon`,
@@ -162,7 +163,7 @@ class BatchSession:
                 # after its item trained.
                 self.queue_priorities(keys, td_abs)
                 if reply is not None and reply.hold_id is not None:
-                    self.trained_holds.append(reply.hold_id)
+                    self.hold_trained(reply.hold_id)
             self.writes.wait()  # the last version is announced before the task ends
         except JobOver as exc:
             log.info("learning stops: %s", exc)
@@ -190,20 +191,38 @@ class BatchSession:
             self.trainer.start_reads(reply.batches)
         return reply
 
+    def hold_trained(self, hold_id: str) -> None:
+        """Note a hold whose items are trained on, for the next request to acknowledge."""
+        with self._outbox_lock:
+            self.trained_holds.append(hold_id)
+
     def queue_priorities(self, keys: list[int], td_abs: list[np.ndarray]) -> None:
         """Keep the new priorities of items just trained on for the next request."""
         if self.prioritized and keys:
             values = priorities_of(np.concatenate(td_abs))
-            with self._priorities_lock:
+            with self._outbox_lock:
                 self.priority_keys += keys
                 self.priority_values += values
 
-    def take_priorities(self) -> tuple[list[int], list[float]]:
-        """The priorities queued and not yet sent (the queue is then empty)."""
-        with self._priorities_lock:
-            keys, self.priority_keys = self.priority_keys, []
-            values, self.priority_values = self.priority_values, []
-        return keys, values
+    def take_outbox(self) -> tuple[list[str], list[int], list[float]]:
+        """The holds to acknowledge and the priorities to send with one request: all
+        the holds, and as many priorities as one request carries (the rest wait)."""
+        with self._outbox_lock:
+            holds, self.trained_holds = self.trained_holds, []
+            keys = self.priority_keys[:MAX_KEYS_PER_UPDATE]
+            values = self.priority_values[:MAX_KEYS_PER_UPDATE]
+            del self.priority_keys[:MAX_KEYS_PER_UPDATE]
+            del self.priority_values[:MAX_KEYS_PER_UPDATE]
+        return holds, keys, values
+
+    def give_back_outbox(self, holds: list[str], keys: list[int], values: list[float]) -> None:
+        """Put what a request that failed carried back in front of what came since, to
+        go with the next one (acknowledging a hold or setting a priority twice is
+        harmless; losing them is not)."""
+        with self._outbox_lock:
+            self.trained_holds[:0] = holds
+            self.priority_keys[:0] = keys
+            self.priority_values[:0] = values
 
     def sample(self, batch_size: int, num_batches: int) -> SampleReply | None:
         """One long-poll for data; None when there was none in time (or no coordinator).
@@ -212,10 +231,7 @@ class BatchSession:
         items of a fifo buffer are held for this task until then, and go back to the
         buffer if the task ends first.
         """
-        acknowledge, self.trained_holds = self.trained_holds, []
-        # New priorities go with the request; lost with it if it fails (stale
-        # priorities only make sampling a little less sharp), never sent twice.
-        keys, values = self.take_priorities()
+        acknowledge, keys, values = self.take_outbox()
         try:
             return self.ctx.coordinator.sample(
                 self.job_id,
@@ -230,29 +246,34 @@ class BatchSession:
         except ApiError as exc:
             if exc.status == 503:  # sample_timeout, or a coordinator restarting
                 self.sample_timeouts += 1
-                self.trained_holds = acknowledge + self.trained_holds  # say it again
+                self.give_back_outbox(acknowledge, keys, values)  # say it again
                 return None
             if exc.status in (401, 403, 404, 409):  # the job ended, or this task did
                 raise JobOver(exc.message) from exc
             raise
         except ServiceUnavailable as exc:
-            self.trained_holds = acknowledge + self.trained_holds
+            self.give_back_outbox(acknowledge, keys, values)
             log.warning("sampling failed (%s); retrying", exc)
             self.ctx.stop.wait(1.0)
             return None
 
     def send_priorities(self) -> None:
         """Send the priorities no request took (the task's last), best effort."""
-        keys, values = self.take_priorities()
-        if not keys:
-            return
-        try:
-            self.ctx.coordinator.update_priorities(
-                self.job_id, keys, values, task_id=self.ctx.task.task_id
-            )
-        except (ApiError, ServiceUnavailable) as exc:
-            # Stale priorities only make sampling a little less sharp: carry on.
-            log.warning("priority update failed: %s", exc)
+        with self._outbox_lock:
+            keys, self.priority_keys = self.priority_keys, []
+            values, self.priority_values = self.priority_values, []
+        for start in range(0, len(keys), MAX_KEYS_PER_UPDATE):
+            try:
+                self.ctx.coordinator.update_priorities(
+                    self.job_id,
+                    keys[start : start + MAX_KEYS_PER_UPDATE],
+                    values[start : start + MAX_KEYS_PER_UPDATE],
+                    task_id=self.ctx.task.task_id,
+                )
+            except (ApiError, ServiceUnavailable) as exc:
+                # Stale priorities only make sampling a little less sharp: carry on.
+                log.warning("priority update failed: %s", exc)
+                return
 
     def publish(self) -> None:
         """Write the next policy version and announce it to the coordinator.
@@ -376,7 +397,7 @@ class RoundSession(BatchSession):
                 self.metrics.train_iterations.inc(max(0, learner.train_iter - previous))
                 self.publish()
                 if reply.hold_id is not None:
-                    self.trained_holds.append(reply.hold_id)
+                    self.hold_trained(reply.hold_id)
                 if (
                     learner.train_iter // learn.checkpoint_every_iters
                     > previous // learn.checkpoint_every_iters

@@ -431,3 +431,20 @@ def test_priorities_ride_on_the_next_sample_requests_each_sent_once(tmp_path):
     assert sorted(with_requests + alone) == [100, 101, 200, 201, 300, 301]
     for request in sampler.requests:
         assert len(request["priority_keys"]) == len(request["priorities"])
+
+
+def test_a_request_carries_at_most_one_updates_worth_and_a_failed_one_gives_it_back(tmp_path):
+    from common.messages import MAX_KEYS_PER_UPDATE
+
+    learn = session(tmp_path)
+    learn.prioritized = True
+    count = MAX_KEYS_PER_UPDATE + 5
+    learn.queue_priorities(list(range(count)), [np.ones(count, np.float32)])
+    learn.hold_trained("hold-1")
+    holds, keys, values = learn.take_outbox()
+    assert holds == ["hold-1"] and keys == list(range(MAX_KEYS_PER_UPDATE))
+    assert len(values) == MAX_KEYS_PER_UPDATE
+    learn.give_back_outbox(holds, keys, values)  # the request failed: nothing is lost
+    learn.hold_trained("hold-2")
+    assert learn.take_outbox()[:2] == (["hold-1", "hold-2"], list(range(MAX_KEYS_PER_UPDATE)))
+    assert learn.take_outbox() == ([], list(range(MAX_KEYS_PER_UPDATE, count)), [1.0] * 5)
