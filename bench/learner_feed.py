@@ -2,7 +2,7 @@
 system, against the same algorithm training on the same batches held in memory.
 
     python bench/learner_feed.py [--algos dqn,ppo] [--iters 2000] [--rounds 4]
-        [--repeats 3] [--profile-s 0] [--profile-out /tmp/learner-feed.txt]
+        [--repeats 3] [--profile-s 0] [--profile-out /tmp/learner-feed.txt] [--gil-probe]
 
 For DQN (examples/cartpole_dqn.yaml: batch 64, 8 batches a sample request, PER,
 publish every 50 iterations, checkpoint every 1,000) and PPO (examples/cartpole_ppo.yaml:
@@ -42,6 +42,12 @@ iterations (medians over the fed windows). Target: >= 0.9.
 --threads`, 100 Hz) for that long during an extra fed DQN window, and prints the
 training thread's wall time by innermost project frame and the top frames by own
 time over all threads.
+
+`--gil-probe` adds what bounds the fed DQN learner: its in-memory rate alone and with
+a thread of the same process running Python for a share of each few milliseconds (as
+the learner's sampling thread parses replies and gathers rows), no coordinator and no
+files: the training thread gives the interpreter lock up at every torch call and waits
+for it back.
 
 Timings vary with machine load; compare within one run.
 """
@@ -315,6 +321,54 @@ class FedTask:
             raise RuntimeError("the learn task failed") from self.error
 
 
+#: `--gil-probe`'s busy thread: (ms running Python, ms asleep), in turn.
+GIL_PROBE_DUTIES = ((1, 6), (2, 6), (1, 1))
+
+
+def gil_probe(console: Console, iters: int) -> None:
+    """DQN's in-memory rate alone and beside a thread that holds the interpreter lock
+    for a share of the time (`--gil-probe`), as a table."""
+    config = job_config("dqn")
+    torch.set_num_threads(config.system.torch_num_threads)
+    learner = new_learner(config, 0, None)
+    columns = dqn_columns(np.random.default_rng(0), config.policy.learn.batch_size)
+    weights = np.ones(config.policy.learn.batch_size, np.float32)
+
+    def rate() -> float:
+        for _ in range(DQN_WARMUP_ITERS):
+            learner.learn_batch(columns, weights)
+        started = time.perf_counter()
+        for _ in range(iters):
+            learner.learn_batch(columns, weights)
+        return iters / (time.perf_counter() - started)
+
+    def busy(stop: threading.Event, work_ms: int, sleep_ms: int) -> None:
+        while not stop.is_set():
+            until = time.perf_counter() + work_ms / 1000
+            while time.perf_counter() < until:  # pure Python: holds the lock
+                pass
+            time.sleep(sleep_ms / 1000)
+
+    table = Table(title="DQN in memory beside a busy Python thread of the same process")
+    for column in ("busy thread", "share of a core", "iters/s", "of alone"):
+        table.add_column(column, justify="right")
+    alone = rate()
+    table.add_row("none", "0%", f"{alone:,.0f}", "1.00")
+    for work_ms, sleep_ms in GIL_PROBE_DUTIES:
+        stop = threading.Event()
+        thread = threading.Thread(target=busy, args=(stop, work_ms, sleep_ms), daemon=True)
+        thread.start()
+        try:
+            probed = rate()
+        finally:
+            stop.set()
+            thread.join()
+        share = work_ms / (work_ms + sleep_ms)
+        what = f"{work_ms} ms of every {work_ms + sleep_ms} ms"
+        table.add_row(what, f"{share:.0%}", f"{probed:,.0f}", f"{probed / alone:.2f}")
+    console.print(table)
+
+
 def cpu_s(pid: int) -> float:
     """CPU seconds (user and system) a process has used so far (Linux's /proc)."""
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
@@ -543,6 +597,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--profile-s", type=float, default=0.0, help="py-spy the fed DQN task")
     parser.add_argument("--profile-out", type=Path, default=None)
+    parser.add_argument(
+        "--gil-probe", action="store_true", help="DQN in memory beside a busy Python thread"
+    )
     parser.add_argument("--feeder", choices=sorted(COLUMNS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.feeder:
@@ -628,6 +685,8 @@ def main() -> None:
             console.print("[yellow]the CPUs were not all free: timings are noisier than usual")
     if raw:
         summarize(raw, console)
+    if args.gil_probe:
+        gil_probe(console, args.iters)
 
 
 if __name__ == "__main__":
