@@ -36,7 +36,7 @@ def console_main() -> NoReturn:
 
         cli.console_main(early)
     except BaseException:  # an import that failed, Ctrl-C during it: no server waits on
-        if early is not None and early.process.poll() is None:
+        if early is not None:
             early.discard()
         raise
 

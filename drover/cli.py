@@ -53,7 +53,7 @@ def main(argv: list[str] | None = None, fork_server: ForkServer | None = None) -
     try:
         return _main(argv, fork_server)
     finally:
-        if fork_server is not None and fork_server.process.poll() is None:
+        if fork_server is not None:
             fork_server.discard()  # a no-op once the run's cluster has closed it
 
 

@@ -237,7 +237,7 @@ class ForkServer:
 
     def discard(self) -> None:
         """Stop a server that will fork nothing (the command ended before it needed
-        one) now, preload or not."""
+        one) now, preload or not; nothing to do once it has ended or been closed."""
         self.process.kill()
         self.close()
 

@@ -166,18 +166,14 @@ class LocalCluster:
         self._fork_server: ForkServer | None = None
 
     def _common_env(self) -> dict[str, str]:
-        """What every service's environment holds, its own port and secrets aside."""
-        inherited = {
-            k: v for k, v in os.environ.items() if not k.startswith(("DROVER_TOKEN", "DROVER_REG"))
-        }
+        """What every service's environment holds, its own port and secrets aside: the
+        fork server's (the launcher's without its secrets, nothing in the working
+        directory, the shared root, importable) and the cluster's settings."""
         return {
-            **inherited,
+            **server_env(os.environ),
             "DROVER_HOST": "127.0.0.1",
             "DROVER_COORDINATOR_URL": getattr(self, "coordinator_url", ""),
             "DROVER_SHARED_DIR": str(self.shared_dir),
-            # Nothing in the working directory (the shared root) is importable.
-            "PYTHONSAFEPATH": "1",
-            "PYTHONUNBUFFERED": "1",
             **self.extra_env,
         }
 
@@ -218,17 +214,15 @@ class LocalCluster:
                 self._fork_server = started
             else:
                 self._fork_server = ForkServer(
-                    server_env(self._common_env()), self.shared_dir, self.log_dir / "forkserver.log"
+                    self._common_env(), self.shared_dir, self.log_dir / "forkserver.log"
                 )
         elif started is not None:
             started.discard()
         # Learners first: the first policy version, which the collectors wait for,
         # is theirs.
-        slaves = [*self.learners, *self.collectors]
-        for service in slaves + [s for s in self.services if s not in slaves]:
-            if service is not self.coordinator:
-                service.fork_server = self._fork_server
-                service.start()
+        for service in [*self.learners, *self.collectors]:
+            service.fork_server = self._fork_server
+            service.start()
         self.wait_ready(ready_timeout_s)
 
     def add_collector(self) -> Service:
