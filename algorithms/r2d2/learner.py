@@ -258,25 +258,29 @@ class R2D2(TargetNetworkState):
         other warms its stored state up over the burn-in without gradients first (its
         burn-in rows' Q-values are zeros, never read: no step there is learned, and a
         learned step bootstraps from a row after them)."""
-        state = (batch.h0, batch.c0)
-        if not burnin:
-            return self.online(batch.obs, state)[0]
         starts = batch.starts_episode
+        if not burnin or starts.all():
+            return self.online(batch.obs, (batch.h0, batch.c0))[0]
+        if not starts.any():  # the usual batch: no gather, no reordering
+            return self._warmed_q(batch.obs, batch.h0, batch.c0, burnin)
         # Each kind runs as one batch: rows of the batch, as indexes on the device.
         fresh = to_device(np.flatnonzero(starts), batch.obs.device)
         warm = to_device(np.flatnonzero(~starts), batch.obs.device)
-        parts = []
-        if len(fresh):
-            parts.append(self.online(batch.obs[fresh], (batch.h0[fresh], batch.c0[fresh]))[0])
-        if len(warm):
-            obs = batch.obs[warm]
-            with torch.no_grad():
-                _, warmed = self.online(obs[:, :burnin], (batch.h0[warm], batch.c0[warm]))
-            q_rest, _ = self.online(obs[:, burnin:], warmed)
-            parts.append(F.pad(q_rest, (0, 0, burnin, 0)))
+        q_fresh = self.online(batch.obs[fresh], (batch.h0[fresh], batch.c0[fresh]))[0]
+        q_warm = self._warmed_q(batch.obs[warm], batch.h0[warm], batch.c0[warm], burnin)
         # Back in the batch's order: row i of the joined parts is sequence order[i].
         order = torch.cat([fresh, warm])
-        return torch.cat(parts)[torch.argsort(order)]
+        return torch.cat([q_fresh, q_warm])[torch.argsort(order)]
+
+    def _warmed_q(
+        self, obs: torch.Tensor, h0: torch.Tensor, c0: torch.Tensor, burnin: int
+    ) -> torch.Tensor:
+        """The online network's Q-values [B, T, A] of sequences that warm their stored
+        state up over the burn-in without gradients first (burn-in rows: zeros)."""
+        with torch.no_grad():
+            _, warmed = self.online(obs[:, :burnin], (h0, c0))
+        q_rest, _ = self.online(obs[:, burnin:], warmed)
+        return F.pad(q_rest, (0, 0, burnin, 0))
 
     def _update_target(self) -> None:
         learn = self.config.learn
