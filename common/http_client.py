@@ -1,7 +1,8 @@
 """How drover calls a drover service: `ServiceClient`, JSON over HTTP with a timeout on
-every call and a refused connection tried again; `ServiceUnavailable` when a service
-cannot be reached; `is_transient` and `retry_wait_s`, which answers are worth trying
-again and how long to wait first (for tenacity).
+every call, a refused connection tried again, and a GET whose kept-alive connection the
+server reset sent once more; `ServiceUnavailable` when a service cannot be reached;
+`is_transient` and `retry_wait_s`, which answers are worth trying again and how long to
+wait first (for tenacity).
 
 Usage::
 
@@ -17,6 +18,7 @@ from typing import Any, TypeVar
 import requests
 from requests.adapters import HTTPAdapter
 from tenacity import RetryCallState, wait_random_exponential
+from urllib3.exceptions import ReadTimeoutError
 from urllib3.util.retry import Retry
 
 from common.errors import ApiError
@@ -53,8 +55,11 @@ class ServiceClient:
 
     Connection failures are retried a few times with exponential backoff and jitter
     (urllib3's Retry): a refused connection never reached the server, so this is safe
-    for every method. A request that did reach it is not repeated here: callers retry
-    only the calls that are idempotent.
+    for every method. A GET whose pooled connection was reset (a server closes
+    connections idle past its channel timeout, and one may close just as a request goes
+    out on it) is sent once more: a GET changes nothing. No other request that may have
+    reached the server is repeated here, and no read timeout is (a long poll would wait
+    twice as long): callers retry only the calls that are idempotent.
     """
 
     def __init__(
@@ -65,12 +70,13 @@ class ServiceClient:
         self._token = token
         #: Once set (a worker's own credential), used instead of the cluster token.
         self.credential: str | None = None
-        self._retry = Retry(
-            total=connect_retries,
+        self._retry = _ResetGetRetry(
+            total=connect_retries + 1,
             connect=connect_retries,
-            read=0,
+            read=1,
             status=0,
             other=0,
+            allowed_methods=frozenset({"GET"}),
             backoff_factor=0.1,
             backoff_jitter=0.1,
             raise_on_status=False,
@@ -153,6 +159,16 @@ class ServiceClient:
         session = getattr(self._local, "session", None)
         if session is not None:
             session.close()
+
+
+class _ResetGetRetry(Retry):
+    """urllib3's Retry, less read timeouts: its `read` budget then goes only to
+    connections reset or closed before an answer came (urllib3's ProtocolError)."""
+
+    def increment(self, method=None, url=None, response=None, error=None, *args, **kwargs):  # type: ignore[no-untyped-def, override]
+        if isinstance(error, ReadTimeoutError):
+            raise error
+        return super().increment(method, url, response, error, *args, **kwargs)
 
 
 def _error_from(resp: requests.Response) -> ApiError:
