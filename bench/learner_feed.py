@@ -58,6 +58,7 @@ import argparse
 import collections
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -186,8 +187,10 @@ def feed(algo: str) -> None:
     if algo == "dqn":
         while True:
             segments.insert([segments.write(algo, rows, 0)])
-    latest = client.latest_policy(job_id)
-    fed = latest.version if latest else 0
+    # From version 0, as a collector's rounds loop: the version already out when this
+    # process first asks needs its round too (the learn task announced it, and waits
+    # for that round, while this process was starting).
+    fed = 0
     while True:
         ref = client.latest_policy(job_id, newer_than=fed, timeout_s=FEED_WAIT_S)
         if ref is None or ref.version <= fed:
@@ -605,6 +608,9 @@ def main() -> None:
     if args.feeder:
         feed(args.feeder)
         return
+    # Killed (`timeout`), the bench ends as on an error: its cluster stops. The
+    # coordinator runs in a session of its own, and would outlive it otherwise.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     console = Console(width=140)
     algos = [a for a in args.algos.split(",") if a]
     rows: list[Row] = []
