@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import os
 import shutil
 import signal
@@ -85,9 +86,17 @@ from common.errors import ApiError  # noqa: E402
 from common.messages import LearnSpec, PolicyRef, SampleReply, SegmentRef, TaskAssignment  # noqa: E402
 from common.storage import SharedStore  # noqa: E402
 from drover.local import LocalCluster  # noqa: E402
-from jobconfig import algorithm_of, fit_to_env, load_config_file, resolve_job_config  # noqa: E402
+from jobconfig import (  # noqa: E402
+    algorithm_of,
+    fit_to_env,
+    load_config_file,
+    read_job_config,
+    resolve_job_config,
+)
 from services.coordinator.client import CoordinatorClient  # noqa: E402
+from services.learner import sessions  # noqa: E402
 from services.learner.core import LearnerRunner  # noqa: E402
+from services.learner.feeder import FeederStart, feeder_start  # noqa: E402
 from services.learner.segments import SegmentCache, SegmentSchema  # noqa: E402
 from services.learner.training import new_learner  # noqa: E402
 from services.slave.core import TaskContext  # noqa: E402
@@ -233,6 +242,9 @@ class AsTool:
 
     def __init__(self, client: CoordinatorClient) -> None:
         self.client = client
+        # What a feeder process is started with (`learn.feed: process`).
+        self.base_url, self.bearer = client.base_url, client.bearer
+        self.timeout_s = client.timeout_s
 
     def sample(self, job_id: str, *, task_id: str | None = None, **kw: Any) -> SampleReply:
         return self.client.sample(job_id, **kw)
@@ -247,6 +259,28 @@ class AsTool:
 
     def latest_policy(self, job_id: str, **kw: Any) -> PolicyRef | None:
         return self.client.latest_policy(job_id, **kw)
+
+
+def _feeder_start_as_tool(*args: Any, **kw: Any) -> FeederStart:
+    """A feeder's start for the bench's task: its requests name no task, as AsTool's."""
+    return dataclasses.replace(feeder_start(*args, **kw), task_id=None)
+
+
+sessions.feeder_start = _feeder_start_as_tool  # type: ignore[assignment]
+
+
+def feeder_pids() -> list[int]:
+    """This process's feeder processes (a fed task's, `learn.feed: process`)."""
+    me, pids = str(os.getpid()), []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = stat.read_text().rpartition(")")[2].split()[1]
+            command = (stat.parent / "cmdline").read_bytes()
+        except (OSError, IndexError):
+            continue
+        if ppid == me and b"services.learner.feeder" in command:
+            pids.append(int(stat.parent.name))
+    return pids
 
 
 class Progress(dict):  # type: ignore[type-arg]
@@ -272,7 +306,10 @@ class Progress(dict):  # type: ignore[type-arg]
 class FedTask:
     """One learn task through the learner service's code, in a thread of this process."""
 
-    def __init__(self, cluster: LocalCluster, job_id: str, mode: str, number: int) -> None:
+    def __init__(
+        self, cluster: LocalCluster, job_id: str, mode: str, number: int, feed: str
+    ) -> None:
+        self.feed = feed
         task = TaskAssignment(
             task_id=f"bench-learn-{number}", job_id=job_id, spec=LearnSpec(seed=0, mode=mode)
         )
@@ -296,7 +333,13 @@ class FedTask:
 
     def _run(self) -> None:
         try:
-            self.runner.run(self.ctx)
+            # What `LearnerRunner.run` does, with the job's `learn.feed` set as asked.
+            config = read_job_config(self.runner.store, self.ctx.task.job_id)
+            learn = dataclasses.replace(config.policy.learn, feed=self.feed)
+            policy = dataclasses.replace(config.policy, learn=learn)
+            config = dataclasses.replace(config, policy=policy)
+            torch.set_num_threads(config.system.torch_num_threads)
+            self.runner.learn(self.ctx, config, self.ctx.task.spec)
         except BaseException as exc:  # raised again on the bench's thread
             self.error = exc
         finally:
@@ -401,8 +444,11 @@ class Bench:
         #: The train iteration the next learn task resumes at.
         self.resumed = 0
         #: CPU seconds a fed window took per 1,000 train iterations, each window's:
-        #: (the coordinator's, the learner's: this process, the bench idle in it).
-        self.cpu_per_kilo_iter: list[tuple[float, float]] = []
+        #: (the coordinator's, the learner's: this process, the bench idle in it, and
+        #: its feeder process's, if it has one).
+        self.cpu_per_kilo_iter: list[tuple[float, float, float]] = []
+        #: The same, of the windows fed by a thread (`learn.feed: thread`).
+        self.cpu_thread_fed: list[tuple[float, float, float]] = []
 
     def in_memory(self) -> float:
         """Train iterations/s of a fresh learner of the job on data in memory."""
@@ -413,10 +459,12 @@ class Bench:
         self.train(learner, self.window_iters())
         return (learner.train_iter - first) / (time.perf_counter() - started)
 
-    def fed(self, profile: Callable[[], None] | None = None) -> float:
-        """Train iterations/s of a learn task fed through the coordinator."""
+    def fed(self, profile: Callable[[], None] | None = None, feed: str = "process") -> float:
+        """Train iterations/s of a learn task fed through the coordinator, its batches
+        asked for and gathered as `feed` says (`learn.feed`: the job's default
+        `process`, or `thread`)."""
         self.tasks += 1
-        task = FedTask(self.cluster, self.job_id, self.mode, self.tasks)
+        task = FedTask(self.cluster, self.job_id, self.mode, self.tasks, feed)
         # The task resumes where the last one stopped (its final checkpoint).
         warm = self.resumed + self.warmup_iters()
         task.start([warm, warm + self.window_iters()])
@@ -425,14 +473,17 @@ class Bench:
         try:
             started, began = task.wait_mark(warm)
             coordinator_s, learner_s = cpu_s(coordinator.pid), time.process_time()
+            feeders = feeder_pids()
+            feeder_s = sum(cpu_s(pid) for pid in feeders)
             if profile is not None:
                 profile()
             ended, done = task.wait_mark(warm + self.window_iters())
             kilo_iters = (done - began) / 1000
-            self.cpu_per_kilo_iter.append(
+            (self.cpu_per_kilo_iter if feed == "process" else self.cpu_thread_fed).append(
                 (
                     (cpu_s(coordinator.pid) - coordinator_s) / kilo_iters,
                     (time.process_time() - learner_s) / kilo_iters,
+                    (sum(cpu_s(pid) for pid in feeders) - feeder_s) / kilo_iters,
                 )
             )
             return (done - began) / (ended - started)
@@ -578,18 +629,25 @@ class Row:
     #: Medians over the fed windows of CPU seconds per 1,000 train iterations.
     coordinator_cpu_s: float
     learner_cpu_s: float
+    feeder_cpu_s: float
 
 
-def measure(bench: Bench, repeats: int) -> tuple[list[float], list[float]]:
-    in_memory, fed = [], []
+def measure(bench: Bench, repeats: int) -> tuple[list[float], list[float], list[float]]:
+    """Iterations/s of each window: in memory, fed (the job's feeder process) and, for
+    batch training, fed by a thread of the learner's process; in rotating order."""
+    windows: dict[str, Callable[[], float]] = {
+        "in memory": bench.in_memory,
+        "fed": bench.fed,
+    }
+    if bench.mode == "batches":
+        windows["thread"] = lambda: bench.fed(feed="thread")
+    rates: dict[str, list[float]] = {name: [] for name in windows}
+    names = list(windows)
     for repeat in range(repeats):
-        if repeat % 2:
-            fed.append(bench.fed())
-            in_memory.append(bench.in_memory())
-        else:
-            in_memory.append(bench.in_memory())
-            fed.append(bench.fed())
-    return in_memory, fed
+        shift = repeat % len(names)
+        for name in names[shift:] + names[:shift]:
+            rates[name].append(windows[name]())
+    return rates["in memory"], rates["fed"], rates.get("thread", [])
 
 
 def main() -> None:
@@ -628,18 +686,25 @@ def main() -> None:
                 else:
                     bench = PPOBench(cluster, args.rounds)
                     what = f"{args.rounds} rounds ({bench.window_iters()} iterations) a window"
-                in_memory, fed = measure(bench, args.repeats)
-                coordinator_cpu, learner_cpu = zip(*bench.cpu_per_kilo_iter, strict=True)
-                rows.append(
-                    Row(
-                        algo,
-                        what,
-                        in_memory,
-                        fed,
-                        statistics.median(coordinator_cpu),
-                        statistics.median(learner_cpu),
+                in_memory, fed, fed_thread = measure(bench, args.repeats)
+                for label, rates, cpu in (
+                    (algo, fed, bench.cpu_per_kilo_iter),
+                    (f"{algo}, thread feed", fed_thread, bench.cpu_thread_fed),
+                ):
+                    if not rates:
+                        continue
+                    coordinator_cpu, learner_cpu, feeder_cpu = zip(*cpu, strict=True)
+                    rows.append(
+                        Row(
+                            label,
+                            what,
+                            in_memory,
+                            rates,
+                            statistics.median(coordinator_cpu),
+                            statistics.median(learner_cpu),
+                            statistics.median(feeder_cpu),
+                        )
                     )
-                )
                 if algo == "dqn" and args.profile_s > 0:
                     out = args.profile_out or Path(tmp) / "learner-feed.txt"
                     bench.fed(profile=record_profile(args.profile_s, out))
@@ -662,7 +727,7 @@ def main() -> None:
         "in memory iters/s",
         "fed iters/s",
         "fed / in memory (repeats)",
-        "CPU s / 1k fed iters: coordinator, learner",
+        "CPU s / 1k fed iters: coordinator, learner, feeder",
     ):
         table.add_column(column, justify="right")
     table.add_column("window")
@@ -675,10 +740,12 @@ def main() -> None:
             f"{max(row.in_memory):,.0f}",
             f"{max(row.fed):,.0f}",
             f"{ratio:.2f} ({min(ratios):.2f}-{max(ratios):.2f})",
-            f"{row.coordinator_cpu_s:.2f}, {row.learner_cpu_s:.2f}",
+            f"{row.coordinator_cpu_s:.2f}, {row.learner_cpu_s:.2f}, {row.feeder_cpu_s:.2f}",
             row.what,
         )
-        verdicts.append(f"{row.algo} {ratio:.2f} {'met' if ratio >= TARGET_RATIO else 'NOT met'}")
+        if "thread" not in row.algo:
+            verdict = "met" if ratio >= TARGET_RATIO else "NOT met"
+            verdicts.append(f"{row.algo} {ratio:.2f} {verdict}")
     lost = meter.shares()  # the coordinator and the feeders have ended: counted as ours
     console.print(table)
     console.print(

@@ -159,6 +159,12 @@ class LearnConfig:
     #: `--learner-ranks N`), and the coordinator gives the job the free learner with
     #: the most ranks. Any job also trains on a learner group it is given.
     multi_gpu: bool = False
+    #: Where a learner on its own asks for its batches and gathers their rows (batch
+    #: training, the async workflow): `process`, a feeder process beside it, so that
+    #: this work never holds the training thread's interpreter lock
+    #: (services/learner/feeder.py); `thread`, a thread of the learner's own process.
+    #: A learner group's rank 0 always uses a thread.
+    feed: Literal["process", "thread"] = "process"
 
 
 @section

@@ -85,6 +85,12 @@ class ServiceClient:
         self._local = threading.local()
 
     @property
+    def bearer(self) -> str:
+        """The secret this client sends: its own credential once set, else the token
+        (handed to a process that calls the same service as this one)."""
+        return self.credential or self._token
+
+    @property
     def _session(self) -> requests.Session:
         session = getattr(self._local, "session", None)
         if session is None:
@@ -145,7 +151,7 @@ class ServiceClient:
                 method,
                 self.base_url + path,
                 json=dump(payload) if payload is not None else None,
-                headers={"Authorization": f"Bearer {auth or self.credential or self._token}"},
+                headers={"Authorization": f"Bearer {auth or self.bearer}"},
                 params=params,
                 timeout=timeout_s if timeout_s is not None else self.timeout_s,
             )

@@ -94,6 +94,29 @@ FAST_LEASES = {
 }
 
 
+def child_processes(pid: int, needle: str) -> list[int]:
+    """The running children of `pid` whose command line holds `needle` (Linux's /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+            command = (stat.parent / "cmdline").read_bytes().decode(errors="replace")
+        except (OSError, IndexError):
+            continue
+        if fields[1] == str(pid) and fields[0] not in "ZX" and needle in command:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` is a process that has not exited (a zombie has)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in "ZX"
+
+
 def fast_lease_cluster(tmp_path: Path, collectors: int = 2):
     """A local cluster (not started: use `with`) with FAST_LEASES."""
     from drover.local import LocalCluster

@@ -26,7 +26,9 @@ sessions also send each reply's batches to the other ranks, and each rank's
 | `segments.py` | `SegmentSchema` and its column checks, the `SegmentCache` |
 | `reads.py` | segment reads on threads of their own, each waited for with a bound |
 | `background.py` | publishes and checkpoints written off the training thread, in order |
-| `guards.py` | finite weights, progress and priorities; `JobOver` |
+| `sampling.py` | sample requests and what they carry (holds, priorities); `JobOver` |
+| `feeder.py` | the feeder process: batches sampled and gathered beside the training thread |
+| `guards.py` | finite weights, progress and priorities |
 | `tensorboard.py` | the learner's TensorBoard scalars (`TrainBoard`) |
 | `metrics.py` | what a learner counts for Prometheus (`LearnerMetrics`) |
 
@@ -99,11 +101,14 @@ class LearnerRunner:
                 }
             )
             group.broadcast_state(learner.state_dict())
-        session = RoundSession if spec.mode == "rounds" else BatchSession
+        args = (ctx, config, self.store, learner, resumed.version, group)
         try:
-            result = session(
-                ctx, config, self.store, learner, resumed.version, group, metrics=self.metrics
-            ).run()
+            if spec.mode == "rounds":
+                result = RoundSession(*args, metrics=self.metrics).run()
+            else:
+                # A learner group's rank 0 sends each batch as sampled to the other ranks.
+                feed_process = config.policy.learn.feed == "process" and group is None
+                result = BatchSession(*args, metrics=self.metrics, feed_process=feed_process).run()
         except GroupBroken:
             raise
         except Exception:

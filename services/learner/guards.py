@@ -3,8 +3,7 @@
 A network with NaN or inf weights is never published or checkpointed (`finite`, and
 `NonFiniteWeights` when it fails), and whatever a task reports is finite: the progress
 its heartbeats carry (`set_progress`) and the priorities it sends the coordinator
-(`priorities_of`). `JobOver` is the coordinator saying the job or the task ended: the
-task stops without failing.
+(`priorities_of`).
 """
 
 from __future__ import annotations
@@ -16,10 +15,6 @@ import numpy as np
 import torch
 
 from common.messages import MAX_ABS_FLOAT, MAX_PRIORITY
-
-
-class JobOver(Exception):
-    """The job ended (or was forgotten): the task stops."""
 
 
 class NonFiniteWeights(RuntimeError):

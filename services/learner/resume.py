@@ -18,7 +18,8 @@ from common.errors import ApiError
 from common.http_client import ServiceUnavailable
 from common.messages import PolicyRef
 from common.storage import CHECKPOINT_SUFFIX, CorruptFileError, SharedStore, WrongAlgorithm
-from services.learner.guards import JobOver, NonFiniteWeights, finite
+from services.learner.guards import NonFiniteWeights, finite
+from services.learner.sampling import JobOver
 from services.slave.core import TaskContext, patiently
 
 log = logging.getLogger(__name__)

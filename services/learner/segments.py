@@ -29,7 +29,6 @@ from typing import Any
 
 import numpy as np
 
-from algorithms.registry import ALGORITHMS
 from common.columns import ColumnSpec, column_spec
 from common.config import PolicyConfig
 from common.frames import INDEX_SUFFIX, POOL, is_packed, take
@@ -66,6 +65,9 @@ class SegmentSchema:
         (`AlgorithmSpec.columns`: each column's kind gives its shape and dtype for the
         job, `common.columns.column_spec`). Rows of the `unrolls` unit (IMPALA's) are
         unrolls, so their per-step columns have a time axis of `unroll_len` first."""
+        # Imported here: the feeder process reads segments without the algorithms' torch.
+        from algorithms.registry import ALGORITHMS
+
         algorithm = ALGORITHMS[policy.type]
         declared = {column.name: column for column in algorithm.columns_for(policy)}
         undeclared = [name for name in names if name not in declared]

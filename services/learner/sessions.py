@@ -16,7 +16,6 @@ Usage (what `LearnerRunner` does)::
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -28,14 +27,15 @@ from algorithms.base import Learner
 from common.checkpoint_file import Checkpoint, write_checkpoint
 from common.config import JobConfig
 from common.errors import ApiError
-from common.http_client import ServiceUnavailable
-from common.messages import MAX_KEYS_PER_UPDATE, PolicyRef, SampleReply, dump
+from common.messages import PolicyRef, SampleReply, dump
 from common.storage import SharedStore
 from jobconfig import algorithm_of, sequence_length_of
 from services.learner.background import BackgroundWrites, copy_state
+from services.learner.feeder import ProcessFeed, feeder_start
 from services.learner.group import GroupBroken, RankGroup
-from services.learner.guards import JobOver, NonFiniteWeights, finite, priorities_of, set_progress
+from services.learner.guards import NonFiniteWeights, finite, priorities_of, set_progress
 from services.learner.metrics import LearnerMetrics
+from services.learner.sampling import JobOver, Outbox, Sampler
 from services.learner.segments import UNUSABLE, SegmentCache, SegmentSchema
 from services.learner.tensorboard import TrainBoard
 from services.learner.training import Trainer
@@ -64,7 +64,11 @@ class BatchSession:
         group: RankGroup | None = None,
         *,
         metrics: LearnerMetrics | None = None,
+        feed_process: bool = False,
     ) -> None:
+        """`feed_process`: batches come from a feeder process (services/learner/
+        feeder.py) instead of a sampling thread of this one (a learner alone only:
+        `learn.feed`)."""
         self.ctx = ctx
         self.metrics = metrics or LearnerMetrics(CollectorRegistry())
         self.config = config
@@ -86,15 +90,18 @@ class BatchSession:
         self.trainer = Trainer(
             learner, self.cache, group, takes_sequences=algorithm_of(config).recurrent
         )
-        self.sample_timeouts = 0
-        #: What the next sample request tells the coordinator, kept by the training
-        #: thread and taken by the prefetch thread's request (under `_outbox_lock`):
-        #: holds (fifo items kept for this task) trained on and not yet acknowledged,
-        #: and new priorities of items trained on (not in a request of their own).
-        self.trained_holds: list[str] = []
-        self.priority_keys: list[int] = []
-        self.priority_values: list[float] = []
-        self._outbox_lock = threading.Lock()
+        #: What the next sample request tells the coordinator (holds trained on, new
+        #: priorities), added to by the training thread, taken by the sampling one.
+        self.outbox = Outbox()
+        self.sampler = Sampler(
+            ctx.coordinator,
+            self.job_id,
+            ctx.task.task_id,
+            self.outbox,
+            sample_timeout_s=config.policy.learn.sample_timeout_s,
+            stop=ctx.stop,
+        )
+        self.feed_process = feed_process
         self.prioritized = config.policy.other.replay_buffer.type == "prioritized"
         self.board = TrainBoard(store, self.job_id, learner.train_iter)
         #: Publishes and checkpoints written while training goes on (`publish_soon`,
@@ -105,19 +112,17 @@ class BatchSession:
         learn = self.config.policy.learn
         ctx, learner = self.ctx, self.learner
         started, start_iter = time.monotonic(), learner.train_iter
-        prefetch = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch")
-        future: Future[SampleReply | None] = prefetch.submit(self.fetch)
+        feed = self._process_feed() if self.feed_process else ThreadFeed(self)
         try:
             self.publish()  # collectors act with the resumed (or fresh) network at once
             while not ctx.stopped():
                 waited = time.monotonic()
-                reply = future.result()
+                reply = feed.next()
                 trained = time.monotonic()
                 self.board.wait_s += trained - waited
-                if ctx.stopped():
+                if reply is None or ctx.stopped():
                     break
-                future = prefetch.submit(self.fetch)
-                batches = reply.batches if reply else []
+                batches = reply.batches
                 if self.group is not None and not batches:
                     self.group.send({"kind": "idle"})  # the ranks hear from us all the same
                 keys: list[int] = []
@@ -161,9 +166,10 @@ class BatchSession:
                 # Sent with the next request that has not left yet (usually the one
                 # after the request under way): a priority is applied a request or two
                 # after its item trained.
-                self.queue_priorities(keys, td_abs)
-                if reply is not None and reply.hold_id is not None:
-                    self.hold_trained(reply.hold_id)
+                if not (self.prioritized and keys):
+                    keys = []
+                values = priorities_of(np.concatenate(td_abs)) if keys else []
+                feed.trained(reply.hold_id, keys, values)
             self.writes.wait()  # the last version is announced before the task ends
         except JobOver as exc:
             log.info("learning stops: %s", exc)
@@ -173,12 +179,30 @@ class BatchSession:
             self.checkpoint()  # the state after the last update every rank took
             raise
         finally:
-            prefetch.shutdown(wait=False, cancel_futures=True)
+            feed.close()  # the last priorities are sent
             self.writes.close()
             self.board.log.close()
-        self.send_priorities()
         self.checkpoint()
         return {"train_iter": learner.train_iter, "policy_version": self.version}
+
+    def _process_feed(self) -> ProcessFeed:
+        learn = self.config.policy.learn
+        start = feeder_start(
+            self.ctx.coordinator,
+            self.job_id,
+            self.ctx.task.task_id,
+            str(self.store.root),
+            self.cache.schema,
+            batch_size=learn.batch_size,
+            num_batches=learn.num_batches,
+            sample_timeout_s=learn.sample_timeout_s,
+            sequence_length=self.cache.sequence_length,
+        )
+        return ProcessFeed.start(start, self.ctx.stop, self.cache.unusable)
+
+    @property
+    def sample_timeouts(self) -> int:
+        return self.sampler.timeouts
 
     def fetch(self) -> SampleReply | None:
         """The next sample request (on the prefetch thread, while the batches of the
@@ -193,87 +217,16 @@ class BatchSession:
 
     def hold_trained(self, hold_id: str) -> None:
         """Note a hold whose items are trained on, for the next request to acknowledge."""
-        with self._outbox_lock:
-            self.trained_holds.append(hold_id)
+        self.outbox.add(hold_id, [], [])
 
     def queue_priorities(self, keys: list[int], td_abs: list[np.ndarray]) -> None:
         """Keep the new priorities of items just trained on for the next request."""
         if self.prioritized and keys:
-            values = priorities_of(np.concatenate(td_abs))
-            with self._outbox_lock:
-                self.priority_keys += keys
-                self.priority_values += values
-
-    def take_outbox(self) -> tuple[list[str], list[int], list[float]]:
-        """The holds to acknowledge and the priorities to send with one request: all
-        the holds, and as many priorities as one request carries (the rest wait)."""
-        with self._outbox_lock:
-            holds, self.trained_holds = self.trained_holds, []
-            keys = self.priority_keys[:MAX_KEYS_PER_UPDATE]
-            values = self.priority_values[:MAX_KEYS_PER_UPDATE]
-            del self.priority_keys[:MAX_KEYS_PER_UPDATE]
-            del self.priority_values[:MAX_KEYS_PER_UPDATE]
-        return holds, keys, values
-
-    def give_back_outbox(self, holds: list[str], keys: list[int], values: list[float]) -> None:
-        """Put what a request that failed carried back in front of what came since, to
-        go with the next one (acknowledging a hold or setting a priority twice is
-        harmless; losing them is not)."""
-        with self._outbox_lock:
-            self.trained_holds[:0] = holds
-            self.priority_keys[:0] = keys
-            self.priority_values[:0] = values
+            self.outbox.add(None, keys, priorities_of(np.concatenate(td_abs)))
 
     def sample(self, batch_size: int, num_batches: int) -> SampleReply | None:
-        """One long-poll for data; None when there was none in time (or no coordinator).
-
-        It acknowledges the holds this session has trained on since the last request:
-        items of a fifo buffer are held for this task until then, and go back to the
-        buffer if the task ends first.
-        """
-        acknowledge, keys, values = self.take_outbox()
-        try:
-            return self.ctx.coordinator.sample(
-                self.job_id,
-                batch_size=batch_size,
-                num_batches=num_batches,
-                timeout_s=self.config.policy.learn.sample_timeout_s,
-                task_id=self.ctx.task.task_id,
-                acknowledge=acknowledge,
-                priority_keys=keys,
-                priorities=values,
-            )
-        except ApiError as exc:
-            if exc.status == 503:  # sample_timeout, or a coordinator restarting
-                self.sample_timeouts += 1
-                self.give_back_outbox(acknowledge, keys, values)  # say it again
-                return None
-            if exc.status in (401, 403, 404, 409):  # the job ended, or this task did
-                raise JobOver(exc.message) from exc
-            raise
-        except ServiceUnavailable as exc:
-            self.give_back_outbox(acknowledge, keys, values)
-            log.warning("sampling failed (%s); retrying", exc)
-            self.ctx.stop.wait(1.0)
-            return None
-
-    def send_priorities(self) -> None:
-        """Send the priorities no request took (the task's last), best effort."""
-        with self._outbox_lock:
-            keys, self.priority_keys = self.priority_keys, []
-            values, self.priority_values = self.priority_values, []
-        for start in range(0, len(keys), MAX_KEYS_PER_UPDATE):
-            try:
-                self.ctx.coordinator.update_priorities(
-                    self.job_id,
-                    keys[start : start + MAX_KEYS_PER_UPDATE],
-                    values[start : start + MAX_KEYS_PER_UPDATE],
-                    task_id=self.ctx.task.task_id,
-                )
-            except (ApiError, ServiceUnavailable) as exc:
-                # Stale priorities only make sampling a little less sharp: carry on.
-                log.warning("priority update failed: %s", exc)
-                return
+        """One long-poll for data (`Sampler.sample`); None when there was none in time."""
+        return self.sampler.sample(batch_size, num_batches)
 
     def publish(self) -> None:
         """Write the next policy version and announce it to the coordinator.
@@ -456,6 +409,31 @@ class RoundSession(BatchSession):
                 self.cache.skip(segment.path, f"unreadable header: {exc!r}")
         columns = self.trainer.round_share(batch)
         return columns, [v for path, v in versions.items() if path not in self.cache.unusable]
+
+
+class ThreadFeed:
+    """A session's batches asked for on a prefetch thread of the learner's own process:
+    the next request goes out as the batches of the one before start training."""
+
+    def __init__(self, session: BatchSession) -> None:
+        self.session = session
+        self._prefetch = ThreadPoolExecutor(max_workers=1, thread_name_prefix="prefetch")
+        self._future: Future[SampleReply | None] = self._prefetch.submit(session.fetch)
+
+    def next(self) -> SampleReply | None:
+        """The next reply (no batches: none came in time); None once the task stops."""
+        reply = self._future.result()
+        if self.session.ctx.stopped():
+            return None
+        self._future = self._prefetch.submit(self.session.fetch)
+        return reply if reply is not None else SampleReply(batches=[])
+
+    def trained(self, hold_id: str | None, keys: list[int], priorities: list[float]) -> None:
+        self.session.outbox.add(hold_id, keys, priorities)
+
+    def close(self) -> None:
+        self._prefetch.shutdown(wait=False, cancel_futures=True)
+        self.session.sampler.send_last_priorities()
 
 
 def set_rank_rates(progress: dict[str, float], rank_samples_per_s: list[float]) -> None:

@@ -25,6 +25,7 @@ from algorithms.registry import ALGORITHMS
 from algorithms.sync import AllReduceSync
 from common.config import JobConfig
 from common.messages import SampledBatch
+from services.learner.feeder import ReadyBatch
 from services.learner.group import RankGroup, share_bounds, share_of
 from services.learner.segments import VALID, SegmentCache
 
@@ -103,12 +104,22 @@ class Trainer:
         self._samples += samples
         return self._samples / max(time.monotonic() - self._started, 1e-9)
 
-    def train_batch(self, batch: SampledBatch) -> BatchOutcome | None:
+    def train_batch(self, batch: SampledBatch | ReadyBatch) -> BatchOutcome | None:
         """One update on the batch (this rank's share of it), merged over the ranks;
         None when no rank had a usable row (no rank stepped), and on ranks other than
-        0, which only take part."""
+        0, which only take part. A learner alone may be given the batch already
+        gathered (by its feeder process)."""
         learner = _as(self.learner, BatchLearner)
         group = self.group
+        if isinstance(batch, ReadyBatch):
+            if group is not None:
+                raise TypeError("a learner group gathers its own shares of each batch")
+            columns, weights, keys = batch.columns, batch.weights, batch.keys
+            if not len(weights):
+                return None
+            info = self._learn(learner, columns, weights)
+            rate = self._rate(len(weights))
+            return BatchOutcome(keys, info.td_abs, info.loss, info.q_mean, [rate], info.scalars)
         if group is None:
             columns, weights, keys = self.cache.gather(batch)
             if not len(weights):

@@ -17,7 +17,7 @@ from common.errors import ApiError
 from common.messages import SegmentRef
 from common.storage import SharedStore
 from tests.helpers import FAULT_TOLERANT_JOB as CONFIG
-from tests.helpers import fast_lease_cluster, finish, wait_until
+from tests.helpers import child_processes, fast_lease_cluster, finish, running, wait_until
 
 pytestmark = [pytest.mark.processes, pytest.mark.chaos, pytest.mark.learning]
 
@@ -109,9 +109,12 @@ def test_learner_killed_resumes_from_checkpoint(tmp_path):
         learner = cluster.learners[0]
         old_id = next(w.worker_id for w in cluster.client.workers() if w.role == "learner")
         before = cluster.client.job(job_id)
+        (feeder,) = child_processes(learner.process.pid, "services.learner.feeder")
         os.kill(learner.process.pid, signal.SIGKILL)
         learner.wait(5)
         killed_at = time.monotonic()
+        # its feeder process hears the learner's end of their socket close, and ends
+        wait_until(lambda: not running(feeder), 10, "the killed learner's feeder to end")
         cluster.supervise()
 
         def resumed():

@@ -209,7 +209,9 @@ def test_a_registered_algorithm_collects_and_learns_through_the_services(
 ):
     torch.manual_seed(0)
     store = SharedStore(tmp_path)
-    config = job_config("toy", "discrete", policy={"learn": {"batch_size": 8, "td_clip": 0.25}})
+    # The coordinator is a fake in this process: batches come through a thread.
+    learn = {"batch_size": 8, "td_clip": 0.25, "feed": "thread"}
+    config = job_config("toy", "discrete", policy={"learn": learn})
     ref, columns = collect_one_segment(store, config, publish_fresh_policy(store, config))
     assert sorted(columns) == sorted(toy.column_names)
     # its own vector column: written by the collector from what its actor recorded

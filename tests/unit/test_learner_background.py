@@ -14,7 +14,8 @@ from common.messages import LearnSpec, TaskAssignment
 from common.storage import SharedStore
 from jobconfig import resolve_job_config, with_spaces
 from services.learner.background import BackgroundWrites, copy_state
-from services.learner.guards import JobOver, NonFiniteWeights
+from services.learner.guards import NonFiniteWeights
+from services.learner.sampling import JobOver
 from services.learner.sessions import BatchSession
 from services.slave.core import TaskContext
 

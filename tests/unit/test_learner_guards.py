@@ -211,8 +211,8 @@ def test_sent_priorities_are_clipped_and_sent_once(tmp_path):
     learn = session(tmp_path)
     learn.prioritized = True
     learn.queue_priorities([1, 2], [np.array([np.nan, 2.0], np.float32)])
-    learn.send_priorities()
-    learn.send_priorities()  # nothing left to send
+    learn.sampler.send_last_priorities()
+    learn.sampler.send_last_priorities()  # nothing left to send
     assert learn.ctx.coordinator.priorities == [([1, 2], [MAX_PRIORITY, 2.0])]
 
 
@@ -441,10 +441,10 @@ def test_a_request_carries_at_most_one_updates_worth_and_a_failed_one_gives_it_b
     count = MAX_KEYS_PER_UPDATE + 5
     learn.queue_priorities(list(range(count)), [np.ones(count, np.float32)])
     learn.hold_trained("hold-1")
-    holds, keys, values = learn.take_outbox()
+    holds, keys, values = learn.outbox.take()
     assert holds == ["hold-1"] and keys == list(range(MAX_KEYS_PER_UPDATE))
     assert len(values) == MAX_KEYS_PER_UPDATE
-    learn.give_back_outbox(holds, keys, values)  # the request failed: nothing is lost
+    learn.outbox.give_back(holds, keys, values)  # the request failed: nothing is lost
     learn.hold_trained("hold-2")
-    assert learn.take_outbox()[:2] == (["hold-1", "hold-2"], list(range(MAX_KEYS_PER_UPDATE)))
-    assert learn.take_outbox() == ([], list(range(MAX_KEYS_PER_UPDATE, count)), [1.0] * 5)
+    assert learn.outbox.take()[:2] == (["hold-1", "hold-2"], list(range(MAX_KEYS_PER_UPDATE)))
+    assert learn.outbox.take() == ([], list(range(MAX_KEYS_PER_UPDATE, count)), [1.0] * 5)
