@@ -12,6 +12,7 @@ Usage::
 
 from __future__ import annotations
 
+import functools
 import time
 import warnings
 from dataclasses import dataclass, replace
@@ -100,6 +101,16 @@ class Trainer:
         self._started = time.monotonic()
         self._samples = 0
 
+    # Checked once: an isinstance check against a runtime protocol walks its members,
+    # tens of microseconds that an update of a small network would pay each time.
+    @functools.cached_property
+    def _batch_learner(self) -> BatchLearner:
+        return _as(self.learner, BatchLearner)
+
+    @functools.cached_property
+    def _round_learner(self) -> RoundLearner:
+        return _as(self.learner, RoundLearner)
+
     def _rate(self, samples: int) -> float:
         self._samples += samples
         return self._samples / max(time.monotonic() - self._started, 1e-9)
@@ -109,7 +120,7 @@ class Trainer:
         None when no rank had a usable row (no rank stepped), and on ranks other than
         0, which only take part. A learner alone may be given the batch already
         gathered (by its feeder process)."""
-        learner = _as(self.learner, BatchLearner)
+        learner = self._batch_learner
         group = self.group
         if isinstance(batch, ReadyBatch):
             if group is not None:
@@ -198,7 +209,7 @@ class Trainer:
         """All updates on one on-policy round, given this rank's `round_share` of it,
         merged over the ranks; None when no rank had a usable row, and on ranks other
         than 0."""
-        learner = _as(self.learner, RoundLearner)
+        learner = self._round_learner
         rows = len(next(iter(columns.values()))) if columns else 0
         group = self.group
         if group is None:
