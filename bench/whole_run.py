@@ -2,6 +2,7 @@
 single stable-baselines3 DQN process to the same goal, seeds alternating.
 
     python bench/whole_run.py [--seeds 5] [--timeline] [--sb3-torch-threads N]
+        [--learn-feed thread]
 
 For each seed, first drover, then SB3, on this machine one after the other:
 
@@ -24,6 +25,10 @@ The table shows each seed's seconds, the medians over the seeds that reached the
 and drover's median over SB3's. Without stable-baselines3 installed (the optional
 extra `sb3`: `pip install -e '.[sb3]'`), the SB3 column says so and drover's side
 still runs.
+
+`--learn-feed thread` runs drover with `policy.learn.feed: thread` in its copies of the
+example (a learner samples on a thread of its own process instead of its feeder
+process), to compare the two; the table's title says which ran.
 
 `--timeline` then runs drover once more with every process watched, and prints when
 each thing happened, in seconds from the command's start: each service serving (its
@@ -77,9 +82,16 @@ class Outcome:
     note: str = ""
 
 
+#: `policy.learn.feed` for drover's runs (`--learn-feed`); None: the example's.
+LEARN_FEED: str | None = None
+
+
 def seeded_config(seed: int, work: Path) -> Path:
-    """The example with `system.seed` set, written where the run can read it."""
+    """The example with `system.seed` set (and `--learn-feed`'s feed), written where the
+    run can read it."""
     config = deep_merge(load_config_file(EXAMPLE), {"system": {"seed": seed}})
+    if LEARN_FEED is not None:
+        config = deep_merge(config, {"policy": {"learn": {"feed": LEARN_FEED}}})
     path = work / f"cartpole_dqn_seed{seed}.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
@@ -238,7 +250,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--timeline", action="store_true")
     parser.add_argument("--sb3-torch-threads", type=int, default=None)
+    parser.add_argument("--learn-feed", choices=("process", "thread"), default=None)
     args = parser.parse_args()
+    global LEARN_FEED
+    LEARN_FEED = args.learn_feed
     console = Console(width=150)
     example = load_config_file(EXAMPLE)
     eval_episodes = int(example["env"]["n_evaluator_episode"])
@@ -264,6 +279,7 @@ def main() -> None:
     table = Table(
         title=f"CartPole-v1 DQN to mean eval return {example['env']['stop_value']} "
         f"over {eval_episodes} episodes: whole command / whole process, seconds"
+        + (f"; drover with learn.feed: {LEARN_FEED}" if LEARN_FEED else "")
     )
     for col in ("seed", "drover s", "drover env steps", "SB3 s", "SB3 env steps"):
         table.add_column(col, justify="right")

@@ -47,6 +47,7 @@ from common.messages import LearnSpec, dump
 from common.storage import SharedStore
 from jobconfig import read_job_config
 from jobconfig.ranks import split_error
+from services.learner.feeder import discard_spare
 from services.learner.group import GroupBroken, RankGroup
 from services.learner.metrics import LearnerMetrics
 from services.learner.resume import resume
@@ -102,12 +103,16 @@ class LearnerRunner:
             )
             group.broadcast_state(learner.state_dict())
         args = (ctx, config, self.store, learner, resumed.version, group)
+        # A learner group's rank 0 sends each batch as sampled to the other ranks.
+        feed_process = (
+            spec.mode == "batches" and config.policy.learn.feed == "process" and group is None
+        )
+        if not feed_process:
+            discard_spare()
         try:
             if spec.mode == "rounds":
                 result = RoundSession(*args, metrics=self.metrics).run()
             else:
-                # A learner group's rank 0 sends each batch as sampled to the other ranks.
-                feed_process = config.policy.learn.feed == "process" and group is None
                 result = BatchSession(*args, metrics=self.metrics, feed_process=feed_process).run()
         except GroupBroken:
             raise

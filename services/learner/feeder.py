@@ -301,19 +301,13 @@ class ProcessFeed:
 
     @classmethod
     def start(cls, start: FeederStart, stop: threading.Event, unusable: set[str]) -> ProcessFeed:
-        """Start a feeder process and hand it `start`."""
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            process = subprocess.Popen(
-                [sys.executable, "-m", "services.learner.feeder", "--fd", str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),),
-                stdin=subprocess.DEVNULL,
-            )
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
+        """Hand `start` to the feeder started ahead (`start_spare`), or to a new one."""
+        global _spare
+        with _spare_lock:
+            spare, _spare = _spare, None
+        if spare is None or spare[0].poll() is not None:
+            spare = _spawn()
+        process, ours = spare
         send_frame(ours, START, dump_json(start))
         return cls(process, ours, stop, unusable)
 
@@ -391,6 +385,51 @@ class ProcessFeed:
             self.process.kill()
             self.process.wait(timeout=CLOSE_WAIT_S)
         self.sock.close()
+
+
+#: A feeder process started ahead of the learn task that takes it (`start_spare`).
+_spare: tuple[subprocess.Popen[bytes], socket.socket] | None = None
+_spare_lock = threading.Lock()
+
+
+def _spawn() -> tuple[subprocess.Popen[bytes], socket.socket]:
+    """A new feeder process, waiting for its `FeederStart`, and our end of its socket."""
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "services.learner.feeder", "--fd", str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),),
+            stdin=subprocess.DEVNULL,
+        )
+    except BaseException:
+        ours.close()
+        raise
+    finally:
+        theirs.close()
+    return process, ours
+
+
+def start_spare() -> None:
+    """Start a feeder ahead of the first learn task that takes one (a learner service
+    calls this as it starts): the feeder's interpreter and imports, about half a second
+    of CPU, are then paid while the learner registers and waits for its task, not
+    between the task's start and its first batch."""
+    global _spare
+    with _spare_lock:
+        if _spare is None:
+            _spare = _spawn()
+
+
+def discard_spare() -> None:
+    """End the feeder started ahead, if any (a task that uses none: its memory back).
+    It ends when it reads the end of its socket; it is reaped on a thread."""
+    global _spare
+    with _spare_lock:
+        spare, _spare = _spare, None
+    if spare is not None:
+        process, ours = spare
+        ours.close()
+        threading.Thread(target=process.wait, name="feeder-reap", daemon=True).start()
 
 
 def feeder_start(
@@ -543,7 +582,9 @@ def main(argv: list[str] | None = None) -> None:
     )
     sock = socket.socket(fileno=args.fd)
     frame = recv_frame(sock)
-    if frame is None or frame[0] != START:
+    if frame is None:
+        return  # started ahead, and let go of unused (or its learner ended)
+    if frame[0] != START:
         raise SystemExit("drover feeder: no start from the learner")
     Feeder(sock, parse(FeederStart, frame[1])).serve()
     # Stopped or over: the listener ends the process once told; a job over waits for it.

@@ -192,3 +192,23 @@ def test_the_feeder_imports_no_torch():
     """It starts in a fraction of a second and holds no torch in memory."""
     code = "import sys, services.learner.feeder; sys.exit('torch' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], timeout=60).returncode == 0
+
+
+@pytest.mark.timeout(30)
+def test_a_feeder_started_ahead_is_the_first_tasks_and_one_let_go_of_ends(tmp_path):
+    from services.learner import feeder
+
+    feeder.start_spare()
+    spare_pid = feeder._spare[0].pid
+    feeder.start_spare()  # one ahead at most
+    assert feeder._spare[0].pid == spare_pid
+    feed = ProcessFeed.start(start_for(tmp_path), threading.Event(), set())
+    assert feed.process.pid == spare_pid and feeder._spare is None
+    feed.close()
+    assert feed.process.returncode is not None
+
+    feeder.start_spare()
+    process = feeder._spare[0]
+    feeder.discard_spare()
+    assert feeder._spare is None
+    assert process.wait(timeout=10) == 0  # it read the end of its socket: no error
