@@ -1,6 +1,6 @@
 """A learner's feeder: a process of its own that asks the coordinator for batches, reads
-their segments and gathers their rows, and hands the learner each sample reply's
-batches as ready arrays over a Unix socket.
+their segments and gathers their rows, and hands the learner each batch as ready arrays
+over a Unix socket.
 
 Why a process: a learner's training thread gives the interpreter lock up at every
 torch call and waits to get it back, so Python work beside it in its own process
@@ -12,21 +12,28 @@ and views them as arrays.
 The conversation, one stream socket, each frame a kind, a JSON head and a binary body
 (no pickle: the body is raw array bytes the head describes):
 
-- learner -> feeder: `FeederStart` once; then, for each reply it has trained on,
-  `Trained` (its hold, and the new priorities of its items in the body); `stop`.
-- feeder -> learner: `FedReply` for each sample request (no batches when none came in
-  time); `FeederEnd` last: stopped, the job is over, or the feeder failed.
+- learner -> feeder: `FeederStart` once; `taken` for each frame it takes to train (so
+  the feeder may send one more); `Trained` for each reply trained on that has a hold
+  or new priorities (the priorities in the body); `stop`.
+- feeder -> learner: `FedFrame`s of each sample reply's batches, as many batches a
+  frame as fit in `FRAME_BYTES` (a batch larger goes alone), the reply's last frame
+  marked, with its hold (a reply with no batches, none in time: one frame of none);
+  `FeederEnd` last: stopped, the job is over, or the feeder failed.
 
-The feeder asks for the next reply while the learner trains on the one before, and
-goes no further ahead: it waits for that one's `Trained` first, whose priorities and
-hold then ride on the request after (`services/learner/sampling.py`), as with a
-sampling thread. On `stop` it sends the priorities no request took and exits; when the
-learner's end of the socket closes (the learner died) it exits at once.
+At most `AHEAD` frames are sent and not yet taken, so the learner holds three frames at
+most and the feeder one, whatever the size of a reply (a reply of image sequences can
+be a gigabyte; a reply of CartPole's is one frame of 40 KB). The feeder asks for the
+next reply while it hands over the one before, and goes no further ahead; the
+priorities and holds it is told about ride on its next request
+(`services/learner/sampling.py`), two or three requests after their items trained. On
+`stop` it sends the priorities no request took and exits; when the learner's end of the
+socket closes (the learner died) it exits at once.
 
 Usage (BatchSession; `python -m services.learner.feeder --fd N` is the other end)::
 
-    feed = ProcessFeed.start(ctx, config, schema, store.root, sequence_length)
-    reply = feed.next()                 # ReadyReply; None once the task stops
+    feed = ProcessFeed.start(feeder_start(...), stop, unusable)
+    reply = feed.next()                 # StreamedReply; None once the task stops
+    for batch in reply.batches: ...     # each ReadyBatch as it comes
     feed.trained(reply.hold_id, keys, priorities)
     feed.close()                        # the last priorities sent, the process ended
 """
@@ -43,13 +50,15 @@ import struct
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 
 from common.columns import ColumnSpec
-from common.messages import bulk_message, dump_json, message, parse
+from common.logs import setup_logging
+from common.messages import SampledBatch, SampleReply, dump_json, message, parse
 from common.storage import SharedStore
 from services.coordinator.client import CoordinatorClient
 from services.learner.sampling import JobOver, Outbox, Sampler
@@ -59,15 +68,18 @@ log = logging.getLogger(__name__)
 
 #: A frame: its kind, its head's length, its body's length; then the head, the body.
 FRAME = struct.Struct("!BIQ")
-START, TRAINED, STOP, REPLY, END = 1, 2, 3, 4, 5
+START, TAKEN, TRAINED, STOP, BATCH, END = 1, 2, 3, 4, 5, 6
 #: Arrays in a body start at multiples of this (aligned for any dtype's views).
 ALIGN = 64
-#: Replies the feeder may hand over before the first of them is trained on: the one
-#: training and the next, asked for meanwhile.
+#: Frames the feeder may send before the learner takes them to train.
 AHEAD = 2
+#: A frame holds batches up to this many bytes of arrays (one batch larger goes alone).
+FRAME_BYTES = 32 * 2**20
+#: The sample weights' name among a batch's arrays (no column is named so).
+WEIGHTS = "_weights"
 #: How long `close` waits for the feeder to send its last priorities and end.
 CLOSE_WAIT_S = 15.0
-#: How long the learner waits for a reply before it looks at its stop signal again.
+#: How often a wait looks at its stop signal.
 POLL_S = 0.2
 
 
@@ -112,20 +124,26 @@ class FedArray:
     offset: int
 
 
-@bulk_message
+@message
 class FedBatch:
+    """One batch of a sample reply, its arrays in the frame's body."""
+
     #: The keys of the items kept (rows of unusable segments left out), in order.
     keys: list[int]
-    #: The batch's columns, and its items' weights as `weights`.
+    #: The batch's columns, and its items' weights as `WEIGHTS`.
     arrays: list[FedArray]
 
 
 @message
-class FedReply:
+class FedFrame:
+    """Batches of a sample reply, in order."""
+
     batches: list[FedBatch]
-    #: The reply's hold (items of a fifo buffer kept for the task until acknowledged).
+    #: The reply's last frame, which carries its hold (items of a fifo buffer kept for
+    #: the task until acknowledged).
+    last: bool
     hold_id: str | None
-    #: Segments the feeder skipped since its last reply.
+    #: Segments the feeder skipped since its last frame.
     unusable: list[str]
     #: Requests so far that found no data in time.
     sample_timeouts: int
@@ -156,8 +174,11 @@ class ReadyBatch:
 
 
 @dataclass(frozen=True)
-class ReadyReply:
+class _Frame:
+    """A frame of batches as the learner's reading thread made it."""
+
     batches: list[ReadyBatch]
+    last: bool
     hold_id: str | None
 
 
@@ -172,17 +193,16 @@ def send_frame(
     sock: socket.socket,
     kind: int,
     head: bytes,
-    body: bytes = b"",
+    body: list[bytes | memoryview] | bytes = b"",
     lock: threading.Lock | None = None,
 ) -> None:
-    data = FRAME.pack(kind, len(head), len(body)) + head
-    if lock is None:
-        sock.sendall(data)
-        sock.sendall(body)
-        return
-    with lock:
-        sock.sendall(data)
-        sock.sendall(body)
+    """One frame; `body` may come in parts (sent as they are, not joined)."""
+    parts = [body] if isinstance(body, bytes) else body
+    size = sum(len(part) for part in parts)
+    with lock if lock is not None else contextlib.nullcontext():
+        sock.sendall(FRAME.pack(kind, len(head), size) + head)
+        for part in parts:
+            sock.sendall(part)
 
 
 def recv_frame(sock: socket.socket) -> tuple[int, bytes, bytearray] | None:
@@ -239,10 +259,10 @@ def read_trained(head: bytes, body: bytearray) -> tuple[str | None, list[int], l
 
 
 def pack_arrays(
-    arrays: dict[str, np.ndarray], body: list[bytes], offset: int
+    arrays: dict[str, np.ndarray], body: list[bytes | memoryview], offset: int = 0
 ) -> tuple[list[FedArray], int]:
-    """Append `arrays` to `body` (aligned), from byte `offset`; returns where each lies
-    and the offset after them."""
+    """Append `arrays` to `body` (aligned; views of their memory, not copies), from byte
+    `offset`; returns where each lies and the offset after them."""
     placed = []
     for name, array in arrays.items():
         array = np.ascontiguousarray(array)
@@ -253,13 +273,13 @@ def pack_arrays(
         placed.append(
             FedArray(name=name, dtype=array.dtype.str, shape=list(array.shape), offset=offset)
         )
-        body.append(array.tobytes())
+        body.append(memoryview(array).cast("B"))
         offset += array.nbytes
     return placed, offset
 
 
 def unpack_arrays(arrays: list[FedArray], body: bytearray) -> dict[str, np.ndarray]:
-    """Views of the body's arrays (the body is the reply's own: nothing else writes it).
+    """Views of the body's arrays (the body is the frame's own: nothing else writes it).
 
     Raises:
         ValueError: an array lies outside the body.
@@ -275,6 +295,26 @@ def unpack_arrays(arrays: list[FedArray], body: bytearray) -> dict[str, np.ndarr
 
 
 # --- the learner's end ---------------------------------------------------------------
+
+
+class StreamedReply:
+    """One sample reply on the learner's side, its batches taken from the feeder as the
+    learner trains them (`batches`, iterated once); `hold_id` is known after the last."""
+
+    def __init__(self, feed: ProcessFeed, first: _Frame) -> None:
+        self._feed = feed
+        self._first = first
+        self.hold_id: str | None = None
+
+    @property
+    def batches(self) -> Iterator[ReadyBatch]:
+        frame: _Frame | None = self._first
+        while frame is not None:
+            yield from frame.batches
+            if frame.last:
+                self.hold_id = frame.hold_id
+                return
+            frame = self._feed.next_frame()  # None: the task stops
 
 
 class ProcessFeed:
@@ -293,70 +333,102 @@ class ProcessFeed:
         #: Segments the feeder skipped (the task context's set, which heartbeats report).
         self.unusable = unusable
         self.sample_timeouts = 0
-        self._inbox: queue.Queue[ReadyReply | FeederEnd | FeederFailed] = queue.Queue()
+        self._inbox: queue.Queue[_Frame | FeederEnd | FeederFailed] = queue.Queue()
         self._send_lock = threading.Lock()
-        self._end: FeederEnd | None = None
         self._reader = threading.Thread(target=self._read, name="feeder-reader", daemon=True)
         self._reader.start()
 
     @classmethod
     def start(cls, start: FeederStart, stop: threading.Event, unusable: set[str]) -> ProcessFeed:
-        """Hand `start` to the feeder started ahead (`start_spare`), or to a new one."""
+        """Hand `start` to the feeder started ahead (`start_spare`), or to a new one.
+
+        Raises:
+            FeederFailed: the feeder could not be handed its start.
+        """
         global _spare
         with _spare_lock:
             spare, _spare = _spare, None
         if spare is None or spare[0].poll() is not None:
+            if spare is not None:
+                spare[1].close()
             spare = _spawn()
         process, ours = spare
-        send_frame(ours, START, dump_json(start))
+        try:
+            send_frame(ours, START, dump_json(start))
+        except OSError as exc:
+            ours.close()
+            process.kill()
+            threading.Thread(target=process.wait, name="feeder-reap", daemon=True).start()
+            raise FeederFailed(f"the feeder took no start: {exc}") from exc
         return cls(process, ours, stop, unusable)
 
     def _read(self) -> None:
-        """Frames from the feeder into the inbox, each reply's arrays viewed in place."""
+        """Frames from the feeder into the inbox, each batch's arrays viewed in place;
+        whatever ends this thread is put in the inbox for `next_frame` to raise."""
+        try:
+            self._read_frames()
+        except BaseException as exc:
+            self._inbox.put(FeederFailed(f"reading the feeder's frames failed: {exc!r}"))
+
+    def _read_frames(self) -> None:
         while True:
             try:
                 frame = recv_frame(self.sock)
             except OSError as exc:
-                frame = None
                 log.debug("feeder socket: %s", exc)
+                frame = None
             if frame is None:
-                self._inbox.put(FeederFailed("the feeder process ended without a word"))
+                self._inbox.put(self._gone())
                 return
             kind, head, body = frame
+            if kind == END:
+                self._inbox.put(parse(FeederEnd, head))
+                return
             try:
-                if kind == END:
-                    self._inbox.put(parse(FeederEnd, head))
-                    return
-                reply = parse(FedReply, head)
-                self.unusable.update(reply.unusable)
-                self.sample_timeouts = reply.sample_timeouts
+                fed = parse(FedFrame, head)
                 batches = []
-                for batch in reply.batches:
+                for batch in fed.batches:
                     arrays = unpack_arrays(batch.arrays, body)
-                    weights = arrays.pop("weights")
+                    weights = arrays.pop(WEIGHTS)
                     batches.append(ReadyBatch(arrays, weights, batch.keys))
-                self._inbox.put(ReadyReply(batches, reply.hold_id))
             except Exception as exc:  # a frame this end cannot read: the feeder is not ours
                 self._inbox.put(FeederFailed(f"unreadable frame from the feeder: {exc!r}"))
                 return
+            self.unusable.update(fed.unusable)
+            self.sample_timeouts = fed.sample_timeouts
+            self._inbox.put(_Frame(batches, fed.last, fed.hold_id))
 
-    def next(self) -> ReadyReply | None:
+    def _gone(self) -> FeederFailed:
+        code = self.process.poll()
+        return FeederFailed(
+            "the feeder process ended without a word"
+            + (f" (exit code {code})" if code is not None else "")
+        )
+
+    def next(self) -> StreamedReply | None:
         """The next reply (no batches: none came in time); None once `stop` is set.
 
         Raises:
             JobOver: the coordinator said the job or the task ended.
             FeederFailed: the feeder failed, or ended unasked.
         """
+        frame = self.next_frame()
+        return StreamedReply(self, frame) if frame is not None else None
+
+    def next_frame(self) -> _Frame | None:
+        """The next frame, the feeder told it is taken; None once `stop` is set."""
         while not self.stop.is_set():
             try:
                 item = self._inbox.get(timeout=POLL_S)
             except queue.Empty:
+                if not self._reader.is_alive() and self._inbox.empty():
+                    raise self._gone() from None
                 continue
-            if isinstance(item, ReadyReply):
+            if isinstance(item, _Frame):
+                self._send(TAKEN, b"{}")
                 return item
             if isinstance(item, FeederFailed):
                 raise item
-            self._end = item
             if item.outcome == "over":
                 raise JobOver(item.message)
             raise FeederFailed(f"feeder {item.outcome}: {item.message}")
@@ -364,26 +436,30 @@ class ProcessFeed:
 
     def trained(self, hold_id: str | None, keys: list[int], priorities: list[float]) -> None:
         """Tell the feeder a reply is trained on: its hold and its items' new priorities
-        go with its next request but one. Sent for every reply, with or without them:
-        it is what lets the feeder ask for the next."""
+        go with its next request."""
+        if hold_id is not None or keys:
+            self._send(TRAINED, *trained_frame(hold_id, keys, priorities))
+
+    def _send(self, kind: int, head: bytes, body: bytes = b"") -> None:
         try:
-            send_frame(
-                self.sock, TRAINED, *trained_frame(hold_id, keys, priorities), self._send_lock
-            )
-        except OSError as exc:  # the feeder is gone: `next` says why
+            send_frame(self.sock, kind, head, body, self._send_lock)
+        except OSError as exc:  # the feeder is gone: `next_frame` says why
             log.debug("feeder socket: %s", exc)
 
     def close(self) -> None:
         """Ask the feeder to send the last priorities and end; wait for it within
-        `CLOSE_WAIT_S`, then stop it."""
-        with contextlib.suppress(OSError):  # the feeder is gone already
-            send_frame(self.sock, STOP, b"{}", lock=self._send_lock)
+        `CLOSE_WAIT_S`, then stop it. Raises nothing: it runs as a task ends."""
+        self._send(STOP, b"{}")
         self._reader.join(timeout=CLOSE_WAIT_S)
         try:
-            self.process.wait(timeout=max(0.1, CLOSE_WAIT_S / 3))
+            self.process.wait(timeout=POLL_S * 5)
         except subprocess.TimeoutExpired:
             self.process.kill()
-            self.process.wait(timeout=CLOSE_WAIT_S)
+            try:
+                self.process.wait(timeout=POLL_S * 5)
+            except subprocess.TimeoutExpired:  # stuck in the kernel (a hung mount)
+                log.warning("feeder %d has not ended; reaping it later", self.process.pid)
+                threading.Thread(target=self.process.wait, name="feeder-reap", daemon=True).start()
         self.sock.close()
 
 
@@ -393,13 +469,17 @@ _spare_lock = threading.Lock()
 
 
 def _spawn() -> tuple[subprocess.Popen[bytes], socket.socket]:
-    """A new feeder process, waiting for its `FeederStart`, and our end of its socket."""
+    """A new feeder process, waiting for its `FeederStart`, and our end of its socket.
+    Its environment is the learner's without the cluster's secrets (its requests carry
+    the credential its start gives it)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DROVER_TOKEN", "DROVER_REG"))}
     try:
         process = subprocess.Popen(
             [sys.executable, "-m", "services.learner.feeder", "--fd", str(theirs.fileno())],
             pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,
+            env=env,
         )
     except BaseException:
         ours.close()
@@ -473,14 +553,20 @@ def feeder_start(
 
 
 class Feeder:
-    """The feeder process's work (`serve`)."""
+    """The feeder process's work (`serve`): a thread asks for replies, one ahead of the
+    one being handed over; the main thread gathers and sends each batch as the learner
+    lets it (`AHEAD`); a thread listens to the learner."""
 
     def __init__(self, sock: socket.socket, start: FeederStart) -> None:
         self.sock = sock
         self.start = start
         self.stop = threading.Event()
         self.outbox = Outbox()
+        #: Batches that may be sent before the learner takes another.
         self.credits = threading.Semaphore(AHEAD)
+        #: Requests that may go out: one, then one more each time a reply is taken up.
+        self.request_slots = threading.Semaphore(1)
+        self.replies: queue.Queue[SampleReply | BaseException] = queue.Queue()
         self.send_lock = threading.Lock()
         client = CoordinatorClient(
             start.coordinator_url, start.bearer, timeout_s=start.call_timeout_s
@@ -505,39 +591,99 @@ class Feeder:
         self._reported: set[str] = set()
 
     def serve(self) -> None:
-        """Sample and hand over until told to stop (or the job is over); a failure is
-        told to the learner, then raised."""
+        """Hand over batches until told to stop (or the job is over); a failure is told
+        to the learner, then raised."""
         threading.Thread(target=self._listen, name="feeder-listen", daemon=True).start()
+        threading.Thread(target=self._request, name="feeder-request", daemon=True).start()
         try:
             while True:
-                self.credits.acquire()
-                if self.stop.is_set():
+                reply = self._next_reply()
+                if reply is None:
                     return
-                reply = self.sampler.sample(self.start.batch_size, self.start.num_batches)
-                if self.stop.is_set():
-                    return
-                self._hand_over(reply.batches if reply else [], reply.hold_id if reply else None)
+                self.request_slots.release()  # the next request goes out meanwhile
+                self._hand_over(reply.batches, reply.hold_id)
         except JobOver as exc:
             self._end("over", str(exc))
         except Exception as exc:
             self._end("failed", f"{type(exc).__name__}: {exc}")
             raise
 
-    def _hand_over(self, batches: list, hold_id: str | None) -> None:
+    def _request(self) -> None:
+        """Ask for replies, each once the one before is taken up (on its own thread)."""
+        try:
+            while self._acquire(self.request_slots):
+                reply = self.sampler.sample(self.start.batch_size, self.start.num_batches)
+                self.replies.put(reply if reply is not None else SampleReply(batches=[]))
+        except BaseException as exc:  # JobOver or a failure: the main thread raises it
+            self.replies.put(exc)
+
+    def _next_reply(self) -> SampleReply | None:
+        """The next reply asked for; None once stopping.
+
+        Raises:
+            JobOver, or what else the requesting thread met.
+        """
+        while not self.stop.is_set():
+            try:
+                item = self.replies.get(timeout=POLL_S)
+            except queue.Empty:
+                continue
+            if isinstance(item, BaseException):
+                raise item
+            return item
+        return None
+
+    def _acquire(self, semaphore: threading.Semaphore) -> bool:
+        """Take one of `semaphore`'s; False once stopping."""
+        while not self.stop.is_set():
+            if semaphore.acquire(timeout=POLL_S):
+                return not self.stop.is_set()
+        return False
+
+    def _hand_over(self, batches: list[SampledBatch], hold_id: str | None) -> None:
+        """Gather the batches and send them in frames of up to `FRAME_BYTES`, each as
+        the learner lets it; the last carries the hold."""
         self.cache.start_reads([segment.path for batch in batches for segment in batch.segments])
-        body: list[bytes] = []
-        offset = 0
-        fed = []
+        frame: list[tuple[dict[str, np.ndarray], list[int]]] = []
+        size = 0
         for batch in batches:
             columns, weights, keys = self.cache.gather(batch)
-            placed, offset = pack_arrays({**columns, "weights": weights}, body, offset)
+            arrays = {**columns, WEIGHTS: weights}
+            nbytes = sum(a.nbytes for a in arrays.values())
+            if frame and size + nbytes > FRAME_BYTES:
+                if not self._send_frame(frame, last=False, hold_id=None):
+                    return
+                frame, size = [], 0
+            frame.append((arrays, keys))
+            size += nbytes
+        self._send_frame(frame, last=True, hold_id=hold_id)
+
+    def _send_frame(
+        self,
+        batches: list[tuple[dict[str, np.ndarray], list[int]]],
+        *,
+        last: bool,
+        hold_id: str | None,
+    ) -> bool:
+        """Send one frame once the learner lets it; False once stopping."""
+        if not self._acquire(self.credits):
+            return False
+        body: list[bytes | memoryview] = []
+        fed, offset = [], 0
+        for arrays, keys in batches:
+            placed, offset = pack_arrays(arrays, body, offset)
             fed.append(FedBatch(keys=keys, arrays=placed))
         unusable = sorted(self.cache.unusable - self._reported)
         self._reported.update(unusable)
-        head = FedReply(
-            batches=fed, hold_id=hold_id, unusable=unusable, sample_timeouts=self.sampler.timeouts
+        head = FedFrame(
+            batches=fed,
+            last=last,
+            hold_id=hold_id,
+            unusable=unusable,
+            sample_timeouts=self.sampler.timeouts,
         )
-        send_frame(self.sock, REPLY, dump_json(head), b"".join(body), self.send_lock)
+        send_frame(self.sock, BATCH, dump_json(head), body, self.send_lock)
+        return True
 
     def _listen(self) -> None:
         """The learner's frames (`_listen_on`), then the process's end: once told to
@@ -551,16 +697,18 @@ class Feeder:
         os._exit(0)
 
     def _listen_on(self) -> None:
-        """Trained replies feed the outbox and let the next request go, until `stop`
+        """Taken batches let one more go, trained replies feed the outbox, until `stop`
         (the last priorities are then sent) or the learner's end closes."""
         while True:
             frame = recv_frame(self.sock)
             if frame is None:
+                self.stop.set()
                 return
             kind, head, body = frame
-            if kind == TRAINED:
-                self.outbox.add(*read_trained(head, body))
+            if kind == TAKEN:  # a frame taken: one more may go
                 self.credits.release()
+            elif kind == TRAINED:
+                self.outbox.add(*read_trained(head, body))
             elif kind == STOP:
                 self.stop.set()
                 self.sampler.send_last_priorities()
@@ -577,9 +725,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="A learner's feeder (started by the learner).")
     parser.add_argument("--fd", type=int, required=True, help="the learner's socket")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s feeder %(levelname)s %(name)s: %(message)s"
-    )
+    setup_logging("learner-feeder")
     sock = socket.socket(fileno=args.fd)
     frame = recv_frame(sock)
     if frame is None:

@@ -179,9 +179,11 @@ class BatchSession:
             self.checkpoint()  # the state after the last update every rank took
             raise
         finally:
-            feed.close()  # the last priorities are sent
-            self.writes.close()
-            self.board.log.close()
+            try:
+                feed.close()  # the last priorities are sent
+            finally:
+                self.writes.close()
+                self.board.log.close()
         self.checkpoint()
         return {"train_iter": learner.train_iter, "policy_version": self.version}
 

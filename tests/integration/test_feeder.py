@@ -75,7 +75,8 @@ def test_a_feeder_hands_over_the_buffers_rows_and_reports_an_unusable_segment(tm
                 reply = feed.next()
                 assert reply is not None
                 replies += 1
-                for batch in reply.batches:
+                batches = list(reply.batches)
+                for batch in batches:
                     obs, next_obs = batch.columns["obs"], batch.columns["next_obs"]
                     assert len(batch.keys) == len(batch.weights) == len(obs) <= 8
                     assert np.all(batch.weights > 0)
@@ -85,19 +86,16 @@ def test_a_feeder_hands_over_the_buffers_rows_and_reports_an_unusable_segment(tm
                     }
                     assert np.array_equal(next_obs, obs + 0.5)
                     assert np.all(batch.columns["action"] == 0)
-                feed.trained(
-                    None,
-                    [k for b in reply.batches for k in b.keys],
-                    [1.0 for b in reply.batches for _ in b.keys],
-                )
+                keys = [k for b in batches for k in b.keys]
+                feed.trained(reply.hold_id, keys, [1.0] * len(keys))
                 return bad.path in unusable
 
             wait_until(a_reply_reports_the_bad_segment, 60, "the bad segment reported")
             assert unusable == {bad.path} and replies >= 1
             client.stop_job(job_id)
             with pytest.raises(JobOver):
-                while feed.next() is not None:
-                    feed.trained(None, [], [])
+                while (reply := feed.next()) is not None:
+                    list(reply.batches)
         finally:
             feed.close()
         assert feed.process.returncode is not None

@@ -15,9 +15,12 @@ import time
 import numpy as np
 import pytest
 
+from services.learner import feeder as feeder_module
 from services.learner.feeder import (
+    AHEAD,
+    BATCH,
     CLOSE_WAIT_S,
-    REPLY,
+    TAKEN,
     TRAINED,
     FedArray,
     FedColumn,
@@ -61,7 +64,7 @@ def test_arrays_go_through_a_frame_as_they_were():
     body: list[bytes] = []
     placed, size = pack_arrays(arrays, body, 0)
     more, size = pack_arrays({"next": np.full(3, 7.5)}, body, size)
-    data = bytearray(b"".join(body))
+    data = bytearray(b"".join(bytes(part) for part in body))
     assert len(data) == size
     assert all(a.offset % 64 == 0 for a in placed + more)
     out = unpack_arrays(placed + more, data)
@@ -93,60 +96,108 @@ def test_trained_priorities_go_through_a_frame_and_into_the_feeders_outbox(tmp_p
     listening.start()
     send_frame(ours, TRAINED, head, body)
     send_frame(ours, TRAINED, *trained_frame(None, [9], [2.0]))
-    for _ in range(2):  # each trained reply lets one more request go
-        assert feeder.credits.acquire(timeout=5.0)
+    send_frame(ours, TAKEN, b"{}")  # a batch taken lets one more go
+    assert feeder.credits.acquire(timeout=5.0)
     assert feeder.outbox.take() == (["hold-1"], [3, 2**62, 0, 9], [0.5, 1e6, 0.0, 2.0])
-    ours.close()  # the learner's end: the listener returns
+    ours.close()  # the learner's end: the listener returns, and the feeder stops
     listening.join(timeout=5.0)
-    assert not listening.is_alive()
+    assert not listening.is_alive() and feeder.stop.is_set()
     theirs.close()
 
 
-def test_a_reply_frame_becomes_ready_batches(tmp_path):
-    """The learner's reading thread views a reply's arrays in its body; the segments
+class Listener:
+    """A process to stand for the feeder's, and the learner's end of a socketpair whose
+    other end the test drives as the feeder."""
+
+    def __init__(self) -> None:
+        self.ours, self.theirs = socket.socketpair()
+        self.process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+    def close(self) -> None:
+        self.process.kill()
+        self.process.wait(5)
+        self.theirs.close()
+        self.ours.close()
+
+
+@pytest.mark.parametrize("frame_bytes", [1, feeder_module.FRAME_BYTES])
+def test_a_replys_batches_come_in_frames_as_the_learner_takes_them(
+    tmp_path, monkeypatch, frame_bytes
+):
+    """Batches go in frames of up to FRAME_BYTES (one batch alone when it is larger);
+    the feeder sends no more than AHEAD frames the learner has not taken; the learner
+    views each batch's arrays in its frame; the last carries the hold, and the segments
     the feeder skipped join the task's unusable set."""
-    ours, theirs = socket.socketpair()
-    feeder = Feeder(theirs, start_for(tmp_path))
+    monkeypatch.setattr(feeder_module, "FRAME_BYTES", frame_bytes)
+    pair = Listener()
+    feeder = Feeder(pair.theirs, start_for(tmp_path))
     feeder._reported.add("old")
     feeder.cache.unusable.update({"old", "job-1/segments/w/bad.safetensors"})
+    taken = []
+    real_release = feeder.credits.release
+
+    def release(n=1):
+        taken.append(n)
+        real_release(n)
+
+    feeder.credits.release = release
 
     class Batch:
         segments = []
 
     rows = np.arange(8, dtype=np.float32).reshape(2, 4)
-    feeder.cache.gather = lambda batch: ({"obs": rows}, np.array([1.0, 0.5], np.float32), [7, 8])
-    feeder._hand_over([Batch(), Batch()], "hold-9")
+    gathered = []
+
+    def gather(batch):
+        gathered.append(batch)
+        return {"obs": rows + len(gathered)}, np.array([1.0, 0.5], np.float32), [7, len(gathered)]
+
+    feeder.cache.gather = gather
+    sending = threading.Thread(
+        target=feeder._hand_over, args=([Batch() for _ in range(7)], "hold-9"), daemon=True
+    )
+    sending.start()
+    listening = threading.Thread(target=feeder._listen_on, daemon=True)
+    listening.start()
     unusable: set[str] = set()
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        feed = ProcessFeed(process, ours, threading.Event(), unusable)
+        feed = ProcessFeed(pair.process, pair.ours, threading.Event(), unusable)
+        time.sleep(0.5)
+        # a batch a frame: AHEAD sent, one waiting to go, one gathered into the next
+        assert len(gathered) == (AHEAD + 2 if frame_bytes == 1 else 7)
         reply = feed.next()
-        assert reply is not None and reply.hold_id == "hold-9" and len(reply.batches) == 2
+        assert reply is not None
+        batches = []
         for batch in reply.batches:
-            assert batch.keys == [7, 8]
-            assert np.array_equal(batch.columns["obs"], rows)
+            batches.append(batch)
+            if frame_bytes == 1:
+                time.sleep(0.05)
+                assert len(gathered) <= len(batches) + AHEAD + 2
+        assert [b.keys for b in batches] == [[7, n] for n in range(1, 8)]
+        for n, batch in enumerate(batches, 1):
+            assert np.array_equal(batch.columns["obs"], rows + n)
             assert np.array_equal(batch.weights, [1.0, 0.5])
+        assert reply.hold_id == "hold-9"
         assert unusable == {"job-1/segments/w/bad.safetensors"}
+        assert len(taken) == (7 if frame_bytes == 1 else 1)  # a frame taken, one credit
+        sending.join(timeout=5.0)
+        feeder._hand_over([], None)  # no data in time: one frame of no batch
+        empty = feed.next()
+        assert empty is not None and list(empty.batches) == [] and empty.hold_id is None
     finally:
-        process.kill()
-        process.wait(5)
-        theirs.close()
-        ours.close()
+        feeder.stop.set()
+        pair.close()
 
 
 def test_a_frame_the_learner_cannot_read_fails_its_wait_not_hangs_it():
-    ours, theirs = socket.socketpair()
-    process = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    pair = Listener()
     try:
-        feed = ProcessFeed(process, ours, threading.Event(), set())
-        send_frame(theirs, REPLY, b'{"batches": "no"}')
+        feed = ProcessFeed(pair.process, pair.ours, threading.Event(), set())
+        send_frame(pair.theirs, BATCH, b'{"keys": "no"}')
         with pytest.raises(FeederFailed, match="unreadable frame"):
             feed.next()
     finally:
-        process.kill()
-        process.wait(5)
-        theirs.close()
-        ours.close()
+        pair.close()
 
 
 @pytest.mark.timeout(30)
