@@ -145,8 +145,6 @@ class FedFrame:
     hold_id: str | None
     #: Segments the feeder skipped since its last frame.
     unusable: list[str]
-    #: Requests so far that found no data in time.
-    sample_timeouts: int
 
 
 @message
@@ -332,7 +330,6 @@ class ProcessFeed:
         self.stop = stop
         #: Segments the feeder skipped (the task context's set, which heartbeats report).
         self.unusable = unusable
-        self.sample_timeouts = 0
         self._inbox: queue.Queue[_Frame | FeederEnd | FeederFailed] = queue.Queue()
         self._send_lock = threading.Lock()
         self._reader = threading.Thread(target=self._read, name="feeder-reader", daemon=True)
@@ -395,7 +392,6 @@ class ProcessFeed:
                 self._inbox.put(FeederFailed(f"unreadable frame from the feeder: {exc!r}"))
                 return
             self.unusable.update(fed.unusable)
-            self.sample_timeouts = fed.sample_timeouts
             self._inbox.put(_Frame(batches, fed.last, fed.hold_id))
 
     def _gone(self) -> FeederFailed:
@@ -680,7 +676,6 @@ class Feeder:
             last=last,
             hold_id=hold_id,
             unusable=unusable,
-            sample_timeouts=self.sampler.timeouts,
         )
         send_frame(self.sock, BATCH, dump_json(head), body, self.send_lock)
         return True

@@ -101,8 +101,6 @@ class Sampler:
         self.outbox = outbox
         self.sample_timeout_s = sample_timeout_s
         self.stop = stop
-        #: Requests that found no data in time (or a coordinator restarting).
-        self.timeouts = 0
 
     def sample(self, batch_size: int, num_batches: int) -> SampleReply | None:
         """One long-poll for data; None when there was none in time (or no coordinator).
@@ -127,8 +125,7 @@ class Sampler:
                 priorities=values,
             )
         except ApiError as exc:
-            if exc.status == 503:  # sample_timeout, or a coordinator restarting
-                self.timeouts += 1
+            if exc.status == 503:  # sample_timeout (counted by the coordinator), or a restart
                 self.outbox.give_back(acknowledge, keys, values)  # say it again
                 return None
             if exc.status in (401, 403, 404, 409):  # the job ended, or this task did

@@ -202,10 +202,6 @@ class BatchSession:
         )
         return ProcessFeed.start(start, self.ctx.stop, self.cache.unusable)
 
-    @property
-    def sample_timeouts(self) -> int:
-        return self.sampler.timeouts
-
     def fetch(self) -> SampleReply | None:
         """The next sample request (on the prefetch thread, while the batches of the
         one before train: those trained on are one request older than the newest the
