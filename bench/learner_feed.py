@@ -27,16 +27,19 @@ rounds of 2,048 steps, 10 epochs of minibatches of 64), both unchanged:
     version is announced: one round is one version.
   The task sends no task id (the bench calls the coordinator with the cluster's
   token, as a tool would, and no learner worker is registered); nothing else differs.
+  DQN's task samples in its feeder process (`learn.feed: process`, the default); a
+  third window, `dqn, thread feed`, runs the same task with `learn.feed: thread` (a
+  prefetch thread of this process, what a learner did before the feeder).
 
-Each repeat times one in-memory window and one fed window (a fresh learn task, which
-resumes from the last one's checkpoint), in alternating order, each after untimed
-warm-up iterations (the fed task's first publish and cold segment cache). The fed
-window is read off the task's progress (`train_iter`), timed as it is set:
+Each repeat times one in-memory window and one fed window of each feed (a fresh learn
+task, which resumes from the last one's checkpoint), in rotating order, each after
+untimed warm-up iterations (the fed task's first publish and cold segment cache). The
+fed window is read off the task's progress (`train_iter`), timed as it is set:
 DQN `--iters` iterations, PPO `--rounds` rounds from the end of the first one.
 Reported: train iterations/s of each (the fastest repeat's), fed / in memory (the
 fastest repeats' ratio, and its lowest and highest over the repeats), and the CPU
-seconds the coordinator and the learner (this process) spent per 1,000 fed train
-iterations (medians over the fed windows). Target: >= 0.9.
+seconds the coordinator, the learner (this process) and its feeder process spent per
+1,000 fed train iterations (medians over the fed windows). Target: >= 0.9.
 
 `--profile-s` (0: none) records this process with py-spy (`record --format raw --idle
 --threads`, 100 Hz) for that long during an extra fed DQN window, and prints the
