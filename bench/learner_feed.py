@@ -21,7 +21,7 @@ rounds of 2,048 steps, 10 epochs of minibatches of 64), both unchanged:
   - DQN: the buffer is filled with random CartPole transitions (segments of
     `collect.n_sample` rows), enough for the limiter (`samples_per_insert`) to let
     every iteration of every repeat sample;
-  - PPO: a feeder thread here long-polls for each new policy version and inserts the
+  - PPO: a process the bench starts long-polls for each new policy version and inserts the
     round of segments for it (two, as the example's two collectors write, written
     before timing with that version in their header), as collectors would once the
     version is announced: one round is one version.
