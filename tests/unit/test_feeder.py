@@ -34,6 +34,7 @@ from services.learner.feeder import (
     trained_frame,
     unpack_arrays,
 )
+from tests.helpers import wait_until
 
 
 def start_for(tmp_path, url: str = "http://127.0.0.1:9") -> FeederStart:
@@ -162,9 +163,11 @@ def test_a_replys_batches_come_in_frames_as_the_learner_takes_them(
     unusable: set[str] = set()
     try:
         feed = ProcessFeed(pair.process, pair.ours, threading.Event(), unusable)
-        time.sleep(0.5)
         # a batch a frame: AHEAD sent, one waiting to go, one gathered into the next
-        assert len(gathered) == (AHEAD + 2 if frame_bytes == 1 else 7)
+        expected = AHEAD + 2 if frame_bytes == 1 else 7
+        wait_until(lambda: len(gathered) == expected, 5.0, "the batches gathered")
+        time.sleep(0.3)
+        assert len(gathered) == expected  # and no more until the learner takes one
         reply = feed.next()
         assert reply is not None
         batches = []
@@ -179,7 +182,8 @@ def test_a_replys_batches_come_in_frames_as_the_learner_takes_them(
             assert np.array_equal(batch.weights, [1.0, 0.5])
         assert reply.hold_id == "hold-9"
         assert unusable == {"job-1/segments/w/bad.safetensors"}
-        assert len(taken) == (7 if frame_bytes == 1 else 1)  # a frame taken, one credit
+        # a frame taken, one credit (as soon as the listening thread reads it)
+        wait_until(lambda: len(taken) == (7 if frame_bytes == 1 else 1), 5.0, "the credits")
         sending.join(timeout=5.0)
         feeder._hand_over([], None)  # no data in time: one frame of no batch
         empty = feed.next()
