@@ -14,6 +14,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 
+def without_secrets(env: Mapping[str, str]) -> dict[str, str]:
+    """`env` less the cluster token and the registration secret (and their `_FILE`
+    forms): the environment of a process started for a service's own work, which is
+    handed the credential it needs otherwise, or not at all."""
+    return {k: v for k, v in env.items() if not k.startswith(("DROVER_TOKEN", "DROVER_REG"))}
+
+
 class SettingsError(ValueError):
     """A setting is missing or malformed; the message names the variable."""
 

@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from common.process import exit_without_teardown
+from common.settings import without_secrets
 
 #: What the collectors and learners import at start or at their first task, but for
 #: the modules that start threads when imported (the learner's segment reads): a fork
@@ -193,7 +194,7 @@ def server_env(environ: Mapping[str, str]) -> dict[str, str]:
     service gets its own environment with each request), and with nothing in the
     working directory importable."""
     return {
-        **{k: v for k, v in environ.items() if not k.startswith(("DROVER_TOKEN", "DROVER_REG"))},
+        **without_secrets(environ),
         "PYTHONSAFEPATH": "1",
         "PYTHONUNBUFFERED": "1",
     }

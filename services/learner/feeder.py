@@ -59,6 +59,7 @@ import numpy as np
 from common.columns import ColumnSpec
 from common.logs import setup_logging
 from common.messages import SampledBatch, SampleReply, dump_json, message, parse
+from common.settings import without_secrets
 from common.storage import SharedStore
 from services.coordinator.client import CoordinatorClient
 from services.learner.sampling import JobOver, Outbox, Sampler
@@ -355,7 +356,7 @@ class ProcessFeed:
         except OSError as exc:
             ours.close()
             process.kill()
-            threading.Thread(target=process.wait, name="feeder-reap", daemon=True).start()
+            _reap_later(process)
             raise FeederFailed(f"the feeder took no start: {exc}") from exc
         return cls(process, ours, stop, unusable)
 
@@ -455,7 +456,7 @@ class ProcessFeed:
                 self.process.wait(timeout=POLL_S * 5)
             except subprocess.TimeoutExpired:  # stuck in the kernel (a hung mount)
                 log.warning("feeder %d has not ended; reaping it later", self.process.pid)
-                threading.Thread(target=self.process.wait, name="feeder-reap", daemon=True).start()
+                _reap_later(self.process)
         self.sock.close()
 
 
@@ -469,13 +470,12 @@ def _spawn() -> tuple[subprocess.Popen[bytes], socket.socket]:
     Its environment is the learner's without the cluster's secrets (its requests carry
     the credential its start gives it)."""
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DROVER_TOKEN", "DROVER_REG"))}
     try:
         process = subprocess.Popen(
             [sys.executable, "-m", "services.learner.feeder", "--fd", str(theirs.fileno())],
             pass_fds=(theirs.fileno(),),
             stdin=subprocess.DEVNULL,
-            env=env,
+            env=without_secrets(os.environ),
         )
     except BaseException:
         ours.close()
@@ -483,6 +483,12 @@ def _spawn() -> tuple[subprocess.Popen[bytes], socket.socket]:
     finally:
         theirs.close()
     return process, ours
+
+
+def _reap_later(process: subprocess.Popen[bytes]) -> None:
+    """Wait for a feeder that is ending (or stuck ending) on a thread, so that it leaves
+    no zombie and nobody waits on it."""
+    threading.Thread(target=process.wait, name="feeder-reap", daemon=True).start()
 
 
 def start_spare() -> None:
@@ -505,7 +511,7 @@ def discard_spare() -> None:
     if spare is not None:
         process, ours = spare
         ours.close()
-        threading.Thread(target=process.wait, name="feeder-reap", daemon=True).start()
+        _reap_later(process)
 
 
 def feeder_start(
@@ -550,15 +556,15 @@ def feeder_start(
 
 class Feeder:
     """The feeder process's work (`serve`): a thread asks for replies, one ahead of the
-    one being handed over; the main thread gathers and sends each batch as the learner
-    lets it (`AHEAD`); a thread listens to the learner."""
+    one being handed over; the main thread gathers the batches and sends them in frames
+    as the learner lets it (`AHEAD`); a thread listens to the learner."""
 
     def __init__(self, sock: socket.socket, start: FeederStart) -> None:
         self.sock = sock
         self.start = start
         self.stop = threading.Event()
         self.outbox = Outbox()
-        #: Batches that may be sent before the learner takes another.
+        #: Frames that may be sent before the learner takes another.
         self.credits = threading.Semaphore(AHEAD)
         #: Requests that may go out: one, then one more each time a reply is taken up.
         self.request_slots = threading.Semaphore(1)
