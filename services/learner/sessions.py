@@ -163,13 +163,10 @@ class BatchSession:
                         outcome.rank_samples_per_s,
                         every_iters=TB_EVERY_ITERS,
                     )
-                # Sent with the next request that has not left yet (usually the one
-                # after the request under way): a priority is applied a request or two
-                # after its item trained.
-                if not (self.prioritized and keys):
-                    keys = []
-                values = priorities_of(np.concatenate(td_abs)) if keys else []
-                feed.trained(reply.hold_id, keys, values)
+                # Sent with the next request that has not left yet: a priority is
+                # applied a request or two after its item trained (two or three with
+                # the feeder process, which asks for a reply while it hands one over).
+                feed.trained(reply.hold_id, *self.new_priorities(keys, td_abs))
             self.writes.wait()  # the last version is announced before the task ends
         except JobOver as exc:
             log.info("learning stops: %s", exc)
@@ -217,10 +214,14 @@ class BatchSession:
         """Note a hold whose items are trained on, for the next request to acknowledge."""
         self.outbox.add(hold_id, [], [])
 
-    def queue_priorities(self, keys: list[int], td_abs: list[np.ndarray]) -> None:
-        """Keep the new priorities of items just trained on for the next request."""
-        if self.prioritized and keys:
-            self.outbox.add(None, keys, priorities_of(np.concatenate(td_abs)))
+    def new_priorities(
+        self, keys: list[int], td_abs: list[np.ndarray]
+    ) -> tuple[list[int], list[float]]:
+        """The keys and new priorities of items just trained on (none unless the buffer
+        is prioritized)."""
+        if not (self.prioritized and keys):
+            return [], []
+        return keys, priorities_of(np.concatenate(td_abs))
 
     def sample(self, batch_size: int, num_batches: int) -> SampleReply | None:
         """One long-poll for data (`Sampler.sample`); None when there was none in time."""

@@ -122,17 +122,13 @@ class Trainer:
         gathered (by its feeder process)."""
         learner = self._batch_learner
         group = self.group
-        if isinstance(batch, ReadyBatch):
-            if group is not None:
-                raise TypeError("a learner group gathers its own shares of each batch")
-            columns, weights, keys = batch.columns, batch.weights, batch.keys
-            if not len(weights):
-                return None
-            info = self._learn(learner, columns, weights)
-            rate = self._rate(len(weights))
-            return BatchOutcome(keys, info.td_abs, info.loss, info.q_mean, [rate], info.scalars)
+        if isinstance(batch, ReadyBatch) and group is not None:
+            raise TypeError("a learner group gathers its own shares of each batch")
         if group is None:
-            columns, weights, keys = self.cache.gather(batch)
+            if isinstance(batch, ReadyBatch):
+                columns, weights, keys = batch.columns, batch.weights, batch.keys
+            else:
+                columns, weights, keys = self.cache.gather(batch)
             if not len(weights):
                 return None
             info = self._learn(learner, columns, weights)

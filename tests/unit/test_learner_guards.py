@@ -210,7 +210,7 @@ def test_priorities_are_finite_and_clipped():
 def test_sent_priorities_are_clipped_and_sent_once(tmp_path):
     learn = session(tmp_path)
     learn.prioritized = True
-    learn.queue_priorities([1, 2], [np.array([np.nan, 2.0], np.float32)])
+    learn.outbox.add(None, *learn.new_priorities([1, 2], [np.array([np.nan, 2.0], np.float32)]))
     learn.sampler.send_last_priorities()
     learn.sampler.send_last_priorities()  # nothing left to send
     assert learn.ctx.coordinator.priorities == [([1, 2], [MAX_PRIORITY, 2.0])]
@@ -439,7 +439,7 @@ def test_a_request_carries_at_most_one_updates_worth_and_a_failed_one_gives_it_b
     learn = session(tmp_path)
     learn.prioritized = True
     count = MAX_KEYS_PER_UPDATE + 5
-    learn.queue_priorities(list(range(count)), [np.ones(count, np.float32)])
+    learn.outbox.add(None, *learn.new_priorities(list(range(count)), [np.ones(count, np.float32)]))
     learn.hold_trained("hold-1")
     holds, keys, values = learn.outbox.take()
     assert holds == ["hold-1"] and keys == list(range(MAX_KEYS_PER_UPDATE))
