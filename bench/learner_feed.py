@@ -103,6 +103,7 @@ from services.learner.feeder import FeederStart, feeder_start  # noqa: E402
 from services.learner.segments import SegmentCache, SegmentSchema  # noqa: E402
 from services.learner.training import new_learner  # noqa: E402
 from services.slave.core import TaskContext  # noqa: E402
+from tests.helpers import child_processes  # noqa: E402
 
 EXAMPLES = {
     "dqn": ROOT / "examples" / "cartpole_dqn.yaml",
@@ -270,20 +271,6 @@ def _feeder_start_as_tool(*args: Any, **kw: Any) -> FeederStart:
 
 
 sessions.feeder_start = _feeder_start_as_tool  # type: ignore[assignment]
-
-
-def feeder_pids() -> list[int]:
-    """This process's feeder processes (a fed task's, `learn.feed: process`)."""
-    me, pids = str(os.getpid()), []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = stat.read_text().rpartition(")")[2].split()[1]
-            command = (stat.parent / "cmdline").read_bytes()
-        except (OSError, IndexError):
-            continue
-        if ppid == me and b"services.learner.feeder" in command:
-            pids.append(int(stat.parent.name))
-    return pids
 
 
 class Progress(dict):  # type: ignore[type-arg]
@@ -476,7 +463,8 @@ class Bench:
         try:
             started, began = task.wait_mark(warm)
             coordinator_s, learner_s = cpu_s(coordinator.pid), time.process_time()
-            feeders = feeder_pids()
+            # the fed task's feeder process (`learn.feed: process`), a child of this one
+            feeders = child_processes(os.getpid(), "services.learner.feeder")
             feeder_s = sum(cpu_s(pid) for pid in feeders)
             if profile is not None:
                 profile()
