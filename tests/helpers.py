@@ -94,17 +94,29 @@ FAST_LEASES = {
 }
 
 
+def child_states(pid: int) -> dict[int, str]:
+    """The children of `pid` and their states (`Z`: exited, not reaped), from /proc."""
+    children = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            state, ppid = stat.read_text().rpartition(")")[2].split()[:2]
+        except (OSError, ValueError):  # exited while we looked
+            continue
+        if int(ppid) == pid:
+            children[int(stat.parent.name)] = state
+    return children
+
+
 def child_processes(pid: int, needle: str) -> list[int]:
     """The running children of `pid` whose command line holds `needle` (Linux's /proc)."""
     found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for child, state in child_states(pid).items():
         try:
-            fields = stat.read_text().rpartition(")")[2].split()
-            command = (stat.parent / "cmdline").read_bytes().decode(errors="replace")
-        except (OSError, IndexError):
+            command = Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
             continue
-        if fields[1] == str(pid) and fields[0] not in "ZX" and needle in command:
-            found.append(int(stat.parent.name))
+        if state not in "ZX" and needle in command:
+            found.append(child)
     return found
 
 

@@ -20,6 +20,7 @@ from common.env_guard import setup_env_registry
 from common.env_make import make_one_env
 from common.env_workers import EnvWorkerError, SubprocessVector
 from common.envs import GymnasiumVector, VectorStep, make_env
+from tests.helpers import child_states
 
 # Every wait below is bounded by a worker deadline; this bounds the test itself.
 pytestmark = pytest.mark.timeout(60)
@@ -46,22 +47,6 @@ def gone(pid: int) -> bool:
     except ProcessLookupError:
         return True
     return False
-
-
-def child_states() -> dict[int, str]:
-    """This process's children and their states (`Z`: exited, not reaped)."""
-    children = {}
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            stat = Path(f"/proc/{entry}/stat").read_text()
-        except OSError:  # exited while we looked
-            continue
-        state, ppid = stat.rsplit(")", 1)[1].split()[:2]
-        if int(ppid) == os.getpid():
-            children[int(entry)] = state
-    return children
 
 
 def assert_same_step(got: VectorStep, want: VectorStep, step: int) -> None:
@@ -114,14 +99,14 @@ def test_a_refused_config_is_a_config_error_in_the_parent() -> None:
     config = EnvConfig(env_id="MiniGrid-Empty-5x5-v0", manager="async", num_workers=2)
     with pytest.raises(ConfigError) as in_process:
         make_one_env(config, training=True)
-    before = child_states()
+    before = child_states(os.getpid())
     with pytest.raises(ConfigError) as from_worker:
         SubprocessVector(config, 2)
     assert from_worker.value.field == "env.obs_key"
     assert from_worker.value.message == in_process.value.message
     # Nothing left behind by the half-made vector.
     assert our_blocks() == []
-    new = {pid: state for pid, state in child_states().items() if pid not in before}
+    new = {pid: state for pid, state in child_states(os.getpid()).items() if pid not in before}
     assert not new, f"workers left running or unreaped (state Z): {new}"
 
 
