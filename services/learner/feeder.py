@@ -645,7 +645,7 @@ class Feeder:
     def _hand_over(self, batches: list[SampledBatch], hold_id: str | None) -> None:
         """Gather the batches and send them in frames of up to `FRAME_BYTES`, each as
         the learner lets it; the last carries the hold."""
-        self.cache.start_reads([segment.path for batch in batches for segment in batch.segments])
+        self.cache.start_reads(batches)
         frame: list[tuple[dict[str, np.ndarray], list[int]]] = []
         size = 0
         for batch in batches:

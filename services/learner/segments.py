@@ -255,13 +255,14 @@ class SegmentCache:
                 self._loading.pop(path, None)
             return None
 
-    def start_reads(self, paths: list[str]) -> None:
-        """Start reading the segments of `paths` that are neither cached nor being
+    def start_reads(self, batches: list[SampledBatch]) -> None:
+        """Start reading the segments of `batches` that are neither cached nor being
         read, without waiting for them (reads overlap: each releases the GIL)."""
         with self._lock:
-            for path in paths:
-                if path not in self._cache and path not in self.unusable:
-                    self._start(path)
+            for batch in batches:
+                for segment in batch.segments:
+                    if segment.path not in self._cache and segment.path not in self.unusable:
+                        self._start(segment.path)
 
     def _start(self, path: str) -> tuple[Read, float]:
         """The read of `path` under way, started now if it is not (holding the lock)."""
@@ -386,7 +387,7 @@ class SegmentCache:
                 len(batch.weights),
             )
             return {}, np.zeros(0, np.float32), np.zeros(0, bool)
-        self.start_reads([segment.path for segment in batch.segments])
+        self.start_reads([batch])
         flat = _flat_rows(batch)
         if flat is None:  # a row that is no int64 at all: checked segment by segment
             return self._gather_each(batch)

@@ -192,7 +192,7 @@ class Trainer:
         group = self.group
         if group is not None:
             batches = [share_of(b, group.rank, group.world_size) for b in batches]
-        self.cache.start_reads([segment.path for batch in batches for segment in batch.segments])
+        self.cache.start_reads(batches)
 
     def round_share(self, batch: SampledBatch) -> dict[str, np.ndarray]:
         """This rank's usable rows of an on-policy round (all of them on its own)."""
