@@ -13,6 +13,7 @@ ids, kwargs, modules) is checked by `common/env_guard.py`.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -63,8 +64,9 @@ class VectorStep:
     truncated: np.ndarray
     final_obs: np.ndarray
 
-    @property
+    @functools.cached_property
     def ended(self) -> np.ndarray:
+        """Where an episode ended (made once: a loop asks several times a step)."""
         return self.terminated | self.truncated
 
 

@@ -462,9 +462,14 @@ class CollectorRunner:
                 segment_steps += spec.num_envs
                 self.metrics.env_steps.inc(spec.num_envs)
                 episodes.step(step.reward, step.ended)
-                ready = len(builder) + (len(episode_rows) if episode_rows is not None else 0)
-                if ready >= policy_cfg.collect.n_sample and (
-                    ready >= uploader.max_rows or time.monotonic() >= next_take_at
+                in_episodes = len(episode_rows) if episode_rows is not None else 0
+                # `begun` bounds the ready rows from above and costs nothing: the exact
+                # count is asked for only when a take may be due.
+                at_most = builder.begun + in_episodes
+                if (
+                    at_most >= policy_cfg.collect.n_sample
+                    and (at_most >= uploader.max_rows or time.monotonic() >= next_take_at)
+                    and len(builder) + in_episodes >= policy_cfg.collect.n_sample
                 ):
                     next_take_at = time.monotonic() + TAKE_EVERY_S
                     spans: list[tuple[int, int]] = []

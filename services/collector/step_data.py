@@ -36,23 +36,27 @@ class EpisodeTracker:
 
     def __init__(self, num_envs: int) -> None:
         self._return = np.zeros(num_envs)
-        self._length = np.zeros(num_envs, dtype=np.int64)
+        #: Steps counted, and the count at each env's episode's start: its length
+        #: follows when it ends, without counting every env at every step.
+        self._steps = 0
+        self._start = np.zeros(num_envs, dtype=np.int64)
         self._returns: list[float] = []
         self._lengths: list[int] = []
 
     def step(self, rewards: np.ndarray, ended: np.ndarray) -> list[tuple[int, float, int]]:
         """Count one vector step; returns (env, return, length) of each episode it ended."""
         self._return += rewards
-        self._length += 1
+        self._steps += 1
         if not ended.any():
             return []
         finished = [
-            (int(i), float(self._return[i]), int(self._length[i])) for i in np.flatnonzero(ended)
+            (int(i), float(self._return[i]), self._steps - int(self._start[i]))
+            for i in np.flatnonzero(ended)
         ]
         for i, ret, length in finished:
             self._returns.append(ret)
             self._lengths.append(length)
-            self._return[i], self._length[i] = 0.0, 0
+            self._return[i], self._start[i] = 0.0, self._steps
         return finished
 
     def take(self) -> tuple[list[float], list[int]]:
@@ -188,32 +192,46 @@ def _rows_of(columns: dict[str, np.ndarray]) -> int:
 class NStepBuilder:
     """Turns a vector env's steps into n-step transitions.
 
-    A step only records its arrays (and counts the transitions it completes); `take`
-    makes the rows of all the steps held at once, with array operations over
-    [steps, envs], so the stepping thread does no per-env or per-row Python work. The
-    steps whose transitions still wait for later steps (the last `nstep - 1`, unless
-    their episode ended) are kept for the next `take`. Rows come out in step order,
-    envs in order within a step.
+    A step only copies its arrays into the builder's own [steps, envs] columns (and
+    counts the transitions it completes); `take` makes the rows of all the steps held at
+    once, with array operations over those columns, so the stepping thread does no
+    per-env or per-row Python work and nothing is stacked. The steps whose transitions
+    still wait for later steps (the last `nstep - 1`, unless their episode ended) move to
+    the front of the columns for the next `take`. Rows come out in step order, envs in
+    order within a step.
     """
 
     COLUMNS = ("obs", "action", "reward", "next_obs", "done", "discount")
+    #: Steps the columns first hold; they double when full.
+    FIRST_CAPACITY = 64
 
     def __init__(self, num_envs: int, nstep: int, gamma: float) -> None:
         self.num_envs = num_envs
         self.nstep = nstep
         self.gamma = gamma
-        #: Steps held: each a dict of [num_envs, ...] arrays, and, per step, which
-        #: envs' transitions starting there are still owed (all, for a new step).
-        self._steps: list[dict[str, np.ndarray]] = []
-        self._owed: list[np.ndarray] = []
-        #: Each env's held steps whose transitions are not complete yet (< nstep).
-        self._waiting = np.zeros(num_envs, dtype=np.int64)
-        self._ready = 0
-        self._all_owed = np.ones(num_envs, dtype=bool)
+        #: Steps held, by column: [capacity, num_envs, ...], the first `_count` in use;
+        #: made at the first step, with its arrays' shapes and dtypes.
+        self._held: dict[str, np.ndarray] = {}
+        #: Per held step, which envs' transitions starting there are still owed.
+        self._owed = np.ones((0, num_envs), dtype=bool)
+        self._count = 0
+        #: Steps added in all, and the last one that ended each env's episode (-1:
+        #: none yet): which transitions are complete follows from these when asked.
+        self._added = 0
+        self._last_end = np.full(num_envs, -1, dtype=np.int64)
+        #: Transitions begun and not taken yet, complete or not.
+        self._begun = 0
 
     def __len__(self) -> int:
-        """Transitions `take` would give now."""
-        return self._ready
+        """Transitions `take` would give now: those begun, less each env's last
+        `nstep - 1` or fewer (the steps since its episode's end), which wait for more."""
+        waiting = np.minimum(self.nstep - 1, self._added - 1 - self._last_end)
+        return self._begun - int(waiting.sum())
+
+    @property
+    def begun(self) -> int:
+        """Transitions begun and not taken: at least `len(self)`, and cheaper to ask."""
+        return self._begun
 
     def add(
         self,
@@ -227,41 +245,62 @@ class NStepBuilder:
     ) -> None:
         """One vector step; `next_obs` holds the true next observation, also at an
         episode's end (not the first observation of the next episode). `extras`: the
-        actor's own columns at this step (one row per env), kept with the transition
-        that starts here."""
+        actor's own columns at this step (one row per env, the same names at every
+        step), kept with the transition that starts here. The arrays are copied: the
+        caller may reuse them."""
         ended = np.logical_or(terminated, truncated)
-        self._steps.append(
-            {
-                "obs": obs,
-                "action": actions,
-                "reward": rewards,
-                "next_obs": next_obs,
-                "terminated": terminated,
-                "ended": ended,
-                **(extras or {}),
-            }
-        )
-        self._owed.append(self._all_owed)  # never written to: shared
-        # An ended episode completes every transition it had waiting; otherwise a
-        # window of nstep steps completes its oldest.
-        waiting = self._waiting
-        waiting += 1
+        held = self._held
+        if self._count == len(self._owed):
+            self._grow(
+                {
+                    "obs": obs,
+                    "action": actions,
+                    "reward": rewards,
+                    "next_obs": next_obs,
+                    "terminated": terminated,
+                    "ended": ended,
+                    **(extras or {}),
+                }
+            )
+            held = self._held
+        at = self._count
+        held["obs"][at] = obs
+        held["action"][at] = actions
+        held["reward"][at] = rewards
+        held["next_obs"][at] = next_obs
+        held["terminated"][at] = terminated
+        held["ended"][at] = ended
+        for name, value in (extras or {}).items():
+            held[name][at] = value
+        self._owed[at] = True
+        self._count += 1
         if ended.any():
-            self._ready += int(waiting[ended].sum())
-            waiting[ended] = 0
-        self._ready += int(np.count_nonzero(waiting == self.nstep))
-        np.minimum(waiting, self.nstep - 1, out=waiting)
+            self._last_end[ended] = self._added
+        self._added += 1
+        self._begun += self.num_envs
+
+    def _grow(self, step: dict[str, np.ndarray]) -> None:
+        """Twice the room (the first step sets the columns' shapes and dtypes)."""
+        capacity = max(self.FIRST_CAPACITY, 2 * len(self._owed))
+        if not self._held:
+            self._held = {
+                name: np.empty((capacity, *np.shape(a)), np.asarray(a).dtype)
+                for name, a in step.items()
+            }
+        else:
+            self._held = {name: _resized(column, capacity) for name, column in self._held.items()}
+        self._owed = _resized(self._owed, capacity)
 
     def take(self, *, where: bool = False) -> dict[str, np.ndarray]:
         """All finished transitions as column arrays; the builder keeps the rest.
 
         `where`: also `ENV` (each row's env) and `LAST` (the row's step ended its
         episode), for grouping rows by episode (`EpisodeRows`)."""
-        if not self._steps:
+        count = self._count
+        if not count:
             return {name: np.zeros(0, np.float32) for name in self.COLUMNS}
-        held = {name: np.stack([s[name] for s in self._steps]) for name in self._steps[0]}
-        owed = np.stack(self._owed)
-        count = len(self._steps)
+        held = {name: column[:count] for name, column in self._held.items()}
+        owed = self._owed[:count]
         # For each (step t, env): its n-step return, the step whose observation follows
         # (the episode's end or t + nstep - 1), whether it is terminal, its length.
         reward = held["reward"].astype(np.float64)
@@ -287,12 +326,8 @@ class NStepBuilder:
         length[full] = self.nstep
         emit = owed & (~alive | whole)
         t, env = np.nonzero(emit)
-        # Steps older than the last nstep - 1 have given all their rows.
-        keep = max(0, count - (self.nstep - 1))
-        self._steps = self._steps[keep:]
-        self._owed = list(owed[keep:] & ~emit[keep:])
-        self._ready = 0
-
+        # Fancy indexing copies: the rows below own their data before the columns'
+        # kept steps move to the front.
         extras = {
             # versions stay integers; the actor's columns are float32 data
             name: held[name][t, env] if name == VERSION else held[name][t, env].astype(np.float32)
@@ -302,7 +337,7 @@ class NStepBuilder:
         action = held["action"][t, env]
         if where:
             extras |= {ENV: env, LAST: held["ended"][t, env]}
-        return extras | {
+        rows = extras | {
             "obs": as_obs(held["obs"][t, env]),
             # discrete: action ids; continuous: actions normalized to [-1, 1]
             "action": action.astype(np.float32 if action.dtype.kind == "f" else np.int64),
@@ -311,6 +346,23 @@ class NStepBuilder:
             "done": done[t, env].astype(np.float32),
             "discount": (self.gamma ** length[t, env]).astype(np.float32),
         }
+        # Steps older than the last nstep - 1 have given all their rows.
+        keep = max(0, count - (self.nstep - 1))
+        kept = count - keep
+        remaining = owed[keep:] & ~emit[keep:]
+        for column in self._held.values():
+            column[:kept] = column[keep:count]
+        self._owed[:kept] = remaining
+        self._count = kept
+        self._begun = int(remaining.sum())
+        return rows
+
+
+def _resized(array: np.ndarray, capacity: int) -> np.ndarray:
+    """`array` with room for `capacity` entries along its first axis, its own kept."""
+    grown = np.empty((capacity, *array.shape[1:]), array.dtype)
+    grown[: len(array)] = array
+    return grown
 
 
 ROUND_COLUMNS = (
