@@ -2,11 +2,13 @@
 as taking each segment's rows in turn, with the same rows left out."""
 
 import numpy as np
+import pytest
 
 from algorithms.registry import ALGORITHMS
 from common.messages import SampledBatch, SampledSegment
 from common.storage import SharedStore
 from jobconfig import resolve_job_config, with_spaces
+from services.learner import segments as segments_module
 from services.learner.segments import SegmentCache, SegmentSchema
 
 ROWS = 8
@@ -31,7 +33,22 @@ def segment(seq):
     }
 
 
-def test_rows_of_many_segments_come_in_batch_order_and_bad_entries_cost_their_rows(tmp_path):
+#: The ways a gather joins rows: each segment as one record array, joined whole or
+#: only its rows; or column by column (rows too big for records), whole or rows only.
+JOINS = {
+    "records, whole": {},
+    "records, rows only": {"JOIN_WHOLE_BYTES": 0},
+    "columns, whole": {"RECORD_ROW_BYTES": 0},
+    "columns, rows only": {"RECORD_ROW_BYTES": 0, "JOIN_WHOLE_BYTES": 0},
+}
+
+
+@pytest.mark.parametrize("join", JOINS)
+def test_rows_of_many_segments_come_in_batch_order_and_bad_entries_cost_their_rows(
+    tmp_path, monkeypatch, join
+):
+    for name, value in JOINS[join].items():
+        monkeypatch.setattr(segments_module, name, value)
     store = SharedStore(tmp_path)
     paths = [store.segment_path("job-1", "w", i) for i in range(40)]
     for seq, path in enumerate(paths):
@@ -51,6 +68,11 @@ def test_rows_of_many_segments_come_in_batch_order_and_bad_entries_cost_their_ro
     expected = [seq * 100 + row for seq, rows in entries if seq != 1 for row in rows]
     assert columns["reward"].tolist() == expected
     assert columns["obs"][:, 3].tolist() == expected and columns["obs"].dtype == np.float32
+    assert columns["action"].tolist() == [
+        row % 2 for seq, rows in entries if seq != 1 for row in rows
+    ]
+    # Columns of their own, as torch takes them (not strided views of records).
+    assert all(c.flags.c_contiguous and c.base is None for c in columns.values())
     assert len(keys) == len(weights) == len(expected)
     assert keys == list(range(5 * 3)) + list(range(5 * 3 + 2, len(batch.keys) - 1))
     assert cache.unusable == {paths[1]}
