@@ -283,7 +283,12 @@ class SegmentCache:
         try:
             self.store.resolve(path, under=f"{self.job_id}/segments")
             columns = self.schema.check(self.store.read_segment(path))
-            entry = _Cached(columns, self._rows(columns), *_record(columns))
+            record, fields = _record(columns)
+            if record is not None and fields is not None:
+                # The columns become views of the records, so the rows are held once.
+                # A gather copies out of them, so no caller sees their strides.
+                columns = {name: record.view(fields)[name] for name in columns}
+            entry = _Cached(columns, self._rows(columns), record, fields)
         except UNUSABLE as exc:
             self.skip(path, exc)
         finally:
@@ -480,7 +485,8 @@ JOIN_WHOLE_BYTES = 1 << 20
 @dataclass(slots=True)
 class _Cached:
     """A checked segment as the cache keeps it: its columns, their rows, and, for a
-    segment of small rows, the same rows as one record array (`_record`)."""
+    segment of small rows, the same rows as one record array (`_record`), of which the
+    columns are then views."""
 
     columns: dict[str, np.ndarray]
     rows: int

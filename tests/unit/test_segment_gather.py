@@ -76,6 +76,11 @@ def test_rows_of_many_segments_come_in_batch_order_and_bad_entries_cost_their_ro
     assert len(keys) == len(weights) == len(expected)
     assert keys == list(range(5 * 3)) + list(range(5 * 3 + 2, len(batch.keys) - 1))
     assert cache.unusable == {paths[1]}
+    # A segment kept as records holds its rows once: its columns are views of them.
+    entry = cache._entry(paths[0])
+    if entry.record is not None:
+        assert all(np.shares_memory(c, entry.record) for c in entry.columns.values())
+    assert (entry.record is not None) == ("RECORD_ROW_BYTES" not in JOINS[join])
 
 
 def test_a_row_past_int64_costs_its_segment_alone(tmp_path):
