@@ -504,9 +504,11 @@ RECORD_ROW_BYTES = 1024
 
 def _record(columns: dict[str, np.ndarray]) -> tuple[np.ndarray | None, np.dtype | None]:
     """The columns' rows as opaque records, and the structured type that reads them
-    (a field per column); None, None unless every column is rows of its own (none
-    packed) and a row is at most RECORD_ROW_BYTES."""
-    if not columns or any(is_packed(columns, name) for name in columns):
+    (a field per column); None, None unless every column is rows of its own (no image
+    packed into a pool of planes) and a row is at most RECORD_ROW_BYTES."""
+    if not columns or POOL in columns:  # packed images: a pool is no rows of its own
+        return None, None
+    if len({len(a) for a in columns.values()}) != 1:
         return None, None
     fields = _fields(tuple((name, a.dtype.str, a.shape[1:]) for name, a in columns.items()))
     if fields.itemsize > RECORD_ROW_BYTES:

@@ -96,6 +96,40 @@ def test_a_packed_segment_round_trips_through_the_store_and_the_learner(tmp_path
     np.testing.assert_array_equal(got["next_obs"], columns["next_obs"][rows])
 
 
+def test_a_packed_segment_of_small_frames_is_gathered_not_skipped(tmp_path):
+    # MiniGrid's 3x7x7 views pack into a pool whose rows are no segment rows: the
+    # cache's records (for rows of up to 1 KiB) must leave such a segment alone.
+    rng = np.random.default_rng(5)
+    store = SharedStore(tmp_path)
+    rows = 50
+    columns = {
+        "obs": rng.integers(0, 4, (rows, 3, 7, 7), dtype=np.uint8),
+        "action": rng.integers(0, 3, rows),
+        "reward": np.zeros(rows, np.float32),
+        "next_obs": rng.integers(0, 4, (rows, 3, 7, 7), dtype=np.uint8),
+        "done": np.zeros(rows, np.float32),
+        "discount": np.full(rows, 0.99, np.float32),
+    }
+    packed = pack_frames(columns)
+    assert POOL in packed and len(packed[POOL]) != rows
+    path = store.segment_path("job-1", "w", 0)
+    store.write_segment(path, packed)
+    config, _ = resolve_job_config({"policy": {"type": "dqn"}})
+    config = with_spaces(config, (3, 7, 7), 3, obs_dtype="uint8")
+    schema = SegmentSchema.for_policy(
+        config.policy, ALGORITHMS["dqn"].column_names_for(config.policy)
+    )
+    cache = SegmentCache(store, "job-1", schema)
+    picked = [7, 0, 49, 7]
+    batch = SampledBatch(
+        keys=[1, 2, 3, 4], segments=[SampledSegment(path=path, rows=picked)], weights=[1.0] * 4
+    )
+    got, _, keys = cache.gather(batch)
+    assert keys == [1, 2, 3, 4] and not cache.unusable
+    np.testing.assert_array_equal(got["obs"], columns["obs"][picked])
+    np.testing.assert_array_equal(got["next_obs"], columns["next_obs"][picked])
+
+
 @pytest.mark.parametrize(
     "damage",
     [
