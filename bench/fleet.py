@@ -87,6 +87,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.procfs import cpu_s  # noqa: E402
 from common.messages import SegmentRef, dump  # noqa: E402
 from common.storage import SharedStore  # noqa: E402
 from services.collector.step_data import NStepBuilder  # noqa: E402
@@ -660,12 +661,6 @@ def say(record: dict[str, Any]) -> None:
 # --- the parent's side: one row --------------------------------------------------------
 
 
-def proc_cpu_s(pid: int) -> float:
-    """utime + stime of a process, in seconds (/proc/<pid>/stat)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def proc_memory_mb(pid: int) -> tuple[float, float]:
     """(VmRSS, VmHWM) of a process, in MB (/proc/<pid>/status)."""
     values = {}
@@ -814,7 +809,7 @@ def run_row(
             for g in generators:
                 g.send({"go_s": go_s})
             time.sleep(max(0.0, go_s + args.warmup_s - time.monotonic()))
-            cpu0, busy0, t0 = proc_cpu_s(pid), machine_busy_s(), time.monotonic()
+            cpu0, busy0, t0 = cpu_s(pid), machine_busy_s(), time.monotonic()
             if profile_to is not None:
                 duration_s = max(1, min(15, int(args.seconds) - 1))
                 spy = subprocess.Popen(
@@ -829,7 +824,7 @@ def run_row(
                     text=True,
                 )
             time.sleep(max(0.0, go_s + run_s - time.monotonic()))
-            cpu1, busy1, t1 = proc_cpu_s(pid), machine_busy_s(), time.monotonic()
+            cpu1, busy1, t1 = cpu_s(pid), machine_busy_s(), time.monotonic()
             rss_mb, peak_mb = proc_memory_mb(pid)
             deadline = time.monotonic() + REQUEST_TIMEOUT_S + SAMPLE_TIMEOUT_S + 30
             results = [g.expect("result", deadline)["result"] for g in generators]

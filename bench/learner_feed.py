@@ -84,6 +84,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.learner_scaling import BUSY_SHARE, CpuMeter, cpu_line, print_load_before  # noqa: E402
+from bench.procfs import cpu_s  # noqa: E402
 from common.config import JobConfig  # noqa: E402
 from common.errors import ApiError  # noqa: E402
 from common.messages import LearnSpec, PolicyRef, SampleReply, SegmentRef, TaskAssignment  # noqa: E402
@@ -403,12 +404,6 @@ def gil_probe(console: Console, iters: int) -> None:
         what = f"{work_ms} ms of every {work_ms + sleep_ms} ms"
         table.add_row(what, f"{share:.0%}", f"{probed:,.0f}", f"{probed / alone:.2f}")
     console.print(table)
-
-
-def cpu_s(pid: int) -> float:
-    """CPU seconds (user and system) a process has used so far (Linux's /proc)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # --- one algorithm ----------------------------------------------------------------------
