@@ -249,29 +249,20 @@ class NStepBuilder:
         step), kept with the transition that starts here. The arrays are copied: the
         caller may reuse them."""
         ended = np.logical_or(terminated, truncated)
-        held = self._held
+        step = {
+            "obs": obs,
+            "action": actions,
+            "reward": rewards,
+            "next_obs": next_obs,
+            "terminated": terminated,
+            "ended": ended,
+            **(extras or {}),
+        }
         if self._count == len(self._owed):
-            self._grow(
-                {
-                    "obs": obs,
-                    "action": actions,
-                    "reward": rewards,
-                    "next_obs": next_obs,
-                    "terminated": terminated,
-                    "ended": ended,
-                    **(extras or {}),
-                }
-            )
-            held = self._held
+            self._grow(step)
         at = self._count
-        held["obs"][at] = obs
-        held["action"][at] = actions
-        held["reward"][at] = rewards
-        held["next_obs"][at] = next_obs
-        held["terminated"][at] = terminated
-        held["ended"][at] = ended
-        for name, value in (extras or {}).items():
-            held[name][at] = value
+        for name, column in self._held.items():
+            column[at] = step[name]
         self._owed[at] = True
         self._count += 1
         if ended.any():
