@@ -424,10 +424,8 @@ class SegmentCache:
         if not usable.any():
             return {}, np.zeros(0, np.float32), keep
         found = [e for e, use in zip(entries, usable.tolist(), strict=True) if use]
-        # The kept rows as one index into the found segments laid end to end.
-        offsets = np.cumsum([0, *lengths[usable][:-1]])
-        whole = index[keep] + np.repeat(offsets, counts[usable])
         weights = np.asarray(batch.weights, dtype=np.float32)[keep]
+        kept = index[keep]
         # One layout for all (`_fields` gives equal layouts as one object).
         layout = found[0].fields
         if layout is not None and all(e.fields is layout for e in found):
@@ -436,16 +434,15 @@ class SegmentCache:
             # record's stride, which torch refuses).
             records = [e.record for e in found]
             if sum(r.nbytes for r in records) <= JOIN_WHOLE_BYTES:
-                joined = np.concatenate(records)[whole]
+                # The kept rows as one index into the segments laid end to end.
+                offsets = np.cumsum([0, *lengths[usable][:-1]])
+                joined = np.concatenate(records)[kept + np.repeat(offsets, counts[usable])]
             else:  # whole segments would be too much to copy: their rows only
-                rows = np.split(index[keep], np.cumsum(counts[usable])[:-1])
-                joined = np.concatenate([r[i] for r, i in zip(records, rows, strict=True)])
+                taken = zip(records, _per_segment(kept, counts[usable]), strict=True)
+                joined = np.concatenate([r[i] for r, i in taken])
             joined = joined.view(layout)
             return {k: joined[k].copy() for k in self.columns}, weights, keep
-        rows = _Rows(
-            [e.columns for e in found], np.split(index[keep], np.cumsum(counts[usable])[:-1])
-        )
-        rows.set_whole_index(whole)
+        rows = _Rows([e.columns for e in found], _per_segment(kept, counts[usable]))
         return {k: rows.join(k) for k in self.columns}, weights, keep
 
     def _gather_each(
@@ -480,6 +477,11 @@ class SegmentCache:
 #: with one index (far cheaper in calls than a take per segment when a batch spreads
 #: over dozens of small segments, as a batch of a big replay does).
 JOIN_WHOLE_BYTES = 1 << 20
+
+
+def _per_segment(rows: np.ndarray, counts: np.ndarray) -> list[np.ndarray]:
+    """`rows` cut into each segment's, `counts[i]` of them for the i-th."""
+    return np.split(rows, np.cumsum(counts)[:-1])
 
 
 @dataclass(slots=True)
@@ -533,10 +535,6 @@ class _Rows:
     def __init__(self, found: list[dict[str, np.ndarray]], rows: list[np.ndarray]) -> None:
         self.found, self.rows = found, rows
         self._index: np.ndarray | None = None
-
-    def set_whole_index(self, index: np.ndarray) -> None:
-        """`whole_index`, already worked out by the caller."""
-        self._index = index
 
     def whole_index(self, lengths: list[int]) -> np.ndarray:
         """The rows as one index into the segments' columns laid end to end."""
