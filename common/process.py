@@ -1,9 +1,13 @@
-"""How a service process ends once it has stopped serving.
+"""How a process ends: a service once it has stopped serving, a command on SIGTERM.
 
 Usage (a service's `__main__`, after `serve` returns)::
 
     serve(app, ...)
     exit_without_teardown(0)
+
+and a command that starts processes (`drover run`), first thing::
+
+    stop_on_terminate()  # SIGTERM and SIGHUP now raise Terminated, as Ctrl-C would
 """
 
 from __future__ import annotations
@@ -12,9 +16,41 @@ import atexit
 import contextlib
 import logging
 import os
+import signal
 import sys
 import threading
+from types import FrameType
 from typing import NoReturn
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM or SIGHUP, raised where Ctrl-C's KeyboardInterrupt would be."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def stop_on_terminate() -> None:
+    """Make SIGTERM and SIGHUP stop this command as Ctrl-C does (`except
+    KeyboardInterrupt` catches them too): `timeout`, a CI runner's cancel and a closed
+    terminal then stop what it started, where Python's default would end this process
+    alone and leave its children running. Main thread only (signal handlers)."""
+    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGHUP, _terminate)
+
+
+def _terminate(signum: int, frame: FrameType | None) -> None:
+    # Once only: a second signal inside the stop the first one started would cut that
+    # stop short. A Python handler, not SIG_IGN, because an ignored signal stays
+    # ignored in the processes this one starts, and those must still stop on SIGTERM.
+    signal.signal(signal.SIGTERM, _ignore)
+    signal.signal(signal.SIGHUP, _ignore)
+    raise Terminated(signum)
+
+
+def _ignore(signum: int, frame: FrameType | None) -> None:
+    pass
 
 
 def exit_without_teardown(code: int) -> NoReturn:

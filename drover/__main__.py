@@ -26,6 +26,9 @@ def wants_fork_server(argv: list[str]) -> bool:
 
 
 def console_main() -> NoReturn:
+    from common.process import stop_on_terminate
+
+    stop_on_terminate()  # before the fork server starts: it is stopped on SIGTERM too
     early = None
     if wants_fork_server(sys.argv[1:]):
         from drover.forkserver import ForkServer

@@ -31,7 +31,7 @@ from common.env_guard import setup_env_registry
 from common.errors import ApiError
 from common.http_client import ServiceUnavailable
 from common.messages import TERMINAL_PHASES, JobStatus, LeagueView
-from common.process import exit_without_teardown
+from common.process import Terminated, exit_without_teardown, stop_on_terminate
 from common.settings import SettingsError, read_token
 from drover import plot, verbs
 from drover.devices import fit_local_device, local_learner_ranks
@@ -230,8 +230,9 @@ def run_local(args: argparse.Namespace, fork_server: ForkServer | None = None) -
             return error(f"the coordinator refused the job: {exc.message}")
         console.print(f"drover: job [bold]{created.job_id}[/] submitted", highlight=False)
         status = watch(cluster, created.job_id, started, args.timeout_s)
-    except KeyboardInterrupt:
-        console.print("\ndrover: interrupted; stopping the job and every service")
+    except KeyboardInterrupt as exc:
+        how = exc.args[0] if isinstance(exc, Terminated) else "interrupted"
+        console.print(f"\ndrover: {how}; stopping the job and every service", highlight=False)
         status = stop_job(cluster, status)
     except (RuntimeError, TimeoutError) as exc:
         console.print(f"[bold red]drover:[/] {exc}")
@@ -450,6 +451,7 @@ def console_main(fork_server: ForkServer | None = None) -> NoReturn:
     without the interpreter's teardown, a quarter of a second after `drover run`
     (bench/whole_run.py) that only frees what the process is about to give back
     anyway."""
+    stop_on_terminate()
     exit_without_teardown(main(fork_server=fork_server))
 
 

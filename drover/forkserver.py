@@ -224,6 +224,10 @@ class ForkServer:
                 # Its own session: Ctrl-C reaches only the launcher.
                 start_new_session=True,
             )
+        #: A request is written but its answer was never read (Ctrl-C or SIGTERM came
+        #: while `spawn` waited): the server forks that service all the same, and
+        #: `close` stops it.
+        self._unanswered = False
 
     @classmethod
     def early(cls) -> ForkServer | None:
@@ -259,10 +263,9 @@ class ForkServer:
         try:
             self.process.stdin.write(json.dumps(request) + "\n")
             self.process.stdin.flush()
-            # One request at a time, answered by one whole line: once the pipe is
-            # readable, the line is there.
-            readable, _, _ = select.select([self.process.stdout], [], [], timeout_s)
-            line = self.process.stdout.readline() if readable else None
+            self._unanswered = True
+            line = self._answer(timeout_s)
+            self._unanswered = False
         except (OSError, ValueError) as exc:
             raise OSError(f"the fork server is gone: {exc}") from None
         if line is None:
@@ -276,11 +279,23 @@ class ForkServer:
             raise OSError(f"the fork server could not start {module}: {reply['error']}")
         return ForkedProcess(int(reply["pid"]))
 
+    def _answer(self, timeout_s: float) -> str | None:
+        """The answer's line ("" once the server has exited); None if none came."""
+        assert self.process.stdout is not None
+        # One request at a time, answered by one whole line: once the pipe is
+        # readable, the line is there.
+        readable, _, _ = select.select([self.process.stdout], [], [], timeout_s)
+        return self.process.stdout.readline() if readable else None
+
     def close(self, timeout_s: float = 5.0) -> None:
-        """End the server (its stdin closes); the services it forked run on."""
+        """End the server (its stdin closes); the services it forked run on, but for
+        one whose answer was never read, which is stopped here (no one else knows it)."""
         if self.process.stdin is not None:
             with contextlib.suppress(OSError):
                 self.process.stdin.close()
+        if self._unanswered:
+            self._unanswered = False
+            self._stop_unanswered(timeout_s)
         try:
             self.process.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -288,6 +303,24 @@ class ForkServer:
             self.process.wait()
         if self.process.stdout is not None:
             self.process.stdout.close()
+
+    def _stop_unanswered(self, timeout_s: float) -> None:
+        try:
+            line = self._answer(SPAWN_TIMEOUT_S)  # the preload may still be under way
+            pid = int(json.loads(line)["pid"]) if line else None
+        except (OSError, ValueError, KeyError, TypeError):  # gone, or it could not fork
+            pid = None
+        if pid is None:
+            return
+        forked = ForkedProcess(pid)
+        # ChildProcessError: not this process's child (no subreaper), or reaped already
+        with contextlib.suppress(ChildProcessError, subprocess.TimeoutExpired):
+            forked.send_signal(signal.SIGTERM)
+            try:
+                forked.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                forked.kill()
+                forked.wait(timeout_s)
 
 
 class ForkedProcess:

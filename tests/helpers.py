@@ -120,6 +120,17 @@ def child_processes(pid: int, needle: str) -> list[int]:
     return found
 
 
+def descendants(pid: int) -> set[int]:
+    """`pid`'s children, their children and so on, that have not exited (Linux's /proc)."""
+    found: set[int] = set()
+    parents = [pid]
+    while parents:
+        children = [c for c, state in child_states(parents.pop()).items() if state not in "ZX"]
+        found.update(children)
+        parents.extend(children)
+    return found
+
+
 def running(pid: int) -> bool:
     """Whether `pid` is a process that has not exited (a zombie has)."""
     try:

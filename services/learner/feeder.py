@@ -41,6 +41,7 @@ Usage (BatchSession; `python -m services.learner.feeder --fd N` is the other end
 from __future__ import annotations
 
 import argparse
+import atexit
 import contextlib
 import logging
 import os
@@ -500,6 +501,23 @@ def start_spare() -> None:
     with _spare_lock:
         if _spare is None:
             _spare = _spawn()
+            atexit.register(_end_spare)
+
+
+def _end_spare() -> None:
+    """As the learner's process ends: stop the spare feeder, and wait for it. Left to
+    read the end of its socket, it would outlive the learner by its imports (a `drover
+    run` stopped at its start would exit with the feeder still running); it holds
+    nothing yet, so it is killed."""
+    global _spare
+    with _spare_lock:
+        spare, _spare = _spare, None
+    if spare is not None:
+        process, ours = spare
+        process.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=CLOSE_WAIT_S)
+        ours.close()
 
 
 def discard_spare() -> None:

@@ -1,9 +1,11 @@
 """Real processes on 127.0.0.1 with a temporary shared dir: DQN learns CartPole."""
 
 import os
+import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -11,7 +13,7 @@ from common.errors import ApiError
 from drover.local import LocalCluster
 from jobconfig import load_config_file
 from services.slave.client import SlaveClient
-from tests.helpers import DEADLINE_S, EXAMPLE, ROOT, wait_for_end
+from tests.helpers import DEADLINE_S, EXAMPLE, ROOT, descendants, running, wait_for_end, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -82,6 +84,86 @@ def test_drover_run_cli_end_to_end(tmp_path):
         "learner-0.log",
     ]
     assert wall_s < DEADLINE_S
+
+
+def holding_files_under(root: Path) -> list[int]:
+    """Processes (this one aside) with a file under `root` open."""
+    found = []
+    for fd_dir in Path("/proc").glob("[0-9]*/fd"):
+        pid = int(fd_dir.parent.name)
+        if pid == os.getpid():
+            continue
+        try:
+            targets = [os.readlink(fd) for fd in fd_dir.iterdir()]
+        except OSError:  # exited while we looked, or not ours to read
+            continue
+        if any(target.startswith(f"{root}/") for target in targets):
+            found.append(pid)
+    return found
+
+
+def feeders(pids: set[int]) -> list[int]:
+    found = []
+    for pid in pids:
+        try:
+            if b"services.learner.feeder" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                found.append(pid)
+        except OSError:  # exited while we looked
+            continue
+    return found
+
+
+@pytest.mark.parametrize(
+    ("signum", "when"),
+    [
+        (signal.SIGTERM, "submitted"),  # the job is running
+        (signal.SIGTERM, "run folder"),  # the services are starting
+        (signal.SIGHUP, "submitted"),
+    ],
+)
+def test_drover_run_stops_the_job_and_every_process_it_started_on_sigterm(tmp_path, signum, when):
+    """`timeout`, a CI runner's cancel or a closed terminal: the launcher stops the job
+    and every service (forked ones and the learner's feeder included) before it exits,
+    as for Ctrl-C, instead of leaving them running."""
+    config = tmp_path / "endless.yaml"
+    config.write_text(EXAMPLE.read_text().replace("stop_value: 195 ", "stop_value: 100000 "))
+    assert "stop_value: 100000" in config.read_text()
+    log = tmp_path / "drover.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "drover", "run", str(config), "--runs-dir", str(tmp_path)],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "COLUMNS": "120"},
+        )
+    try:
+        wait_until(lambda: when in log.read_text(), timeout_s=120)
+        if when == "submitted":  # every service up, and the learner's feeder too
+            wait_until(lambda: feeders(descendants(proc.pid)), timeout_s=120, what="a feeder")
+        started = descendants(proc.pid)
+        assert started
+        proc.send_signal(signum)
+        assert proc.wait(timeout=60) != 0
+        left = [pid for pid in started | descendants(proc.pid) if running(pid)]
+        assert not left, (left, log.read_text()[-3000:])
+        # and none it started after the signal (a service forked while it came): every
+        # service writes its log under tmp_path
+        wait_until(
+            lambda: not holding_files_under(tmp_path),
+            timeout_s=15,
+            what=lambda: (
+                f"processes holding files under {tmp_path}: {holding_files_under(tmp_path)}"
+            ),
+        )
+        text = log.read_text()
+        assert f"drover: {signal.Signals(signum).name}; stopping the job and every service" in text
+        if when == "submitted":
+            assert "stopped by request" in text
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
 
 
 @pytest.mark.parametrize(
