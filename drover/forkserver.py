@@ -49,10 +49,12 @@ from common.settings import without_secrets
 #: What the collectors and learners import at start or at their first task, but for
 #: the modules that start threads when imported (the learner's segment reads): a fork
 #: keeps only the thread that forked, so those are imported in each child. torch's
-#: compiler module comes with an optimizer's first parameter group (torch.optim
-#: imports it then), 0.9 s that the learner's first task would otherwise wait
-#: for. Everything is imported before the first fork: what the server imports after
-#: one copies the pages it shares with the children forked before (bench/memory.py).
+#: compiler module, which torch.optim imports with an optimizer's first parameter
+#: group, is not here: only a learner needs it, and each learner imports it on a
+#: thread as it starts (`services.learner.training.import_ahead`), while the
+#: collectors start, instead of every service waiting for it here. Everything is
+#: imported before the first fork: what the server imports after one copies the pages
+#: it shares with the children forked before (bench/memory.py).
 PRELOAD = (
     "services.collector.app",
     "services.slave.main",
@@ -64,7 +66,6 @@ PRELOAD = (
     "common.env_guard",
     "algorithms.registry",
     "algorithms.dqn.learner",
-    "torch._dynamo",
 )
 
 

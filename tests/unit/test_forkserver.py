@@ -80,3 +80,27 @@ def test_a_fork_server_started_early_is_stopped_when_the_run_never_uses_it(tmp_p
     assert server is not None
     assert main(["run", str(bad), "--runs-dir", str(tmp_path)], fork_server=server) == 2
     assert server.process.poll() is not None  # stopped, not left to finish its preload
+
+
+def test_only_a_learner_imports_torchs_compiler_and_it_starts_before_its_first_task():
+    """torch._dynamo (about 0.7 s of CPU) is not in the fork server's preload, which
+    every service waits for; a learner imports it on a thread as it starts, and
+    `new_learner` (the optimizer's first parameter group needs it) waits for that."""
+    probe = """if True:
+        import sys, threading
+        from drover.forkserver import PRELOAD, preload
+        preload(PRELOAD)
+        assert "torch._dynamo" not in sys.modules, "the fork server preloads it"
+        from services.learner import training
+        training.import_ahead()
+        names = [t.name for t in threading.enumerate()]
+        assert "import-ahead" in names, names
+        training._wait_for_imports_ahead()
+        assert "torch._dynamo" in sys.modules
+        print("ok")
+    """
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "ok"
