@@ -288,12 +288,18 @@ class ForkServer:
         readable, _, _ = select.select([self.process.stdout], [], [], timeout_s)
         return self.process.stdout.readline() if readable else None
 
-    def close(self, timeout_s: float = 5.0) -> None:
-        """End the server (its stdin closes); the services it forked run on, but for
-        one whose answer was never read, which is stopped here (no one else knows it)."""
+    def end(self) -> None:
+        """Tell the server to end (its stdin closes) without waiting for it: `close`
+        then waits for less. It forks nothing more."""
         if self.process.stdin is not None:
             with contextlib.suppress(OSError):
                 self.process.stdin.close()
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """End the server (its stdin closes) and wait for it; the services it forked run
+        on, but for one whose answer was never read, which is stopped here (no one else
+        knows it)."""
+        self.end()
         if self._unanswered:
             self._unanswered = False
             self._stop_unanswered(timeout_s)

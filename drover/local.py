@@ -296,7 +296,10 @@ class LocalCluster:
         return events
 
     def stop(self) -> None:
-        """Slaves first (they leave the coordinator), then the coordinator."""
+        """Slaves first (they leave the coordinator), then the coordinator. The fork
+        server is told to end first, and ends while they stop."""
+        if self._fork_server is not None:
+            self._fork_server.end()
         slaves = [s for s in self.services if s is not self.coordinator]
         for service in slaves:
             service.signal(signal.SIGTERM)
