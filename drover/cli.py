@@ -299,8 +299,11 @@ def submit_job(args: argparse.Namespace) -> int:
     return 0 if status.phase == "succeeded" else 1
 
 
-#: How often `drover run` asks for its job's status: the job's end (and so the whole
-#: command's) is seen within this. One small request each time.
+#: How long each status request of `drover run` waits for its job's end: the end (and
+#: so the whole command's) is seen as it comes, and the table is redrawn at least this
+#: often. A request the coordinator answers at once (too many waiting) is followed by
+#: the next no sooner than STATUS_POLL_S.
+STATUS_WAIT_S = 0.25
 STATUS_POLL_S = 0.1
 #: How often the table's rates are refreshed (the collectors' rates ask for every
 #: worker); a rate over a shorter window would only jitter.
@@ -317,8 +320,9 @@ def watch(cluster: LocalCluster, job_id: str, started: float, timeout_s: float) 
     has_league: bool | None = None
     with Live(console=console, refresh_per_second=4, transient=False) as live:
         while True:
+            asked = time.monotonic()
             try:
-                status = cluster.client.job(job_id)
+                status = cluster.client.job(job_id, wait_s=STATUS_WAIT_S)
             except ServiceUnavailable:
                 # The coordinator is down: restart it, and show the last status meanwhile.
                 for event in cluster.supervise():
@@ -341,7 +345,7 @@ def watch(cluster: LocalCluster, job_id: str, started: float, timeout_s: float) 
                 live.console.print(f"[yellow]drover:[/] {event}", highlight=False)
             if now - started > timeout_s:
                 cluster.client.stop_job(job_id)
-            time.sleep(STATUS_POLL_S)
+            time.sleep(max(0.0, STATUS_POLL_S - (time.monotonic() - asked)))
 
 
 def collector_rates(client: CoordinatorClient) -> dict[str, float]:

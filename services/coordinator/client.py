@@ -76,8 +76,16 @@ class CoordinatorClient(ServiceClient):
         query = {k: v for k, v in params.items() if v is not None}
         return parse(JobList, self.call("GET", f"{API}/jobs", params=query or None))
 
-    def job(self, job_id: str) -> JobStatus:
-        return self.call_as(JobStatus, "GET", f"{API}/jobs/{job_id}")
+    def job(self, job_id: str, *, wait_s: float = 0.0) -> JobStatus:
+        """The job's status; with `wait_s`, once it has ended or `wait_s` have passed."""
+        if wait_s <= 0:
+            return self.call_as(JobStatus, "GET", f"{API}/jobs/{job_id}")
+        return self.call_as(
+            JobStatus,
+            "GET",
+            f"{API}/jobs/{job_id}?wait_s={round(wait_s, 3)}",
+            timeout_s=self.timeout_s + wait_s,
+        )
 
     def wait_for_end(
         self,

@@ -158,8 +158,8 @@ class Coordinator:
     def stop_job(self, job_id: str) -> JobStatus:
         return self.job_book.stop(job_id)
 
-    def job_status(self, job_id: str) -> JobStatus:
-        return self.job_book.status(job_id)
+    def job_status(self, job_id: str, *, wait_s: float = 0.0) -> JobStatus:
+        return self.job_book.status(job_id, wait_s=wait_s)
 
     def list_jobs(
         self, *, phase: str | None = None, limit: int = MAX_PAGE, page_token: str | None = None

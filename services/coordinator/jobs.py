@@ -60,6 +60,8 @@ class JobBook:
         self.tasks = tasks
         #: Each job's TensorBoard scalars (`<job_id>/tb/coordinator/`).
         self.boards = JobBoards(state)
+        #: Status requests waiting for a job's end now (`status`).
+        self._waiting_polls = 0
 
     # --- admission -------------------------------------------------------------------
 
@@ -305,10 +307,22 @@ class JobBook:
 
     # --- what is shown -------------------------------------------------------------
 
-    def status(self, job_id: str) -> JobStatus:
-        with self.state.guard.changing():
+    def status(self, job_id: str, *, wait_s: float = 0.0) -> JobStatus:
+        """The job's status; with `wait_s`, once it has ended or `wait_s` have passed
+        (a client watching for the end waits here instead of polling); past
+        `max_waiting_job_polls` waiting at once, at once."""
+        state = self.state
+        with state.guard.changing():
             job = self.get(job_id)
-            return status_of(job, learners_of(self.state, job))
+            if wait_s > 0 and self._waiting_polls < state.limits.max_waiting_job_polls:
+                self._waiting_polls += 1
+                try:
+                    state.guard.wait_for(
+                        lambda: state.closing or job.phase in TERMINAL_PHASES, wait_s
+                    )
+                finally:
+                    self._waiting_polls -= 1
+            return status_of(job, learners_of(state, job))
 
     def listing(
         self, *, phase: str | None = None, limit: int = MAX_PAGE, page_token: str | None = None

@@ -80,6 +80,9 @@ class CoordinatorLimits:
     #: Collectors waiting at once for a newer policy version (each holds a server
     #: thread); past it they are answered at once and poll instead.
     max_waiting_policy_polls: int = 8
+    #: Clients waiting at once for a job's end (`GET /jobs/<id>?wait_s=`), each on a
+    #: server thread; past it they are answered at once.
+    max_waiting_job_polls: int = 8
     #: Registered workers at once (each costs memory and scheduling time).
     max_workers: int = 1024
     #: Hosts (names, IPs, CIDRs) workers may advertise; empty: any valid host.

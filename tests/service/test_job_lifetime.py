@@ -1,15 +1,21 @@
 """What the coordinator keeps of ended jobs and tasks: a small durable record, no index,
 no task objects; ended jobs listed in pages and forgotten after their retention."""
 
+import threading
+import time
+
 from prometheus_client import generate_latest
 
 from common.messages import JobSubmit, WorkerRegistration
 from common.storage import SharedStore
+from services.coordinator.app import create_app
 from services.coordinator.core import Coordinator, CoordinatorLimits
+from services.coordinator.settings import CoordinatorSettings
 from services.coordinator.snapshot import read_job_record, state_path
 from tests.coordinator_app import (
     AUTH,
     CONFIG,
+    TOKEN,
     get,
     insert_segments,
     post,
@@ -205,3 +211,50 @@ def test_a_job_that_ended_before_final_statistics_were_kept_gets_them_once(
     again = restarted(tmp_path)
     assert again.buffer_stats(job_id).inserts == 30
     assert read_job_record(core.store, job_id)["buffer"]["inserts"] == 30
+
+
+def test_a_status_request_with_wait_s_is_answered_as_the_job_ends(client, core):
+    """`drover run` waits for its job's end in the request, not between polls: the
+    answer comes when the job ends; a running job is answered after wait_s, and an
+    ended one at once."""
+    job_id = submit(client)
+    other = submit(client)
+
+    def stop_soon():
+        time.sleep(0.3)
+        core.stop_job(job_id)
+
+    threading.Thread(target=stop_soon).start()
+    started = time.monotonic()
+    ended = client.get(f"/api/v1/jobs/{job_id}?wait_s=5", headers=AUTH)
+    waited = time.monotonic() - started
+    assert ended.status_code == 200 and ended.json["phase"] == "stopped"
+    assert 0.2 < waited < 3  # answered at the end, not at wait_s
+    started = time.monotonic()
+    again = client.get(f"/api/v1/jobs/{job_id}?wait_s=5", headers=AUTH)
+    assert again.json["phase"] == "stopped" and time.monotonic() - started < 1
+    started = time.monotonic()
+    running = client.get(f"/api/v1/jobs/{other}?wait_s=0.3", headers=AUTH)
+    assert running.json["phase"] == "running" and time.monotonic() - started >= 0.25
+    for bad in ("-1", "61", "x", "nan", "1e9"):
+        answer = client.get(f"/api/v1/jobs/{other}?wait_s={bad}", headers=AUTH)
+        assert answer.status_code == 400 and "wait_s" in answer.get_data(as_text=True), bad
+
+
+def test_status_requests_waiting_for_an_end_are_bounded(tmp_path):
+    """Past `max_waiting_job_polls` waiting at once, a request is answered at once (each
+    waiting one holds a server thread)."""
+    core = Coordinator(SharedStore(tmp_path), CoordinatorLimits(max_waiting_job_polls=1))
+    app = create_app(CoordinatorSettings(shared_dir=tmp_path, token=TOKEN), core=core)
+    job_id = submit(app.test_client())
+    waiter = threading.Thread(
+        target=lambda: app.test_client().get(f"/api/v1/jobs/{job_id}?wait_s=2", headers=AUTH)
+    )
+    waiter.start()
+    time.sleep(0.2)  # the first one waits
+    started = time.monotonic()
+    second = app.test_client().get(f"/api/v1/jobs/{job_id}?wait_s=2", headers=AUTH)
+    assert second.json["phase"] == "running" and time.monotonic() - started < 1
+    core.stop_job(job_id)
+    waiter.join(timeout=5)
+    assert not waiter.is_alive()

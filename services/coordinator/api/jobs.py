@@ -8,7 +8,7 @@ from common.errors import bad_request
 from common.http import body, reply
 from common.messages import JobCreated, JobList, JobMetrics, JobStatus, JobSubmit
 from common.openapi import documented
-from services.coordinator.api import core, version_query
+from services.coordinator.api import SECONDS_QUERY, core, seconds_query, version_query
 from services.coordinator.jobs import MAX_PAGE
 
 bp = Blueprint("jobs", __name__, url_prefix="/api/v1/jobs")
@@ -49,9 +49,13 @@ def list_jobs() -> Any:
 
 
 @bp.get("/<job_id>")
-@documented(summary="A job's status", reply=JobStatus)
+@documented(
+    summary="A job's status (with wait_s: once it has ended, or after wait_s)",
+    reply=JobStatus,
+    query={"wait_s": SECONDS_QUERY},
+)
 def get(job_id: str) -> Any:
-    return reply(core().job_status(job_id))
+    return reply(core().job_status(job_id, wait_s=seconds_query("wait_s")))
 
 
 @bp.delete("/<job_id>")
