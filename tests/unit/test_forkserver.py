@@ -4,6 +4,7 @@ launcher, which reads its exit status."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -104,3 +105,45 @@ def test_only_a_learner_imports_torchs_compiler_and_it_starts_before_its_first_t
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "ok"
+
+
+def test_the_server_hands_back_code_only_it_maps_and_still_works():
+    """torch's start-up code, run once at import, is mapped by the server alone: handed
+    back (MADV_PAGEOUT), its pages leave the server's memory, and what it runs after
+    (torch, a fork) is read back from the files as needed."""
+    probe = """if True:
+        import json, os
+        import torch
+        from drover.forkserver import hand_back_unshared_code
+
+        def code_kib():
+            total, counting = 0, False
+            for line in open("/proc/self/smaps"):
+                fields = line.split()
+                if "-" in fields[0] and len(fields) >= 5:
+                    counting = fields[1] == "r-xp" and len(fields) >= 6
+                elif counting and fields[0] == "Rss:":
+                    total += int(fields[1])
+            return total
+
+        before = code_kib()
+        hand_back_unshared_code()
+        after = code_kib()
+        assert float(torch.ones(3).sum()) == 3.0
+        child = os.fork()
+        if child == 0:
+            os._exit(0 if float(torch.arange(4).sum()) == 6.0 else 1)
+        _, status = os.waitpid(child, 0)
+        print(json.dumps({"before": before, "after": after, "child": status}))
+    """
+    proc = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout)
+    assert got["child"] == 0
+    # torch's start-up code alone is tens of MB; a kernel without MADV_PAGEOUT (before
+    # 5.4) keeps it, and the server works the same
+    major, minor = (int(part) for part in re.findall(r"\d+", os.uname().release)[:2])
+    if (major, minor) >= (5, 4):
+        assert got["after"] < got["before"] - 10_000, got
