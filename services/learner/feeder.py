@@ -344,9 +344,7 @@ class ProcessFeed:
         Raises:
             FeederFailed: the feeder could not be handed its start.
         """
-        global _spare
-        with _spare_lock:
-            spare, _spare = _spare, None
+        spare = _take_spare()
         if spare is None or spare[0].poll() is not None:
             if spare is not None:
                 spare[1].close()
@@ -509,9 +507,7 @@ def _end_spare() -> None:
     read the end of its socket, it would outlive the learner by its imports (a `drover
     run` stopped at its start would exit with the feeder still running); it holds
     nothing yet, so it is killed."""
-    global _spare
-    with _spare_lock:
-        spare, _spare = _spare, None
+    spare = _take_spare()
     if spare is not None:
         process, ours = spare
         process.kill()
@@ -523,13 +519,18 @@ def _end_spare() -> None:
 def discard_spare() -> None:
     """End the feeder started ahead, if any (a task that uses none: its memory back).
     It ends when it reads the end of its socket; it is reaped on a thread."""
-    global _spare
-    with _spare_lock:
-        spare, _spare = _spare, None
+    spare = _take_spare()
     if spare is not None:
         process, ours = spare
         ours.close()
         _reap_later(process)
+
+
+def _take_spare() -> tuple[subprocess.Popen[bytes], socket.socket] | None:
+    global _spare
+    with _spare_lock:
+        spare, _spare = _spare, None
+    return spare
 
 
 def feeder_start(
