@@ -35,6 +35,7 @@ from jobconfig import error_buffer_of, fit_to_env, from_resolved, resolve_job_co
 from services.buffer.core import ReplayBuffer
 from services.coordinator.devices import refuse_unless_fits, waiting_reason
 from services.coordinator.job_status import learners_of, metrics_from_record, status_of
+from services.coordinator.lock import BoundedWaits
 from services.coordinator.snapshot import (
     as_record,
     eval_from,
@@ -60,8 +61,8 @@ class JobBook:
         self.tasks = tasks
         #: Each job's TensorBoard scalars (`<job_id>/tb/coordinator/`).
         self.boards = JobBoards(state)
-        #: Status requests waiting for a job's end now (`status`).
-        self._waiting_polls = 0
+        #: Status requests waiting for a job's end (`status`).
+        self.end_polls = BoundedWaits(state.guard, state.limits.max_waiting_job_polls)
 
     # --- admission -------------------------------------------------------------------
 
@@ -314,14 +315,7 @@ class JobBook:
         state = self.state
         with state.guard.changing():
             job = self.get(job_id)
-            if wait_s > 0 and self._waiting_polls < state.limits.max_waiting_job_polls:
-                self._waiting_polls += 1
-                try:
-                    state.guard.wait_for(
-                        lambda: state.closing or job.phase in TERMINAL_PHASES, wait_s
-                    )
-                finally:
-                    self._waiting_polls -= 1
+            self.end_polls.wait_for(lambda: state.closing or job.phase in TERMINAL_PHASES, wait_s)
             return status_of(job, learners_of(state, job))
 
     def listing(

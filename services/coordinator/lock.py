@@ -70,3 +70,26 @@ class ChangeLock:
             if not self._dirty:
                 self._changed.wait(timeout_s)
             self._dirty = False
+
+
+class BoundedWaits:
+    """Requests waiting on the guard for something to happen (a long-poll), at most
+    `limit` at once: each holds a server thread, so past the limit a request is
+    answered at once instead, and its client asks again."""
+
+    def __init__(self, guard: ChangeLock, limit: int) -> None:
+        self.guard = guard
+        self.limit = limit
+        #: Requests waiting now (changed only holding the guard's lock).
+        self.waiting = 0
+
+    def wait_for(self, ready: Callable[[], bool], timeout_s: float) -> None:
+        """Wait (holding the guard's lock, which waiting releases) until `ready()` or
+        `timeout_s`; at once when `timeout_s` is 0 or `limit` requests already wait."""
+        if timeout_s <= 0 or self.waiting >= self.limit:
+            return
+        self.waiting += 1
+        try:
+            self.guard.wait_for(ready, timeout_s)
+        finally:
+            self.waiting -= 1

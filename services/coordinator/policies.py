@@ -9,6 +9,7 @@ from common.errors import ApiError, bad_request, conflict, not_found
 from common.messages import EvaluateSpec, PolicyRef, dump
 from common.storage import CorruptFileError, WrongAlgorithm, sha256_hex
 from services.coordinator.jobs import JobBook
+from services.coordinator.lock import BoundedWaits
 from services.coordinator.state import CoordinatorState, Job
 from services.coordinator.tasks import TaskBoard
 from services.coordinator.workers import WorkerRegistry
@@ -25,7 +26,8 @@ class PolicyPointer:
         self.jobs = jobs
         self.tasks = tasks
         self.workers = workers
-        self._waiting_polls = 0
+        #: Collectors waiting for a newer version (`latest`).
+        self.polls = BoundedWaits(state.guard, state.limits.max_waiting_policy_polls)
 
     def announce(
         self, job_id: str, ref: PolicyRef, *, task_id: str | None = None, caller: str | None = None
@@ -86,23 +88,15 @@ class PolicyPointer:
                 state.tasks[t].job_id == job_id for t in self.workers.get(caller).task_ids
             ):
                 raise ApiError(403, "forbidden", f"worker {caller} has no task in job {job_id}")
-            if (
-                newer_than is not None
-                and timeout_s > 0
-                and self._waiting_polls < state.limits.max_waiting_policy_polls
-            ):
-                self._waiting_polls += 1
-                try:
-                    state.guard.wait_for(
-                        lambda: (
-                            state.closing
-                            or not job.running
-                            or (job.policy is not None and job.policy.version > newer_than)
-                        ),
-                        timeout_s,
-                    )
-                finally:
-                    self._waiting_polls -= 1
+            if newer_than is not None:
+                self.polls.wait_for(
+                    lambda: (
+                        state.closing
+                        or not job.running
+                        or (job.policy is not None and job.policy.version > newer_than)
+                    ),
+                    timeout_s,
+                )
             return job.policy
 
     def path(self, job_id: str, version: int | None) -> str:
