@@ -18,7 +18,7 @@ import signal
 import subprocess
 import textwrap
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -109,14 +109,19 @@ def child_states(pid: int) -> dict[int, str]:
 
 def child_processes(pid: int, needle: str) -> list[int]:
     """The running children of `pid` whose command line holds `needle` (Linux's /proc)."""
+    return with_command([c for c, state in child_states(pid).items() if state not in "ZX"], needle)
+
+
+def with_command(pids: Iterable[int], needle: str) -> list[int]:
+    """Those of `pids` whose command line holds `needle` (Linux's /proc)."""
     found = []
-    for child, state in child_states(pid).items():
+    for pid in pids:
         try:
-            command = Path(f"/proc/{child}/cmdline").read_bytes().decode(errors="replace")
-        except OSError:
+            command = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:  # exited while we looked
             continue
-        if state not in "ZX" and needle in command:
-            found.append(child)
+        if needle in command:
+            found.append(pid)
     return found
 
 

@@ -13,9 +13,21 @@ from common.errors import ApiError
 from drover.local import LocalCluster
 from jobconfig import load_config_file
 from services.slave.client import SlaveClient
-from tests.helpers import DEADLINE_S, EXAMPLE, ROOT, descendants, running, wait_for_end, wait_until
+from tests.helpers import (
+    DEADLINE_S,
+    EXAMPLE,
+    ROOT,
+    descendants,
+    running,
+    wait_for_end,
+    wait_until,
+    with_command,
+)
 
 pytestmark = pytest.mark.processes
+
+#: A learner's feeder process's command line holds this.
+FEEDER = "services.learner.feeder"
 
 
 def drover(*args, timeout_s=DEADLINE_S):
@@ -102,17 +114,6 @@ def holding_files_under(root: Path) -> list[int]:
     return found
 
 
-def feeders(pids: set[int]) -> list[int]:
-    found = []
-    for pid in pids:
-        try:
-            if b"services.learner.feeder" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                found.append(pid)
-        except OSError:  # exited while we looked
-            continue
-    return found
-
-
 @pytest.mark.parametrize(
     ("signum", "when"),
     [
@@ -140,7 +141,9 @@ def test_drover_run_stops_the_job_and_every_process_it_started_on_sigterm(tmp_pa
     try:
         wait_until(lambda: when in log.read_text(), timeout_s=120)
         if when == "submitted":  # every service up, and the learner's feeder too
-            wait_until(lambda: feeders(descendants(proc.pid)), timeout_s=120, what="a feeder")
+            wait_until(
+                lambda: with_command(descendants(proc.pid), FEEDER), timeout_s=120, what="a feeder"
+            )
         started = descendants(proc.pid)
         assert started
         proc.send_signal(signum)
