@@ -287,8 +287,9 @@ def _import_all(modules: tuple[str, ...]) -> None:
 
 
 def _wait_for_imports_ahead() -> None:
-    # Before anything in the task imports: two threads importing the same package
-    # tree at once can each wait for a module the other holds.
+    # Before the optimizer, the first thing in a task that imports these: two threads
+    # importing the same package tree at once can each wait for a module the other
+    # holds.
     if _imports_ahead is not None:
         _imports_ahead.join()
 
