@@ -631,3 +631,44 @@ def test_inserts_past_max_concurrent_are_busy_and_a_rate_limited_one_holds_no_sl
     assert core.data._insert_slots.taken == 0
     client.delete(f"/api/v1/jobs/{held}", headers=AUTH)  # wakes it
     waiting.join(5)
+
+
+def test_an_evaluation_waits_for_env_steps_past_the_last_ones(client, core):
+    """Evaluations are recorded at the job's env steps, one at a time: the next one is
+    planned only once env steps have passed the last one's, so each has a step of its
+    own (TensorBoard's axis), however far the learner trained meanwhile."""
+    job_id = submit(client)
+    register(client, "collector", "http://c")
+    for dispatch in core.plan():
+        core.dispatched(dispatch.task.task_id)
+    insert_segments(client, core, job_id, 1)
+
+    def announce(version, train_iter):
+        path, sha = core.store.write_policy(
+            job_id, version, train_iter, "dqn", {"w": np.ones(2, np.float32)}
+        )
+        post(
+            client,
+            f"/api/v1/jobs/{job_id}/policies",
+            {"version": version, "path": path, "sha256": sha, "train_iter": train_iter},
+        )
+
+    def evaluations():
+        return [d.task for d in core.plan() if d.task and d.task.kind == "evaluate"]
+
+    announce(1, 10)
+    (first,) = evaluations()
+    core.dispatched(first.task_id)
+    result = {"policy_version": 1, "returns": [10.0, 12.0], "lengths": [10, 12]}
+    done = post(client, f"/api/v1/tasks/{first.task_id}/complete", {"result": result})
+    assert done.status_code == 200, done.json
+    steps = get(client, f"/api/v1/jobs/{job_id}").json["last_eval"]["env_steps"]
+    assert steps > 0
+    announce(2, 50)  # four eval_freq later, and not one env step since
+    assert evaluations() == []
+    resp = post(
+        client, f"/api/v1/jobs/{job_id}/segments", {"segments": [write_segment(core, job_id, 1)]}
+    )
+    assert resp.status_code == 200, resp.json
+    (second,) = evaluations()
+    assert second.spec.policy_version == 2

@@ -1,5 +1,6 @@
 """Training workflows: collectors collect, one learner trains, an evaluation runs every
-`eval_freq` train iterations, and the job succeeds at `stop_value`.
+`eval_freq` train iterations (once env steps have passed the last evaluation's), and
+the job succeeds at `stop_value`.
 
 `async`: collectors run freely with the newest policy they have (DQN, SAC, IMPALA
 with a bound on policy lag). `sync`: rounds of exactly `n_sample` items with one
@@ -117,6 +118,13 @@ class AsyncTraining:
     @staticmethod
     def _eval_due(job: Job) -> bool:
         if job.policy is None or job.policy.version == 0:
+            return False
+        # An evaluation is recorded at the job's env steps when its result comes, and
+        # one runs at a time: one planned only once env steps passed the last one's has
+        # a point of its own on the env-steps axis (TensorBoard, the metrics). Without
+        # this, a learner training on while no env step came in (the limiter's slack,
+        # the only collector evaluating) had two evaluations at one step.
+        if job.evals and job.env_steps <= job.evals[-1].env_steps:
             return False
         eval_freq = job.config.policy.eval.evaluator.eval_freq
         return job.policy.train_iter - job.workflow_state.eval_requested_iter >= eval_freq
