@@ -17,14 +17,16 @@ rounds of 2,048 steps, 10 epochs of minibatches of 64), both unchanged:
   learners) holds the job, and this process runs a learn task through the learner
   service's own code (`LearnerRunner.run` in a thread, as a learner's task thread runs
   it): sample requests, segment reads, priority updates, publishing, checkpoints.
-  Segments are written before timing, so no collector is waited for:
-  - DQN: the buffer is filled with random CartPole transitions (segments of
-    `collect.n_sample` rows), enough for the limiter (`samples_per_insert`) to let
-    every iteration of every repeat sample;
-  - PPO: a process the bench starts long-polls for each new policy version and inserts the
-    round of segments for it (two, as the example's two collectors write, written
-    before timing with that version in their header), as collectors would once the
-    version is announced: one round is one version.
+  A process the bench starts stands in for the collectors (`Collectors`), so that no
+  collector is waited for:
+  - DQN: it writes random CartPole transitions, one segment of `collect.n_sample` rows
+    after another, and inserts each as fast as the limiter (`samples_per_insert`) lets
+    it in, as the example's collectors would; it runs through the timed windows, since
+    the limiter's error buffer admits only so many inserts ahead of the samples;
+  - PPO: it long-polls for each new policy version and inserts the round of segments
+    for it (two, as the example's two collectors write, with that version in their
+    header), as collectors would once the version is announced: one round is one
+    version.
   The task sends no task id (the bench calls the coordinator with the cluster's
   token, as a tool would, and no learner worker is registered); nothing else differs.
   DQN's task samples in its feeder process (`learn.feed: process`, the default); a
@@ -38,8 +40,10 @@ fed window is read off the task's progress (`train_iter`), timed as it is set:
 DQN `--iters` iterations, PPO `--rounds` rounds from the end of the first one.
 Reported: train iterations/s of each (the fastest repeat's), fed / in memory (the
 fastest repeats' ratio, and its lowest and highest over the repeats), and the CPU
-seconds the coordinator, the learner (this process) and its feeder process spent per
-1,000 fed train iterations (medians over the fed windows). Target: >= 0.9.
+seconds the coordinator, the learner (this process), its feeder process and the
+collectors' stand-in spent per 1,000 fed train iterations (medians over the fed
+windows). Their sum bounds the fed rate on this machine's CPUs however well the
+processes overlap: the bench prints that bound beside the target (>= 0.9).
 
 `--profile-s` (0: none) records this process with py-spy (`record --format raw --idle
 --threads`, 100 Hz) for that long during an extra fed DQN window, and prints the
@@ -116,7 +120,7 @@ TARGET_RATIO = 0.9
 REFERENCE_REPLIES = 4
 #: Untimed iterations of each mode before a DQN window.
 DQN_WARMUP_ITERS = 100
-#: The longest a feeder's insert or long-poll waits at the coordinator.
+#: The longest the collectors' stand-in's insert or long-poll waits at the coordinator.
 FEED_WAIT_S = 2.0
 #: The longest a fed window may take before the bench gives up.
 WINDOW_TIMEOUT_S = 600.0
@@ -187,8 +191,8 @@ class Segments:
                     raise
 
 
-def feed(algo: str) -> None:
-    """The feeder process (`--feeder`): collectors' inserts for the job the environment
+def collect(algo: str) -> None:
+    """The collectors' stand-in (`--collectors`): collectors' inserts for the job the environment
     names, until it is stopped. DQN: one segment of `collect.n_sample` rows after
     another, as fast as the limiter (`samples_per_insert`) lets them in. PPO: for each
     new policy version, one round of segments of that version (two halves, as the
@@ -213,9 +217,9 @@ def feed(algo: str) -> None:
         segments.insert([segments.write(algo, half, fed) for half in (rows // 2, rows - rows // 2)])
 
 
-class Feeder:
-    """The feeder process for one job (`feed`): collectors are other processes, so
-    their work takes no time from the learner's threads."""
+class Collectors:
+    """The collectors' stand-in for one job (`collect`), a process of its own as
+    collectors are, so its work takes no time from the learner's threads."""
 
     def __init__(self, cluster: LocalCluster, algo: str, job_id: str) -> None:
         env = {
@@ -226,7 +230,7 @@ class Feeder:
             "FEED_DIR": str(cluster.shared_dir),
         }
         self.process = subprocess.Popen(
-            [sys.executable, __file__, "--feeder", algo], env=env, stdout=subprocess.DEVNULL
+            [sys.executable, __file__, "--collectors", algo], env=env, stdout=subprocess.DEVNULL
         )
 
     def close(self) -> None:
@@ -428,10 +432,12 @@ class Bench:
         self.tasks = 0
         #: The train iteration the next learn task resumes at.
         self.resumed = 0
+        #: The collectors' stand-in (each algorithm's bench starts one).
+        self.collectors: Collectors
         #: CPU seconds a fed window took per 1,000 train iterations, each window's, by
         #: `learn.feed`: (the coordinator's, the learner's: this process, the bench
-        #: idle in it, and its feeder process's, if it has one).
-        self.cpu_per_kilo_iter: dict[str, list[tuple[float, float, float]]] = {
+        #: idle in it, its feeder process's, if it has one, and the collectors').
+        self.cpu_per_kilo_iter: dict[str, list[tuple[float, float, float, float]]] = {
             "process": [],
             "thread": [],
         }
@@ -462,6 +468,7 @@ class Bench:
             # the fed task's feeder process (`learn.feed: process`), a child of this one
             feeders = child_processes(os.getpid(), "services.learner.feeder")
             feeder_s = sum(cpu_s(pid) for pid in feeders)
+            collectors_s = cpu_s(self.collectors.process.pid)
             if profile is not None:
                 profile()
             ended, done = task.wait_mark(warm + self.window_iters())
@@ -471,6 +478,7 @@ class Bench:
                     (cpu_s(coordinator.pid) - coordinator_s) / kilo_iters,
                     (time.process_time() - learner_s) / kilo_iters,
                     (sum(cpu_s(pid) for pid in feeders) - feeder_s) / kilo_iters,
+                    (cpu_s(self.collectors.process.pid) - collectors_s) / kilo_iters,
                 )
             )
             return (done - began) / (ended - started)
@@ -488,7 +496,7 @@ class DQNBench(Bench):
     def __init__(self, cluster: LocalCluster, iters: int) -> None:
         super().__init__("dqn", cluster)
         self.iters = iters
-        self.feeder = Feeder(cluster, "dqn", self.job_id)
+        self.collectors = Collectors(cluster, "dqn", self.job_id)
         # The reference trains on batches the buffer sampled, as the fed learner does.
         learn = self.config.policy.learn
         self.batches = []
@@ -514,7 +522,7 @@ class DQNBench(Bench):
         return self.iters
 
     def close(self) -> None:
-        self.feeder.close()
+        self.collectors.close()
 
 
 class PPOBench(Bench):
@@ -527,7 +535,7 @@ class PPOBench(Bench):
         self.columns = ppo_columns(np.random.default_rng(1), policy.collect.n_sample)
         minibatches = -(-policy.collect.n_sample // policy.learn.batch_size)
         self.per_round = policy.learn.epoch_per_collect * minibatches
-        self.feeder = Feeder(cluster, "ppo", self.job_id)
+        self.collectors = Collectors(cluster, "ppo", self.job_id)
 
     def train(self, learner: Any, iters: int) -> None:
         done = learner.train_iter + iters
@@ -541,7 +549,7 @@ class PPOBench(Bench):
         return self.rounds * self.per_round
 
     def close(self) -> None:
-        self.feeder.close()
+        self.collectors.close()
 
 
 # --- profile ----------------------------------------------------------------------------
@@ -617,8 +625,17 @@ class Row:
     coordinator_cpu_s: float
     learner_cpu_s: float
     feeder_cpu_s: float
+    collectors_cpu_s: float
     #: Held to the target (the job's own feed), not a comparison row.
     judged: bool = True
+
+    @property
+    def cpu_bound_per_s(self) -> float:
+        """The fed iterations/s this machine's usable CPUs allow at the CPU seconds an
+        iteration costs in the four processes together, however well they overlap."""
+        kilo_s = self.coordinator_cpu_s + self.learner_cpu_s + self.feeder_cpu_s
+        per_iter_s = (kilo_s + self.collectors_cpu_s) / 1000
+        return len(os.sched_getaffinity(0)) / per_iter_s
 
 
 def measure(bench: Bench, repeats: int) -> tuple[list[float], list[float], list[float]]:
@@ -650,10 +667,10 @@ def main() -> None:
     parser.add_argument(
         "--gil-probe", action="store_true", help="DQN in memory beside a busy Python thread"
     )
-    parser.add_argument("--feeder", choices=sorted(COLUMNS), help=argparse.SUPPRESS)
+    parser.add_argument("--collectors", choices=sorted(COLUMNS), help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.feeder:
-        feed(args.feeder)
+    if args.collectors:
+        collect(args.collectors)
         return
     # Killed (`timeout`), the bench ends as on an error: its cluster stops. The
     # coordinator runs in a session of its own, and would outlive it otherwise.
@@ -683,7 +700,9 @@ def main() -> None:
                     if not rates:
                         continue
                     cpu = bench.cpu_per_kilo_iter[feed_kind]
-                    coordinator_cpu, learner_cpu, feeder_cpu = zip(*cpu, strict=True)
+                    coordinator_cpu, learner_cpu, feeder_cpu, collectors_cpu = zip(
+                        *cpu, strict=True
+                    )
                     rows.append(
                         Row(
                             label,
@@ -693,6 +712,7 @@ def main() -> None:
                             statistics.median(coordinator_cpu),
                             statistics.median(learner_cpu),
                             statistics.median(feeder_cpu),
+                            statistics.median(collectors_cpu),
                             # the job's own feed is held to the target; the thread is
                             # the comparison
                             judged=feed_kind == "process",
@@ -720,7 +740,8 @@ def main() -> None:
         "in memory iters/s",
         "fed iters/s",
         "fed / in memory (repeats)",
-        "CPU s / 1k fed iters: coordinator, learner, feeder",
+        "CPU s / 1k fed iters: coordinator, learner, feeder, collectors",
+        "CPU bound / in memory",
     ):
         table.add_column(column, justify="right")
     table.add_column("window")
@@ -733,7 +754,9 @@ def main() -> None:
             f"{max(row.in_memory):,.0f}",
             f"{max(row.fed):,.0f}",
             f"{ratio:.2f} ({min(ratios):.2f}-{max(ratios):.2f})",
-            f"{row.coordinator_cpu_s:.2f}, {row.learner_cpu_s:.2f}, {row.feeder_cpu_s:.2f}",
+            f"{row.coordinator_cpu_s:.2f}, {row.learner_cpu_s:.2f}, {row.feeder_cpu_s:.2f}, "
+            f"{row.collectors_cpu_s:.2f}",
+            f"{row.cpu_bound_per_s / max(row.in_memory):.2f}",
             row.what,
         )
         if row.judged:
@@ -744,6 +767,11 @@ def main() -> None:
     console.print(
         f"The fastest of {args.repeats} repeats of each; a repeat is one window of each, "
         f"in alternating order. Target: fed >= {TARGET_RATIO} x in memory: " + "; ".join(verdicts)
+    )
+    console.print(
+        f"CPU bound: the fed iterations/s that {len(os.sched_getaffinity(0))} CPUs allow at "
+        "the CPU seconds an iteration costs in the four processes together, however well "
+        "they overlap: a ratio the fed row cannot pass on this machine."
     )
     if lost is not None:
         console.print(f"While the bench ran, {lost}.")
