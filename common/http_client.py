@@ -12,6 +12,7 @@ Usage::
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 from typing import Any, TypeVar
 
@@ -22,7 +23,7 @@ from urllib3.exceptions import ReadTimeoutError
 from urllib3.util.retry import Retry
 
 from common.errors import ApiError
-from common.messages import dump, parse
+from common.messages import dump, dump_json, parse
 
 T = TypeVar("T")
 
@@ -146,12 +147,21 @@ class ServiceClient:
         params: dict[str, Any] | None = None,
         auth: str | None = None,
     ) -> requests.Response:
+        headers = {"Authorization": f"Bearer {auth or self.bearer}"}
+        body = None
+        if dataclasses.is_dataclass(payload) and not isinstance(payload, type):
+            # A message is serialized by pydantic's compiled encoder: `dump` + json's
+            # encoder cost a learner's feeder a fifth of its interpreter time, on the
+            # priorities every sample request carries.
+            body = dump_json(payload)
+            headers["Content-Type"] = "application/json"
         try:
             resp = self._session.request(
                 method,
                 self.base_url + path,
-                json=dump(payload) if payload is not None else None,
-                headers={"Authorization": f"Bearer {auth or self.bearer}"},
+                data=body,
+                json=dump(payload) if payload is not None and body is None else None,
+                headers=headers,
                 params=params,
                 timeout=timeout_s if timeout_s is not None else self.timeout_s,
             )
