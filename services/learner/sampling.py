@@ -150,5 +150,10 @@ class Sampler:
                 )
             except (ApiError, ServiceUnavailable) as exc:
                 # Stale priorities only make sampling a little less sharp: carry on.
-                log.warning("priority update failed: %s", exc)
+                # A job that has ended has no buffer left to update: the usual case
+                # when a task stops because its job reached its goal.
+                ended = isinstance(exc, ApiError) and exc.code == "job_finished"
+                log.log(
+                    logging.INFO if ended else logging.WARNING, "priority update failed: %s", exc
+                )
                 return

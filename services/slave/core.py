@@ -51,6 +51,9 @@ EXTENSION = "drover.slave"
 #: How long a worker keeps trying to reach a restarting coordinator for one call that
 #: must not be lost (a task's result, a learner's resume or publish).
 REPORT_PATIENCE_S = 60.0
+#: Seconds after a slave starts during which an unanswered registration is logged as
+#: routine (info), not as a warning: the services of a deployment start together.
+STARTUP_QUIET_S = 30.0
 
 
 @dataclass
@@ -124,6 +127,7 @@ class Slave:
         self._worker_id: str | None = None
         self._registered = threading.Event()
         self._heartbeat_interval_s = 1.0
+        self._started_s = time.monotonic()
         self._thread = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
 
     # --- lifecycle ------------------------------------------------------------------
@@ -246,7 +250,7 @@ class Slave:
                 wait=retry_wait_s,
                 stop=lambda _: self._closed.is_set(),
                 sleep=self._closed.wait,
-                before_sleep=_log_waiting,
+                before_sleep=self._log_beat_retry,
             )
             try:
                 for attempt in retrying:
@@ -259,6 +263,20 @@ class Slave:
                 # process up and visible, and try again at the usual pace.
                 log.error("the coordinator refuses this %s: %s", self.role, exc)
             self._closed.wait(self._heartbeat_interval_s)
+
+    def _log_beat_retry(self, state: RetryCallState) -> None:
+        # Services that start together (`drover run`, compose, a pod) register while
+        # the coordinator may still be starting: routine, until the start has taken
+        # longer than any start should.
+        starting = time.monotonic() - self._started_s < STARTUP_QUIET_S
+        if self._worker_id is None and starting:
+            log.info(
+                "waiting for the coordinator at %s to answer; attempt %d",
+                self.coordinator.base_url,
+                state.attempt_number,
+            )
+        else:
+            _log_waiting(state)
 
     def _beat(self) -> None:
         if self._worker_id is None:
