@@ -15,6 +15,7 @@ from rich.console import Console
 from common.http_server import ServerLimits, create_server
 from common.messages import JobStatus, LearnerSummary
 from common.storage import SharedStore
+from drover import verbs
 from drover.cli import main
 from drover.local import free_port
 from drover.tables import learners_table, progress_text
@@ -188,11 +189,22 @@ def test_logs_prints_the_last_lines_of_a_role(capsys, tmp_path):
     assert status == 0 and out.splitlines() == ["c1 a"]
 
 
-def test_logs_follows_appended_lines_for_a_bounded_time(capsys, tmp_path):
+def test_logs_follows_appended_lines_for_a_bounded_time(capsys, tmp_path, monkeypatch):
     run = write_run(tmp_path, "run", {"learner-0": "first\n"})
     log = run / "logs" / "learner-0.log"
+    following = threading.Event()
+    follow = verbs.follow
+
+    def follow_and_say_so(*args, **kwargs):
+        following.set()
+        return follow(*args, **kwargs)
+
+    # Lines are appended once the command follows the file (after printing what it
+    # held), not after a fixed sleep that a busy machine could outrun.
+    monkeypatch.setattr(verbs, "follow", follow_and_say_so)
 
     def append() -> None:
+        assert following.wait(10.0)
         time.sleep(0.2)
         with log.open("a") as f:
             f.write("second\nthird (no newline yet)")
