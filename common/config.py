@@ -178,6 +178,11 @@ class CollectConfig:
     policy_poll_s: Annotated[float, Gt(0), Le(60)] = 0.2
     #: How long one insert may wait for the rate limiter before it is retried.
     insert_timeout_s: Annotated[float, Gt(0), Le(60)] = 2.0
+    #: Where collectors (and the evaluations they run) act: `auto`, on CUDA where the
+    #: policy trains on CUDA (`policy.cuda`) and the collector has a CUDA device, else
+    #: on CPU, so a job with a GPU learner also collects on machines without one;
+    #: `cpu`; or `cuda`, only on collectors with a CUDA device.
+    device: Literal["auto", "cpu", "cuda"] = "auto"
 
 
 # What each collect unit's loop reads besides (services/collector/core.py): an

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from common.config import PolicyConfig
@@ -20,8 +21,43 @@ CPU_COUNT = "cpu_count"
 
 
 def needs_cuda(policy: PolicyConfig) -> bool:
-    """The job trains and acts on CUDA: its learners and collectors need a CUDA device."""
+    """The job trains on CUDA: its learners need a CUDA device."""
     return policy.torch_device == "cuda"
+
+
+def collectors_need_cuda(policy: PolicyConfig) -> bool:
+    """The job acts only on CUDA (`policy.collect.device: cuda`): its collectors need a
+    CUDA device. With `auto` (the default) a collector without one acts on CPU."""
+    return policy.collect.device == "cuda"
+
+
+def role_needs_cuda(policy: PolicyConfig, role: str) -> bool:
+    """Whether a worker of `role` must have a CUDA device to take the job's tasks."""
+    return needs_cuda(policy) if role == "learner" else collectors_need_cuda(policy)
+
+
+def acting_device(policy: PolicyConfig, cuda_here: int) -> str:
+    """The device a collector with `cuda_here` CUDA devices acts on for the job."""
+    wanted = policy.collect.device
+    if wanted == "cuda" or (wanted == "auto" and needs_cuda(policy) and cuda_here > 0):
+        return "cuda"
+    return "cpu"
+
+
+@dataclass(frozen=True)
+class RoleDevice:
+    """How a role's need for CUDA reads in a message: the key that asks for it, its
+    value as a user wrote it, and the setting that lifts the need."""
+
+    key: str
+    value: str
+    lift: str
+
+
+def role_device(policy: PolicyConfig, role: str) -> RoleDevice:
+    if role == "learner":
+        return RoleDevice(device_key(policy), device_value(policy), cpu_setting(policy))
+    return RoleDevice("policy.collect.device", "cuda", "policy.collect.device: auto")
 
 
 def device_key(policy: PolicyConfig) -> str:

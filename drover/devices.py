@@ -1,5 +1,6 @@
 """`drover run`'s device checks: the local cluster runs on this machine, so a job on
-CUDA (`policy.cuda: true` or `policy.device: cuda`) needs CUDA here. Without it the
+CUDA (`policy.cuda: true` or `policy.device: cuda`, or collectors that act only on
+CUDA: `policy.collect.device: cuda`) needs CUDA here. Without it the
 run stops before any process starts, instead of every task failing with "Torch not
 compiled with CUDA enabled"; `--cpu-fallback` runs the job on CPU instead, with a
 warning. A learner group of N ranks (`--learner-ranks`, or `policy.learn.multi_gpu`)
@@ -13,12 +14,10 @@ from typing import Any
 
 from common.config import ConfigError, JobConfig
 from common.devices import (
-    cpu_setting,
-    device_key,
-    device_setting,
-    device_value,
+    collectors_need_cuda,
     local_cuda,
     needs_cuda,
+    role_device,
 )
 from jobconfig import resolve_job_config
 from jobconfig.ranks import split_error
@@ -41,29 +40,48 @@ def fit_local_device(raw: dict[str, Any], config: JobConfig, *, cpu_fallback: bo
             with a warning, instead of refusing it.
 
     Raises:
-        ConfigError: naming `policy.cuda` (or `policy.device`), when the job needs
-            CUDA, this machine has none and `cpu_fallback` is off.
+        ConfigError: naming `policy.cuda` (or `policy.device`, or
+            `policy.collect.device`), when the job needs CUDA, this machine has none
+            and `cpu_fallback` is off.
     """
     policy = config.policy
-    if not needs_cuda(policy):
+    roles = [
+        role
+        for role, needs in (
+            ("learner", needs_cuda(policy)),
+            ("collector", collectors_need_cuda(policy)),
+        )
+        if needs
+    ]
+    if not roles:
         return LocalDevice(raw, config)
     # torch is asked only for a job that needs CUDA: a CPU run never waits for it
     # to load here.
     count, why_none = local_cuda()
     if count > 0:
         return LocalDevice(raw, config)
+    device = role_device(policy, roles[0])
     if not cpu_fallback:
         raise ConfigError(
-            device_key(policy),
-            f"{device_value(policy)} needs CUDA, but {why_none}, and `drover run` runs "
-            f"every process here; set {cpu_setting(policy)}, or pass --cpu-fallback "
-            "to train on CPU",
+            device.key,
+            f"{device.value} needs CUDA, but {why_none}, and `drover run` runs "
+            f"every process here; set {device.lift}, or pass --cpu-fallback "
+            "to run on CPU",
         )
     section = raw.get("policy")
-    # `device` overrides `cuda`, so this one key moves the whole job to CPU.
-    on_cpu = {**raw, "policy": {**(section if isinstance(section, dict) else {}), "device": "cpu"}}
+    section = section if isinstance(section, dict) else {}
+    # `device` overrides `cuda`, so this one key moves the training to CPU; collectors
+    # that asked for CUDA act where they can (`auto`: on CPU here).
+    on_cpu_policy = {**section, "device": "cpu"}
+    if collectors_need_cuda(policy):
+        collect = section.get("collect")
+        on_cpu_policy["collect"] = {
+            **(collect if isinstance(collect, dict) else {}),
+            "device": "auto",
+        }
+    on_cpu = {**raw, "policy": on_cpu_policy}
     config, _ = resolve_job_config(on_cpu)
-    warning = f"{device_setting(policy)}, but {why_none}: running on CPU (--cpu-fallback)"
+    warning = f"{device.key}: {device.value}, but {why_none}: running on CPU (--cpu-fallback)"
     return LocalDevice(on_cpu, config, [warning])
 
 

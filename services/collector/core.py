@@ -22,6 +22,8 @@ evaluation); the parts its loops share are modules of this package:
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -33,6 +35,7 @@ from prometheus_client import CollectorRegistry
 from algorithms.base import Actor, RecurrentActor, SamplingActor, TransitionActor
 from common.checkpoint_file import read_checkpoint
 from common.config import EnvConfig, JobConfig
+from common.devices import acting_device, local_cuda
 from common.envs import make_env
 from common.messages import CollectSpec, EvalResult, EvaluateSpec, SegmentRef, dump
 from common.storage import SharedStore
@@ -65,14 +68,25 @@ A = TypeVar("A", bound=Actor)
 E = TypeVar("E")
 
 
+@functools.cache
+def cuda_here() -> int:
+    """CUDA devices this collector's torch can use (asked once)."""
+    return local_cuda()[0]
+
+
 def make_actor(config: JobConfig, protocol: type[A]) -> A:
-    """The acting side of the job's algorithm, as the loop that will call it needs it.
+    """The acting side of the job's algorithm, as the loop that will call it needs it,
+    on the device this collector acts on for the job (`acting_device`).
 
     Raises:
         TypeError: the algorithm's actor lacks what this loop calls (its collect unit
             and the task's loop disagree).
     """
-    actor = algorithm_of(config).make_actor(config.policy)
+    policy = config.policy
+    device = acting_device(policy, cuda_here())
+    if device != policy.torch_device:
+        policy = dataclasses.replace(policy, device=device)
+    actor = algorithm_of(config).make_actor(policy)
     if not isinstance(actor, protocol):
         raise TypeError(f"{config.policy.type}'s actor is no {protocol.__name__}")
     return actor

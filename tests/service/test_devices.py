@@ -1,6 +1,8 @@
-"""A job on CUDA runs only where workers report CUDA devices: refused at submission
-when a role it needs has only CPU workers, waiting (with the reason in its status)
-when none is registered, and never given to a worker without CUDA."""
+"""A job on CUDA trains only on learners that report CUDA devices, and its collectors
+act on CUDA where they have it and on CPU where not, unless `policy.collect.device:
+cuda` asks for CUDA collectors only. A role that needs CUDA is refused at submission
+when it has only CPU workers, waits (with the reason in its status) when none is
+registered, and is never given to a worker without CUDA."""
 
 import os
 
@@ -29,6 +31,8 @@ from tests.fakes import BlockingRunner, FakeCoordinator
 from tests.helpers import wait_until
 
 CUDA = deep_merge(CONFIG, {"policy": {"cuda": True}})
+#: A CUDA job whose collectors act only on CUDA.
+CUDA_ACTING = deep_merge(CUDA, {"policy": {"collect": {"device": "cuda"}}})
 CPU_ONLY = {"cuda_devices": 0, "cpu_count": 8}
 ONE_GPU = {"cuda_devices": 1, "cpu_count": 8}
 
@@ -51,14 +55,24 @@ def test_a_cuda_job_is_refused_when_the_registered_learners_have_no_cuda(client,
     assert post(client, "/api/v1/jobs", {"config": CONFIG}).status_code == 201
 
 
-def test_a_cuda_job_is_refused_when_the_registered_collectors_have_no_cuda(client):
-    # collectors act with the policy on the job's device too
+def test_a_cuda_job_collects_on_collectors_without_cuda(client, core):
+    # a GPU learner and CPU collectors: the collectors act on CPU (collect.device auto)
+    collector = register_worker(client, "collector", "http://c", CPU_ONLY)
+    learner = register_worker(client, "learner", "http://l", ONE_GPU)
+    job_id = post(client, "/api/v1/jobs", {"config": CUDA}).json["job_id"]
+    assert sorted(planned(core)) == sorted([(collector, "collect"), (learner, "learn")])
+    assert reason(client, job_id) == ""
+
+
+def test_a_job_acting_only_on_cuda_is_refused_when_the_collectors_have_no_cuda(client):
     register_worker(client, "collector", "http://c", CPU_ONLY)
     register_worker(client, "learner", "http://l", ONE_GPU)
-    resp = post(client, "/api/v1/jobs", {"config": CUDA})
+    resp = post(client, "/api/v1/jobs", {"config": CUDA_ACTING})
     assert resp.status_code == 400
-    assert "config.policy.cuda" in resp.json["message"]
-    assert "registered collectors" in resp.json["message"]
+    message = resp.json["message"]
+    assert message.startswith("config.policy.collect.device: cuda needs a collector with CUDA")
+    assert "none of the 1 registered collectors has one" in message
+    assert "set policy.collect.device: auto" in message
 
 
 def test_a_worker_that_reports_no_devices_does_not_count_as_cuda(client):
@@ -76,7 +90,7 @@ def test_a_cuda_evaluation_needs_cuda_collectors_only(client):
 
 def test_a_cuda_job_waits_for_cuda_workers_and_is_never_given_to_cpu_ones(client, core):
     # nothing registered yet: accepted, and the answer says it waits
-    created = post(client, "/api/v1/jobs", {"config": CUDA}).json
+    created = post(client, "/api/v1/jobs", {"config": CUDA_ACTING}).json
     job_id = created["job_id"]
     assert any("waiting for a collector and a learner with CUDA" in w for w in created["warnings"])
     assert "waiting for a collector and a learner with CUDA" in reason(client, job_id)
@@ -84,8 +98,11 @@ def test_a_cuda_job_waits_for_cuda_workers_and_is_never_given_to_cpu_ones(client
     cpu_learner = register_worker(client, "learner", "http://l0", CPU_ONLY)
     assert planned(core) == []
     waiting = reason(client, job_id)
-    assert "waiting for a collector and a learner with CUDA (policy.cuda: true)" in waiting
-    assert "set policy.cuda: false" in waiting
+    assert (
+        "waiting for a collector and a learner with CUDA "
+        "(policy.collect.device: cuda, policy.cuda: true)" in waiting
+    )
+    assert "set policy.collect.device: auto and policy.cuda: false" in waiting
     assert get(client, f"/api/v1/jobs/{job_id}").json["phase"] == "running"
     gpu_learner = register_worker(client, "learner", "http://l1", ONE_GPU)
     assert planned(core) == [(gpu_learner, "learn")]
@@ -115,7 +132,7 @@ def test_a_sync_round_is_split_over_the_collectors_that_can_run_it(client, core)
         "policy": {
             "type": "ppo",
             "cuda": True,
-            "collect": {"n_sample": 64},
+            "collect": {"n_sample": 64, "device": "cuda"},
             "other": {"replay_buffer": {"replay_buffer_size": 1000}},
         },
     }
@@ -148,7 +165,7 @@ def test_a_task_is_never_assigned_to_a_worker_without_the_jobs_device(
     monkeypatch,
 ):
     monkeypatch.setitem(WORKFLOWS, "careless", Careless(core.workers))
-    submit(client, deep_merge(CUDA, {"system": {"workflow": "careless"}}))
+    submit(client, deep_merge(CUDA_ACTING, {"system": {"workflow": "careless"}}))
     register_worker(client, "collector", "http://c", CPU_ONLY)
     # the job's planning is refused and undone; no task exists
     assert core.plan() == []

@@ -1,17 +1,19 @@
-"""Devices on this machine, and `drover run`'s check: a job on CUDA on a machine
-without CUDA stops before any process starts, or, with --cpu-fallback, runs on CPU
-with a warning."""
+"""Devices on this machine, where a collector acts, and `drover run`'s check: a job on
+CUDA on a machine without CUDA stops before any process starts, or, with
+--cpu-fallback, runs on CPU with a warning."""
 
 import pytest
 import torch
 import yaml
 
+from algorithms.base import Actor
 from common.config import ConfigError
-from common.devices import cuda_devices, local_cuda, local_resources
+from common.devices import acting_device, cuda_devices, local_cuda, local_resources
 from common.errors import ApiError
 from drover import cli, devices
 from drover.devices import fit_local_device
-from jobconfig import resolve_job_config
+from jobconfig import fit_to_env, resolve_job_config
+from services.collector import core as collector_core
 
 NO_CUDA_HERE = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
 
@@ -85,6 +87,54 @@ def test_a_machine_with_cuda_or_a_cpu_job_changes_nothing(monkeypatch):
     monkeypatch.setattr(devices, "local_cuda", torch_must_not_be_asked)
     local = fit_local_device({}, resolved({}), cpu_fallback=False)
     assert local.raw == {} and local.warnings == []
+
+
+@pytest.mark.parametrize(
+    ("policy", "cuda_here", "device"),
+    [
+        ({"cuda": True}, 1, "cuda"),  # auto: on CUDA where the collector has it
+        ({"cuda": True}, 0, "cpu"),  # auto: a GPU learner's collectors act on CPU
+        ({"cuda": False}, 1, "cpu"),  # auto: a CPU job acts on CPU everywhere
+        ({"cuda": True, "collect": {"device": "cpu"}}, 1, "cpu"),
+        ({"cuda": False, "collect": {"device": "cuda"}}, 1, "cuda"),
+    ],
+)
+def test_where_a_collector_acts(policy, cuda_here, device):
+    assert acting_device(resolved({"policy": policy}).policy, cuda_here) == device
+
+
+@pytest.mark.parametrize(
+    ("algo", "extra"),
+    [("dqn", {}), ("ppo", {}), ("r2d2", {"model": {"lstm_hidden_size": 16}})],
+)
+def test_a_collector_without_cuda_acts_on_cpu_for_a_cuda_job(monkeypatch, algo, extra):
+    monkeypatch.setattr(collector_core, "cuda_here", lambda: 0)
+    config = resolved(
+        {
+            "env": {"env_id": "CartPole-v1"},
+            "policy": {"type": algo, "cuda": True, **extra},
+        }
+    )
+    config = fit_to_env(config)
+    actor = collector_core.make_actor(config, Actor)
+    assert {p.device.type for p in actor.network.parameters()} == {"cpu"}
+    # the job itself still trains on CUDA
+    assert config.policy.torch_device == "cuda"
+
+
+def test_collectors_acting_only_on_cuda_need_cuda_here_too(monkeypatch):
+    no_cuda(monkeypatch)
+    raw = {"policy": {"collect": {"device": "cuda"}}}
+    with pytest.raises(ConfigError) as err:
+        fit_local_device(raw, resolved(raw), cpu_fallback=False)
+    assert err.value.field == "policy.collect.device"
+    assert "set policy.collect.device: auto" in err.value.message
+    local = fit_local_device(raw, resolved(raw), cpu_fallback=True)
+    assert local.config.policy.collect.device == "auto"
+    assert local.config.policy.torch_device == "cpu"
+    assert local.warnings == [
+        "policy.collect.device: cuda, but torch here has no CUDA: running on CPU (--cpu-fallback)"
+    ]
 
 
 class UnstartableCluster:
