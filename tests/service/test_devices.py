@@ -81,11 +81,21 @@ def test_a_worker_that_reports_no_devices_does_not_count_as_cuda(client):
     assert post(client, "/api/v1/jobs", {"config": CUDA}).status_code == 400
 
 
-def test_a_cuda_evaluation_needs_cuda_collectors_only(client):
+def test_a_cuda_evaluation_needs_no_learner_with_cuda(client):
     register_worker(client, "collector", "http://c", ONE_GPU)
     register_worker(client, "learner", "http://l", CPU_ONLY)
     evaluate = deep_merge(CUDA, {"system": {"workflow": "evaluate"}})
     assert post(client, "/api/v1/jobs", {"config": evaluate}).status_code == 201
+
+
+def test_an_evaluation_acting_only_on_cuda_needs_a_collector_with_cuda(client):
+    register_worker(client, "collector", "http://c", CPU_ONLY)
+    evaluate = deep_merge(CUDA, {"system": {"workflow": "evaluate"}})
+    assert post(client, "/api/v1/jobs", {"config": evaluate}).status_code == 201
+    acting = deep_merge(CUDA_ACTING, {"system": {"workflow": "evaluate"}})
+    resp = post(client, "/api/v1/jobs", {"config": acting})
+    assert resp.status_code == 400
+    assert resp.json["message"].startswith("config.policy.collect.device: cuda needs a collector")
 
 
 def test_a_cuda_job_waits_for_cuda_workers_and_is_never_given_to_cpu_ones(client, core):
