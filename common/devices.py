@@ -55,6 +55,7 @@ class RoleDevice:
 
 
 def role_device(policy: PolicyConfig, role: str) -> RoleDevice:
+    """What asks a worker of `role` for CUDA in the job's config (`role_needs_cuda`)."""
     if role == "learner":
         return RoleDevice(device_key(policy), device_value(policy), cpu_setting(policy))
     return RoleDevice("policy.collect.device", "cuda", "policy.collect.device: auto")
@@ -68,11 +69,6 @@ def device_key(policy: PolicyConfig) -> str:
 def device_value(policy: PolicyConfig) -> str:
     """The value of `device_key` as a user wrote it (``true``, ``cuda``)."""
     return policy.device if policy.device is not None else str(policy.cuda).lower()
-
-
-def device_setting(policy: PolicyConfig) -> str:
-    """The setting as a user wrote it, e.g. ``policy.cuda: true``."""
-    return f"{device_key(policy)}: {device_value(policy)}"
 
 
 def cpu_setting(policy: PolicyConfig) -> str:
