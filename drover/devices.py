@@ -18,6 +18,7 @@ from common.devices import (
     local_cuda,
     needs_cuda,
     role_device,
+    role_needs_cuda,
 )
 from jobconfig import resolve_job_config
 from jobconfig.ranks import split_error
@@ -45,14 +46,7 @@ def fit_local_device(raw: dict[str, Any], config: JobConfig, *, cpu_fallback: bo
             and `cpu_fallback` is off.
     """
     policy = config.policy
-    roles = [
-        role
-        for role, needs in (
-            ("learner", needs_cuda(policy)),
-            ("collector", collectors_need_cuda(policy)),
-        )
-        if needs
-    ]
+    roles = [role for role in ("learner", "collector") if role_needs_cuda(policy, role)]
     if not roles:
         return LocalDevice(raw, config)
     # torch is asked only for a job that needs CUDA: a CPU run never waits for it
