@@ -90,6 +90,7 @@ sys.path.insert(0, str(ROOT))
 from bench.learner_scaling import BUSY_SHARE, CpuMeter, cpu_line, print_load_before  # noqa: E402
 from bench.procfs import cpu_s  # noqa: E402
 from common.config import JobConfig  # noqa: E402
+from common.envs import usable_cpus  # noqa: E402
 from common.errors import ApiError  # noqa: E402
 from common.messages import LearnSpec, PolicyRef, SampleReply, SegmentRef, TaskAssignment  # noqa: E402
 from common.storage import SharedStore  # noqa: E402
@@ -635,7 +636,7 @@ class Row:
         iteration costs in the four processes together, however well they overlap."""
         kilo_s = self.coordinator_cpu_s + self.learner_cpu_s + self.feeder_cpu_s
         per_iter_s = (kilo_s + self.collectors_cpu_s) / 1000
-        return len(os.sched_getaffinity(0)) / per_iter_s
+        return usable_cpus() / per_iter_s
 
 
 def measure(bench: Bench, repeats: int) -> tuple[list[float], list[float], list[float]]:
@@ -769,7 +770,7 @@ def main() -> None:
         f"in alternating order. Target: fed >= {TARGET_RATIO} x in memory: " + "; ".join(verdicts)
     )
     console.print(
-        f"CPU bound: the fed iterations/s that {len(os.sched_getaffinity(0))} CPUs allow at "
+        f"CPU bound: the fed iterations/s that {usable_cpus()} CPUs allow at "
         "the CPU seconds an iteration costs in the four processes together, however well "
         "they overlap: a ratio the fed row cannot pass on this machine."
     )
