@@ -6,7 +6,6 @@ learner's last priorities refused because its job has ended."""
 from __future__ import annotations
 
 import logging
-import socket
 import threading
 import time
 
@@ -15,6 +14,7 @@ import pytest
 from common.errors import ApiError
 from common.http_client import ServiceUnavailable
 from common.logs import RetriesAsDebug
+from drover.local import free_port
 from services.coordinator.client import CoordinatorClient
 from services.learner.sampling import Outbox, Sampler
 from services.slave import core as slave_core
@@ -22,15 +22,9 @@ from services.slave.core import Slave
 from tests.fakes import BlockingRunner
 
 
-def closed_port() -> int:
-    """A port on 127.0.0.1 where nothing listens (bound, then let go)."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def unanswered_slave(tmp_path) -> Slave:
-    client = CoordinatorClient(f"http://127.0.0.1:{closed_port()}", "token", timeout_s=1.0)
+    # free_port is bound and let go: nothing listens there
+    client = CoordinatorClient(f"http://127.0.0.1:{free_port()}", "token", timeout_s=1.0)
     return Slave(
         role="collector",
         runner=BlockingRunner(),
