@@ -69,7 +69,8 @@ format: install
 # The fast benches (about 10 minutes): throughput (a collector against its envs and
 # inference alone, a learner fed through the services against in-memory batches), the
 # whole `drover run` against one stable-baselines3 process (the `sb3` extra; without it
-# drover's side alone), every process's memory, time to goal, the replay buffer.
+# drover's side alone), every process's memory, time to goal, the replay buffer, one
+# call to a service.
 bench: install
 	$(BIN)/python bench/collector.py
 	$(BIN)/python bench/learner_feed.py
@@ -77,6 +78,7 @@ bench: install
 	$(BIN)/python bench/memory.py
 	$(BIN)/python bench/time_to_goal.py
 	$(BIN)/python bench/buffer.py
+	$(BIN)/python bench/service_client.py
 
 bench-learning: install
 	$(BIN)/python bench/learning.py

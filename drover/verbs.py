@@ -26,7 +26,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import requests
+import urllib3
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -178,8 +178,8 @@ def connect(args: argparse.Namespace) -> Remote:
 def why_unreachable(exc: ServiceUnavailable, timeout_s: float) -> str:
     """The root of a connection failure in a few words ("Connection refused")."""
     cause = exc.__cause__
-    # A read timeout comes wrapped (urllib3 gave up retrying): known by its words.
-    if isinstance(cause, requests.Timeout) or "timed out" in str(cause):
+    # A connect timeout comes wrapped (urllib3 gave up retrying): known by its words.
+    if isinstance(cause, urllib3.exceptions.TimeoutError) or "timed out" in str(cause):
         return f"no answer within {timeout_s:g}s (--timeout-s)"
     found = re.search(r"\[Errno -?\d+\] ([^'\")]+)", str(cause))
     return found.group(1).strip() if found else str(cause)[:200]

@@ -136,7 +136,7 @@ class CoordinatorClient(ServiceClient):
 
     def policy_bytes(self, job_id: str, version: int | None = None) -> bytes:
         params = {"version": version} if version is not None else None
-        return self.raw("GET", f"{API}/jobs/{job_id}/policy", params=params).content
+        return self.raw("GET", f"{API}/jobs/{job_id}/policy", params=params).data
 
     # --- workers ------------------------------------------------------------------
 

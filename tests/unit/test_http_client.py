@@ -1,9 +1,11 @@
-"""`ServiceClient` against a raw socket server that resets the first connection it is
-given: a GET is sent once more on a fresh connection, a POST is not, and a read
-timeout is never repeated."""
+"""`ServiceClient` against a raw socket server: a GET whose connection is reset is sent
+once more on a fresh connection, a POST is not, and a read timeout is never repeated;
+what goes out (JSON body, query) and how an error answer comes back."""
 
 from __future__ import annotations
 
+import json
+import math
 import socket
 import struct
 import threading
@@ -12,6 +14,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from common.errors import ApiError
 from common.http_client import ServiceClient, ServiceUnavailable
 
 BODY = b'{"ok": true}'
@@ -24,9 +27,10 @@ OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r
 class ResettingServer:
     """Accepts connections on 127.0.0.1; for each, reads one request and then, by
     `script` in order: "reset" (closes with an RST), "silent" (never answers, holds
-    the connection open) or "ok" (answers 200 with a JSON body)."""
+    the connection open), "ok" (answers 200 with a JSON body) or the bytes of a whole
+    answer to send."""
 
-    def __init__(self, script: list[str]) -> None:
+    def __init__(self, script: list[str | bytes]) -> None:
         self.script = list(script)
         self.requests: list[bytes] = []
         self._sock = socket.socket()
@@ -49,7 +53,10 @@ class ResettingServer:
             request = conn.recv(65536)
             self.requests.append(request)
             what = self.script.pop(0) if self.script else "ok"
-            if what == "reset":
+            if isinstance(what, bytes):
+                conn.sendall(what)
+                conn.close()
+            elif what == "reset":
                 # Linger 0: close() sends an RST, as a server dropping a connection does.
                 conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 conn.close()
@@ -71,7 +78,7 @@ class ResettingServer:
 def server_factory() -> Iterator:
     servers: list[ResettingServer] = []
 
-    def make(script: list[str]) -> ResettingServer:
+    def make(script: list[str | bytes]) -> ResettingServer:
         servers.append(ResettingServer(script))
         return servers[-1]
 
@@ -112,3 +119,58 @@ def test_a_get_that_times_out_is_not_sent_again(server_factory) -> None:
         client.call("GET", "/api/v1/jobs/j")
     assert time.monotonic() - started < 2.0
     assert len(server.requests) == 1
+
+
+def answer(status: str, body: bytes, *headers: str) -> bytes:
+    head = "".join(f"{h}\r\n" for h in headers)
+    return b"HTTP/1.1 %s\r\nContent-Length: %d\r\n%s\r\n%s" % (
+        status.encode(),
+        len(body),
+        head.encode(),
+        body,
+    )
+
+
+def test_a_payload_goes_as_json_and_params_as_the_query(server_factory) -> None:
+    server = server_factory(["ok"])
+    client = ServiceClient(server.url, "secret", timeout_s=5.0)
+    got = client.call("POST", "/api/v1/x", {"rows": [1, 2]}, params={"a": "b c", "n": 3})
+    assert got == {"ok": True}
+    head, _, body = server.requests[0].partition(b"\r\n\r\n")
+    assert head.startswith(b"POST /api/v1/x?a=b+c&n=3 HTTP/1.1")
+    assert b"Content-Type: application/json" in head
+    assert b"Authorization: Bearer secret" in head
+    assert json.loads(body) == {"rows": [1, 2]}
+
+
+def test_an_empty_answer_is_none(server_factory) -> None:
+    server = server_factory([answer("204 No Content", b"")])
+    assert ServiceClient(server.url, "t", timeout_s=5.0).call("DELETE", "/x") is None
+
+
+def test_an_error_answer_is_an_api_error_with_its_code_and_retry_after(server_factory) -> None:
+    body = b'{"error": "rate_limited", "message": "wait", "retry_after_s": 0.25}'
+    server = server_factory([answer("429 Too Many Requests", body)])
+    with pytest.raises(ApiError) as caught:
+        ServiceClient(server.url, "t", timeout_s=5.0).call("POST", "/x", {"a": 1})
+    assert (caught.value.status, caught.value.code) == (429, "rate_limited")
+    assert caught.value.message == "wait"
+    assert caught.value.retry_after_s == 0.25
+
+
+def test_an_error_not_in_json_keeps_its_text_and_retry_after_header(server_factory) -> None:
+    server = server_factory(
+        [answer("503 Service Unavailable", b"<html>down</html>", "Retry-After: 2")]
+    )
+    with pytest.raises(ApiError) as caught:
+        ServiceClient(server.url, "t", timeout_s=5.0).call("GET", "/x")
+    assert (caught.value.status, caught.value.code) == (503, "http_error")
+    assert "down" in caught.value.message
+    assert caught.value.retry_after_s == 2.0
+
+
+def test_a_payload_that_is_not_json_is_refused_before_sending(server_factory) -> None:
+    server = server_factory(["ok"])
+    with pytest.raises(ValueError):
+        ServiceClient(server.url, "t", timeout_s=5.0).call("POST", "/x", {"loss": math.nan})
+    assert server.requests == []
