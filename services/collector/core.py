@@ -279,7 +279,6 @@ class CollectorRunner:
             return policy.env_action(action), (action, logp, *recorded(policy, own))
 
         try:
-            follower.poll_ahead()
             while not ctx.stopped():
                 follower.refresh()
                 if not policy.loaded:  # the learner publishes its first version at start
@@ -329,7 +328,6 @@ class CollectorRunner:
                 )
                 seq += 1
         finally:
-            follower.close()
             uploader.close()
             stepper.close()
         return {"env_steps": env_steps, "segments": uploader.segments_sent}
@@ -459,7 +457,6 @@ class CollectorRunner:
             return policy.env_action(actions), (actions, versions, *recorded(policy, own))
 
         try:
-            follower.poll_ahead()
             while not ctx.stopped():
                 follower.refresh()
                 job_env_steps = max(uploader.job_env_steps, env_steps)
@@ -527,7 +524,6 @@ class CollectorRunner:
                         **policy.exploration(job_env_steps),
                     )
         finally:
-            follower.close()
             uploader.close()
             stepper.close()
         return {"env_steps": env_steps, "segments": uploader.segments_sent}
