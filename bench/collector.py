@@ -1,15 +1,17 @@
 """Collector efficiency on CartPole-v1: one real collect task against the same envs and
 the same policy's inference with nothing written.
 
-    python bench/collector.py [--seconds 10] [--warmup-steps 20000] [--algos dqn,ppo]
-        [--profile-s 10] [--profile-out /tmp/collector-dqn.txt]
+    python bench/collector.py [--pairs 15] [--window-s 1] [--seconds 10] [--warmup-steps 20000]
+        [--algos dqn,ppo] [--profile-s 10] [--profile-out /tmp/collector-dqn.txt]
 
 For DQN (examples/cartpole_dqn.yaml) and PPO (examples/cartpole_ppo.yaml), with the
 example's `collector_env_num` envs:
 
 - reference, in this process: the vector env `make_env` makes from the job's env
-  config, stepped for `--seconds` with the actor's inference at every step, nothing
-  recorded or written; once before the measured row and once after, averaged. DQN:
+  config, stepped with the actor's inference at every step, nothing recorded or
+  written. DQN: in `--pairs` windows of `--window-s`, each just before one of the
+  collector's (below); PPO: for `--seconds` before the measured row and once after,
+  averaged. DQN:
   `actor.act` with a loaded policy, epsilon at its end value (as a collector's is
   after the warm-up). PPO: `actor.sample`, whose state values
   are the ones GAE needs (the rounds loop passes the critic again only on the final
@@ -20,12 +22,15 @@ example's `collector_env_num` envs:
   - DQN (async workflow, `transitions` loop): no rate limit (`samples_per_insert`
     null) and `min_size_to_sample` above anything the run can insert, so the learner
     publishes its first version (the collector acts with the network) and then only
-    waits; nothing waits on the collector and it waits on nothing. The row is the
-    collect task's env steps over a window of `--seconds` after `--warmup-steps`,
-    every step's transitions written as segments and inserted. Its time base is the
-    collector's own clock: each progress report carries `env_steps` and
-    `env_steps_per_s` (`env_steps` / time since the task started), so each report's
-    time is `env_steps / env_steps_per_s`; heartbeat delays do not enter.
+    waits; nothing waits on the collector and it waits on nothing. After
+    `--warmup-steps`, the reference and the collect task take turns: the collector's
+    process is stopped (SIGSTOP) while a reference window runs, then resumed for a
+    window of its own, `--pairs` times. Its window is the env steps its Prometheus
+    counter (`drover_env_steps_total`, read from its `/metrics`) gained, every step's
+    transitions written as segments and inserted. The ratio is the median of the
+    pairs' ratios: the two windows of a pair follow each other, so a change in the
+    machine's speed reaches both (one 2-vCPU machine's reference alone varied from
+    12,700 to 28,000 steps/s between 2-second windows).
   - PPO (sync workflow, `rounds` loop): a round waits for the learner's next version,
     so a collect task's time is rounds and waits. The row is the collect task's time
     per round: from the learner's policy file for version v being written to the
@@ -36,9 +41,10 @@ example's `collector_env_num` envs:
     per round / that time, over the rounds that finish within `--seconds` after the
     warm-up. `system.collector_num` is 1: this collector collects the whole round.
 
-The ratio is measured / reference. Both run on this machine's CPUs (the collector's
-process and this one have the same affinity); with a coordinator and a learner beside
-it, the collector does not have the machine to itself, as in a real run.
+The ratio is measured / reference (DQN: the pairs' median). Both run on this
+machine's CPUs (the collector's process and this one have the same affinity); with a
+coordinator and a learner beside it, the collector does not have the machine to
+itself, as in a real run.
 
 `--profile-s` (DQN only; 0: none) then records the DQN collector process with py-spy
 (`record --format raw --idle --threads`, 100 Hz) for that long after the timed
@@ -55,7 +61,10 @@ import collections
 import inspect
 import os
 import re
+import secrets
 import shutil
+import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -76,6 +85,7 @@ from algorithms.registry import ALGORITHMS  # noqa: E402
 from bench.learner_scaling import cpu_line  # noqa: E402
 from common.config import JobConfig, deep_merge  # noqa: E402
 from common.envs import make_env  # noqa: E402
+from common.http_client import ServiceClient  # noqa: E402
 from common.models import state_to_numpy  # noqa: E402
 from common.storage import SharedStore  # noqa: E402
 from drover.local import LocalCluster  # noqa: E402
@@ -90,6 +100,8 @@ NEVER = 1_000_000_000
 BUFFER_ROWS = 2_000_000
 #: Vector steps before the reference's timed window (torch's first calls).
 REFERENCE_WARMUP_STEPS = 200
+#: What the bench reads the collector's `/metrics` with.
+METRICS_TOKEN = secrets.token_urlsafe(16)
 
 
 @dataclass
@@ -101,6 +113,8 @@ class Row:
     what: str
     cpus: str
     pid: int | None = None
+    #: The median of the pairs' ratios, where the rows were measured in pairs.
+    ratio: float | None = None
 
 
 def overrides(algo: str) -> dict[str, Any]:
@@ -141,42 +155,58 @@ def job_config(algo: str) -> JobConfig:
 # --- reference ------------------------------------------------------------------------
 
 
-def reference(config: JobConfig, seconds: float) -> float:
-    """Env steps/s of the vector env stepped with the actor's inference, nothing else."""
-    torch.set_num_threads(config.system.torch_num_threads)
-    num_envs = config.env.collector_env_num
-    actor = ALGORITHMS[config.policy.type].make_actor(config.policy)
-    actor.load(1, state_to_numpy(actor.network))
-    env = make_env(config.env, num_envs)
-    rng = np.random.default_rng(0)
-    if config.policy.type == "dqn":
+class Reference:
+    """The vector env stepped with the actor's inference, nothing else; `window` times
+    it for a while and can be called again (the env and actor are made once)."""
 
-        def step(obs: np.ndarray) -> np.ndarray:
-            # Epsilon at its end value, as after the measured row's warm-up.
-            actions = actor.act(obs, rng, NEVER)
-            return env.step(actor.env_action(actions)).obs
+    def __init__(self, config: JobConfig) -> None:
+        torch.set_num_threads(config.system.torch_num_threads)
+        self.num_envs = config.env.collector_env_num
+        actor = ALGORITHMS[config.policy.type].make_actor(config.policy)
+        actor.load(1, state_to_numpy(actor.network))
+        env = self.env = make_env(config.env, self.num_envs)
+        rng = np.random.default_rng(0)
+        if config.policy.type == "dqn":
 
-    else:
+            def step(obs: np.ndarray) -> np.ndarray:
+                # Epsilon at its end value, as after the measured row's warm-up.
+                actions = actor.act(obs, rng, NEVER)
+                return env.step(actor.env_action(actions)).obs
 
-        def step(obs: np.ndarray) -> np.ndarray:
-            # The state values GAE needs come with `sample` (the rounds loop passes
-            # the critic again only where an episode ended, and once a round).
-            action, _logp, _value = actor.sample(obs)
-            return env.step(actor.env_action(action)).obs
+        else:
 
-    try:
-        obs = env.reset(seed=0)
+            def step(obs: np.ndarray) -> np.ndarray:
+                # The state values GAE needs come with `sample` (the rounds loop passes
+                # the critic again only where an episode ended, and once a round).
+                action, _logp, _value = actor.sample(obs)
+                return env.step(actor.env_action(action)).obs
+
+        self.step = step
+        self.obs = env.reset(seed=0)
         for _ in range(REFERENCE_WARMUP_STEPS):
-            obs = step(obs)
+            self.obs = step(self.obs)
+
+    def window(self, seconds: float) -> float:
+        """Env steps/s over `seconds`."""
         steps = 0
         started = time.perf_counter()
         deadline = started + seconds
         while time.perf_counter() < deadline:
-            obs = step(obs)
+            self.obs = self.step(self.obs)
             steps += 1
-        return steps * num_envs / (time.perf_counter() - started)
+        return steps * self.num_envs / (time.perf_counter() - started)
+
+    def close(self) -> None:
+        self.env.close()
+
+
+def reference(config: JobConfig, seconds: float) -> float:
+    """Env steps/s of the vector env stepped with the actor's inference, nothing else."""
+    ref = Reference(config)
+    try:
+        return ref.window(seconds)
     finally:
-        env.close()
+        ref.close()
 
 
 # --- measured -------------------------------------------------------------------------
@@ -211,39 +241,78 @@ def wait_for(cluster: LocalCluster, job_id: str, ready: Any, timeout_s: float = 
 
 
 def measure_dqn(
-    work: Path, seconds: float, warmup_steps: int, profile_s: float, profile_out: Path | None
+    work: Path,
+    pairs: int,
+    window_s: float,
+    warmup_steps: int,
+    profile_s: float,
+    profile_out: Path | None,
 ) -> tuple[Row, str | None]:
+    """`pairs` windows of the reference and of the collector, in turn. While the
+    reference steps, the collector's process is stopped (SIGSTOP, for far less than
+    the coordinator's lease), so neither takes CPU from the other, and both have the
+    same coordinator and learner beside them; the two windows of a pair follow each
+    other, so a change in the machine's speed reaches both."""
     config = job_config("dqn")
     num_envs = config.env.collector_env_num
-    with LocalCluster(work / "dqn", num_collectors=1) as cluster:
-        job_id = cluster.client.submit_job(raw_config("dqn")).job_id
+    ref = Reference(config)
+    refs: list[float] = []
+    rates: list[float] = []
+    try:
+        extra_env = {"DROVER_METRICS_TOKEN": METRICS_TOKEN}
+        with LocalCluster(work / "dqn", num_collectors=1, extra_env=extra_env) as cluster:
+            job_id = cluster.client.submit_job(raw_config("dqn")).job_id
 
-        def warmed() -> dict[str, Any] | None:
-            p = collect_progress(cluster)
-            ok = p and p.get("policy_version", 0) >= 1 and p["env_steps"] >= warmup_steps
-            return p if ok else None
+            def warmed() -> dict[str, Any] | None:
+                p = collect_progress(cluster)
+                ok = p and p.get("policy_version", 0) >= 1 and p["env_steps"] >= warmup_steps
+                return p if ok else None
 
-        first = wait_for(cluster, job_id, warmed)
-        time.sleep(seconds)
-        last = collect_progress(cluster)
-        assert last is not None
-        pid = cluster.collectors[0].process.pid  # type: ignore[union-attr]
-        cpus = affinity(pid)
-        raw = record_profile(pid, profile_s, profile_out) if profile_s > 0 else None
-        cluster.client.stop_job(job_id)
-
-    def clock(p: dict[str, Any]) -> float:
-        return p["env_steps"] / p["env_steps_per_s"]
-
-    steps = int(last["env_steps"] - first["env_steps"])
-    rate = steps / (clock(last) - clock(first))
+            first = wait_for(cluster, job_id, warmed)
+            collector = cluster.collectors[0]
+            pid = collector.process.pid  # type: ignore[union-attr]
+            counter = ServiceClient(collector.url, METRICS_TOKEN, timeout_s=10.0)
+            for _ in range(pairs):
+                os.kill(pid, signal.SIGSTOP)
+                try:
+                    refs.append(ref.window(window_s))
+                finally:
+                    os.kill(pid, signal.SIGCONT)
+                steps, at = env_steps(counter), time.perf_counter()
+                time.sleep(window_s)
+                rates.append((env_steps(counter) - steps) / (time.perf_counter() - at))
+            cpus = affinity(pid)
+            raw = record_profile(pid, profile_s, profile_out) if profile_s > 0 else None
+            cluster.client.stop_job(job_id)
+    finally:
+        ref.close()
+    ratios = [rate / r for rate, r in zip(rates, refs, strict=True)]
     what = (
-        f"transitions loop, {steps:,} steps in {clock(last) - clock(first):.1f}s after "
-        f"{int(first['env_steps']):,}; eps {last.get('epsilon', '?')}; cumulative unthrottled "
-        f"{last.get('unthrottled_env_steps_per_s', 0):,.0f}/s"
+        f"transitions loop, {pairs} pairs of {window_s:g}s windows after "
+        f"{int(first['env_steps']):,} steps; eps {first.get('epsilon', '?')}; pair ratios "
+        f"{min(ratios):.2f}-{max(ratios):.2f}; reference {min(refs):,.0f}-{max(refs):,.0f}/s"
     )
-    row = Row("DQN", num_envs, 0.0, rate, what, cpus, pid)
+    row = Row(
+        "DQN",
+        num_envs,
+        statistics.median(refs),
+        statistics.median(rates),
+        what,
+        cpus,
+        pid,
+        ratio=statistics.median(ratios),
+    )
     return row, raw
+
+
+def env_steps(collector: ServiceClient) -> float:
+    """The collector's count of env steps taken (its Prometheus counter, which the
+    loop adds to at every vector step)."""
+    text = collector.raw("GET", "/metrics").data.decode()
+    found = re.search(r"^drover_env_steps_total (\S+)$", text, re.MULTILINE)
+    if found is None:
+        raise RuntimeError("the collector's /metrics has no drover_env_steps_total")
+    return float(found.group(1))
 
 
 def measure_ppo(work: Path, seconds: float) -> Row:
@@ -425,7 +494,9 @@ def summarize(raw: str, console: Console) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--seconds", type=float, default=10.0, help="PPO's windows")
+    parser.add_argument("--pairs", type=int, default=15, help="DQN's pairs of windows")
+    parser.add_argument("--window-s", type=float, default=1.0, help="DQN's windows")
     parser.add_argument("--warmup-steps", type=int, default=20_000)
     parser.add_argument("--algos", default="dqn,ppo")
     parser.add_argument("--profile-s", type=float, default=0.0)
@@ -437,23 +508,28 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for algo in args.algos.split(","):
-            config = job_config(algo)
-            # The reference before and after the measured row, averaged: the machine's
-            # load may drift over the minute between them.
-            before = reference(config, args.seconds)
             if algo == "dqn":
                 row, raw = measure_dqn(
-                    work, args.seconds, args.warmup_steps, args.profile_s, args.profile_out
+                    work,
+                    args.pairs,
+                    args.window_s,
+                    args.warmup_steps,
+                    args.profile_s,
+                    args.profile_out,
                 )
             else:
+                # The reference before and after the measured row, averaged: the
+                # machine's load may drift over the minute between them.
+                config = job_config(algo)
+                before = reference(config, args.seconds)
                 row = measure_ppo(work, args.seconds)
-            after = reference(config, args.seconds)
-            row.reference = (before + after) / 2
-            row.what += f"; reference before/after {before:,.0f}/{after:,.0f}"
+                after = reference(config, args.seconds)
+                row.reference = (before + after) / 2
+                row.what += f"; reference before/after {before:,.0f}/{after:,.0f}"
             rows.append(row)
 
     table = Table(
-        title=f"Collector efficiency, CartPole-v1, {args.seconds:g}s windows; {cpu_line()}; "
+        title=f"Collector efficiency, CartPole-v1; {cpu_line()}; "
         f"torch {torch.__version__}, 1 torch thread"
     )
     for col in ("algo", "envs", "reference steps/s", "measured steps/s", "ratio", "CPUs"):
@@ -465,7 +541,7 @@ def main() -> None:
             str(r.num_envs),
             f"{r.reference:,.0f}",
             f"{r.measured:,.0f}",
-            f"{r.measured / r.reference:.2f}",
+            f"{r.ratio if r.ratio is not None else r.measured / r.reference:.2f}",
             f"{r.cpus} (this {len(os.sched_getaffinity(0))})",
             r.what,
         )
