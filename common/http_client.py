@@ -1,8 +1,8 @@
 """How drover calls a drover service: `ServiceClient`, JSON over HTTP (urllib3) with a
-timeout on every call, a refused connection tried again, and a GET whose kept-alive connection the
-server reset sent once more; `ServiceUnavailable` when a service cannot be reached;
-`is_transient` and `retry_wait_s`, which answers are worth trying again and how long to
-wait first (for tenacity).
+timeout on every call, a refused connection tried again, and a GET whose kept-alive
+connection the server reset sent once more; `ServiceUnavailable` when a service cannot
+be reached; `is_transient` and `retry_wait_s`, which answers are worth trying again and
+how long to wait first (for tenacity).
 
 Usage::
 
@@ -63,10 +63,10 @@ class ServiceClient:
     reached the server is repeated here, and no read timeout is (a long poll would wait
     twice as long): callers retry only the calls that are idempotent.
 
-    It speaks urllib3 directly, not through `requests`: requests' sessions, hooks and
-    header merging cost about 390 us of CPU a call more, measured on a sample request
-    to a local service (716 against 326 us a round trip), and a collector inserts and a
-    learner's feeder samples some hundred times a second.
+    It speaks urllib3 directly, not through `requests`, whose sessions, hooks and header
+    merging cost more CPU than the rest of a call (bench/service_client.py: a small GET
+    took 1,262 us of the caller's CPU through requests, 489 us now), and a collector
+    inserts and a learner's feeder samples some hundred times a second.
     """
 
     def __init__(
