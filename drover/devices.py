@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from common.config import ConfigError, JobConfig
+from common.config import ConfigError, JobConfig, deep_merge
 from common.devices import (
     collectors_need_cuda,
     local_cuda,
@@ -62,18 +62,12 @@ def fit_local_device(raw: dict[str, Any], config: JobConfig, *, cpu_fallback: bo
             f"every process here; set {device.lift}, or pass --cpu-fallback "
             "to run on CPU",
         )
-    section = raw.get("policy")
-    section = section if isinstance(section, dict) else {}
     # `device` overrides `cuda`, so this one key moves the training to CPU; collectors
     # that asked for CUDA act where they can (`auto`: on CPU here).
-    on_cpu_policy = {**section, "device": "cpu"}
+    on_cpu_policy: dict[str, Any] = {"device": "cpu"}
     if collectors_need_cuda(policy):
-        collect = section.get("collect")
-        on_cpu_policy["collect"] = {
-            **(collect if isinstance(collect, dict) else {}),
-            "device": "auto",
-        }
-    on_cpu = {**raw, "policy": on_cpu_policy}
+        on_cpu_policy["collect"] = {"device": "auto"}
+    on_cpu = deep_merge(raw, {"policy": on_cpu_policy})
     config, _ = resolve_job_config(on_cpu)
     warning = f"{device.key}: {device.value}, but {why_none}: running on CPU (--cpu-fallback)"
     return LocalDevice(on_cpu, config, [warning])
