@@ -75,6 +75,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
 
@@ -309,10 +310,11 @@ def env_steps(collector: ServiceClient) -> float:
     """The collector's count of env steps taken (its Prometheus counter, which the
     loop adds to at every vector step)."""
     text = collector.raw("GET", "/metrics").data.decode()
-    found = re.search(r"^drover_env_steps_total (\S+)$", text, re.MULTILINE)
-    if found is None:
-        raise RuntimeError("the collector's /metrics has no drover_env_steps_total")
-    return float(found.group(1))
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "drover_env_steps_total":
+                return sample.value
+    raise RuntimeError("the collector's /metrics has no drover_env_steps_total")
 
 
 def measure_ppo(work: Path, seconds: float) -> Row:
