@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import time
@@ -41,6 +40,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.learner_scaling import cpu_line  # noqa: E402
 from common.http_client import ServiceClient  # noqa: E402
+from drover.local import free_port  # noqa: E402
 
 SERVER = """
 import sys
@@ -60,12 +60,6 @@ serve(app, "127.0.0.1", int(sys.argv[1]), limits=ServerLimits(), on_stop=lambda:
 """
 TOKEN = "bench-token"
 PRIORITIES = {"batch_size": 64, "priorities": [0.5] * 512, "keys": list(range(512))}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def clients(url: str) -> dict[str, dict[str, Callable[[], object]]]:
