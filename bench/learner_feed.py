@@ -3,6 +3,7 @@ system, against the same algorithm training on the same batches held in memory.
 
     python bench/learner_feed.py [--algos dqn,ppo] [--iters 2000] [--rounds 4]
         [--repeats 3] [--profile-s 0] [--profile-out /tmp/learner-feed.txt] [--gil-probe]
+        [--pin-trainer]
 
 For DQN (examples/cartpole_dqn.yaml: batch 64, 8 batches a sample request, PER,
 publish every 50 iterations, checkpoint every 1,000) and PPO (examples/cartpole_ppo.yaml:
@@ -50,6 +51,21 @@ processes overlap: the bench prints that bound beside the target (>= 0.9).
 training thread's wall time by innermost project frame and the top frames by own
 time over all threads.
 
+Each fed row also shows how its training thread spent the window, from the scheduler's
+own count (/proc/PID/task/TID/schedstat): on a CPU, runnable but waiting for one
+(other processes had both CPUs), or blocked (on the interpreter lock, or waiting for a
+batch). In memory it is on a CPU all the time.
+
+`--pin-trainer` adds a DQN window, and a row, fed as the job's is, but with the
+training thread on a CPU of its own for the window and every other thread and process
+of the bench (the coordinator, the feeder, the collectors' stand-in) on the others: what
+the feed costs the training thread when nothing else is scheduled on its CPU. A
+comparison, not held to the target.
+
+With DQN, a last table gives the CPU one sample reply's frame costs the feeder to pack
+and the learner's reading thread to read (which holds the interpreter lock the training
+thread waits for), the fastest part of the feed to time on its own.
+
 `--gil-probe` adds what bounds the fed DQN learner: its in-memory rate alone and with
 a thread of the same process running Python for a share of each few milliseconds (as
 the learner's sampling thread parses replies and gathers rows), no coordinator and no
@@ -88,11 +104,19 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.learner_scaling import BUSY_SHARE, CpuMeter, cpu_line, print_load_before  # noqa: E402
-from bench.procfs import cpu_s  # noqa: E402
+from bench.procfs import cpu_s, thread_sched_s, threads_of  # noqa: E402
 from common.config import JobConfig  # noqa: E402
 from common.envs import usable_cpus  # noqa: E402
 from common.errors import ApiError  # noqa: E402
-from common.messages import LearnSpec, PolicyRef, SampleReply, SegmentRef, TaskAssignment  # noqa: E402
+from common.messages import (  # noqa: E402
+    LearnSpec,
+    PolicyRef,
+    SampleReply,
+    SegmentRef,
+    TaskAssignment,
+    dump_json,
+    parse,
+)
 from common.storage import SharedStore  # noqa: E402
 from drover.local import LocalCluster  # noqa: E402
 from jobconfig import (  # noqa: E402
@@ -105,7 +129,13 @@ from jobconfig import (  # noqa: E402
 from services.coordinator.client import CoordinatorClient  # noqa: E402
 from services.learner import sessions  # noqa: E402
 from services.learner.core import LearnerRunner  # noqa: E402
-from services.learner.feeder import FeederStart, feeder_start  # noqa: E402
+from services.learner.feeder import (  # noqa: E402
+    FedFrame,
+    FeederStart,
+    feeder_start,
+    pack_batches,
+    unpack_batches,
+)
 from services.learner.segments import SegmentCache, SegmentSchema  # noqa: E402
 from services.learner.training import new_learner  # noqa: E402
 from services.slave.core import TaskContext  # noqa: E402
@@ -125,6 +155,8 @@ DQN_WARMUP_ITERS = 100
 FEED_WAIT_S = 2.0
 #: The longest a fed window may take before the bench gives up.
 WINDOW_TIMEOUT_S = 600.0
+#: The CPUs this process may use, as it started (`unpin` gives them back).
+ALLOWED_CPUS = frozenset(os.sched_getaffinity(0))
 
 
 def raw_config(algo: str) -> dict[str, Any]:
@@ -411,6 +443,52 @@ def gil_probe(console: Console, iters: int) -> None:
     console.print(table)
 
 
+def frame_costs(console: Console) -> None:
+    """The CPU one DQN sample reply's frame costs each end of the feeder's socket, as a
+    table: the feeder packing it (`pack_batches` and its head), and the learner's reading
+    thread reading it (the head parsed, the batches viewed), which holds the interpreter
+    lock the training thread waits for."""
+    config = job_config("dqn")
+    learn = config.policy.learn
+    rng = np.random.default_rng(0)
+    batches = [
+        (dqn_columns(rng, learn.batch_size), np.ones(learn.batch_size, np.float32), keys)
+        for keys in np.arange(learn.batch_size * learn.num_batches)
+        .reshape(learn.num_batches, -1)
+        .tolist()
+    ]
+
+    def pack() -> tuple[bytes, list[bytes | memoryview]]:
+        rows, placed, parts = pack_batches(batches)
+        frame = FedFrame(batch_rows=rows, arrays=placed, last=True, hold_id=None, unusable=[])
+        return dump_json(frame), parts
+
+    head, parts = pack()
+    body = bytearray(b"".join(parts))  # as the learner receives it
+
+    def read() -> None:
+        unpack_batches(parse(FedFrame, head), body)
+
+    table = Table(
+        title=f"One sample reply's frame ({learn.num_batches} batches of {learn.batch_size} "
+        f"CartPole rows, {len(head) + len(body):,} bytes): CPU per frame"
+    )
+    for column in ("end", "work", "µs (median of 5 x 1,000)"):
+        table.add_column(column, justify="right")
+    for end, work, call in (
+        ("feeder", "pack the batches, write the head", pack),
+        ("learner's reading thread", "parse the head, view the batches", read),
+    ):
+        timings = []
+        for _ in range(5):
+            started = time.thread_time()
+            for _ in range(1000):
+                call()
+            timings.append((time.thread_time() - started) * 1e3)
+        table.add_row(end, work, f"{statistics.median(timings):,.0f}")
+    console.print(table)
+
+
 # --- one algorithm ----------------------------------------------------------------------
 
 
@@ -441,6 +519,15 @@ class Bench:
         self.cpu_per_kilo_iter: dict[str, list[tuple[float, float, float, float]]] = {
             "process": [],
             "thread": [],
+            "pinned": [],
+        }
+        #: The training thread's shares of each fed window, by `learn.feed`: on a CPU,
+        #: and runnable but waiting for one (the rest it was blocked: on the interpreter
+        #: lock, or waiting for a batch).
+        self.trainer_shares: dict[str, list[tuple[float, float]]] = {
+            "process": [],
+            "thread": [],
+            "pinned": [],
         }
 
     def in_memory(self) -> float:
@@ -452,12 +539,17 @@ class Bench:
         self.train(learner, self.window_iters())
         return (learner.train_iter - first) / (time.perf_counter() - started)
 
-    def fed(self, profile: Callable[[], None] | None = None, feed: str = "process") -> float:
+    def fed(
+        self, profile: Callable[[], None] | None = None, feed: str = "process", pin: bool = False
+    ) -> float:
         """Train iterations/s of a learn task fed through the coordinator, its batches
         asked for and gathered as `feed` says (`learn.feed`: the job's default
-        `process`, or `thread`)."""
+        `process`, or `thread`). With `pin`, for the window, the training thread runs on
+        a CPU of its own and every other process and thread of the bench on the others
+        (its numbers are kept as the `pinned` feed's)."""
         self.tasks += 1
         task = FedTask(self.cluster, self.job_id, self.mode, self.tasks, feed)
+        kind = "pinned" if pin else feed
         # The task resumes where the last one stopped (its final checkpoint).
         warm = self.resumed + self.warmup_iters()
         task.start([warm, warm + self.window_iters()])
@@ -470,11 +562,26 @@ class Bench:
             feeders = child_processes(os.getpid(), "services.learner.feeder")
             feeder_s = sum(cpu_s(pid) for pid in feeders)
             collectors_s = cpu_s(self.collectors.process.pid)
+            trainer = task.thread.native_id
+            assert trainer is not None
+            others = [coordinator.pid, self.collectors.process.pid, *feeders]
+            if pin:
+                pin_apart(trainer, others)
+            on_cpu_s, waiting_s = thread_sched_s(os.getpid(), trainer)
             if profile is not None:
                 profile()
             ended, done = task.wait_mark(warm + self.window_iters())
+            on_cpu_end_s, waiting_end_s = thread_sched_s(os.getpid(), trainer)
+            if pin:
+                unpin([os.getpid(), *others])
+            self.trainer_shares[kind].append(
+                (
+                    (on_cpu_end_s - on_cpu_s) / (ended - started),
+                    (waiting_end_s - waiting_s) / (ended - started),
+                )
+            )
             kilo_iters = (done - began) / 1000
-            self.cpu_per_kilo_iter[feed].append(
+            self.cpu_per_kilo_iter[kind].append(
                 (
                     (cpu_s(coordinator.pid) - coordinator_s) / kilo_iters,
                     (time.process_time() - learner_s) / kilo_iters,
@@ -627,6 +734,10 @@ class Row:
     learner_cpu_s: float
     feeder_cpu_s: float
     collectors_cpu_s: float
+    #: Medians over the fed windows of the training thread's shares of the window: on a
+    #: CPU, and runnable but waiting for one.
+    trainer_on_cpu: float
+    trainer_waiting: float
     #: Held to the target (the job's own feed), not a comparison row.
     judged: bool = True
 
@@ -639,22 +750,45 @@ class Row:
         return usable_cpus() / per_iter_s
 
 
-def measure(bench: Bench, repeats: int) -> tuple[list[float], list[float], list[float]]:
+def pin_apart(trainer: int, others: list[int]) -> None:
+    """The training thread (`trainer`, a thread id of this process) onto the first CPU
+    this process may use; this process's other threads and the processes `others`
+    (every thread of each) onto the rest."""
+    cpus = sorted(ALLOWED_CPUS)
+    own, rest = {cpus[0]}, set(cpus[1:])
+    for tid in threads_of(os.getpid()):
+        os.sched_setaffinity(tid, own if tid == trainer else rest)
+    for pid in others:
+        for tid in threads_of(pid):
+            os.sched_setaffinity(tid, rest)
+
+
+def unpin(pids: list[int]) -> None:
+    """Every thread of `pids` back onto every CPU this process could use at its start."""
+    for pid in pids:
+        for tid in threads_of(pid):
+            os.sched_setaffinity(tid, ALLOWED_CPUS)
+
+
+def measure(bench: Bench, repeats: int, pin: bool) -> dict[str, list[float]]:
     """Iterations/s of each window: in memory, fed (the job's feeder process) and, for
-    batch training, fed by a thread of the learner's process; in rotating order."""
+    batch training, fed by a thread of the learner's process, and with `pin` fed with
+    the training thread on a CPU of its own; in rotating order."""
     windows: dict[str, Callable[[], float]] = {
         "in memory": bench.in_memory,
-        "fed": bench.fed,
+        "process": bench.fed,
     }
     if bench.mode == "batches":
         windows["thread"] = lambda: bench.fed(feed="thread")
+        if pin:
+            windows["pinned"] = lambda: bench.fed(pin=True)
     rates: dict[str, list[float]] = {name: [] for name in windows}
     names = list(windows)
     for repeat in range(repeats):
         shift = repeat % len(names)
         for name in names[shift:] + names[:shift]:
             rates[name].append(windows[name]())
-    return rates["in memory"], rates["fed"], rates.get("thread", [])
+    return rates
 
 
 def main() -> None:
@@ -668,11 +802,18 @@ def main() -> None:
     parser.add_argument(
         "--gil-probe", action="store_true", help="DQN in memory beside a busy Python thread"
     )
+    parser.add_argument(
+        "--pin-trainer",
+        action="store_true",
+        help="a DQN fed window more, the training thread on a CPU of its own",
+    )
     parser.add_argument("--collectors", choices=sorted(COLUMNS), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.collectors:
         collect(args.collectors)
         return
+    if args.pin_trainer and len(ALLOWED_CPUS) < 2:
+        parser.error("--pin-trainer needs two CPUs or more")
     # Killed (`timeout`), the bench ends as on an error: its cluster stops. The
     # coordinator runs in a session of its own, and would outlive it otherwise.
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
@@ -693,17 +834,21 @@ def main() -> None:
                 else:
                     bench = PPOBench(cluster, args.rounds)
                     what = f"{args.rounds} rounds ({bench.window_iters()} iterations) a window"
-                in_memory, fed, fed_thread = measure(bench, args.repeats)
-                for label, rates, feed_kind in (
-                    (algo, fed, "process"),
-                    (f"{algo}, thread feed", fed_thread, "thread"),
+                measured = measure(bench, args.repeats, args.pin_trainer)
+                in_memory = measured["in memory"]
+                for label, feed_kind in (
+                    (algo, "process"),
+                    (f"{algo}, thread feed", "thread"),
+                    (f"{algo}, training thread on a CPU of its own", "pinned"),
                 ):
+                    rates = measured.get(feed_kind, [])
                     if not rates:
                         continue
                     cpu = bench.cpu_per_kilo_iter[feed_kind]
                     coordinator_cpu, learner_cpu, feeder_cpu, collectors_cpu = zip(
                         *cpu, strict=True
                     )
+                    on_cpu, waiting = zip(*bench.trainer_shares[feed_kind], strict=True)
                     rows.append(
                         Row(
                             label,
@@ -714,6 +859,8 @@ def main() -> None:
                             statistics.median(learner_cpu),
                             statistics.median(feeder_cpu),
                             statistics.median(collectors_cpu),
+                            statistics.median(on_cpu),
+                            statistics.median(waiting),
                             # the job's own feed is held to the target; the thread is
                             # the comparison
                             judged=feed_kind == "process",
@@ -743,6 +890,7 @@ def main() -> None:
         "fed / in memory (repeats)",
         "CPU s / 1k fed iters: coordinator, learner, feeder, collectors",
         "CPU bound / in memory",
+        "training thread: on a CPU, waiting for one, blocked",
     ):
         table.add_column(column, justify="right")
     table.add_column("window")
@@ -758,6 +906,8 @@ def main() -> None:
             f"{row.coordinator_cpu_s:.2f}, {row.learner_cpu_s:.2f}, {row.feeder_cpu_s:.2f}, "
             f"{row.collectors_cpu_s:.2f}",
             f"{row.cpu_bound_per_s / max(row.in_memory):.2f}",
+            f"{row.trainer_on_cpu:.0%}, {row.trainer_waiting:.0%}, "
+            f"{max(0.0, 1 - row.trainer_on_cpu - row.trainer_waiting):.0%}",
             row.what,
         )
         if row.judged:
@@ -774,10 +924,18 @@ def main() -> None:
         "the CPU seconds an iteration costs in the four processes together, however well "
         "they overlap: a ratio the fed row cannot pass on this machine."
     )
+    console.print(
+        "Training thread: its shares of a fed window (medians), from the scheduler's "
+        "count (/proc/PID/task/TID/schedstat): on a CPU; runnable but waiting for a CPU "
+        "(other processes' work had both); blocked (on the interpreter lock, or waiting "
+        "for a batch). In memory it is on a CPU all the time."
+    )
     if lost is not None:
         console.print(f"While the bench ran, {lost}.")
         if lost.others + lost.steal > BUSY_SHARE:
             console.print("[yellow]the CPUs were not all free: timings are noisier than usual")
+    if "dqn" in algos:
+        frame_costs(console)
     if raw:
         summarize(raw, console)
     if args.gil_probe:

@@ -12,3 +12,17 @@ def cpu_s(pid: int) -> float:
     # The command name in parentheses may hold spaces: the fields follow the last ")".
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def thread_sched_s(pid: int, tid: int) -> tuple[float, float]:
+    """(seconds on a CPU, seconds runnable but waiting for one) thread `tid` of process
+    `pid` has had so far: the scheduler's own count (/proc/.../schedstat), which tells a
+    thread kept off the CPUs by other work from one that blocked (on a lock, a queue,
+    a socket)."""
+    on_cpu_ns, waiting_ns, _slices = Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()
+    return int(on_cpu_ns) / 1e9, int(waiting_ns) / 1e9
+
+
+def threads_of(pid: int) -> list[int]:
+    """The thread ids of process `pid` now."""
+    return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]

@@ -18,7 +18,12 @@ The conversation, one stream socket, each frame a kind, a JSON head and a binary
 - feeder -> learner: `FedFrame`s of each sample reply's batches, as many batches a
   frame as fit in `FRAME_BYTES` (a batch larger goes alone), the reply's last frame
   marked, with its hold (a reply with no batches, none in time: one frame of none);
-  `FeederEnd` last: stopped, the job is over, or the feeder failed.
+  `FeederEnd` last: stopped, the job is over, or the feeder failed. A frame's body
+  holds it column by column: each column (and the items' keys and weights) is one
+  array of the rows of all the frame's batches, one batch's after the other's, so the
+  learner's reading thread views a few arrays a frame and slices them, rather than
+  describing and viewing each batch's arrays one by one: that work holds the
+  interpreter lock the training thread waits for.
 
 At most `AHEAD` frames are sent and not yet taken, so the learner holds three frames at
 most and the feeder one, whatever the size of a reply (a reply of image sequences can
@@ -44,6 +49,7 @@ import argparse
 import atexit
 import contextlib
 import logging
+import math
 import os
 import queue
 import socket
@@ -77,8 +83,10 @@ ALIGN = 64
 AHEAD = 2
 #: A frame holds batches up to this many bytes of arrays (one batch larger goes alone).
 FRAME_BYTES = 32 * 2**20
-#: The sample weights' name among a batch's arrays (no column is named so).
+#: The sample weights' and the items' keys' names among a frame's arrays (no column is
+#: named so).
 WEIGHTS = "_weights"
+KEYS = "_keys"
 #: How long `close` waits for the feeder to send its last priorities and end.
 CLOSE_WAIT_S = 15.0
 #: How often a wait looks at its stop signal.
@@ -127,20 +135,14 @@ class FedArray:
 
 
 @message
-class FedBatch:
-    """One batch of a sample reply, its arrays in the frame's body."""
-
-    #: The keys of the items kept (rows of unusable segments left out), in order.
-    keys: list[int]
-    #: The batch's columns, and its items' weights as `WEIGHTS`.
-    arrays: list[FedArray]
-
-
-@message
 class FedFrame:
-    """Batches of a sample reply, in order."""
+    """Batches of a sample reply, in order, column by column (`pack_batches`)."""
 
-    batches: list[FedBatch]
+    #: How many items each batch kept (rows of unusable segments left out), in order.
+    batch_rows: list[int]
+    #: Each column as one array of all the batches' rows (`[sum(batch_rows), ...]`),
+    #: the items' keys (`KEYS`) and weights (`WEIGHTS`) among them.
+    arrays: list[FedArray]
     #: The reply's last frame, which carries its hold (items of a fifo buffer kept for
     #: the task until acknowledged).
     last: bool
@@ -258,26 +260,6 @@ def read_trained(head: bytes, body: bytearray) -> tuple[str | None, list[int], l
     return trained.hold_id, keys, priorities
 
 
-def pack_arrays(
-    arrays: dict[str, np.ndarray], body: list[bytes | memoryview], offset: int = 0
-) -> tuple[list[FedArray], int]:
-    """Append `arrays` to `body` (aligned; views of their memory, not copies), from byte
-    `offset`; returns where each lies and the offset after them."""
-    placed = []
-    for name, array in arrays.items():
-        array = np.ascontiguousarray(array)
-        pad = -offset % ALIGN
-        if pad:
-            body.append(bytes(pad))
-            offset += pad
-        placed.append(
-            FedArray(name=name, dtype=array.dtype.str, shape=list(array.shape), offset=offset)
-        )
-        body.append(memoryview(array).cast("B"))
-        offset += array.nbytes
-    return placed, offset
-
-
 def unpack_arrays(arrays: list[FedArray], body: bytearray) -> dict[str, np.ndarray]:
     """Views of the body's arrays (the body is the frame's own: nothing else writes it).
 
@@ -287,11 +269,83 @@ def unpack_arrays(arrays: list[FedArray], body: bytearray) -> dict[str, np.ndarr
     out = {}
     for placed in arrays:
         dtype = np.dtype(placed.dtype)
-        count = int(np.prod(placed.shape, dtype=np.int64))
-        if placed.offset < 0 or placed.offset + count * dtype.itemsize > len(body):
+        # math.prod: numpy's takes microseconds for a short list (a Python call each)
+        count = math.prod(placed.shape)
+        if (
+            placed.offset < 0
+            or min(placed.shape, default=0) < 0
+            or placed.offset + count * dtype.itemsize > len(body)
+        ):
             raise ValueError(f"array {placed.name} lies outside the frame")
         out[placed.name] = np.frombuffer(body, dtype, count, placed.offset).reshape(placed.shape)
     return out
+
+
+def pack_batches(
+    batches: list[tuple[dict[str, np.ndarray], np.ndarray, list[int]]],
+) -> tuple[list[int], list[FedArray], list[bytes | memoryview]]:
+    """A frame's batches (each its columns, weights and keys, as `SegmentCache.gather`
+    returns them) column by column: each batch's row count, where each column lies in
+    the body, and the body's parts (views of the batches' memory, not copies).
+
+    Raises:
+        ValueError: batches with rows differ in their columns, or a column's rows
+            differ in dtype or shape between batches.
+    """
+    rows = [len(weights) for _, weights, _ in batches]
+    # A batch with no rows has no columns (`gather`): it adds nothing to any of them.
+    full = [
+        {**columns, WEIGHTS: weights, KEYS: np.asarray(keys, np.int64)}
+        for columns, weights, keys in batches
+        if len(weights)
+    ]
+    if not full:
+        full = [{WEIGHTS: np.zeros(0, np.float32), KEYS: np.zeros(0, np.int64)}]
+    names = list(full[0])
+    if any(list(batch) != names for batch in full):
+        raise ValueError("the batches of a frame have different columns")
+    body: list[bytes | memoryview] = []
+    placed, offset = [], 0
+    for name in names:
+        arrays = [np.ascontiguousarray(batch[name]) for batch in full]
+        first = arrays[0]
+        if any(a.dtype != first.dtype or a.shape[1:] != first.shape[1:] for a in arrays):
+            raise ValueError(f"column {name} differs in dtype or shape between batches")
+        pad = -offset % ALIGN
+        if pad:
+            body.append(bytes(pad))
+            offset += pad
+        shape = [sum(len(a) for a in arrays), *first.shape[1:]]
+        placed.append(FedArray(name=name, dtype=first.dtype.str, shape=shape, offset=offset))
+        for array in arrays:
+            body.append(memoryview(array).cast("B"))
+            offset += array.nbytes
+    return rows, placed, body
+
+
+def unpack_batches(frame: FedFrame, body: bytearray) -> list[ReadyBatch]:
+    """The frame's batches, each a view of its rows of every column.
+
+    Raises:
+        ValueError: the arrays lie outside the body, lack the keys or the weights, or do
+            not hold the batches' rows.
+    """
+    arrays = unpack_arrays(frame.arrays, body)
+    total = sum(frame.batch_rows)
+    if any(n < 0 for n in frame.batch_rows):
+        raise ValueError("a batch of a negative number of rows")
+    if KEYS not in arrays or WEIGHTS not in arrays or arrays[KEYS].dtype.kind != "i":
+        raise ValueError("a frame without its items' keys and weights")
+    if any(a.ndim == 0 or len(a) != total for a in arrays.values()):
+        raise ValueError(f"a frame's arrays do not hold its {total} rows")
+    keys, weights = arrays.pop(KEYS), arrays.pop(WEIGHTS)
+    batches, start = [], 0
+    for n in frame.batch_rows:
+        end = start + n
+        columns = {name: array[start:end] for name, array in arrays.items()}
+        batches.append(ReadyBatch(columns, weights[start:end], keys[start:end].tolist()))
+        start = end
+    return batches
 
 
 # --- the learner's end ---------------------------------------------------------------
@@ -383,11 +437,7 @@ class ProcessFeed:
                 return
             try:
                 fed = parse(FedFrame, head)
-                batches = []
-                for batch in fed.batches:
-                    arrays = unpack_arrays(batch.arrays, body)
-                    weights = arrays.pop(WEIGHTS)
-                    batches.append(ReadyBatch(arrays, weights, batch.keys))
+                batches = unpack_batches(fed, body)
             except Exception as exc:  # a frame this end cannot read: the feeder is not ours
                 self._inbox.put(FeederFailed(f"unreadable frame from the feeder: {exc!r}"))
                 return
@@ -665,23 +715,23 @@ class Feeder:
         """Gather the batches and send them in frames of up to `FRAME_BYTES`, each as
         the learner lets it; the last carries the hold."""
         self.cache.start_reads(batches)
-        frame: list[tuple[dict[str, np.ndarray], list[int]]] = []
+        frame: list[tuple[dict[str, np.ndarray], np.ndarray, list[int]]] = []
         size = 0
         for batch in batches:
-            columns, weights, keys = self.cache.gather(batch)
-            arrays = {**columns, WEIGHTS: weights}
-            nbytes = sum(a.nbytes for a in arrays.values())
+            gathered = self.cache.gather(batch)
+            columns, weights, _ = gathered
+            nbytes = weights.nbytes + sum(a.nbytes for a in columns.values())
             if frame and size + nbytes > FRAME_BYTES:
                 if not self._send_frame(frame, last=False, hold_id=None):
                     return
                 frame, size = [], 0
-            frame.append((arrays, keys))
+            frame.append(gathered)
             size += nbytes
         self._send_frame(frame, last=True, hold_id=hold_id)
 
     def _send_frame(
         self,
-        batches: list[tuple[dict[str, np.ndarray], list[int]]],
+        batches: list[tuple[dict[str, np.ndarray], np.ndarray, list[int]]],
         *,
         last: bool,
         hold_id: str | None,
@@ -689,15 +739,12 @@ class Feeder:
         """Send one frame once the learner lets it; False once stopping."""
         if not self._acquire(self.credits):
             return False
-        body: list[bytes | memoryview] = []
-        fed, offset = [], 0
-        for arrays, keys in batches:
-            placed, offset = pack_arrays(arrays, body, offset)
-            fed.append(FedBatch(keys=keys, arrays=placed))
+        rows, placed, body = pack_batches(batches)
         unusable = sorted(self.cache.unusable - self._reported)
         self._reported.update(unusable)
         head = FedFrame(
-            batches=fed,
+            batch_rows=rows,
+            arrays=placed,
             last=last,
             hold_id=hold_id,
             unusable=unusable,

@@ -20,19 +20,23 @@ from services.learner.feeder import (
     AHEAD,
     BATCH,
     CLOSE_WAIT_S,
+    KEYS,
     TAKEN,
     TRAINED,
+    WEIGHTS,
     FedArray,
     FedColumn,
+    FedFrame,
     Feeder,
     FeederFailed,
     FeederStart,
     ProcessFeed,
-    pack_arrays,
+    pack_batches,
     read_trained,
     send_frame,
     trained_frame,
     unpack_arrays,
+    unpack_batches,
 )
 from tests.helpers import wait_until
 
@@ -54,24 +58,61 @@ def start_for(tmp_path, url: str = "http://127.0.0.1:9") -> FeederStart:
     )
 
 
-def test_arrays_go_through_a_frame_as_they_were():
-    rng = np.random.default_rng(0)
-    arrays = {
-        "obs": rng.normal(size=(5, 4)).astype(np.float32),
-        "action": np.arange(5, dtype=np.int64),
-        "frames": rng.integers(0, 255, size=(5, 3, 7), dtype=np.uint8),
-        "weights": np.ones(5, np.float32),
+def batch_of(rng: np.random.Generator, rows: int, first_key: int):
+    """A gathered batch: its columns, weights and keys (`SegmentCache.gather`'s)."""
+    columns = {
+        "obs": rng.normal(size=(rows, 4)).astype(np.float32),
+        "action": np.arange(rows, dtype=np.int64),
+        "frames": rng.integers(0, 255, size=(rows, 3, 7), dtype=np.uint8),
     }
-    body: list[bytes] = []
-    placed, size = pack_arrays(arrays, body, 0)
-    more, size = pack_arrays({"next": np.full(3, 7.5)}, body, size)
+    weights = rng.uniform(size=rows).astype(np.float32)
+    return columns, weights, list(range(first_key, first_key + rows))
+
+
+def through_a_frame(batches) -> list:
+    rows, placed, body = pack_batches(batches)
     data = bytearray(b"".join(bytes(part) for part in body))
-    assert len(data) == size
-    assert all(a.offset % 64 == 0 for a in placed + more)
-    out = unpack_arrays(placed + more, data)
-    for name, array in arrays.items():
-        assert out[name].dtype == array.dtype and np.array_equal(out[name], array)
-    assert np.array_equal(out["next"], np.full(3, 7.5))
+    assert all(a.offset % 64 == 0 for a in placed)
+    frame = FedFrame(batch_rows=rows, arrays=placed, last=True, hold_id=None, unusable=[])
+    return unpack_batches(frame, data)
+
+
+def test_batches_go_through_a_frame_as_they_were_column_by_column():
+    """Each column is one array of every batch's rows; a batch of no rows (all its
+    segments unusable) has none of them and comes out empty."""
+    rng = np.random.default_rng(0)
+    batches = [batch_of(rng, 5, 0), ({}, np.zeros(0, np.float32), []), batch_of(rng, 3, 2**62)]
+    rows, placed, _ = pack_batches(batches)
+    assert rows == [5, 0, 3]
+    assert {a.name: a.shape for a in placed} == {
+        "obs": [8, 4],
+        "action": [8],
+        "frames": [8, 3, 7],
+        WEIGHTS: [8],
+        KEYS: [8],
+    }
+    out = through_a_frame(batches)
+    assert len(out) == 3
+    for got, (columns, weights, keys) in zip(out, batches, strict=True):
+        assert got.keys == keys and np.array_equal(got.weights, weights)
+        assert got.weights.dtype == np.float32
+        for name, array in columns.items():
+            assert got.columns[name].dtype == array.dtype
+            assert np.array_equal(got.columns[name], array)
+    assert all(len(a) == 0 for a in out[1].columns.values())
+    empty = through_a_frame([({}, np.zeros(0, np.float32), [])])
+    assert len(empty) == 1 and empty[0].columns == {} and empty[0].keys == []
+    assert through_a_frame([]) == []
+
+
+def test_batches_that_do_not_fit_one_frame_are_refused():
+    rng = np.random.default_rng(0)
+    columns, weights, keys = batch_of(rng, 2, 0)
+    with pytest.raises(ValueError, match="different columns"):
+        pack_batches([(columns, weights, keys), ({"obs": columns["obs"]}, weights, keys)])
+    other = {**columns, "obs": columns["obs"].astype(np.float64)}
+    with pytest.raises(ValueError, match="column obs differs"):
+        pack_batches([(columns, weights, keys), (other, weights, keys)])
 
 
 def test_an_array_outside_its_frame_is_refused():
@@ -80,6 +121,25 @@ def test_an_array_outside_its_frame_is_refused():
         unpack_arrays([FedArray(name="obs", dtype="<f4", shape=[5, 4], offset=0)], body)
     with pytest.raises(ValueError, match="lies outside"):
         unpack_arrays([FedArray(name="obs", dtype="<f4", shape=[1], offset=-4)], body)
+    with pytest.raises(ValueError, match="lies outside"):
+        unpack_arrays([FedArray(name="obs", dtype="<f4", shape=[-1, 2], offset=0)], body)
+
+
+def test_a_frame_whose_arrays_do_not_hold_its_batches_is_refused():
+    rng = np.random.default_rng(0)
+    rows, placed, body = pack_batches([batch_of(rng, 4, 0)])
+    data = bytearray(b"".join(bytes(part) for part in body))
+
+    def frame(**changes) -> FedFrame:
+        fields = {"batch_rows": rows, "arrays": placed, "last": True, "hold_id": None}
+        return FedFrame(**{**fields, **changes}, unusable=[])
+
+    with pytest.raises(ValueError, match="do not hold its 5 rows"):
+        unpack_batches(frame(batch_rows=[4, 1]), data)
+    with pytest.raises(ValueError, match="negative"):
+        unpack_batches(frame(batch_rows=[5, -1]), data)
+    with pytest.raises(ValueError, match="keys and weights"):
+        unpack_batches(frame(arrays=[a for a in placed if a.name != KEYS]), data)
 
 
 def test_trained_priorities_go_through_a_frame_and_into_the_feeders_outbox(tmp_path):
