@@ -46,6 +46,11 @@ machine's CPUs (the collector's process and this one have the same affinity); wi
 coordinator and a learner beside it, the collector does not have the machine to
 itself, as in a real run.
 
+DQN's row also gives the CPU time per env step of the collector's stepping thread (its
+busiest thread; the scheduler's count, /proc/PID/task/TID/schedstat) and of the
+reference's, and the stepping thread's shares of its windows: on a CPU, runnable but
+waiting for one, and blocked (on the interpreter lock, or on the uploader's queue).
+
 `--profile-s` (DQN only; 0: none) then records the DQN collector process with py-spy
 (`record --format raw --idle --threads`, 100 Hz) for that long after the timed
 window, and prints the stepping and uploader threads' wall time by kind of work
@@ -84,6 +89,7 @@ sys.path.insert(0, str(ROOT))
 
 from algorithms.registry import ALGORITHMS  # noqa: E402
 from bench.learner_scaling import cpu_line  # noqa: E402
+from bench.procfs import thread_sched_s, threads_of  # noqa: E402
 from common.config import JobConfig, deep_merge  # noqa: E402
 from common.envs import make_env  # noqa: E402
 from common.http_client import ServiceClient  # noqa: E402
@@ -188,13 +194,15 @@ class Reference:
             self.obs = step(self.obs)
 
     def window(self, seconds: float) -> float:
-        """Env steps/s over `seconds`."""
+        """Env steps/s over `seconds` (and `cpu_us_per_step`: this thread's CPU time
+        per env step over them)."""
         steps = 0
-        started = time.perf_counter()
+        started, cpu_started = time.perf_counter(), time.thread_time()
         deadline = started + seconds
         while time.perf_counter() < deadline:
             self.obs = self.step(self.obs)
             steps += 1
+        self.cpu_us_per_step = (time.thread_time() - cpu_started) * 1e6 / (steps * self.num_envs)
         return steps * self.num_envs / (time.perf_counter() - started)
 
     def close(self) -> None:
@@ -259,6 +267,11 @@ def measure_dqn(
     ref = Reference(config)
     refs: list[float] = []
     rates: list[float] = []
+    #: The stepping thread's CPU per env step, and the reference's, in µs; its shares
+    #: of each window: on a CPU, and runnable but waiting for one.
+    cpu_us: list[float] = []
+    ref_cpu_us: list[float] = []
+    shares: list[tuple[float, float]] = []
     try:
         extra_env = {"DROVER_METRICS_TOKEN": METRICS_TOKEN}
         with LocalCluster(work / "dqn", num_collectors=1, extra_env=extra_env) as cluster:
@@ -273,25 +286,39 @@ def measure_dqn(
             collector = cluster.collectors[0]
             pid = collector.process.pid  # type: ignore[union-attr]
             counter = ServiceClient(collector.url, METRICS_TOKEN, timeout_s=10.0)
+            # The collector's busiest thread, by far: the one that steps its envs.
+            stepping = max(threads_of(pid), key=lambda tid: thread_sched_s(pid, tid)[0])
             for _ in range(pairs):
                 os.kill(pid, signal.SIGSTOP)
                 try:
                     refs.append(ref.window(window_s))
+                    ref_cpu_us.append(ref.cpu_us_per_step)
                 finally:
                     os.kill(pid, signal.SIGCONT)
                 steps, at = env_steps(counter), time.perf_counter()
+                on_cpu, waiting = thread_sched_s(pid, stepping)
                 time.sleep(window_s)
-                rates.append((env_steps(counter) - steps) / (time.perf_counter() - at))
+                gained, took = env_steps(counter) - steps, time.perf_counter() - at
+                on_cpu_end, waiting_end = thread_sched_s(pid, stepping)
+                rates.append(gained / took)
+                shares.append(((on_cpu_end - on_cpu) / took, (waiting_end - waiting) / took))
+                cpu_us.append((on_cpu_end - on_cpu) * 1e6 / max(gained, 1.0))
             cpus = affinity(pid)
             raw = record_profile(pid, profile_s, profile_out) if profile_s > 0 else None
             cluster.client.stop_job(job_id)
     finally:
         ref.close()
     ratios = [rate / r for rate, r in zip(rates, refs, strict=True)]
+    on_cpu = statistics.median(share[0] for share in shares)
+    waiting = statistics.median(share[1] for share in shares)
     what = (
         f"transitions loop, {pairs} pairs of {window_s:g}s windows after "
         f"{int(first['env_steps']):,} steps; eps {first.get('epsilon', '?')}; pair ratios "
-        f"{min(ratios):.2f}-{max(ratios):.2f}; reference {min(refs):,.0f}-{max(refs):,.0f}/s"
+        f"{min(ratios):.2f}-{max(ratios):.2f}; reference {min(refs):,.0f}-{max(refs):,.0f}/s. "
+        f"CPU per env step: stepping thread {statistics.median(cpu_us):.1f} us, reference "
+        f"{statistics.median(ref_cpu_us):.1f} us; stepping thread on a CPU {on_cpu:.0%}, "
+        f"waiting for one {waiting:.0%}, blocked {max(0.0, 1 - on_cpu - waiting):.0%} "
+        "(medians)"
     )
     row = Row(
         "DQN",
