@@ -54,7 +54,9 @@ time over all threads.
 Each fed row also shows how its training thread spent the window, from the scheduler's
 own count (/proc/PID/task/TID/schedstat): on a CPU, runnable but waiting for one
 (other processes had both CPUs), or blocked (on the interpreter lock, or waiting for a
-batch). In memory it is on a CPU all the time.
+batch). In memory it is on a CPU all the time. Beside it, the training thread's CPU
+milliseconds per iteration, in memory and fed (medians): fed / in memory is about the
+in-memory CPU per iteration over the fed one, times the fed on-CPU share.
 
 `--pin-trainer` adds a DQN window, and a row, fed as the job's is, but with the
 training thread on a CPU of its own for the window and every other thread and process
@@ -524,6 +526,10 @@ class Bench:
         #: The training thread's shares of each fed window, by `learn.feed`: on a CPU,
         #: and runnable but waiting for one (the rest it was blocked: on the interpreter
         #: lock, or waiting for a batch).
+        #: The training thread's CPU milliseconds per train iteration, in memory (each
+        #: window's) and fed (each fed window's, by `learn.feed`).
+        self.in_memory_cpu_ms: list[float] = []
+        self.trainer_cpu_ms: dict[str, list[float]] = {"process": [], "thread": [], "pinned": []}
         self.trainer_shares: dict[str, list[tuple[float, float]]] = {
             "process": [],
             "thread": [],
@@ -535,9 +541,11 @@ class Bench:
         torch.set_num_threads(self.config.system.torch_num_threads)
         learner = new_learner(self.config, 0, None)
         self.train(learner, self.warmup_iters())
-        started, first = time.perf_counter(), learner.train_iter
+        started, first, cpu_started = time.perf_counter(), learner.train_iter, time.thread_time()
         self.train(learner, self.window_iters())
-        return (learner.train_iter - first) / (time.perf_counter() - started)
+        iters = learner.train_iter - first
+        self.in_memory_cpu_ms.append((time.thread_time() - cpu_started) * 1e3 / iters)
+        return iters / (time.perf_counter() - started)
 
     def fed(
         self, profile: Callable[[], None] | None = None, feed: str = "process", pin: bool = False
@@ -580,6 +588,7 @@ class Bench:
                     (waiting_end_s - waiting_s) / (ended - started),
                 )
             )
+            self.trainer_cpu_ms[kind].append((on_cpu_end_s - on_cpu_s) * 1e3 / (done - began))
             kilo_iters = (done - began) / 1000
             self.cpu_per_kilo_iter[kind].append(
                 (
@@ -738,6 +747,9 @@ class Row:
     #: CPU, and runnable but waiting for one.
     trainer_on_cpu: float
     trainer_waiting: float
+    #: Medians of the training thread's CPU ms per train iteration: in memory, fed.
+    in_memory_cpu_ms: float
+    trainer_cpu_ms: float
     #: Held to the target (the job's own feed), not a comparison row.
     judged: bool = True
 
@@ -861,6 +873,8 @@ def main() -> None:
                             statistics.median(collectors_cpu),
                             statistics.median(on_cpu),
                             statistics.median(waiting),
+                            statistics.median(bench.in_memory_cpu_ms),
+                            statistics.median(bench.trainer_cpu_ms[feed_kind]),
                             # the job's own feed is held to the target; the thread is
                             # the comparison
                             judged=feed_kind == "process",
@@ -891,6 +905,7 @@ def main() -> None:
         "CPU s / 1k fed iters: coordinator, learner, feeder, collectors",
         "CPU bound / in memory",
         "training thread: on a CPU, waiting for one, blocked",
+        "training thread CPU ms / iter: in memory, fed",
     ):
         table.add_column(column, justify="right")
     table.add_column("window")
@@ -908,6 +923,7 @@ def main() -> None:
             f"{row.cpu_bound_per_s / max(row.in_memory):.2f}",
             f"{row.trainer_on_cpu:.0%}, {row.trainer_waiting:.0%}, "
             f"{max(0.0, 1 - row.trainer_on_cpu - row.trainer_waiting):.0%}",
+            f"{row.in_memory_cpu_ms:.2f}, {row.trainer_cpu_ms:.2f}",
             row.what,
         )
         if row.judged:
@@ -928,7 +944,9 @@ def main() -> None:
         "Training thread: its shares of a fed window (medians), from the scheduler's "
         "count (/proc/PID/task/TID/schedstat): on a CPU; runnable but waiting for a CPU "
         "(other processes' work had both); blocked (on the interpreter lock, or waiting "
-        "for a batch). In memory it is on a CPU all the time."
+        "for a batch). In memory it is on a CPU all the time. Its CPU per iteration (the "
+        "same count; in memory: the thread's own clock) is what an iteration costs it "
+        "apart from waiting."
     )
     if lost is not None:
         console.print(f"While the bench ran, {lost}.")
