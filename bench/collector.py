@@ -286,8 +286,7 @@ def measure_dqn(
             collector = cluster.collectors[0]
             pid = collector.process.pid  # type: ignore[union-attr]
             counter = ServiceClient(collector.url, METRICS_TOKEN, timeout_s=10.0)
-            # The collector's busiest thread, by far: the one that steps its envs.
-            stepping = max(threads_of(pid), key=lambda tid: thread_sched_s(pid, tid)[0])
+            stepping = busiest_thread(pid)
             for _ in range(pairs):
                 os.kill(pid, signal.SIGSTOP)
                 try:
@@ -296,26 +295,30 @@ def measure_dqn(
                 finally:
                     os.kill(pid, signal.SIGCONT)
                 steps, at = env_steps(counter), time.perf_counter()
-                on_cpu, waiting = thread_sched_s(pid, stepping)
+                before = sched_or_none(pid, stepping)
                 time.sleep(window_s)
                 gained, took = env_steps(counter) - steps, time.perf_counter() - at
-                on_cpu_end, waiting_end = thread_sched_s(pid, stepping)
+                after = sched_or_none(pid, stepping)
                 rates.append(gained / took)
-                shares.append(((on_cpu_end - on_cpu) / took, (waiting_end - waiting) / took))
-                cpu_us.append((on_cpu_end - on_cpu) * 1e6 / max(gained, 1.0))
+                if before is None or after is None:  # its task ended: the next one's
+                    stepping = busiest_thread(pid)
+                    continue
+                shares.append(((after[0] - before[0]) / took, (after[1] - before[1]) / took))
+                cpu_us.append((after[0] - before[0]) * 1e6 / max(gained, 1.0))
             cpus = affinity(pid)
             raw = record_profile(pid, profile_s, profile_out) if profile_s > 0 else None
             cluster.client.stop_job(job_id)
     finally:
         ref.close()
     ratios = [rate / r for rate, r in zip(rates, refs, strict=True)]
-    on_cpu = statistics.median(share[0] for share in shares)
-    waiting = statistics.median(share[1] for share in shares)
+    on_cpu = statistics.median(share[0] for share in shares) if shares else float("nan")
+    waiting = statistics.median(share[1] for share in shares) if shares else float("nan")
     what = (
         f"transitions loop, {pairs} pairs of {window_s:g}s windows after "
         f"{int(first['env_steps']):,} steps; eps {first.get('epsilon', '?')}; pair ratios "
         f"{min(ratios):.2f}-{max(ratios):.2f}; reference {min(refs):,.0f}-{max(refs):,.0f}/s. "
-        f"CPU per env step: stepping thread {statistics.median(cpu_us):.1f} us, reference "
+        f"CPU per env step: stepping thread "
+        f"{statistics.median(cpu_us) if cpu_us else float('nan'):.1f} us, reference "
         f"{statistics.median(ref_cpu_us):.1f} us; stepping thread on a CPU {on_cpu:.0%}, "
         f"waiting for one {waiting:.0%}, blocked {max(0.0, 1 - on_cpu - waiting):.0%} "
         "(medians)"
@@ -331,6 +334,28 @@ def measure_dqn(
         ratio=statistics.median(ratios),
     )
     return row, raw
+
+
+def busiest_thread(pid: int, over_s: float = 0.5) -> int:
+    """The thread of process `pid` that took the most CPU over the next `over_s`: a
+    collecting collector's stepping thread, by far (a thread that took more before,
+    such as an ended task's, is not it)."""
+    before = {tid: sched_or_none(pid, tid) for tid in threads_of(pid)}
+    time.sleep(over_s)
+    gained = {}
+    for tid, was in before.items():
+        now = sched_or_none(pid, tid)
+        if was is not None and now is not None:
+            gained[tid] = now[0] - was[0]
+    return max(gained, key=gained.__getitem__)
+
+
+def sched_or_none(pid: int, tid: int) -> tuple[float, float] | None:
+    """`thread_sched_s`, or None once the thread has ended."""
+    try:
+        return thread_sched_s(pid, tid)
+    except FileNotFoundError:
+        return None
 
 
 def env_steps(collector: ServiceClient) -> float:
