@@ -89,7 +89,7 @@ sys.path.insert(0, str(ROOT))
 
 from algorithms.registry import ALGORITHMS  # noqa: E402
 from bench.learner_scaling import cpu_line  # noqa: E402
-from bench.procfs import thread_sched_s, threads_of  # noqa: E402
+from bench.procfs import shares_text, thread_sched_s, threads_of, window_shares  # noqa: E402
 from common.config import JobConfig, deep_merge  # noqa: E402
 from common.envs import make_env  # noqa: E402
 from common.http_client import ServiceClient  # noqa: E402
@@ -303,7 +303,7 @@ def measure_dqn(
                 if before is None or after is None:  # its task ended: the next one's
                     stepping = busiest_thread(pid)
                     continue
-                shares.append(((after[0] - before[0]) / took, (after[1] - before[1]) / took))
+                shares.append(window_shares(before, after, took))
                 cpu_us.append((after[0] - before[0]) * 1e6 / max(gained, 1.0))
             cpus = affinity(pid)
             raw = record_profile(pid, profile_s, profile_out) if profile_s > 0 else None
@@ -319,9 +319,8 @@ def measure_dqn(
         f"{min(ratios):.2f}-{max(ratios):.2f}; reference {min(refs):,.0f}-{max(refs):,.0f}/s. "
         f"CPU per env step: stepping thread "
         f"{statistics.median(cpu_us) if cpu_us else float('nan'):.1f} us, reference "
-        f"{statistics.median(ref_cpu_us):.1f} us; stepping thread on a CPU {on_cpu:.0%}, "
-        f"waiting for one {waiting:.0%}, blocked {max(0.0, 1 - on_cpu - waiting):.0%} "
-        "(medians)"
+        f"{statistics.median(ref_cpu_us):.1f} us; stepping thread on a CPU, waiting for one, "
+        f"blocked: {shares_text(on_cpu, waiting)} (medians)"
     )
     row = Row(
         "DQN",

@@ -106,7 +106,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.learner_scaling import BUSY_SHARE, CpuMeter, cpu_line, print_load_before  # noqa: E402
-from bench.procfs import cpu_s, thread_sched_s, threads_of  # noqa: E402
+from bench.procfs import cpu_s, shares_text, thread_sched_s, threads_of, window_shares  # noqa: E402
 from common.config import JobConfig  # noqa: E402
 from common.envs import usable_cpus  # noqa: E402
 from common.errors import ApiError  # noqa: E402
@@ -157,6 +157,9 @@ DQN_WARMUP_ITERS = 100
 FEED_WAIT_S = 2.0
 #: The longest a fed window may take before the bench gives up.
 WINDOW_TIMEOUT_S = 600.0
+#: What feeds a fed window: `learn.feed`'s two, and the job's own with the training
+#: thread on a CPU of its own (`--pin-trainer`).
+FED_KINDS = ("process", "thread", "pinned")
 #: The CPUs this process may use, as it started (`unpin` gives them back).
 ALLOWED_CPUS = frozenset(os.sched_getaffinity(0))
 
@@ -519,22 +522,16 @@ class Bench:
         #: `learn.feed`: (the coordinator's, the learner's: this process, the bench
         #: idle in it, its feeder process's, if it has one, and the collectors').
         self.cpu_per_kilo_iter: dict[str, list[tuple[float, float, float, float]]] = {
-            "process": [],
-            "thread": [],
-            "pinned": [],
+            kind: [] for kind in FED_KINDS
         }
-        #: The training thread's shares of each fed window, by `learn.feed`: on a CPU,
-        #: and runnable but waiting for one (the rest it was blocked: on the interpreter
-        #: lock, or waiting for a batch).
         #: The training thread's CPU milliseconds per train iteration, in memory (each
-        #: window's) and fed (each fed window's, by `learn.feed`).
+        #: window's) and fed (each fed window's, by kind).
         self.in_memory_cpu_ms: list[float] = []
-        self.trainer_cpu_ms: dict[str, list[float]] = {"process": [], "thread": [], "pinned": []}
-        self.trainer_shares: dict[str, list[tuple[float, float]]] = {
-            "process": [],
-            "thread": [],
-            "pinned": [],
-        }
+        self.trainer_cpu_ms: dict[str, list[float]] = {kind: [] for kind in FED_KINDS}
+        #: The training thread's shares of each fed window, by kind: on a CPU, and
+        #: runnable but waiting for one (the rest it was blocked: on the interpreter
+        #: lock, or waiting for a batch).
+        self.trainer_shares: dict[str, list[tuple[float, float]]] = {kind: [] for kind in FED_KINDS}
 
     def in_memory(self) -> float:
         """Train iterations/s of a fresh learner of the job on data in memory."""
@@ -575,20 +572,15 @@ class Bench:
             others = [coordinator.pid, self.collectors.process.pid, *feeders]
             if pin:
                 pin_apart(trainer, others)
-            on_cpu_s, waiting_s = thread_sched_s(os.getpid(), trainer)
+            sched = thread_sched_s(os.getpid(), trainer)
             if profile is not None:
                 profile()
             ended, done = task.wait_mark(warm + self.window_iters())
-            on_cpu_end_s, waiting_end_s = thread_sched_s(os.getpid(), trainer)
+            sched_end = thread_sched_s(os.getpid(), trainer)
             if pin:
                 unpin([os.getpid(), *others])
-            self.trainer_shares[kind].append(
-                (
-                    (on_cpu_end_s - on_cpu_s) / (ended - started),
-                    (waiting_end_s - waiting_s) / (ended - started),
-                )
-            )
-            self.trainer_cpu_ms[kind].append((on_cpu_end_s - on_cpu_s) * 1e3 / (done - began))
+            self.trainer_shares[kind].append(window_shares(sched, sched_end, ended - started))
+            self.trainer_cpu_ms[kind].append((sched_end[0] - sched[0]) * 1e3 / (done - began))
             kilo_iters = (done - began) / 1000
             self.cpu_per_kilo_iter[kind].append(
                 (
@@ -921,8 +913,7 @@ def main() -> None:
             f"{row.coordinator_cpu_s:.2f}, {row.learner_cpu_s:.2f}, {row.feeder_cpu_s:.2f}, "
             f"{row.collectors_cpu_s:.2f}",
             f"{row.cpu_bound_per_s / max(row.in_memory):.2f}",
-            f"{row.trainer_on_cpu:.0%}, {row.trainer_waiting:.0%}, "
-            f"{max(0.0, 1 - row.trainer_on_cpu - row.trainer_waiting):.0%}",
+            shares_text(row.trainer_on_cpu, row.trainer_waiting),
             f"{row.in_memory_cpu_ms:.2f}, {row.trainer_cpu_ms:.2f}",
             row.what,
         )

@@ -26,3 +26,16 @@ def thread_sched_s(pid: int, tid: int) -> tuple[float, float]:
 def threads_of(pid: int) -> list[int]:
     """The thread ids of process `pid` now."""
     return [int(tid) for tid in os.listdir(f"/proc/{pid}/task")]
+
+
+def window_shares(
+    before: tuple[float, float], after: tuple[float, float], seconds: float
+) -> tuple[float, float]:
+    """A thread's shares of a window of `seconds` between two `thread_sched_s` counts:
+    on a CPU, and runnable but waiting for one (the rest it was blocked)."""
+    return (after[0] - before[0]) / seconds, (after[1] - before[1]) / seconds
+
+
+def shares_text(on_cpu: float, waiting: float) -> str:
+    """A thread's shares as "on a CPU, waiting for one, blocked" percentages."""
+    return f"{on_cpu:.0%}, {waiting:.0%}, {max(0.0, 1 - on_cpu - waiting):.0%}"
