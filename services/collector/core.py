@@ -444,6 +444,7 @@ class CollectorRunner:
         stepper.reset(seed=spec.seed)
         episodes = EpisodeTracker(spec.num_envs)
         env_steps = segment_steps = seq = 0
+        counted_steps = 0  # env steps in the metrics' counter so far
         own = actor_columns(config)
         started = next_take_at = time.monotonic()
 
@@ -474,8 +475,8 @@ class CollectorRunner:
                     policy.reset_state(step.ended)  # type: ignore[attr-defined]
                 env_steps += spec.num_envs
                 segment_steps += spec.num_envs
-                self.metrics.env_steps.inc(spec.num_envs)
-                episodes.step(step.reward, step.ended)
+                # Episodes and the env step counter are counted at each take, from the
+                # builder's columns: the stepping thread pays for every call it makes.
                 in_episodes = len(episode_rows) if episode_rows is not None else 0
                 # `begun` bounds the ready rows from above and costs nothing: the exact
                 # count is asked for only when a take may be due.
@@ -486,6 +487,9 @@ class CollectorRunner:
                     and len(builder) + in_episodes >= policy_cfg.collect.n_sample
                 ):
                     next_take_at = time.monotonic() + TAKE_EVERY_S
+                    episodes.steps(*builder.fresh_steps())
+                    self.metrics.env_steps.inc(env_steps - counted_steps)
+                    counted_steps = env_steps
                     spans: list[tuple[int, int]] = []
                     if episode_rows is None:
                         rows = builder.take()
@@ -524,6 +528,7 @@ class CollectorRunner:
                         **policy.exploration(job_env_steps),
                     )
         finally:
+            self.metrics.env_steps.inc(env_steps - counted_steps)
             uploader.close()
             stepper.close()
         return {"env_steps": env_steps, "segments": uploader.segments_sent}

@@ -59,6 +59,32 @@ class EpisodeTracker:
             self._return[i], self._start[i] = 0.0, self._steps
         return finished
 
+    def steps(self, rewards: np.ndarray, ended: np.ndarray) -> list[tuple[int, float, int]]:
+        """Count a block of vector steps at once (`rewards`, `ended`: [steps, num_envs]),
+        as `step` would one after the other; returns the episodes it ended, in the same
+        order. The transitions loop counts each take's steps so (`NStepBuilder.fresh_steps`):
+        no work per step on the stepping thread."""
+        count = len(rewards)
+        if not count:
+            return []
+        # Each env's rewards summed from its open episode's start to each step of the
+        # block; an episode ending at step t returned that sum, less what the env's
+        # earlier episodes in the block took (`carried`).
+        running = np.cumsum(rewards, axis=0, dtype=np.float64) + self._return
+        carried = np.zeros_like(self._return)
+        finished = []
+        for t, i in zip(*np.nonzero(ended), strict=True):
+            t, i = int(t), int(i)
+            step = self._steps + t + 1
+            finished.append((i, float(running[t, i] - carried[i]), step - int(self._start[i])))
+            carried[i], self._start[i] = running[t, i], step
+        for _env, ret, length in finished:
+            self._returns.append(ret)
+            self._lengths.append(length)
+        self._return = running[-1] - carried
+        self._steps += count
+        return finished
+
     def take(self) -> tuple[list[float], list[int]]:
         """The episodes finished since the last call: the last MAX_EPISODES_PER_SEGMENT
         of them, as many as a segment reference lists (the coordinator keeps the last
@@ -192,16 +218,19 @@ def _rows_of(columns: dict[str, np.ndarray]) -> int:
 class NStepBuilder:
     """Turns a vector env's steps into n-step transitions.
 
-    A step only copies its arrays into the builder's own [steps, envs] columns (and
-    counts the transitions it completes); `take` makes the rows of all the steps held at
-    once, with array operations over those columns, so the stepping thread does no
-    per-env or per-row Python work and nothing is stacked. The steps whose transitions
-    still wait for later steps (the last `nstep - 1`, unless their episode ended) move to
-    the front of the columns for the next `take`. Rows come out in step order, envs in
-    order within a step.
+    A step only copies its arrays into the builder's own [steps, envs] columns: nothing
+    else, since the stepping thread pays for every call it makes. `take` makes the rows
+    of all the steps held at once, with array operations over those columns, so the
+    stepping thread does no per-env or per-row Python work and nothing is stacked; what
+    ended where, what is still owed and how many rows are ready follow from the columns
+    when asked. The steps whose transitions still wait for later steps (the last
+    `nstep - 1`, unless their episode ended) move to the front of the columns for the
+    next `take`. Rows come out in step order, envs in order within a step.
     """
 
     COLUMNS = ("obs", "action", "reward", "next_obs", "done", "discount")
+    #: What a step holds besides the actor's extras (`add`'s arguments, in order).
+    HELD = ("obs", "action", "reward", "next_obs", "terminated", "truncated")
     #: Steps the columns first hold; they double when full.
     FIRST_CAPACITY = 64
 
@@ -212,20 +241,26 @@ class NStepBuilder:
         #: Steps held, by column: [capacity, num_envs, ...], the first `_count` in use;
         #: made at the first step, with its arrays' shapes and dtypes.
         self._held: dict[str, np.ndarray] = {}
-        #: Per held step, which envs' transitions starting there are still owed.
+        self._capacity = 0
+        #: Per held step, which envs' transitions starting there are still owed: set by
+        #: `take` for the steps it keeps; every row after those is True (all owed).
         self._owed = np.ones((0, num_envs), dtype=bool)
         self._count = 0
-        #: Steps added in all, and the last one that ended each env's episode (-1:
-        #: none yet): which transitions are complete follows from these when asked.
-        self._added = 0
-        self._last_end = np.full(num_envs, -1, dtype=np.int64)
+        #: Held steps `fresh_steps` has not given out yet start here.
+        self._fresh = 0
         #: Transitions begun and not taken yet, complete or not.
         self._begun = 0
 
     def __len__(self) -> int:
         """Transitions `take` would give now: those begun, less each env's last
-        `nstep - 1` or fewer (the steps since its episode's end), which wait for more."""
-        waiting = np.minimum(self.nstep - 1, self._added - 1 - self._last_end)
+        `nstep - 1` or fewer (the steps since its episode's end), which wait for more.
+        Those steps are always held (`take` keeps the last `nstep - 1`)."""
+        window = min(self.nstep - 1, self._count)
+        if not window:
+            return self._begun
+        recent = self._ended(self._count - window, self._count)[::-1]
+        # Steps after each env's last end in the window (all of them where none).
+        waiting = np.where(recent.any(axis=0), recent.argmax(axis=0), window)
         return self._begun - int(waiting.sum())
 
     @property
@@ -248,39 +283,51 @@ class NStepBuilder:
         actor's own columns at this step (one row per env, the same names at every
         step), kept with the transition that starts here. The arrays are copied: the
         caller may reuse them."""
-        ended = np.logical_or(terminated, truncated)
-        step = {
-            "obs": obs,
-            "action": actions,
-            "reward": rewards,
-            "next_obs": next_obs,
-            "terminated": terminated,
-            "ended": ended,
-            **(extras or {}),
-        }
-        if self._count == len(self._owed):
-            self._grow(step)
+        if self._count == self._capacity:
+            self._grow(obs, actions, rewards, next_obs, terminated, truncated, extras or {})
         at = self._count
-        for name, column in self._held.items():
-            column[at] = step[name]
-        self._owed[at] = True
-        self._count += 1
-        if ended.any():
-            self._last_end[ended] = self._added
-        self._added += 1
+        held = self._held
+        held["obs"][at] = obs
+        held["action"][at] = actions
+        held["reward"][at] = rewards
+        held["next_obs"][at] = next_obs
+        held["terminated"][at] = terminated
+        held["truncated"][at] = truncated
+        if extras:
+            for name, column in extras.items():
+                held[name][at] = column
+        self._count = at + 1
         self._begun += self.num_envs
 
-    def _grow(self, step: dict[str, np.ndarray]) -> None:
+    def _grow(self, *step: np.ndarray | dict[str, np.ndarray]) -> None:
         """Twice the room (the first step sets the columns' shapes and dtypes)."""
-        capacity = max(self.FIRST_CAPACITY, 2 * len(self._owed))
+        capacity = max(self.FIRST_CAPACITY, 2 * self._capacity)
         if not self._held:
+            *arrays, extras = step
+            assert isinstance(extras, dict)
+            first = dict(zip(self.HELD, arrays, strict=True)) | extras
             self._held = {
                 name: np.empty((capacity, *np.shape(a)), np.asarray(a).dtype)
-                for name, a in step.items()
+                for name, a in first.items()
             }
         else:
             self._held = {name: _resized(column, capacity) for name, column in self._held.items()}
-        self._owed = _resized(self._owed, capacity)
+        owed = np.ones((capacity, self.num_envs), dtype=bool)
+        owed[: self._capacity] = self._owed
+        self._owed, self._capacity = owed, capacity
+
+    def _ended(self, start: int, stop: int) -> np.ndarray:
+        """Where an episode ended, over held steps [start, stop)."""
+        return self._held["terminated"][start:stop] | self._held["truncated"][start:stop]
+
+    def fresh_steps(self) -> tuple[np.ndarray, np.ndarray]:
+        """The rewards and episode ends ([steps, num_envs]) of the steps added since the
+        last call, for `EpisodeTracker.steps`. Ask before each `take`: a take drops the
+        steps it has given all the rows of."""
+        start, self._fresh = self._fresh, self._count
+        if not self._held:
+            return np.zeros((0, self.num_envs)), np.zeros((0, self.num_envs), dtype=bool)
+        return self._held["reward"][start : self._count].copy(), self._ended(start, self._count)
 
     def take(self, *, where: bool = False) -> dict[str, np.ndarray]:
         """All finished transitions as column arrays; the builder keeps the rest.
@@ -291,6 +338,7 @@ class NStepBuilder:
         if not count:
             return {name: np.zeros(0, np.float32) for name in self.COLUMNS}
         held = {name: column[:count] for name, column in self._held.items()}
+        ended = self._ended(0, count)
         owed = self._owed[:count]
         # For each (step t, env): its n-step return, the step whose observation follows
         # (the episode's end or t + nstep - 1), whether it is terminal, its length.
@@ -306,11 +354,11 @@ class NStepBuilder:
                 break
             live = alive[:span]
             ret[:span] += np.where(live, self.gamma**k * reward[k:], 0.0)
-            ends = live & held["ended"][k:]
+            ends = live & ended[k:]
             last[:span][ends] += k
             length[:span][ends] = k + 1
             done[:span][ends] = held["terminated"][k:][ends]
-            live &= ~held["ended"][k:]
+            live &= ~ended[k:]
         whole = np.arange(count)[:, None] + self.nstep - 1 < count
         full = alive & whole
         last[full] += self.nstep - 1
@@ -323,11 +371,11 @@ class NStepBuilder:
             # versions stay integers; the actor's columns are float32 data
             name: held[name][t, env] if name == VERSION else held[name][t, env].astype(np.float32)
             for name in held
-            if name not in (*self.COLUMNS, "terminated", "ended")
+            if name not in (*self.COLUMNS, *self.HELD)
         }
         action = held["action"][t, env]
         if where:
-            extras |= {ENV: env, LAST: held["ended"][t, env]}
+            extras |= {ENV: env, LAST: ended[t, env]}
         rows = extras | {
             "obs": as_obs(held["obs"][t, env]),
             # discrete: action ids; continuous: actions normalized to [-1, 1]
@@ -344,7 +392,9 @@ class NStepBuilder:
         for column in self._held.values():
             column[:kept] = column[keep:count]
         self._owed[:kept] = remaining
+        self._owed[kept:count] = True  # the rows the next steps land in
         self._count = kept
+        self._fresh = max(0, self._fresh - keep)
         self._begun = int(remaining.sum())
         return rows
 
