@@ -51,6 +51,13 @@ busiest thread; the scheduler's count, /proc/PID/task/TID/schedstat) and of the
 reference's, and the stepping thread's shares of its windows: on a CPU, runnable but
 waiting for one, and blocked (on the interpreter lock, or on the uploader's queue).
 
+With DQN, a last table gives the transitions loop's step-data work on the stepping
+thread, measured in this process on the reference's steps (`step_data_cost`): the
+n-step builder's `add` at each vector step and, at each take, the episodes and env
+steps counted, the rows made and the segment's columns chosen, in CPU us per env step
+and as a share of the act and env step they follow. It is the loop's own cost without
+the services beside it, a steadier figure than the throughput row.
+
 `--profile-s` (DQN only; 0: none) then records the DQN collector process with py-spy
 (`record --format raw --idle --threads`, 100 Hz) for that long after the timed
 window, and prints the stepping and uploader threads' wall time by kind of work
@@ -80,6 +87,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from prometheus_client import CollectorRegistry
 from prometheus_client.parser import text_string_to_metric_families
 from rich.console import Console
 from rich.table import Table
@@ -97,6 +105,9 @@ from common.models import state_to_numpy  # noqa: E402
 from common.storage import SharedStore  # noqa: E402
 from drover.local import LocalCluster  # noqa: E402
 from jobconfig import fit_to_env, load_config_file, resolve_job_config  # noqa: E402
+from services.collector.core import TAKE_EVERY_S, declared_only  # noqa: E402
+from services.collector.metrics import CollectorMetrics  # noqa: E402
+from services.collector.step_data import VERSION, EpisodeTracker, NStepBuilder  # noqa: E402
 
 EXAMPLES = {
     "dqn": ROOT / "examples" / "cartpole_dqn.yaml",
@@ -545,6 +556,80 @@ def summarize(raw: str, console: Console) -> None:
         console.print(table)
 
 
+def step_data_cost(windows: int, window_s: float) -> tuple[float, float, int]:
+    """The transitions loop's step-data work, in this process on the reference's steps:
+    each vector step into the n-step builder, and at each take (every `TAKE_EVERY_S`, as
+    the loop takes) its episodes and env steps counted, its rows made and the segment's
+    columns chosen. Returns the medians over `windows` windows of `window_s` of the CPU per env
+    step of that work and of the step itself (the policy's act and the envs' step), in
+    µs, and the vector steps a take held on average.
+
+    What is measured is the loop's own calls on the stepping thread, without the
+    services beside it: a steady figure where a throughput row's noise hides a few
+    percent."""
+    config = job_config("dqn")
+    torch.set_num_threads(config.system.torch_num_threads)
+    num_envs = config.env.collector_env_num
+    actor = ALGORITHMS["dqn"].make_actor(config.policy)
+    actor.load(1, state_to_numpy(actor.network))
+    env = make_env(config.env, num_envs)
+    rng = np.random.default_rng(0)
+    builder = NStepBuilder(num_envs, config.policy.collect_nstep, config.policy.discount_factor)
+    episodes = EpisodeTracker(num_envs)
+    counter = CollectorMetrics(CollectorRegistry()).env_steps
+    n_sample = config.policy.collect.n_sample
+    obs = env.reset(seed=0)
+    work_us, step_us, steps_per_take = [], [], []
+    try:
+        for window in range(windows + 1):  # the first warms up
+            steps = takes = counted = 0
+            work_s = step_s = 0.0
+            next_take_at = time.monotonic()
+            deadline = time.perf_counter() + window_s
+            while time.perf_counter() < deadline:
+                at = time.thread_time()
+                actions = actor.act(obs, rng, NEVER)
+                versions = np.full(num_envs, actor.version, np.int64)
+                step = env.step(actor.env_action(actions))
+                stepped = time.thread_time()
+                builder.add(
+                    obs,
+                    actions,
+                    step.reward,
+                    step.final_obs,
+                    step.terminated,
+                    step.truncated,
+                    {VERSION: versions},
+                )
+                if (
+                    builder.begun >= n_sample
+                    and time.monotonic() >= next_take_at
+                    and len(builder) >= n_sample
+                ):
+                    next_take_at = time.monotonic() + TAKE_EVERY_S
+                    episodes.steps(*builder.fresh_steps())
+                    counter.inc((steps + 1 - counted) * num_envs)
+                    counted = steps + 1
+                    declared_only(config, builder.take())
+                    episodes.take()
+                    takes += 1
+                obs = step.obs
+                work_s += time.thread_time() - stepped
+                step_s += stepped - at
+                steps += 1
+            if window:
+                work_us.append(work_s * 1e6 / (steps * num_envs))
+                step_us.append(step_s * 1e6 / (steps * num_envs))
+                steps_per_take.append(steps / max(takes, 1))
+    finally:
+        env.close()
+    return (
+        statistics.median(work_us),
+        statistics.median(step_us),
+        round(statistics.mean(steps_per_take)),
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--seconds", type=float, default=10.0, help="PPO's windows")
@@ -599,6 +684,22 @@ def main() -> None:
             r.what,
         )
     console.print(table)
+    if "dqn" in args.algos.split(","):
+        work_us, step_us, per_take = step_data_cost(windows=10, window_s=0.5)
+        table = Table(
+            title="DQN's step data on the stepping thread, in this process (medians of 10 x 0.5 s)"
+        )
+        for col in ("step data, CPU us per env step", "act + env step, CPU us", "share"):
+            table.add_column(col, justify="right")
+        table.add_column("what")
+        table.add_row(
+            f"{work_us:.2f}",
+            f"{step_us:.1f}",
+            f"{work_us / step_us:.1%}",
+            f"the n-step builder's add at each step; a take every {per_take} vector steps "
+            "(its episodes and env steps counted, its rows, the segment's columns)",
+        )
+        console.print(table)
     if raw:
         summarize(raw, console)
 
