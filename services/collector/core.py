@@ -96,6 +96,12 @@ def make_actor(config: JobConfig, protocol: type[A]) -> A:
 #: `n_sample`): making rows costs per call, and the uploader gathers what comes within
 #: its `wait_s` into one segment anyway.
 TAKE_EVERY_S = 0.01
+#: How long the transitions loop's rows wait for others to share their upload. Each
+#: upload (a file, its fsyncs, an insert request) holds the interpreter lock for about
+#: a millisecond and a half of Python, which the stepping thread waits out; replayed
+#: rows lose nothing by reaching the buffer 0.2 s later. Under a rate limiter an upload
+#: fills to its bound far sooner than this.
+TRANSITIONS_UPLOAD_WAIT_S = 0.2
 
 
 #: What the unrolls loop records at each step (an unroll's `bootstrap_obs` is once a
@@ -424,7 +430,7 @@ class CollectorRunner:
             policy_cfg.collect_nstep,  # type: ignore[attr-defined]  # a transitions config
             policy_cfg.discount_factor,
         )
-        uploader = self._uploader(ctx, config)
+        uploader = self._uploader(ctx, config, TRANSITIONS_UPLOAD_WAIT_S)
         # Episode and sequence items: rows go out grouped by episode, with their spans;
         # an episode cut into pieces repeats the rows consecutive sequences share at
         # each cut. A piece must hold more rows than it repeats: where the insert bound
