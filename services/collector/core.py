@@ -93,9 +93,9 @@ def make_actor(config: JobConfig, protocol: type[A]) -> A:
 
 
 #: The transitions loop hands the uploader its rows at most this often (once there are
-#: `n_sample`): making rows costs per call, and the uploader gathers what comes within
-#: its `wait_s` into one segment anyway.
-TAKE_EVERY_S = 0.01
+#: `n_sample`; at once when an upload's worth is ready): making rows costs per call, and
+#: the uploader gathers what comes within its `wait_s` into one segment anyway.
+TAKE_EVERY_S = 0.05
 #: How long the transitions loop's rows wait for others to share their upload. Each
 #: upload (a file, its fsyncs, an insert request) holds the interpreter lock for about
 #: a millisecond and a half of Python, which the stepping thread waits out; replayed
