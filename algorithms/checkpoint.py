@@ -7,13 +7,14 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from algorithms.adam import Optimizer
 from algorithms.sync import LOCAL, GradientSync
 from common.models import load_numpy_state
 
 
 class OneModelState:
     model: torch.nn.Module
-    optimizer: torch.optim.Optimizer
+    optimizer: Optimizer
     train_iter: int
     #: Averages gradients across the ranks of a learner group (LOCAL: none).
     sync: GradientSync = LOCAL
@@ -40,7 +41,7 @@ class TargetNetworkState:
 
     online: torch.nn.Module
     target: torch.nn.Module
-    optimizer: torch.optim.Optimizer
+    optimizer: Optimizer
     train_iter: int
     sync: GradientSync = LOCAL
 

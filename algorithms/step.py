@@ -31,19 +31,21 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from algorithms.adam import FusedAdam, Optimizer
 from algorithms.sync import LOCAL, GradientSync
 
 
-def adam(parameters: Iterable[torch.Tensor], lr: float, eps: float = 1e-8) -> torch.optim.Optimizer:
+def adam(parameters: Iterable[torch.Tensor], lr: float, eps: float = 1e-8) -> FusedAdam:
     """The Adam every learner uses: the fused implementation (one kernel over all the
     weights, CPU and CUDA), several times faster than the per-tensor loop on CPU; the
-    optimizer step is work every rank of a learner group does in full."""
-    return torch.optim.Adam(parameters, lr=lr, eps=eps, fused=True)
+    optimizer step is work every rank of a learner group does in full. torch.optim's
+    own would import torch's compiler module first (algorithms/adam.py)."""
+    return FusedAdam(parameters, lr=lr, eps=eps)
 
 
 def finite_step(
     loss: torch.Tensor,
-    optimizer: torch.optim.Optimizer,
+    optimizer: Optimizer,
     parameters: Iterable[torch.Tensor] = (),
     max_grad_norm: float | None = None,
     *,
@@ -83,7 +85,7 @@ def finite_step(
 
 def device_step(
     loss: torch.Tensor,
-    optimizer: torch.optim.Optimizer,
+    optimizer: Optimizer,
     parameters: Iterable[torch.Tensor] = (),
     max_grad_norm: float | None = None,
     *,
@@ -146,7 +148,7 @@ class TDReport:
 
 
 def td_report(
-    on_device: dict[str, torch.Tensor], td_abs: torch.Tensor, optimizer: torch.optim.Optimizer
+    on_device: dict[str, torch.Tensor], td_abs: torch.Tensor, optimizer: Optimizer
 ) -> tuple[TDReport, bool]:
     """An update's report from its tags still on the device (`loss/td`, `value/q_mean`,
     `optim/grad_norm`, ...: read in one transfer) and the items' priorities, with the
@@ -170,7 +172,7 @@ def to_device(array: np.ndarray, device: torch.device) -> torch.Tensor:
     return tensor.pin_memory().to(device, non_blocking=True)
 
 
-def learning_rate(optimizer: torch.optim.Optimizer) -> float:
+def learning_rate(optimizer: Optimizer) -> float:
     """The optimizer's learning rate now (its first parameter group's)."""
     return float(optimizer.param_groups[0]["lr"])
 

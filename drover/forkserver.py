@@ -49,10 +49,9 @@ from common.settings import without_secrets
 #: What the collectors and learners import at start or at their first task, but for
 #: the modules that start threads when imported (the learner's segment reads): a fork
 #: keeps only the thread that forked, so those are imported in each child. torch's
-#: compiler module, which torch.optim imports with an optimizer's first parameter
-#: group, is not here: only a learner needs it, and each learner imports it on a
-#: thread as it starts (`services.learner.training.import_ahead`), while the
-#: collectors start, instead of every service waiting for it here. Everything is
+#: compiler module is not here, and no service imports it: torch.optim would with an
+#: optimizer's first parameter group, and learners use their own Adam on torch's fused
+#: kernel instead (algorithms/adam.py). Everything is
 #: imported before the first fork: what the server imports after one copies the pages
 #: it shares with the children forked before (bench/memory.py).
 PRELOAD = (

@@ -18,9 +18,7 @@ if __name__ == "__main__":
         sys.exit(run_rank(ranks, DEFAULT_PORT))
     from services.learner.app import create_app
     from services.learner.feeder import start_spare
-    from services.learner.training import import_ahead
     from services.slave.main import run_slave
 
-    import_ahead()  # torch's compiler module, for the first learn task's optimizer
     start_spare()  # for the first learn task (`learn.feed: process`, the default)
     sys.exit(run_slave("learner", DEFAULT_PORT, create_app))

@@ -13,8 +13,6 @@ Usage::
 from __future__ import annotations
 
 import functools
-import importlib
-import threading
 import time
 import warnings
 from dataclasses import dataclass, replace
@@ -256,49 +254,10 @@ class ItemReport:
     scalars: dict[str, float]
 
 
-#: What torch.optim imports with an optimizer's first parameter group: torch's compiler
-#: module, about 0.7 s of CPU (torch itself is about as much).
-OPTIMIZER_IMPORTS = ("torch._dynamo",)
-
-_imports_ahead: threading.Thread | None = None
-
-
-def import_ahead() -> None:
-    """Start importing `OPTIMIZER_IMPORTS` on a thread (a learner service calls this as
-    it starts; `new_learner` waits for it). Imported at the first learn task instead,
-    they would hold back the first policy version, which every collector waits for;
-    imported by the fork server before it forks (drover/forkserver.py), they would
-    hold back every service's start. On this thread they load while the learner
-    registers and waits for its task, on a core the collectors' start leaves free."""
-    global _imports_ahead
-    if _imports_ahead is None:
-        _imports_ahead = threading.Thread(
-            target=_import_all, args=(OPTIMIZER_IMPORTS,), name="import-ahead", daemon=True
-        )
-        _imports_ahead.start()
-
-
-def _import_all(modules: tuple[str, ...]) -> None:
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - `new_learner` imports it again and says why
-            return
-
-
-def _wait_for_imports_ahead() -> None:
-    # Before the optimizer, the first thing in a task that imports these: two threads
-    # importing the same package tree at once can each wait for a module the other
-    # holds.
-    if _imports_ahead is not None:
-        _imports_ahead.join()
-
-
 def new_learner(config: JobConfig, seed: int, group: RankGroup | None) -> Learner:
     """The job's learner, seeded, on the job's device. In a group, a rank trains on the
     GPU of its local rank (for a CUDA job), its minibatches are its share of the
     global ones, and its optimizer steps average gradients across the ranks."""
-    _wait_for_imports_ahead()
     torch.manual_seed(seed)
     policy = config.policy
     algorithm = ALGORITHMS[policy.type]
