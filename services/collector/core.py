@@ -97,10 +97,10 @@ def make_actor(config: JobConfig, protocol: type[A]) -> A:
 #: the uploader gathers what comes within its `wait_s` into one segment anyway.
 TAKE_EVERY_S = 0.05
 #: How long the transitions loop's rows wait for others to share their upload. Each
-#: upload (a file, its fsyncs, an insert request) holds the interpreter lock for about
-#: a millisecond and a half of Python, which the stepping thread waits out; replayed
-#: rows lose nothing by reaching the buffer 0.2 s later. Under a rate limiter an upload
-#: fills to its bound far sooner than this.
+#: upload (a file, its fsyncs, an insert request) costs the uploader thread milliseconds
+#: of CPU, much of it Python under the interpreter lock, which the stepping thread waits
+#: out; replayed rows lose nothing by reaching the buffer 0.2 s later. Under a rate
+#: limiter an upload fills to its bound far sooner than this.
 TRANSITIONS_UPLOAD_WAIT_S = 0.2
 
 
