@@ -180,10 +180,10 @@ class Reference:
     def __init__(self, config: JobConfig) -> None:
         torch.set_num_threads(config.system.torch_num_threads)
         self.num_envs = config.env.collector_env_num
-        actor = ALGORITHMS[config.policy.type].make_actor(config.policy)
+        actor = self.actor = ALGORITHMS[config.policy.type].make_actor(config.policy)
         actor.load(1, state_to_numpy(actor.network))
         env = self.env = make_env(config.env, self.num_envs)
-        rng = np.random.default_rng(0)
+        rng = self.rng = np.random.default_rng(0)
         if config.policy.type == "dqn":
 
             def step(obs: np.ndarray) -> np.ndarray:
@@ -568,17 +568,12 @@ def step_data_cost(windows: int, window_s: float) -> tuple[float, float, int]:
     services beside it: a steady figure where a throughput row's noise hides a few
     percent."""
     config = job_config("dqn")
-    torch.set_num_threads(config.system.torch_num_threads)
-    num_envs = config.env.collector_env_num
-    actor = ALGORITHMS["dqn"].make_actor(config.policy)
-    actor.load(1, state_to_numpy(actor.network))
-    env = make_env(config.env, num_envs)
-    rng = np.random.default_rng(0)
+    ref = Reference(config)  # its envs and actor, warmed up
+    actor, env, rng, num_envs, obs = ref.actor, ref.env, ref.rng, ref.num_envs, ref.obs
     builder = NStepBuilder(num_envs, config.policy.collect_nstep, config.policy.discount_factor)
     episodes = EpisodeTracker(num_envs)
     counter = CollectorMetrics(CollectorRegistry()).env_steps
     n_sample = config.policy.collect.n_sample
-    obs = env.reset(seed=0)
     work_us, step_us, steps_per_take = [], [], []
     try:
         for window in range(windows + 1):  # the first warms up
@@ -622,7 +617,7 @@ def step_data_cost(windows: int, window_s: float) -> tuple[float, float, int]:
                 step_us.append(step_s * 1e6 / (steps * num_envs))
                 steps_per_take.append(steps / max(takes, 1))
     finally:
-        env.close()
+        ref.close()
     return (
         statistics.median(work_us),
         statistics.median(step_us),

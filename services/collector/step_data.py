@@ -76,11 +76,11 @@ class EpisodeTracker:
         for t, i in zip(*np.nonzero(ended), strict=True):
             t, i = int(t), int(i)
             step = self._steps + t + 1
-            finished.append((i, float(running[t, i] - carried[i]), step - int(self._start[i])))
-            carried[i], self._start[i] = running[t, i], step
-        for _env, ret, length in finished:
+            ret, length = float(running[t, i] - carried[i]), step - int(self._start[i])
+            finished.append((i, ret, length))
             self._returns.append(ret)
             self._lengths.append(length)
+            carried[i], self._start[i] = running[t, i], step
         self._return = running[-1] - carried
         self._steps += count
         return finished
@@ -284,7 +284,8 @@ class NStepBuilder:
         step), kept with the transition that starts here. The arrays are copied: the
         caller may reuse them."""
         if self._count == self._capacity:
-            self._grow(obs, actions, rewards, next_obs, terminated, truncated, extras or {})
+            step = (obs, actions, rewards, next_obs, terminated, truncated)
+            self._grow(dict(zip(self.HELD, step, strict=True)) | (extras or {}))
         at = self._count
         held = self._held
         held["obs"][at] = obs
@@ -299,16 +300,13 @@ class NStepBuilder:
         self._count = at + 1
         self._begun += self.num_envs
 
-    def _grow(self, *step: np.ndarray | dict[str, np.ndarray]) -> None:
+    def _grow(self, step: dict[str, np.ndarray]) -> None:
         """Twice the room (the first step sets the columns' shapes and dtypes)."""
         capacity = max(self.FIRST_CAPACITY, 2 * self._capacity)
         if not self._held:
-            *arrays, extras = step
-            assert isinstance(extras, dict)
-            first = dict(zip(self.HELD, arrays, strict=True)) | extras
             self._held = {
                 name: np.empty((capacity, *np.shape(a)), np.asarray(a).dtype)
-                for name, a in first.items()
+                for name, a in step.items()
             }
         else:
             self._held = {name: _resized(column, capacity) for name, column in self._held.items()}
