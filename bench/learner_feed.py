@@ -64,9 +64,12 @@ of the bench (the coordinator, the feeder, the collectors' stand-in) on the othe
 the feed costs the training thread when nothing else is scheduled on its CPU. A
 comparison, not held to the target.
 
-With DQN, a last table gives the CPU one sample reply's frame costs the feeder to pack
-and the learner's reading thread to read (which holds the interpreter lock the training
-thread waits for), the fastest part of the feed to time on its own.
+With DQN, a last table gives the CPU one sample reply costs each process on its way, on
+the example's buffer (its size, in segments of `collect.n_sample` rows): the coordinator
+drawing it and writing its JSON; the feeder parsing it, gathering its batches from
+cached segments and packing them into a frame; the learner's reading thread reading
+the frame (which holds the interpreter lock the training thread waits for). The
+fastest part of the feed to time on its own.
 
 `--gil-probe` adds what bounds the fed DQN learner: its in-memory rate alone and with
 a thread of the same process running Python for a share of each few milliseconds (as
@@ -105,6 +108,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.buffer import NoFiles  # noqa: E402
 from bench.learner_scaling import BUSY_SHARE, CpuMeter, cpu_line, print_load_before  # noqa: E402
 from bench.procfs import cpu_s, shares_text, thread_sched_s, threads_of, window_shares  # noqa: E402
 from common.config import JobConfig  # noqa: E402
@@ -116,6 +120,7 @@ from common.messages import (  # noqa: E402
     SampleReply,
     SegmentRef,
     TaskAssignment,
+    dump,
     dump_json,
     parse,
 )
@@ -128,6 +133,7 @@ from jobconfig import (  # noqa: E402
     read_job_config,
     resolve_job_config,
 )
+from services.buffer.core import ReplayBuffer  # noqa: E402
 from services.coordinator.client import CoordinatorClient  # noqa: E402
 from services.learner import sessions  # noqa: E402
 from services.learner.core import LearnerRunner  # noqa: E402
@@ -215,8 +221,11 @@ class Segments:
         path = self.store.segment_path(self.job_id, f"bench-{os.getpid()}", self.seq)
         self.seq += 1
         columns = COLUMNS[algo](self.rng, rows)
-        self.store.write_segment(path, columns, header={"policy_version": version})
-        return SegmentRef(path=path, rows=rows, env_steps=rows, policy_version=version)
+        ref = SegmentRef(path=path, rows=rows, env_steps=rows, policy_version=version)
+        # The header a collector writes: a file the limiter holds back past the
+        # coordinator's orphan grace is then indexed by its sweep, not deleted.
+        self.store.write_segment(path, columns, header=dump(ref))
+        return ref
 
     def insert(self, refs: list[SegmentRef]) -> None:
         """Insert, waiting while the limiter holds inserts back (the learner is behind)."""
@@ -448,49 +457,76 @@ def gil_probe(console: Console, iters: int) -> None:
     console.print(table)
 
 
-def frame_costs(console: Console) -> None:
-    """The CPU one DQN sample reply's frame costs each end of the feeder's socket, as a
-    table: the feeder packing it (`pack_batches` and its head), and the learner's reading
-    thread reading it (the head parsed, the batches viewed), which holds the interpreter
-    lock the training thread waits for."""
+def reply_costs(console: Console) -> None:
+    """The CPU one DQN sample reply costs each process it passes through, as a table,
+    on the example's buffer (`replay_buffer_size` rows in segments of
+    `collect.n_sample`, filled with random transitions in a temporary folder): the
+    coordinator drawing it and writing its JSON, the feeder parsing it, gathering its
+    batches (segments already cached) and packing them into a frame, and the learner's
+    reading thread reading the frame (which holds the interpreter lock the training
+    thread waits for). The fastest part of the feed to time on its own."""
     config = job_config("dqn")
-    learn = config.policy.learn
+    learn, replay = config.policy.learn, config.policy.other.replay_buffer
+    rows = config.policy.collect.n_sample
     rng = np.random.default_rng(0)
-    batches = [
-        (dqn_columns(rng, learn.batch_size), np.ones(learn.batch_size, np.float32), keys)
-        for keys in np.arange(learn.batch_size * learn.num_batches)
-        .reshape(learn.num_batches, -1)
-        .tolist()
-    ]
+    job_id = "job-bench"
+    with tempfile.TemporaryDirectory() as tmp:
+        store = SharedStore(Path(tmp))
+        # Without the example's rate limiter, which would stop the timed draws.
+        unlimited = dataclasses.replace(replay, samples_per_insert=None)
+        buffer = ReplayBuffer(job_id, unlimited, NoFiles(), error_buffer=0.0)
+        for seq in range(-(-replay.replay_buffer_size // rows)):
+            path = store.segment_path(job_id, "bench", seq)
+            ref = SegmentRef(path=path, rows=rows, env_steps=rows, policy_version=0)
+            store.write_segment(path, dqn_columns(rng, rows), header=dump(ref))
+            buffer.insert([ref])
+        names = algorithm_of(config).column_names_for(config.policy)
+        cache = SegmentCache(store, job_id, SegmentSchema.for_policy(config.policy, names))
 
-    def pack() -> tuple[bytes, list[bytes | memoryview]]:
-        rows, placed, parts = pack_batches(batches)
-        frame = FedFrame(batch_rows=rows, arrays=placed, last=True, hold_id=None, unusable=[])
-        return dump_json(frame), parts
+        def draw() -> SampleReply:
+            batches, hold_id = buffer.sample_for(
+                "task", learn.batch_size, learn.num_batches, timeout_s=0
+            )
+            return SampleReply(batches=batches, hold_id=hold_id)
 
-    head, parts = pack()
-    body = bytearray(b"".join(parts))  # as the learner receives it
+        reply = draw()
+        data = dump_json(reply)
+        batches = [cache.gather(batch) for batch in reply.batches]  # cached from here
 
-    def read() -> None:
-        unpack_batches(parse(FedFrame, head), body)
+        def pack() -> tuple[bytes, list[bytes | memoryview]]:
+            rows, placed, parts = pack_batches(batches)
+            frame = FedFrame(batch_rows=rows, arrays=placed, last=True, hold_id=None, unusable=[])
+            return dump_json(frame), parts
 
-    table = Table(
-        title=f"One sample reply's frame ({learn.num_batches} batches of {learn.batch_size} "
-        f"CartPole rows, {len(head) + len(body):,} bytes): CPU per frame"
-    )
-    for column in ("end", "work", "µs (median of 5 x 1,000)"):
-        table.add_column(column, justify="right")
-    for end, work, call in (
-        ("feeder", "pack the batches, write the head", pack),
-        ("learner's reading thread", "parse the head, view the batches", read),
-    ):
-        timings = []
-        for _ in range(5):
-            started = time.thread_time()
-            for _ in range(1000):
-                call()
-            timings.append((time.thread_time() - started) * 1e3)
-        table.add_row(end, work, f"{statistics.median(timings):,.0f}")
+        head, parts = pack()
+        body = bytearray(b"".join(parts))  # as the learner receives it
+        segments = sum(len(batch.segments) for batch in reply.batches)
+        table = Table(
+            title=f"One sample reply ({learn.num_batches} batches of {learn.batch_size} "
+            f"CartPole rows from {segments} segment entries; {len(data):,} bytes of JSON, a "
+            f"{len(head) + len(body):,}-byte frame): CPU per reply"
+        )
+        for column in ("process", "work", "µs (median of 5 x 200)"):
+            table.add_column(column, justify="right")
+        for end, work, call in (
+            ("coordinator", "draw the batches (`ReplayBuffer.sample_for`)", draw),
+            ("coordinator", "write the reply's JSON", lambda: dump_json(reply)),
+            ("feeder", "parse the reply", lambda: parse(SampleReply, data)),
+            ("feeder", "gather the batches", lambda: [cache.gather(b) for b in reply.batches]),
+            ("feeder", "pack the batches, write the frame's head", pack),
+            (
+                "learner's reading thread",
+                "parse the head, view the batches",
+                lambda: unpack_batches(parse(FedFrame, head), body),
+            ),
+        ):
+            timings = []
+            for _ in range(5):
+                started = time.thread_time()
+                for _ in range(200):
+                    call()
+                timings.append((time.thread_time() - started) * 1e6 / 200)
+            table.add_row(end, work, f"{statistics.median(timings):,.0f}")
     console.print(table)
 
 
@@ -944,7 +980,7 @@ def main() -> None:
         if lost.others + lost.steal > BUSY_SHARE:
             console.print("[yellow]the CPUs were not all free: timings are noisier than usual")
     if "dqn" in algos:
-        frame_costs(console)
+        reply_costs(console)
     if raw:
         summarize(raw, console)
     if args.gil_probe:

@@ -251,6 +251,31 @@ class SegmentCache:
             if path in self.unusable:
                 return None
             read, deadline = self._start(path)
+        return self._wait(path, read, deadline)
+
+    def _entries(self, paths: list[str]) -> dict[str, _Cached | None]:
+        """`_entry` of each distinct path in `paths`, under one hold of the lock (a
+        batch names dozens of segments, each often several times): every read not under
+        way starts before the first is waited for."""
+        found: dict[str, _Cached | None] = {}
+        reads: dict[str, tuple[Read, float]] = {}
+        with self._lock:
+            for path in dict.fromkeys(paths):
+                entry = self._cache.get(path)
+                if entry is not None:
+                    self._cache.move_to_end(path)
+                    found[path] = entry
+                elif path in self.unusable:
+                    found[path] = None
+                else:
+                    reads[path] = self._start(path)
+        for path, (read, deadline) in reads.items():
+            found[path] = self._wait(path, read, deadline)
+        return found
+
+    def _wait(self, path: str, read: Read, deadline: float) -> _Cached | None:
+        """The entry `read` makes for `path`, waited for until `deadline` (monotonic);
+        None when it is unusable or not read by then (it is then skipped)."""
         try:
             result: _Cached | None = READS.result(read, deadline - time.monotonic())
             return result
@@ -389,7 +414,11 @@ class SegmentCache:
         self, batch: SampledBatch
     ) -> tuple[dict[str, np.ndarray], np.ndarray, np.ndarray]:
         """The batch's rows (one a item), from each usable segment."""
-        items = sum(len(segment.rows) for segment in batch.segments)
+        # One pass over the batch's dozens of entries for each list, not one per use.
+        paths = [segment.path for segment in batch.segments]
+        row_lists = [segment.rows for segment in batch.segments]
+        counts = np.fromiter(map(len, row_lists), np.int64, len(row_lists))
+        items = int(counts.sum())
         if len(batch.keys) != items or len(batch.weights) != items:
             log.warning(
                 "sampled batch of %d rows has %d keys, %d weights: skipped",
@@ -398,12 +427,11 @@ class SegmentCache:
                 len(batch.weights),
             )
             return {}, np.zeros(0, np.float32), np.zeros(0, bool)
-        self.start_reads([batch])
-        flat = _flat_rows(batch)
-        if flat is None:  # a row that is no int64 at all: checked segment by segment
+        by_path = self._entries(paths)
+        index = _flat_rows(row_lists, items)
+        if index is None:  # a row that is no int64 at all: checked segment by segment
             return self._gather_each(batch)
-        index, counts = flat
-        entries = [self._entry(segment.path) for segment in batch.segments]
+        entries = [by_path[path] for path in paths]
         # Each entry's lowest and highest row, and its segment's rows, for all at once.
         starts = np.cumsum([0, *counts[:-1]])
         nonempty = counts > 0
@@ -412,14 +440,16 @@ class SegmentCache:
         if nonempty.any():
             lows[nonempty] = np.minimum.reduceat(index, starts[nonempty])
             highs[nonempty] = np.maximum.reduceat(index, starts[nonempty])
-        usable = np.fromiter((e is not None for e in entries), bool, count=len(entries))
-        lengths = np.fromiter((e.rows if e else 0 for e in entries), np.int64, len(entries))
+        # Rows in each entry's segment; -1: the segment is unusable.
+        sizes = np.fromiter((e.rows if e is not None else -1 for e in entries), np.int64)
+        usable = sizes >= 0
+        lengths = np.maximum(sizes, 0)
         outside = usable & nonempty & ((lows < 0) | (highs >= lengths))
         if outside.any():  # such a segment is skipped: none of its entries is kept
-            bad = {batch.segments[i].path for i in np.flatnonzero(outside).tolist()}
+            bad = {paths[i] for i in np.flatnonzero(outside).tolist()}
             for path in bad:
                 self.skip(path, "sampled rows out of range")
-            usable &= np.fromiter((s.path not in bad for s in batch.segments), bool, len(usable))
+            usable &= np.fromiter((path not in bad for path in paths), bool, len(usable))
         keep = np.repeat(usable, counts)
         if not usable.any():
             return {}, np.zeros(0, np.float32), keep
@@ -555,19 +585,13 @@ class _Rows:
         return np.concatenate([take(c, name, r) for c, r in zip(found, self.rows, strict=True)])
 
 
-def _flat_rows(batch: SampledBatch) -> tuple[np.ndarray, np.ndarray] | None:
-    """Every entry's rows in one int64 array, and how many each entry has; None when a
-    row cannot be an int64."""
-    counts = np.fromiter((len(segment.rows) for segment in batch.segments), np.int64)
+def _flat_rows(row_lists: list[list[int]], items: int) -> np.ndarray | None:
+    """Every entry's rows (`items` in all) in one int64 array; None when a row cannot
+    be an int64."""
     try:
-        index = np.fromiter(
-            itertools.chain.from_iterable(segment.rows for segment in batch.segments),
-            np.int64,
-            count=int(counts.sum()),
-        )
+        return np.fromiter(itertools.chain.from_iterable(row_lists), np.int64, count=items)
     except (OverflowError, TypeError, ValueError):
         return None
-    return index, counts
 
 
 def _row_index(rows: list[int], length: int) -> np.ndarray | None:
