@@ -349,9 +349,17 @@ class FedTask:
     """One learn task through the learner service's code, in a thread of this process."""
 
     def __init__(
-        self, cluster: LocalCluster, job_id: str, mode: str, number: int, feed: str
+        self,
+        cluster: LocalCluster,
+        job_id: str,
+        mode: str,
+        number: int,
+        feed: str,
+        collectors: Collectors,
     ) -> None:
         self.feed = feed
+        #: The stand-in feeding the job: a window cannot end once it has exited.
+        self.collectors = collectors
         task = TaskAssignment(
             task_id=f"bench-learn-{number}", job_id=job_id, spec=LearnSpec(seed=0, mode=mode)
         )
@@ -397,6 +405,12 @@ class FedTask:
                     raise RuntimeError(
                         f"the learn task ended at {self.progress.get('train_iter')}"
                     ) from self.error
+                code = self.collectors.process.poll()
+                if code is not None:
+                    raise RuntimeError(
+                        f"the collectors' stand-in exited (code {code}) at train_iter "
+                        f"{self.progress.get('train_iter')}: see its error above"
+                    )
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"train_iter {self.progress.get('train_iter')}")
                 self.progress.changed.wait(1.0)
@@ -593,7 +607,7 @@ class Bench:
         a CPU of its own and every other process and thread of the bench on the others
         (its numbers are kept as the `pinned` feed's)."""
         self.tasks += 1
-        task = FedTask(self.cluster, self.job_id, self.mode, self.tasks, feed)
+        task = FedTask(self.cluster, self.job_id, self.mode, self.tasks, feed, self.collectors)
         kind = "pinned" if pin else feed
         # The task resumes where the last one stopped (its final checkpoint).
         warm = self.resumed + self.warmup_iters()
