@@ -514,10 +514,10 @@ def reply_costs(console: Console) -> None:
 
         head, parts = pack()
         body = bytearray(b"".join(parts))  # as the learner receives it
-        segments = sum(len(batch.segments) for batch in reply.batches)
+        entries = sum(len(batch.segments) for batch in reply.batches)
         table = Table(
             title=f"One sample reply ({learn.num_batches} batches of {learn.batch_size} "
-            f"CartPole rows from {segments} segment entries; {len(data):,} bytes of JSON, a "
+            f"CartPole rows from {entries} segment entries; {len(data):,} bytes of JSON, a "
             f"{len(head) + len(body):,}-byte frame): CPU per reply"
         )
         for column in ("process", "work", "µs (fastest of 20 x 50)"):
@@ -536,15 +536,15 @@ def reply_costs(console: Console) -> None:
         )
         # The works take turns, so that a change in the machine's speed (twofold within
         # a minute on a shared VM) reaches all of them; the fastest turn of each counts.
-        timings: list[list[float]] = [[] for _ in works]
+        timings_us: list[list[float]] = [[] for _ in works]
         for _ in range(20):
-            for timing, (_, _, call) in zip(timings, works, strict=True):
+            for timing_us, (_, _, call) in zip(timings_us, works, strict=True):
                 started = time.thread_time()
                 for _ in range(50):
                     call()
-                timing.append((time.thread_time() - started) * 1e6 / 50)
-        for timing, (end, work, _) in zip(timings, works, strict=True):
-            table.add_row(end, work, f"{min(timing):,.0f}")
+                timing_us.append((time.thread_time() - started) * 1e6 / 50)
+        for timing_us, (end, work, _) in zip(timings_us, works, strict=True):
+            table.add_row(end, work, f"{min(timing_us):,.0f}")
     console.print(table)
 
 

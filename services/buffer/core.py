@@ -553,7 +553,11 @@ class ReplayBuffer:
     ) -> list[SampledBatch]:
         """The drawn items as batches of `batch_size`, each with one message entry per
         segment; keys and weights follow the same order. All batches are grouped in one
-        pass: a request's hundreds of entries cost far more one batch at a time."""
+        pass: a request's hundreds of entries cost far more one batch at a time. Each
+        sampled segment's `last_sampled_s` is set here (its file outlives its items a
+        while after that)."""
+        if len(keys) == 0:
+            return []
         batch_of = np.arange(len(keys)) // batch_size
         # By batch, then by segment; items of one segment keep their drawn order.
         order = np.lexsort((segment_ids, batch_of))

@@ -24,6 +24,7 @@ import itertools
 import logging
 import threading
 import time
+from concurrent.futures import CancelledError
 from dataclasses import dataclass
 from typing import Any
 
@@ -279,7 +280,7 @@ class SegmentCache:
         try:
             result: _Cached | None = READS.result(read, deadline - time.monotonic())
             return result
-        except TimeoutError:
+        except (TimeoutError, CancelledError):  # cancelled: another waiter's bound passed
             self.skip(path, f"not read within {self.read_timeout_s:g} s")  # first: no new read
             with self._lock:
                 self._loading.pop(path, None)

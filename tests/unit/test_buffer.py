@@ -1,3 +1,4 @@
+import dataclasses
 import threading
 import time
 
@@ -5,7 +6,7 @@ import numpy as np
 import pytest
 
 from common.config import ReplayBufferConfig
-from common.messages import SegmentRef
+from common.messages import SampledBatch, SampledSegment, SegmentRef
 from services.buffer.core import BufferClosed, RateLimited, ReplayBuffer, SampleTimeout
 from services.buffer.limiter import RateLimiter
 from tests.fakes import DeletedFiles
@@ -220,3 +221,57 @@ def test_a_file_indexed_while_its_insert_waits_counts_once():
     assert stats.inserts == 30 and stats.live_segments == 3
     buf.release_all()  # releasing is total: every file once, no error
     assert sorted(files.deleted) == sorted(ref(i).path for i in range(3))
+
+
+def _grouped_batch_by_batch(buf, batch_size, keys, sids, rows, lengths, weights, spans):
+    """What a reply held when each batch was grouped on its own: its items sorted by
+    segment id (a stable sort: a segment's items in drawn order), one entry a segment."""
+    batches = []
+    for start in range(0, len(keys), batch_size):
+        order = sorted(range(start, start + batch_size), key=lambda i: sids[i])
+        entries: list[list] = []
+        for i in order:
+            if entries and entries[-1][0] == sids[i]:
+                entries[-1][1].append(rows[i])
+                entries[-1][2].append(lengths[i])
+            else:
+                entries.append([sids[i], [rows[i]], [lengths[i]]])
+        segments = [
+            SampledSegment(path=buf._segments[s].path, rows=r, lengths=n if spans else None)
+            for s, r, n in entries
+        ]
+        batches.append(
+            SampledBatch(
+                keys=[keys[i] for i in order],
+                segments=segments,
+                weights=[weights[i] for i in order],
+            )
+        )
+    return batches
+
+
+@pytest.mark.parametrize("item", ["transition", "episode"])
+def test_a_reply_groups_each_batch_by_segment_in_drawn_order(item):
+    # Segments that recur within a batch, out of order, and across batches.
+    config = ReplayBufferConfig(
+        replay_buffer_size=1000, min_size_to_sample=1, item=item, sequence_length=4
+    )
+    buf = ReplayBuffer("job-1", config, DeletedFiles(), error_buffer=0.0)
+    for seq in range(5):
+        buf.insert([dataclasses.replace(ref(seq, rows=20), episodes=[(0, 10), (10, 10)])])
+    ids = sorted(buf._segments)
+    rng = np.random.default_rng(3)
+    batch_size, num_batches = 8, 4
+    n = batch_size * num_batches
+    sids = rng.choice(ids, n)
+    keys, rows, lengths = (rng.integers(0, 20, n) for _ in range(3))
+    weights = rng.random(n)
+    got = buf._group(batch_size, keys, sids, rows, lengths, weights)
+    want = _grouped_batch_by_batch(
+        buf,
+        batch_size,
+        *(a.tolist() for a in (keys, sids, rows, lengths, weights)),
+        spans=item != "transition",
+    )
+    assert got == want
+    assert buf._group(batch_size, *(a[:0] for a in (keys, sids, rows, lengths, weights))) == []
