@@ -481,7 +481,7 @@ def reply_costs(console: Console) -> None:
     thread waits for). The fastest part of the feed to time on its own."""
     config = job_config("dqn")
     learn, replay = config.policy.learn, config.policy.other.replay_buffer
-    rows = config.policy.collect.n_sample
+    segment_rows = config.policy.collect.n_sample
     rng = np.random.default_rng(0)
     job_id = "job-bench"
     with tempfile.TemporaryDirectory() as tmp:
@@ -489,10 +489,10 @@ def reply_costs(console: Console) -> None:
         # Without the example's rate limiter, which would stop the timed draws.
         unlimited = dataclasses.replace(replay, samples_per_insert=None)
         buffer = ReplayBuffer(job_id, unlimited, NoFiles(), error_buffer=0.0)
-        for seq in range(-(-replay.replay_buffer_size // rows)):
+        for seq in range(-(-replay.replay_buffer_size // segment_rows)):
             path = store.segment_path(job_id, "bench", seq)
-            ref = SegmentRef(path=path, rows=rows, env_steps=rows, policy_version=0)
-            store.write_segment(path, dqn_columns(rng, rows), header=dump(ref))
+            ref = SegmentRef(path=path, rows=segment_rows, env_steps=segment_rows, policy_version=0)
+            store.write_segment(path, dqn_columns(rng, segment_rows), header=dump(ref))
             buffer.insert([ref])
         names = algorithm_of(config).column_names_for(config.policy)
         cache = SegmentCache(store, job_id, SegmentSchema.for_policy(config.policy, names))

@@ -569,9 +569,10 @@ class ReplayBuffer:
         bounds = [*starts.tolist(), len(order)]
         row_list = rows[order].tolist()
         length_list = lengths[order].tolist() if self.config.item != "transition" else None
+        first_ids = segment_ids[starts].tolist()
         now = self._clock()
         paths: dict[int, str] = {}
-        for sid in set(segment_ids[starts].tolist()):
+        for sid in set(first_ids):
             entry = self._segments[sid]
             entry.last_sampled_s = now
             paths[sid] = entry.path
@@ -581,7 +582,7 @@ class ReplayBuffer:
                 rows=row_list[a:b],
                 lengths=length_list[a:b] if length_list is not None else None,
             )
-            for sid, a, b in zip(segment_ids[starts].tolist(), bounds[:-1], bounds[1:], strict=True)
+            for sid, a, b in zip(first_ids, bounds[:-1], bounds[1:], strict=True)
         ]
         # Each batch's first entry: entries run in batch order.
         firsts = np.searchsorted(batch_of[starts], np.arange(batch_of[-1] + 1)).tolist()

@@ -244,15 +244,7 @@ class SegmentCache:
 
     def _entry(self, path: str) -> _Cached | None:
         """`get`, as the cache keeps the segment (with its rows and record)."""
-        with self._lock:
-            entry = self._cache.get(path)
-            if entry is not None:
-                self._cache.move_to_end(path)
-                return entry
-            if path in self.unusable:
-                return None
-            read, deadline = self._start(path)
-        return self._wait(path, read, deadline)
+        return self._entries([path])[path]
 
     def _entries(self, paths: list[str]) -> dict[str, _Cached | None]:
         """`_entry` of each distinct path in `paths`, under one hold of the lock (a
