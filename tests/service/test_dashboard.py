@@ -78,6 +78,25 @@ def save_screenshot(page, tmp_path):
     return shot
 
 
+def wait_in_page(page, expression, cluster, job_id):
+    """Wait for `expression` to hold in the page; when it does not in time, fail with
+    what the page, the job and the services' logs showed (a run that stalls says why)."""
+    try:
+        page.wait_for_function(expression, timeout=WAIT_MS)
+    except Exception as exc:  # playwright's TimeoutError
+        job = cluster.client.job(job_id)
+        evals = len(cluster.client.metrics(job_id)["evals"])
+        logs = "\n".join(
+            f"--- {s.name} ---\n{s.log_tail(30)}" for s in cluster.services
+        )
+        pytest.fail(
+            f"{expression} did not hold within {WAIT_MS / 1000:g} s ({exc!r}); the page's "
+            f"error: {page.inner_text('#error')!r}; the job: {job.phase}, "
+            f"{job.train_iters} train iters, {job.env_steps} env steps, {evals} evals "
+            f"({job.reason!r}); the logs end:\n{logs}"
+        )
+
+
 def sign_in(page, url, token):
     page.goto(url)
     page.fill("#token", token)
@@ -113,13 +132,14 @@ def test_the_dashboard_in_a_browser(tmp_path):
             # A job's page: its return curve gets points as evaluations come in.
             row.click()
             page.wait_for_selector("#return-chart", timeout=30_000)
-            page.wait_for_function(
-                "document.querySelector('#return-chart')?.dataset.points >= 2",
-                timeout=WAIT_MS,
+            wait_in_page(
+                page, "document.querySelector('#return-chart')?.dataset.points >= 2", cluster, job_id
             )
-            page.wait_for_function(
+            wait_in_page(
+                page,
                 "document.querySelector('#throughput-chart')?.dataset.points >= 1",
-                timeout=WAIT_MS,
+                cluster,
+                job_id,
             )
             assert page.locator("#return-chart path.line").count() == 1
             assert page.locator("#lag-chart").count() == 1
