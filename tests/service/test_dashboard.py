@@ -86,9 +86,7 @@ def wait_in_page(page, expression, cluster, job_id):
     except Exception as exc:  # playwright's TimeoutError
         job = cluster.client.job(job_id)
         evals = len(cluster.client.metrics(job_id)["evals"])
-        logs = "\n".join(
-            f"--- {s.name} ---\n{s.log_tail(30)}" for s in cluster.services
-        )
+        logs = "\n".join(f"--- {s.name} ---\n{s.log_tail(30)}" for s in cluster.services)
         pytest.fail(
             f"{expression} did not hold within {WAIT_MS / 1000:g} s ({exc!r}); the page's "
             f"error: {page.inner_text('#error')!r}; the job: {job.phase}, "
@@ -133,7 +131,10 @@ def test_the_dashboard_in_a_browser(tmp_path):
             row.click()
             page.wait_for_selector("#return-chart", timeout=30_000)
             wait_in_page(
-                page, "document.querySelector('#return-chart')?.dataset.points >= 2", cluster, job_id
+                page,
+                "document.querySelector('#return-chart')?.dataset.points >= 2",
+                cluster,
+                job_id,
             )
             wait_in_page(
                 page,
