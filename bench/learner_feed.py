@@ -67,8 +67,10 @@ comparison, not held to the target.
 With DQN, a last table gives the CPU one sample reply costs each process on its way, on
 the example's buffer (its size, in segments of `collect.n_sample` rows): the coordinator
 drawing it and writing its JSON; the feeder parsing it, gathering its batches from
-cached segments and packing them into a frame; the learner's reading thread reading
-the frame (which holds the interpreter lock the training thread waits for). The
+cached segments, packing them into a frame and sending it; the learner's reading thread
+receiving the frame and reading it (which holds the interpreter lock the training thread
+waits for). The frame crosses a socket to and from a process of this script that stands
+in for the other end, one frame a credit, as between a learner and its feeder. The
 fastest part of the feed to time on its own.
 
 `--gil-probe` adds what bounds the fed DQN learner: its in-memory rate alone and with
@@ -85,9 +87,11 @@ from __future__ import annotations
 import argparse
 import collections
 import dataclasses
+import json
 import os
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
@@ -138,10 +142,13 @@ from services.coordinator.client import CoordinatorClient  # noqa: E402
 from services.learner import sessions  # noqa: E402
 from services.learner.core import LearnerRunner  # noqa: E402
 from services.learner.feeder import (  # noqa: E402
+    BATCH,
     FedFrame,
     FeederStart,
     feeder_start,
     pack_batches,
+    recv_frame,
+    send_frame,
     unpack_batches,
 )
 from services.learner.segments import SegmentCache, SegmentSchema  # noqa: E402
@@ -476,9 +483,10 @@ def reply_costs(console: Console) -> None:
     on the example's buffer (`replay_buffer_size` rows in segments of
     `collect.n_sample`, filled with random transitions in a temporary folder): the
     coordinator drawing it and writing its JSON, the feeder parsing it, gathering its
-    batches (segments already cached) and packing them into a frame, and the learner's
-    reading thread reading the frame (which holds the interpreter lock the training
-    thread waits for). The fastest part of the feed to time on its own."""
+    batches (segments already cached), packing them into a frame and sending it, and the
+    learner's reading thread receiving the frame and reading it (which holds the
+    interpreter lock the training thread waits for). The fastest part of the feed to
+    time on its own."""
     config = job_config("dqn")
     learn, replay = config.policy.learn, config.policy.other.replay_buffer
     segment_rows = config.policy.collect.n_sample
@@ -522,30 +530,97 @@ def reply_costs(console: Console) -> None:
         )
         for column in ("process", "work", "µs (fastest of 20 x 50)"):
             table.add_column(column, justify="right")
-        works = (
-            ("coordinator", "draw the batches (`ReplayBuffer.sample_for`)", draw),
-            ("coordinator", "write the reply's JSON", lambda: dump_json(reply)),
-            ("feeder", "parse the reply", lambda: parse(SampleReply, data)),
-            ("feeder", "gather the batches", lambda: [cache.gather(b) for b in reply.batches]),
-            ("feeder", "pack the batches, write the frame's head", pack),
-            (
-                "learner's reading thread",
-                "parse the head, view the batches",
-                lambda: unpack_batches(parse(FedFrame, head), body),
-            ),
-        )
-        # The works take turns, so that a change in the machine's speed (twofold within
-        # a minute on a shared VM) reaches all of them; the fastest turn of each counts.
-        timings_us: list[list[float]] = [[] for _ in works]
-        for _ in range(20):
-            for timing_us, (_, _, call) in zip(timings_us, works, strict=True):
-                started = time.thread_time()
-                for _ in range(50):
-                    call()
-                timing_us.append((time.thread_time() - started) * 1e6 / 50)
+        # The frame crosses a socket to and from a process that stands in for the other
+        # end (`--frame-peer`): one frame each way a turn, as a credit lets it go.
+        with FramePeer("receive") as receiver, FramePeer("send", head, parts) as sender:
+
+            def send() -> None:
+                send_frame(receiver.sock, BATCH, head, parts)
+                receiver.sock.recv(1)  # its acknowledgement
+
+            def receive() -> None:
+                sender.sock.send(b"x")  # a credit: one frame may come
+                recv_frame(sender.sock)
+
+            works = (
+                ("coordinator", "draw the batches (`ReplayBuffer.sample_for`)", draw),
+                ("coordinator", "write the reply's JSON", lambda: dump_json(reply)),
+                ("feeder", "parse the reply", lambda: parse(SampleReply, data)),
+                ("feeder", "gather the batches", lambda: [cache.gather(b) for b in reply.batches]),
+                ("feeder", "pack the batches, write the frame's head", pack),
+                ("feeder", "send the frame (socket)", send),
+                ("learner's reading thread", "receive the frame (socket)", receive),
+                (
+                    "learner's reading thread",
+                    "parse the head, view the batches",
+                    lambda: unpack_batches(parse(FedFrame, head), body),
+                ),
+            )
+            # The works take turns, so that a change in the machine's speed (twofold
+            # within a minute on a shared VM) reaches all of them; the fastest turn of
+            # each counts.
+            timings_us: list[list[float]] = [[] for _ in works]
+            for _ in range(20):
+                for timing_us, (_, _, call) in zip(timings_us, works, strict=True):
+                    started = time.thread_time()
+                    for _ in range(50):
+                        call()
+                    timing_us.append((time.thread_time() - started) * 1e6 / 50)
         for timing_us, (end, work, _) in zip(timings_us, works, strict=True):
             table.add_row(end, work, f"{min(timing_us):,.0f}")
     console.print(table)
+
+
+class FramePeer:
+    """A process at the other end of a socket (this script with `--frame-peer`): it
+    receives frames and acknowledges each (`receive`), or sends the frame it was given
+    once per credit (`send`), its body in the same parts, as the feeder sends it."""
+
+    def __init__(
+        self, role: str, head: bytes = b"", parts: list[bytes | memoryview] | None = None
+    ) -> None:
+        self.sock, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, "--frame-peer", role, "--fd", str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),),
+        )
+        theirs.close()
+        if role == "send":
+            # The frame to send, and where its body's parts lie in what the peer gets.
+            sizes = [len(memoryview(part).cast("B")) for part in parts or []]
+            layout = json.dumps({"head_bytes": len(head), "part_bytes": sizes}).encode()
+            send_frame(self.sock, BATCH, layout, [head, *(parts or [])])
+
+    def __enter__(self) -> FramePeer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.sock.close()  # the peer's end of file: it exits
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+
+
+def frame_peer(role: str, fd: int) -> None:
+    """`FramePeer`'s process."""
+    sock = socket.socket(fileno=fd)
+    if role == "receive":
+        while recv_frame(sock) is not None:
+            sock.send(b"k")
+        return
+    given = recv_frame(sock)
+    assert given is not None
+    _, layout_json, data = given
+    layout = json.loads(layout_json)
+    view, offset = memoryview(data), layout["head_bytes"]
+    head, parts = bytes(view[:offset]), []
+    for size in layout["part_bytes"]:
+        parts.append(view[offset : offset + size])
+        offset += size
+    while sock.recv(1):
+        send_frame(sock, BATCH, head, parts)
 
 
 # --- one algorithm ----------------------------------------------------------------------
@@ -866,9 +941,14 @@ def main() -> None:
         help="a DQN fed window more, the training thread on a CPU of its own",
     )
     parser.add_argument("--collectors", choices=sorted(COLUMNS), help=argparse.SUPPRESS)
+    parser.add_argument("--frame-peer", choices=("send", "receive"), help=argparse.SUPPRESS)
+    parser.add_argument("--fd", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.collectors:
         collect(args.collectors)
+        return
+    if args.frame_peer:
+        frame_peer(args.frame_peer, args.fd)
         return
     if args.pin_trainer and len(ALLOWED_CPUS) < 2:
         parser.error("--pin-trainer needs two CPUs or more")

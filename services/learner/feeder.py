@@ -83,6 +83,8 @@ ALIGN = 64
 AHEAD = 2
 #: A frame holds batches up to this many bytes of arrays (one batch larger goes alone).
 FRAME_BYTES = 32 * 2**20
+#: The most parts one `sendmsg` takes (the system's bound on a call's buffers).
+IOV_MAX = os.sysconf("SC_IOV_MAX")
 #: The sample weights' and the items' keys' names among a frame's arrays (no column is
 #: named so).
 WEIGHTS = "_weights"
@@ -202,9 +204,20 @@ def send_frame(
     parts = [body] if isinstance(body, bytes) else body
     size = sum(len(part) for part in parts)
     with lock if lock is not None else contextlib.nullcontext():
-        sock.sendall(FRAME.pack(kind, len(head), size) + head)
-        for part in parts:
-            sock.sendall(part)
+        _send_all(sock, [FRAME.pack(kind, len(head), size) + head, *parts])
+
+
+def _send_all(sock: socket.socket, parts: list[bytes | memoryview]) -> None:
+    """`parts` in as few system calls as the socket takes them (one, as a rule): a frame
+    sent a part at a time woke the reading thread for each, and each wake took the
+    interpreter lock from the learner's training thread."""
+    views = [memoryview(part).cast("B") for part in parts if len(part)]
+    while views:
+        sent = sock.sendmsg(views[:IOV_MAX])
+        while views and sent >= len(views[0]):
+            sent -= len(views.pop(0))
+        if sent:
+            views[0] = views[0][sent:]
 
 
 def recv_frame(sock: socket.socket) -> tuple[int, bytes, bytearray] | None:
@@ -226,7 +239,8 @@ def _recv_exact(sock: socket.socket, size: int) -> bytearray | None:
     got = 0
     while got < size:
         try:
-            n = sock.recv_into(view[got:], size - got)
+            # All of it in one call as a rule (not a wake per chunk sent).
+            n = sock.recv_into(view[got:], size - got, socket.MSG_WAITALL)
         except ConnectionError:  # closed with our last frame unread: a reset, not EOF
             return None
         if n == 0:

@@ -20,6 +20,7 @@ from services.learner.feeder import (
     AHEAD,
     BATCH,
     CLOSE_WAIT_S,
+    IOV_MAX,
     KEYS,
     TAKEN,
     TRAINED,
@@ -33,6 +34,7 @@ from services.learner.feeder import (
     ProcessFeed,
     pack_batches,
     read_trained,
+    recv_frame,
     send_frame,
     trained_frame,
     unpack_arrays,
@@ -103,6 +105,66 @@ def test_batches_go_through_a_frame_as_they_were_column_by_column():
     empty = through_a_frame([({}, np.zeros(0, np.float32), [])])
     assert len(empty) == 1 and empty[0].columns == {} and empty[0].keys == []
     assert through_a_frame([]) == []
+
+
+def frame_parts(rng: np.random.Generator, count: int) -> list:
+    """A body of `count` parts of odd sizes, views and bytes, some of them empty."""
+    parts: list = []
+    for i in range(count):
+        size = int(rng.integers(0, 5000))
+        data = rng.integers(0, 255, size=size, dtype=np.uint8)
+        parts.append(memoryview(data) if i % 2 else data.tobytes())
+    return parts
+
+
+def test_a_frame_of_many_parts_comes_whole_through_the_socket():
+    """More parts than one call may carry, and more bytes than the socket holds: the
+    reading end gets the frame whole, byte for byte."""
+    rng = np.random.default_rng(0)
+    parts = frame_parts(rng, IOV_MAX + 300)
+    expected = b"".join(bytes(part) for part in parts)
+    assert len(expected) > 2**20  # past a socket's buffer: sends wait for reads
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+    got: list = []
+    reader = threading.Thread(target=lambda: got.append(recv_frame(theirs)), daemon=True)
+    reader.start()
+    try:
+        send_frame(ours, BATCH, b'{"head": 1}', parts)
+        reader.join(timeout=30)
+        assert not reader.is_alive()
+    finally:
+        ours.close()
+        theirs.close()
+    assert got[0] == (BATCH, b'{"head": 1}', bytearray(expected))
+
+
+class TrickleSocket:
+    """A socket that takes at most a few bytes of at most two parts per call."""
+
+    def __init__(self) -> None:
+        self.sent = bytearray()
+        self.calls = 0
+
+    def sendmsg(self, buffers) -> int:
+        self.calls += 1
+        room = 7
+        for buffer in list(buffers)[:2]:
+            taken = bytes(buffer[:room])
+            self.sent += taken
+            room -= len(taken)
+            if room == 0:
+                break
+        return 7 - room
+
+
+def test_a_frame_a_socket_takes_in_pieces_is_sent_whole_and_in_order():
+    rng = np.random.default_rng(1)
+    parts = frame_parts(rng, 12)
+    sock = TrickleSocket()
+    send_frame(sock, TRAINED, b"{}", parts)  # type: ignore[arg-type]
+    body = b"".join(bytes(part) for part in parts)
+    assert bytes(sock.sent) == feeder_module.FRAME.pack(TRAINED, 2, len(body)) + b"{}" + body
+    assert sock.calls >= len(sock.sent) // 7
 
 
 def test_batches_that_do_not_fit_one_frame_are_refused():
