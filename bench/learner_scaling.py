@@ -70,7 +70,6 @@ import json
 import os
 import platform
 import resource
-import socket
 import statistics
 import subprocess
 import sys
@@ -91,6 +90,7 @@ sys.path.insert(0, str(ROOT))
 from algorithms.step import adam  # noqa: E402
 from algorithms.sync import AllReduceSync  # noqa: E402
 from common.config import JobConfig  # noqa: E402
+from drover.local import free_port  # noqa: E402
 from jobconfig import resolve_job_config, with_spaces  # noqa: E402
 from jobconfig.ranks import split_error  # noqa: E402
 from services.learner.group import RankEnv, RankGroup, share_bounds  # noqa: E402
@@ -337,12 +337,6 @@ class Measured:
 
 class RunFailed(RuntimeError):
     pass
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def run_ranks(

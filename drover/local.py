@@ -10,6 +10,7 @@ services' modules once (drover/forkserver.py) instead of each starting python an
 from __future__ import annotations
 
 import os
+import random
 import secrets
 import signal
 import socket
@@ -29,7 +30,37 @@ from services.coordinator.client import CoordinatorClient
 FORKABLE_MODULES = ("services.collector", "services.learner")
 
 
+#: Where the kernel picks the local ports of outgoing connections when it cannot read
+#: its setting (Linux's default).
+EPHEMERAL_PORTS = (32768, 60999)
+#: How many ports below the ephemeral range `free_port` picks from.
+PORTS_BELOW_EPHEMERAL = 10000
+
+
+def ephemeral_ports() -> tuple[int, int]:
+    """The range the kernel gives outgoing connections their local ports from."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return EPHEMERAL_PORTS
+
+
 def free_port() -> int:
+    """A port free on 127.0.0.1 now, for a service to bind a moment later. It lies below
+    the ephemeral range: a port of that range (what binding port 0 gives) can go to an
+    outgoing connection between the pick and the service's bind."""
+    low = ephemeral_ports()[0]
+    first = max(1024, low - PORTS_BELOW_EPHEMERAL)
+    if low - first >= 100:
+        for _ in range(100):
+            port = random.randrange(first, low)
+            with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+                try:
+                    s.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+                return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from safetensors.torch import load_file
 from algorithms.sync import LocalSync
 from common.messages import SampledBatch, SampledSegment, dump
 from common.storage import SharedStore
+from drover.local import free_port
 from jobconfig import resolve_job_config
 from jobconfig.ranks import split_error
 from services.learner.group import share_bounds, share_of
@@ -68,12 +68,6 @@ COUNTERS = {"train_iter", "skipped_updates"}
 
 
 # --- starting the ranks ------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def start_ranks(out: Path, scenarios: list[str], port: int) -> list[subprocess.Popen]:
