@@ -1,6 +1,7 @@
 """The coordinator's web dashboard: its files are served without a token and never from
 outside their folder; in a real browser it signs in, lists jobs, draws a job's curves
-and lists workers, and shows nothing but an error for a wrong token."""
+and lists workers, says so when an answer does not come and redraws when answers come
+again, and shows nothing but an error for a wrong token."""
 
 import os
 import shutil
@@ -157,6 +158,20 @@ def test_the_dashboard_in_a_browser(tmp_path):
             page.wait_for_selector('tr.worker[data-role="learner"]', timeout=30_000)
             assert page.locator("tr.worker").count() == 2
             assert page.locator("#error").is_hidden()
+
+            # An answer that never comes: the page says so instead of waiting for good,
+            # and redraws once answers come again.
+            held = []
+
+            def hold(route):
+                held.append(route)  # never answered
+
+            page.route("**/api/v1/workers", hold)
+            page.wait_for_selector("#error:not([hidden])", timeout=30_000)
+            assert "/workers: no answer in 10 s" in page.inner_text("#error")
+            assert held
+            page.unroute("**/api/v1/workers")
+            page.wait_for_selector("#error", state="hidden", timeout=30_000)
 
             # A wrong token: an error, and no data.
             other = browser.new_context()

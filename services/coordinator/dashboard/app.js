@@ -5,6 +5,9 @@
 const API = "/api/v1";
 const TOKEN_KEY = "drover.token";
 const REFRESH_MS = 2000;
+// A request not answered in this time fails, so one lost answer cannot stop the redraws
+// for good (a refresh waits for the one before it).
+const FETCH_TIMEOUT_MS = 10000;
 const SVG = "http://www.w3.org/2000/svg";
 
 let timer = null;
@@ -62,10 +65,17 @@ function token() {
 }
 
 async function api(path) {
-  const resp = await fetch(API + path, {
-    headers: { Authorization: "Bearer " + token() },
-    cache: "no-store",
-  });
+  let resp;
+  try {
+    resp = await fetch(API + path, {
+      headers: { Authorization: "Bearer " + token() },
+      cache: "no-store",
+      signal: AbortSignal.timeout(FETCH_TIMEOUT_MS),
+    });
+  } catch (err) {
+    if (err.name === "TimeoutError") throw new Error(`${path}: no answer in ${FETCH_TIMEOUT_MS / 1000} s`);
+    throw err;
+  }
   let data = null;
   try {
     data = await resp.json();
