@@ -261,7 +261,8 @@ def main() -> None:
     if not with_sb3:
         console.print(
             "stable-baselines3 is not installed: the SB3 column is left empty. It is the "
-            "optional extra `sb3`: pip install -e '.[sb3]'"
+            "optional extra `sb3`: pip install -e '.[sb3]'",
+            markup=False,  # rich would take [sb3] for a style and drop it
         )
     drover_runs: list[Outcome] = []
     sb3_runs: list[Outcome] = []
