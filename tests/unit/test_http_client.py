@@ -24,6 +24,29 @@ OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r
 )
 
 
+def read_request(conn: socket.socket) -> bytes:
+    """One whole request: its head, then as many body bytes as its Content-Length says
+    (a client may send them in separate writes, so one recv can hold the head alone)."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return data
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return head + b"\r\n\r\n" + body
+
+
 class ResettingServer:
     """Accepts connections on 127.0.0.1; for each, reads one request and then, by
     `script` in order: "reset" (closes with an RST), "silent" (never answers, holds
@@ -50,8 +73,7 @@ class ResettingServer:
             except TimeoutError:
                 continue
             conn.settimeout(5.0)
-            request = conn.recv(65536)
-            self.requests.append(request)
+            self.requests.append(read_request(conn))
             what = self.script.pop(0) if self.script else "ok"
             if isinstance(what, bytes):
                 conn.sendall(what)
