@@ -4,6 +4,8 @@ what goes out (JSON body, query) and how an error answer comes back."""
 
 from __future__ import annotations
 
+import http.client
+import io
 import json
 import math
 import socket
@@ -25,26 +27,15 @@ OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r
 
 
 def read_request(conn: socket.socket) -> bytes:
-    """One whole request: its head, then as many body bytes as its Content-Length says
-    (a client may send them in separate writes, so one recv can hold the head alone)."""
-    data = b""
-    while b"\r\n\r\n" not in data:
-        chunk = conn.recv(65536)
-        if not chunk:
-            return data
-        data += chunk
-    head, _, body = data.partition(b"\r\n\r\n")
-    length = 0
-    for line in head.split(b"\r\n")[1:]:
-        name, _, value = line.partition(b":")
-        if name.strip().lower() == b"content-length":
-            length = int(value)
-    while len(body) < length:
-        chunk = conn.recv(65536)
-        if not chunk:
-            break
-        body += chunk
-    return head + b"\r\n\r\n" + body
+    """One whole request as sent: its head, then the Content-Length of body (a client
+    may send them in separate writes, so one recv can hold the head alone)."""
+    with conn.makefile("rb") as stream:  # closed here, so close() on conn still resets
+        lines = []
+        while (line := stream.readline()) not in (b"\r\n", b"\n", b""):
+            lines.append(line)
+        headers = http.client.parse_headers(io.BytesIO(b"".join(lines[1:]) + b"\r\n"))
+        body = stream.read(int(headers.get("Content-Length", 0)))
+    return b"".join(lines) + b"\r\n" + body
 
 
 class ResettingServer:
