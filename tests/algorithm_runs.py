@@ -5,12 +5,12 @@ with a fresh policy, a task's context, synthetic columns and one update on them.
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import torch
+from prometheus_client import CollectorRegistry
 
 from algorithms.base import CollectUnit, RoundLearner
 from algorithms.dqn.learner import TransitionBatch
@@ -28,6 +28,7 @@ from common.storage import SharedStore
 from jobconfig import fit_to_env, resolve_job_config, sequence_length_of
 from services.collector.core import CollectorRunner
 from services.learner.segments import VALID, SegmentSchema
+from services.slave.core import TaskContext
 
 JOB = "job-1"
 ENV_IDS: dict[str, str] = {"discrete": "CartPole-v1", "continuous": "Pendulum-v1"}
@@ -129,19 +130,15 @@ class FakeCoordinator:
         pass
 
 
-@dataclass
-class Ctx:
-    """What a running task is given (`services.slave.core.TaskContext`)."""
-
-    coordinator: FakeCoordinator
-    stop: threading.Event
-    task: Any = field(default_factory=lambda: SimpleNamespace(task_id="task-1", job_id=JOB))
-    worker_id: str = "worker-1"
-    progress: dict[str, float] = field(default_factory=dict)
-    unusable_segments: set[str] = field(default_factory=set)
-
-    def stopped(self) -> bool:
-        return self.stop.is_set()
+def Ctx(coordinator: Any, stop: threading.Event) -> TaskContext:  # noqa: N802
+    """What a running task is given: a `TaskContext` of a task of `JOB`, with `stop`."""
+    return TaskContext(
+        task=SimpleNamespace(task_id="task-1", job_id=JOB),  # type: ignore[arg-type]
+        worker_id="worker-1",
+        coordinator=coordinator,
+        metrics=CollectorRegistry(),
+        stop=stop,
+    )
 
 
 def collect_one_segment(store: SharedStore, config: JobConfig, policy: PolicyRef | None):

@@ -3,25 +3,27 @@ collect task's context, a segment-file sink. (Waiting: `tests.helpers.wait_until
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
+from prometheus_client import CollectorRegistry
+
 from common.messages import CollectSpec, HeartbeatReply, Registered, TaskAssignment
+from services.slave.core import TaskContext
 
 
-class CollectTaskContext:
-    """What a SegmentUploader needs of its task's context: the task, a coordinator
-    client, and a stop event."""
+class CollectTaskContext(TaskContext):
+    """A collect task's context, as a SegmentUploader or a collect loop sees it: the
+    task, a coordinator client, and its stop signals."""
 
     def __init__(self, coordinator: Any) -> None:
-        self.task = TaskAssignment(
-            task_id="collect-1", job_id="job-1", spec=CollectSpec(seed=0, num_envs=1)
+        super().__init__(
+            task=TaskAssignment(
+                task_id="collect-1", job_id="job-1", spec=CollectSpec(seed=0, num_envs=1)
+            ),
+            worker_id="collector-1",
+            coordinator=coordinator,
+            metrics=CollectorRegistry(),
         )
-        self.coordinator = coordinator
-        self.stop = threading.Event()
-
-    def stopped(self) -> bool:
-        return self.stop.is_set()
 
 
 class FakeCoordinator:
@@ -32,6 +34,7 @@ class FakeCoordinator:
         self.failed: list[tuple[str, str]] = []
         self.left: list[str] = []
         self.cancel_next: list[str] = []
+        self.release_next: list[str] = []
         self.credential: str | None = None
         #: The resources of each registration, in order.
         self.registrations: list[dict[str, Any]] = []
@@ -49,7 +52,8 @@ class FakeCoordinator:
 
     def heartbeat(self, worker_id: str, tasks: list) -> HeartbeatReply:
         cancel, self.cancel_next = self.cancel_next, []
-        return HeartbeatReply(cancel=cancel)
+        release, self.release_next = self.release_next, []
+        return HeartbeatReply(cancel=cancel, release=release)
 
     def complete_task(self, task_id: str, result: dict) -> None:
         self.completed.append((task_id, result))

@@ -182,7 +182,8 @@ class SegmentUploader:
         started = time.monotonic()
         try:
             with self._changed:
-                while not self.ctx.stopped():
+                # A released task's last chunks still go in: only a cancel drops them.
+                while not self.ctx.dropping():
                     if self.error is not None:
                         raise UploadFailed(self.error)
                     if self._has_room(pending.ref.rows):
@@ -200,7 +201,7 @@ class SegmentUploader:
             self.waited_s += time.monotonic() - started
 
     def close(self, timeout_s: float = 10.0) -> None:
-        """Upload what is queued (unless the task stopped), then end the thread."""
+        """Upload what is queued (unless the task was cancelled), then end the thread."""
         with self._changed:
             self._closing = True
             self._changed.notify_all()
@@ -235,8 +236,8 @@ class SegmentUploader:
 
     def _loop(self) -> None:
         while (chunks := self._take()) is not None:
-            if self.ctx.stopped() or self.error is not None:
-                continue  # drain without writing: the task is over
+            if self.ctx.dropping() or self.error is not None:
+                continue  # drain without writing: the task was cancelled
             segments = upload_groups(chunks)
             try:
                 for item in segments:
@@ -259,8 +260,8 @@ class SegmentUploader:
         retrying = Retrying(
             retry=retry_if_exception(is_transient),
             wait=retry_wait_s,
-            stop=lambda _: ctx.stopped(),
-            sleep=ctx.stop.wait,
+            stop=lambda _: ctx.dropping(),
+            sleep=ctx.pause,
             before_sleep=self._retrying,
         )
         try:
@@ -273,7 +274,7 @@ class SegmentUploader:
                         task_id=ctx.task.task_id,
                     )
         except RetryError:
-            return  # the task stopped while waiting
+            return  # the task was cancelled while waiting
         except ApiError as exc:
             if exc.status not in (401, 403, 404, 409):
                 raise

@@ -1,5 +1,5 @@
-"""A slave's Flask app: the `/v1/tasks` routes the coordinator assigns and cancels
-through, and status, health, readiness and Prometheus metrics."""
+"""A slave's Flask app: the `/v1/tasks` routes the coordinator assigns, cancels and
+releases through, and status, health, readiness and Prometheus metrics."""
 
 from __future__ import annotations
 
@@ -48,6 +48,19 @@ def assign_task() -> Any:
 @documented(summary="Cancel a task", reply=TaskAck, status=202)
 def cancel_task(task_id: str) -> Any:
     if not _slave().cancel(task_id):
+        raise ApiError(404, "not_found", f"task {task_id} is not running here")
+    return reply(TaskAck(task_id=task_id), 202)
+
+
+@tasks_bp.post("/<task_id>/release")
+@documented(
+    summary="Release a task: it ends at its next safe point, hands in what it did and "
+    "reports complete (its worker goes to another job)",
+    reply=TaskAck,
+    status=202,
+)
+def release_task(task_id: str) -> Any:
+    if not _slave().release(task_id):
         raise ApiError(404, "not_found", f"task {task_id} is not running here")
     return reply(TaskAck(task_id=task_id), 202)
 

@@ -18,5 +18,8 @@ class SlaveClient(ServiceClient):
     def cancel(self, task_id: str) -> None:
         self.call("DELETE", f"/v1/tasks/{task_id}", timeout_s=5.0)
 
+    def release(self, task_id: str) -> None:
+        self.call("POST", f"/v1/tasks/{task_id}/release", timeout_s=5.0)
+
     def status(self) -> SlaveStatus:
         return self.call_as(SlaveStatus, "GET", "/v1/status")

@@ -54,23 +54,46 @@ REPORT_PATIENCE_S = 60.0
 #: Seconds after a slave starts during which an unanswered registration is logged as
 #: routine (info), not as a warning: the services of a deployment start together.
 STARTUP_QUIET_S = 30.0
+#: How often a released task's waits look for a cancel that would end them early.
+RELEASED_POLL_S = 0.1
 
 
 @dataclass
 class TaskContext:
-    """What a running task may use: its stop signal, progress, and the coordinator."""
+    """What a running task may use: its stop signals, progress, and the coordinator.
+
+    A task ends two ways before its work is done. Cancelled (its job ended, or the
+    coordinator forgot it): `stop` is set, and what is in flight is dropped. Released
+    (its worker goes to another job): `stop` and `release` are set; its loops end as
+    when cancelled, but what they finished is still handed in (a collector's queued
+    segments uploaded, a learner's checkpoint written) and the task reports complete.
+    """
 
     task: TaskAssignment
     worker_id: str
     coordinator: CoordinatorClient
     metrics: CollectorRegistry
     stop: threading.Event = field(default_factory=threading.Event)
+    release: threading.Event = field(default_factory=threading.Event)
     progress: dict[str, float] = field(default_factory=dict)
     #: Segment files this task had to skip; reported with the heartbeats.
     unusable_segments: set[str] = field(default_factory=set)
 
     def stopped(self) -> bool:
+        """The task's loops end: it was cancelled or released."""
         return self.stop.is_set()
+
+    def dropping(self) -> bool:
+        """Stopped, and not released: what is in flight is dropped."""
+        return self.stop.is_set() and not self.release.is_set()
+
+    def pause(self, seconds: float) -> None:
+        """Sleep up to `seconds`; at once when the task is dropping."""
+        deadline = time.monotonic() + seconds
+        while not self.dropping() and (left := deadline - time.monotonic()) > 0:
+            # `stop` is set already for a released task: it cannot be waited on.
+            if self.stop.wait(left) and self.release.is_set():
+                time.sleep(min(left, RELEASED_POLL_S))
 
 
 class TaskRunner(Protocol):
@@ -191,11 +214,27 @@ class Slave:
         thread.start()
 
     def cancel(self, task_id: str) -> bool:
+        """Stop the task now, dropping what is in flight (a release turned into a
+        cancel too). False when it does not run here."""
         with self._lock:
             entry = self._running.get(task_id)
         if entry is None:
             return False
+        entry[0].release.clear()
         entry[0].stop.set()
+        return True
+
+    def release(self, task_id: str) -> bool:
+        """End the task at its next safe point, what it did handed in; it then reports
+        complete. False when it does not run here."""
+        with self._lock:
+            entry = self._running.get(task_id)
+        if entry is None:
+            return False
+        ctx = entry[0]
+        if not ctx.stopped():  # a cancelled task stays cancelled
+            ctx.release.set()
+            ctx.stop.set()
         return True
 
     def _run(self, ctx: TaskContext) -> None:
@@ -203,10 +242,11 @@ class Slave:
         log.info("task %s (%s, job %s) started", task.task_id, task.kind, task.job_id)
         try:
             result = self.runner.run(ctx)
-            if ctx.stopped():
+            if ctx.dropping():
                 outcome = "cancelled"
             else:
-                outcome = "completed"
+                # Done, or released: what it did is handed in, and so is its result.
+                outcome = "released" if ctx.stopped() else "completed"
                 self._report(self.coordinator.complete_task, task.task_id, result)
         except Exception as exc:
             outcome = "failed"
@@ -326,6 +366,9 @@ class Slave:
         for task_id in answer.cancel:
             if self.cancel(task_id):
                 log.info("coordinator cancelled task %s", task_id)
+        for task_id in answer.release:
+            if self.release(task_id):
+                log.info("coordinator released task %s", task_id)
 
 
 def patiently(stop: threading.Event, call: Callable[..., T], *args: Any) -> T:

@@ -1,5 +1,8 @@
+import threading
+
 import pytest
 
+from common.messages import TaskAssignment, parse
 from services.slave.app import create_slave_app
 from services.slave.core import Slave
 from tests.fakes import BlockingRunner, FakeCoordinator
@@ -105,6 +108,65 @@ def test_failed_task_is_reported_and_cancel_from_heartbeat(setup):
     client.post("/v1/tasks", json=task("collect-10"), headers=AUTH)
     coordinator.cancel_next = ["collect-10"]
     wait_until(lambda: not slave.status().tasks, what="heartbeat cancel")
+
+
+def test_a_released_task_ends_and_reports_complete(setup):
+    """A release ends the task's loop as a cancel does, but it reports complete: what it
+    did is handed in, and the coordinator gives its worker to another job."""
+    client, slave, coordinator = setup
+    assert client.post("/v1/tasks/collect-1/release", headers=AUTH).status_code == 404
+    client.post("/v1/tasks", json=task("collect-1", seed=3), headers=AUTH)
+    assert client.post("/v1/tasks/collect-1/release", headers=AUTH).status_code == 202
+    wait_until(lambda: coordinator.completed, what="the released task's report")
+    assert coordinator.completed == [("collect-1", {"seed": 3})]
+    assert not slave.status().tasks
+    # Told by a heartbeat answer just the same (the scheduler's call may not arrive).
+    client.post("/v1/tasks", json=task("collect-2", seed=4), headers=AUTH)
+    coordinator.release_next = ["collect-2"]
+    wait_until(lambda: len(coordinator.completed) == 2, what="the heartbeat's release")
+    assert coordinator.completed[1] == ("collect-2", {"seed": 4})
+
+
+class HeldRunner:
+    """Runs until stopped, then returns once `go` is set."""
+
+    kinds = frozenset({"collect"})
+
+    def __init__(self) -> None:
+        self.go = threading.Event()
+
+    def run(self, ctx) -> dict:
+        ctx.stop.wait(30)
+        self.go.wait(30)
+        return {"dropping": ctx.dropping()}
+
+
+def test_a_cancel_after_a_release_drops_the_task(tmp_path):
+    """The coordinator cancels a release that did not end within its grace: the task
+    then stops as cancelled, and reports nothing."""
+    coordinator, runner = FakeCoordinator(), HeldRunner()
+    slave = Slave(
+        role="collector",
+        runner=runner,
+        coordinator=coordinator,
+        advertise_url="http://127.0.0.1:1",
+        shared_root=tmp_path,
+    )
+    slave.start()
+    try:
+        wait_until(lambda: slave.worker_id is not None, what="registration")
+        slave.assign(parse(TaskAssignment, task("collect-1")))
+        assert slave.release("collect-1") and slave.cancel("collect-1")
+        runner.go.set()
+        wait_until(lambda: not slave.status().tasks, what="the cancel")
+        assert coordinator.completed == []
+        # Released alone, it reports what it did.
+        slave.assign(parse(TaskAssignment, task("collect-2")))
+        assert slave.release("collect-2")
+        wait_until(lambda: coordinator.completed, what="the release's report")
+        assert coordinator.completed == [("collect-2", {"dropping": False})]
+    finally:
+        slave.close(timeout_s=5)
 
 
 def test_close_leaves_the_coordinator(tmp_path):
