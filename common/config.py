@@ -386,9 +386,17 @@ class SystemConfig:
     #: not trained on (an async job's bound on policy lag; None: no bound).
     max_policy_lag: Annotated[int, Ge(0)] | None = None
     evaluate: EvaluateWorkflowConfig = field(default_factory=EvaluateWorkflowConfig)
-    #: Collectors given to this job (None: every free collector). A job trains on one
-    #: learner, which may be a group of ranks (`policy.learn.multi_gpu`).
+    #: Collectors given to this job (None: as many as its share of the cluster). A
+    #: `sync` job's round is split over exactly this many, which it holds all at once
+    #: (None: its share when the round's collectors are first given). A job trains on
+    #: one learner, which may be a group of ranks (`policy.learn.multi_gpu`).
     collector_num: Annotated[int, Gt(0), Le(1024)] | None = None
+    #: The job's weight among running jobs of its priority: each is given collectors
+    #: (and learners, where there are fewer than jobs) in proportion to it.
+    share: Annotated[float, Gt(0), Le(1000)] = 1.0
+    #: Higher first: a job takes workers from running jobs of lower priorities (ending
+    #: their tasks at a safe point) and leaves the coordinator's queue before them.
+    priority: Annotated[int, Ge(-1000), Le(1000)] = 0
     #: The job ends after this many env steps (None: no limit).
     max_env_step: PosInt | None = None
     #: The job ends after this many train iterations (None: no limit).

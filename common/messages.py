@@ -29,7 +29,9 @@ T = TypeVar("T")
 
 TaskKind = Literal["collect", "evaluate", "learn"]
 WorkerRole = Literal["collector", "learner"]
-JobPhase = Literal["running", "succeeded", "failed", "stopped"]
+#: queued: admitted, waiting for a place among the coordinator's running jobs
+#: (`DROVER_MAX_RUNNING_JOBS`).
+JobPhase = Literal["queued", "running", "succeeded", "failed", "stopped"]
 TERMINAL_PHASES: frozenset[str] = frozenset({"succeeded", "failed", "stopped"})
 
 # Bounds shared by the routes: generous for real use, small enough that one request
@@ -238,7 +240,11 @@ class Heartbeat:
 
 @message
 class HeartbeatReply:
+    #: Tasks to stop at once: what is in flight is dropped.
     cancel: list[str]
+    #: Tasks to end at their next safe point (a segment boundary, a checkpoint), what
+    #: they did handed in, and then report complete: their worker goes to another job.
+    release: list[str] = field(default_factory=list)
 
 
 @message
@@ -254,6 +260,8 @@ class WorkerInfo:
     progress: dict[str, dict[str, float]] = field(default_factory=dict)
     #: What it reported at registration (`WorkerRegistration.resources`).
     resources: Resources = field(default_factory=dict)
+    #: The job of each of its tasks, by task id.
+    jobs: dict[str, str] = field(default_factory=dict)
 
 
 # --- tasks -----------------------------------------------------------------------
@@ -589,6 +597,21 @@ class LearnerSummary:
 
 
 @message
+class WorkerShare:
+    """A job's share of one role's workers (services/coordinator/shares.py)."""
+
+    #: Workers it is owed now: its weighted fair share among the running jobs of its
+    #: priority, after higher priorities (a fraction: 4 collectors, 3 jobs: 1.33).
+    owed: float
+    #: Workers it holds now.
+    held: int
+    #: Worker-seconds owed and held since it started running: what fairness is
+    #: measured by over time.
+    owed_s: float = 0.0
+    held_s: float = 0.0
+
+
+@message
 class JobStatus:
     job_id: str
     name: str
@@ -614,6 +637,16 @@ class JobStatus:
     #: the queue for another worker).
     task_failures: int = 0
     tasks_reassigned: int = 0
+    #: Its `system.priority` and `system.share`.
+    priority: int = 0
+    share: float = 1.0
+    #: Its share of the collectors and of the learners (running jobs; None otherwise).
+    collector_share: WorkerShare | None = None
+    learner_share: WorkerShare | None = None
+    #: A queued job's place in the queue (1: next to run); None when not queued.
+    queue_position: int | None = None
+    #: Tasks of its ended at a safe point so that their worker went to another job.
+    tasks_preempted: int = 0
 
 
 # --- small answers -------------------------------------------------------------------

@@ -31,6 +31,7 @@ from common.messages import (
     BufferStats,
     GameResults,
     Heartbeat,
+    HeartbeatReply,
     InsertReply,
     JobCreated,
     JobList,
@@ -195,7 +196,9 @@ class Coordinator:
     def worker_for_credential(self, credential: str) -> Caller | None:
         return self.registry.for_credential(credential)
 
-    def heartbeat(self, worker_id: str, beat: Heartbeat, *, caller: str | None = None) -> list[str]:
+    def heartbeat(
+        self, worker_id: str, beat: Heartbeat, *, caller: str | None = None
+    ) -> HeartbeatReply:
         return self.registry.heartbeat(worker_id, beat, caller=caller)
 
     def leave(self, worker_id: str, *, caller: str | None = None) -> None:

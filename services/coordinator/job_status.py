@@ -8,7 +8,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.messages import EvalSummary, JobMetrics, JobStatus, LearnerSummary, MetricsPoint, parse
+from common.messages import (
+    EvalSummary,
+    JobMetrics,
+    JobStatus,
+    LearnerSummary,
+    MetricsPoint,
+    WorkerShare,
+    parse,
+)
 from common.ranks import RANK_DEVICES, learner_ranks
 from services.coordinator.state import CoordinatorState, Job
 
@@ -52,6 +60,16 @@ def learners_of(state: CoordinatorState, job: Job) -> list[LearnerSummary]:
     return summaries
 
 
+def held_of(state: CoordinatorState, job: Job) -> dict[str, int]:
+    """The collectors and learners the job's tasks hold now, by role (an evaluation
+    moves no share: only collect and learn tasks count)."""
+    held = {"collector": 0, "learner": 0}
+    for task in state.tasks.values():
+        if task.job_id == job.job_id and task.kind in ("collect", "learn"):
+            held["collector" if task.kind == "collect" else "learner"] += 1
+    return held
+
+
 def _rank_devices(listed: object, world_size: int) -> list[str]:
     """The devices a learner registered (`rank_devices`), one a rank; a group too big
     to list them registers a summary, kept whole."""
@@ -66,9 +84,11 @@ def status_of(
     learners: list[LearnerSummary] | None = None,
     *,
     phase: tuple[str, str, float | None] | None = None,
+    held: dict[str, int] | None = None,
 ) -> JobStatus:
     """The job's status; `phase`: (phase, reason, finished_at) to show instead of its
-    own (the end it is about to show)."""
+    own (the end it is about to show); `held`: the workers its tasks hold now, by role
+    (`held_of`; as the last scheduling pass counted them when None)."""
     shown, reason, finished_at = phase or (job.phase, job.reason, job.finished_at)
     return JobStatus(
         job_id=job.job_id,
@@ -83,7 +103,7 @@ def status_of(
         best_eval_return=job.best_eval.return_mean if job.best_eval else None,
         best_policy_version=job.best_eval.policy_version if job.best_eval else None,
         stop_value=job.config.env.stop_value,
-        reason=reason or (job.waiting if job.running and phase is None else ""),
+        reason=reason or (job.waiting if (job.running or job.queued) and phase is None else ""),
         started_at=job.started_at,
         finished_at=finished_at,
         learners=learners or [],
@@ -91,4 +111,20 @@ def status_of(
         max_train_iter=job.config.system.max_train_iter,
         task_failures=job.task_failures,
         tasks_reassigned=job.tasks_reassigned,
+        priority=job.config.system.priority,
+        share=job.config.system.share,
+        collector_share=_share_view(job, "collector", held) if job.running else None,
+        learner_share=_share_view(job, "learner", held) if job.running else None,
+        queue_position=job.queue_position if job.queued else None,
+        tasks_preempted=job.tasks_preempted,
+    )
+
+
+def _share_view(job: Job, role: str, held: dict[str, int] | None) -> WorkerShare:
+    share = job.share(role)
+    return WorkerShare(
+        owed=round(share.owed, 3),
+        held=share.held if held is None else held[role],
+        owed_s=round(share.owed_s, 1),
+        held_s=round(share.held_s, 1),
     )

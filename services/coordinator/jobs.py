@@ -34,7 +34,12 @@ from common.storage import SharedStore
 from jobconfig import error_buffer_of, fit_to_env, from_resolved, resolve_job_config
 from services.buffer.core import ReplayBuffer
 from services.coordinator.devices import refuse_unless_fits, waiting_reason
-from services.coordinator.job_status import learners_of, metrics_from_record, status_of
+from services.coordinator.job_status import (
+    held_of,
+    learners_of,
+    metrics_from_record,
+    status_of,
+)
 from services.coordinator.lock import BoundedWaits
 from services.coordinator.snapshot import (
     as_record,
@@ -43,7 +48,7 @@ from services.coordinator.snapshot import (
     read_job_record,
     write_job_record,
 )
-from services.coordinator.state import CoordinatorState, Job, raise_if_closing
+from services.coordinator.state import CoordinatorState, Job, Share, raise_if_closing
 from services.coordinator.tasks import TaskBoard
 from services.coordinator.tensorboard import JobBoards
 from services.coordinator.workflows import Planner, check_workflow, workflow_of
@@ -87,12 +92,15 @@ class JobBook:
         job_id = new_id("job")
         store = self.state.store
         store.write_json(f"{job_id}/job.json", to_dict(config))
+        with self.state.guard.changing():
+            phase = self._entry_phase()
         job = Job(
             job_id=job_id,
             name=submit.name or config.exp_name,
             config=config,
             replay=self.new_buffer(job_id, config),
             started_at=self.state.wall(),
+            phase=phase,
             waiting=waiting,
             workflow_state=workflow.new_state(config),
         )
@@ -102,10 +110,24 @@ class JobBook:
         # finds the job again.
         write_job_record(store, job_id, job_record(job))
         with self.state.guard.changing():
+            # Decided again with the lock held, so that jobs submitted at once cannot
+            # all take the last place; a record that says otherwise is written anew (a
+            # restart before that only queues the job again).
+            job.phase = self._entry_phase()
+            if job.phase != phase:
+                record = job_record(job)
+                self.state.guard.defer(lambda: write_job_record(store, job_id, record))
             self.state.jobs[job_id] = job
             self.state.guard.notify()
-        log.info("job %s (%s) submitted: %s", job_id, job.name, config.env.env_id)
+        log.info("job %s (%s) submitted (%s): %s", job_id, job.name, job.phase, config.env.env_id)
         return JobCreated(job_id=job_id, phase=job.phase, warnings=warnings)
+
+    def _entry_phase(self) -> str:
+        """The phase a job submitted now starts in: queued when the running jobs and
+        the queue already fill `max_running_jobs` (the queue goes first)."""
+        limit = self.state.limits.max_running_jobs
+        busy = sum(j.running or j.queued for j in self.state.jobs.values())
+        return "queued" if limit and busy >= limit else "running"
 
     def new_buffer(self, job_id: str, config: JobConfig) -> ReplayBuffer:
         replay = workflow_of(config).replay(config)
@@ -158,6 +180,8 @@ class JobBook:
             task_failures=int(record["task_failures"]),
             last_task_error=str(record.get("last_task_error", "")),
             tasks_reassigned=int(record.get("tasks_reassigned", 0)),  # older records lack it
+            tasks_preempted=int(record.get("tasks_preempted", 0)),
+            shares={role: Share.restore(r) for role, r in record.get("shares", {}).items()},
             segments_swept=bool(record["segments_swept"]),
             # Records of jobs that ended before it was kept have none.
             final_buffer=parse(BufferStats, record["buffer"]) if record.get("buffer") else None,
@@ -180,9 +204,12 @@ class JobBook:
         return job
 
     def running(self, job_id: str) -> Job:
-        """The job, which must still take data and tasks (409 when it ended)."""
+        """The job, which must still take data and tasks (409 when it ended or waits
+        in the queue)."""
         raise_if_closing(self.state)
         job = self.get(job_id)
+        if job.queued:
+            raise conflict("job_queued", f"job {job_id} waits in the queue: {job.waiting}")
         if not job.running:
             phase, reason = job.ending[:2] if job.ending else (job.phase, job.reason)
             raise conflict("job_finished", f"job {job_id} is {phase}: {reason}")
@@ -193,7 +220,7 @@ class JobBook:
     def stop(self, job_id: str) -> JobStatus:
         with self.state.guard.changing():
             job = self.get(job_id)
-            if job.running:
+            if job.running or job.queued:
                 self.finish(job, "stopped", "stopped by request")
         # The end is on disk now (the change's deferred work ran): answer with it.
         return self.status(job_id)
@@ -202,7 +229,7 @@ class JobBook:
         """End a job: stop its data and its tasks now; its new phase shows once it is
         on disk (`complete_end`, run when the lock is let go), and its step data is
         deleted only after that."""
-        if not job.running:
+        if not (job.running or job.queued):
             return  # already ending
         job.ending = (phase, reason, self.state.wall())
         job.buffer.close()  # no more data in or out, whatever follows
@@ -316,7 +343,7 @@ class JobBook:
         with state.guard.changing():
             job = self.get(job_id)
             self.end_polls.wait_for(lambda: state.closing or job.phase in TERMINAL_PHASES, wait_s)
-            return status_of(job, learners_of(state, job))
+            return status_of(job, learners_of(state, job), held=held_of(state, job))
 
     def listing(
         self, *, phase: str | None = None, limit: int = MAX_PAGE, page_token: str | None = None
@@ -340,7 +367,9 @@ class JobBook:
             if after is not None:
                 jobs = [j for j in jobs if _order(j) < after]
             page = jobs[:limit]
-            statuses = [status_of(j, learners_of(self.state, j)) for j in page]
+            statuses = [
+                status_of(j, learners_of(self.state, j), held=held_of(self.state, j)) for j in page
+            ]
         more = len(jobs) > limit
         return JobList(jobs=statuses, next_page_token=_page_token(page[-1]) if more else None)
 
@@ -490,6 +519,8 @@ def job_record(job: Job) -> dict[str, Any]:
         "task_failures": job.task_failures,
         "last_task_error": job.last_task_error,
         "tasks_reassigned": job.tasks_reassigned,
+        "tasks_preempted": job.tasks_preempted,
+        "shares": {role: share.record() for role, share in job.shares.items()},
         "episode_returns": list(job.episode_returns),
         "metrics": [dump(p) for p in list(job.metrics)[-600:]],
         "segments_swept": job.segments_swept,

@@ -67,6 +67,12 @@ class CoordinatorMetrics:
             ["kind"],
             registry=registry,
         )
+        self.tasks_released = Counter(
+            "drover_tasks_released",
+            "Tasks released so that their worker goes to another job (fair shares, priorities)",
+            ["kind"],
+            registry=registry,
+        )
         self.tasks_ended = Counter(
             "drover_tasks_ended",
             "Tasks ended, by how: done, failed, cancelled, or lost (planned again)",
@@ -108,10 +114,36 @@ class JobGauges(Collector):
                 ("buffer_size", "Items in the replay buffer"),
             )
         }
+        shares = {
+            name: GaugeMetricFamily(f"drover_job_{name}", help_text, labels=["job_id"])
+            for name, help_text in (
+                ("collectors_owed", "Collectors a running job is owed now (its fair share)"),
+                ("collectors_held", "Collectors a running job holds now"),
+                ("learners_owed", "Learners a running job is owed now (its fair share)"),
+                ("learners_held", "Learners a running job holds now"),
+                ("queue_position", "A queued job's place in the queue (1: next to run)"),
+                ("priority", "A running or queued job's system.priority"),
+                ("tasks_preempted", "Tasks of a job released so their worker went to another"),
+            )
+        }
         for status in jobs:
-            gauges["env_steps"].add_metric([status.job_id], status.env_steps)
-            gauges["train_iters"].add_metric([status.job_id], status.train_iters)
-            gauges["policy_version"].add_metric([status.job_id], status.policy_version)
-            gauges["buffer_size"].add_metric([status.job_id], sizes.get(status.job_id, 0))
+            job_id = [status.job_id]
+            gauges["env_steps"].add_metric(job_id, status.env_steps)
+            gauges["train_iters"].add_metric(job_id, status.train_iters)
+            gauges["policy_version"].add_metric(job_id, status.policy_version)
+            gauges["buffer_size"].add_metric(job_id, sizes.get(status.job_id, 0))
+            shares["tasks_preempted"].add_metric(job_id, status.tasks_preempted)
+            if status.phase in ("running", "queued"):
+                shares["priority"].add_metric(job_id, status.priority)
+            if status.queue_position is not None:
+                shares["queue_position"].add_metric(job_id, status.queue_position)
+            for role, share in (
+                ("collectors", status.collector_share),
+                ("learners", status.learner_share),
+            ):
+                if share is not None:
+                    shares[f"{role}_owed"].add_metric(job_id, share.owed)
+                    shares[f"{role}_held"].add_metric(job_id, share.held)
         yield from gauges.values()
+        yield from shares.values()
         yield GaugeMetricFamily("drover_workers", "Registered workers", value=workers)

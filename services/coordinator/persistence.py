@@ -183,7 +183,7 @@ class Persistence:
             if job is None:
                 continue
             # The job is not published yet: its disk work needs no lock.
-            if job.phase == "running":
+            if job.phase not in TERMINAL_PHASES:  # running, or queued
                 self.policies.recover(job)
                 self.data.sweep_orphans(job, grace_s=0.0)
             else:

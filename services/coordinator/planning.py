@@ -2,7 +2,7 @@
 (`plan`) and whenever a task reports its result or its failure. `Planning` is the
 `Planner` a workflow sees (services/coordinator/workflows/base.py); in a pass, each
 job's workflow sees it through `JobPlanning`, which offers only the workers that have
-the job's device."""
+the job's device, and no more of them than the job's share (sharing.py)."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from common.storage import SharedStore
 from services.coordinator.data import DataPlane
 from services.coordinator.devices import can_run, waiting_reason
 from services.coordinator.jobs import JobBook
+from services.coordinator.sharing import KIND_OF_ROLE, Sharing
 from services.coordinator.state import (
     CoordinatorLimits,
     CoordinatorState,
@@ -47,6 +48,7 @@ class Planning:
         self.tasks = tasks
         self.workers = workers
         self.data = data
+        self.sharing = Sharing(state, tasks)
         self._last_metrics_s = float("-inf")
 
     # --- the Planner a workflow uses ---------------------------------------------------
@@ -65,8 +67,8 @@ class Planning:
     def active_kinds(self, job: Job) -> dict[str, int]:
         return self.tasks.active_kinds(job)
 
-    def role_count(self, role: str) -> int:
-        return self.workers.count(role)
+    def share(self, job: Job, role: str) -> int:
+        return job.share(role).target
 
     def assign(self, job: Job, worker: Worker, spec: TaskSpec) -> Dispatch:
         if not can_run(worker, job.config):
@@ -97,6 +99,8 @@ class Planning:
             self.workers.expire_leases()
             self.tasks.expire_assignments()
             plan, state.cancels = state.cancels, []
+            self.sharing.admit()
+            plan.extend(self.sharing.divide())
             for job in sorted(state.jobs.values(), key=lambda j: j.started_at):
                 # A counter restored from disk (a newer policy found there) may have
                 # reached a budget: settled before the job gets more work.
@@ -126,7 +130,9 @@ class Planning:
 
     def plan_job(self, job: Job) -> list[Dispatch]:
         workflow = workflow_of(job.config)
-        job.waiting = waiting_reason(job.config, workflow.roles, self.state.workers.values())
+        # A device nobody has says more than a share not given (sharing.py's reason).
+        device = waiting_reason(job.config, workflow.roles, self.state.workers.values())
+        job.waiting = device or job.waiting
         return workflow.plan(job, JobPlanning(self, job))
 
     # --- task results ----------------------------------------------------------------
@@ -144,7 +150,9 @@ class Planning:
                     outcome = parse(EvalResult, result)
                 except MessageError as exc:
                     raise bad_request(f"result.{exc.field}", exc.message) from None
-            self.tasks.end(task, TaskState.DONE)
+            # A released task ends at a safe point with what it did handed in.
+            released = task.release_by_s is not None
+            self.tasks.end(task, TaskState.PREEMPTED if released else TaskState.DONE)
             if outcome is not None:
                 workflow_of(job.config).evaluated(job, task, outcome, self)
                 self.jobs.settle(job)
@@ -181,20 +189,36 @@ class JobPlanning:
         return self._planning.limits
 
     def free_workers(self, role: str, kind: str) -> list[Worker]:
-        config = self._job.config
+        """Free workers with the job's device; for the tasks its share counts (collect,
+        learn), no more than its target lets it add, and a round's set whole or not at
+        all."""
+        job, config = self._job, self._job.config
         workers = [w for w in self._planning.free_workers(role, kind) if can_run(w, config)]
         if role == "learner" and config.policy.learn.multi_gpu:
             # A data-parallel job goes to the biggest learner group first.
             workers.sort(key=lambda w: -learner_ranks(w.resources))
-        return workers
+        if kind == "evaluate":
+            # Idle collectors first, then the job's own: an evaluation beside another
+            # job's collect task would slow that job down for this one's sake.
+            own = {t.worker_id for t in self._planning.tasks.of_job(job)}
+            workers.sort(key=lambda w: (len(w.task_ids), w.worker_id not in own))
+        if KIND_OF_ROLE.get(role) != kind:
+            return workers
+        share = job.share(role)
+        held = sum(
+            t.kind == kind and t.release_by_s is None for t in self._planning.tasks.of_job(job)
+        )
+        room = max(0, share.target - held)
+        gang = role == "collector" and workflow_of(config).demand(job).gang
+        if gang and len(workers) < room:
+            return []  # the set waits whole: a part of it could not finish a round
+        return workers[:room]
 
     def active_kinds(self, job: Job) -> dict[str, int]:
         return self._planning.active_kinds(job)
 
-    def role_count(self, role: str) -> int:
-        config = self._job.config
-        workers = self._planning.state.workers.values()
-        return sum(w.role == role and can_run(w, config) for w in workers)
+    def share(self, job: Job, role: str) -> int:
+        return self._planning.share(job, role)
 
     def assign(self, job: Job, worker: Worker, spec: TaskSpec) -> Dispatch:
         return self._planning.assign(job, worker, spec)

@@ -54,9 +54,12 @@ class Scheduler:
                 self.core.dispatched(dispatch.task.task_id)
             elif dispatch.cancel_task_id is not None:
                 client.cancel(dispatch.cancel_task_id)
+            elif dispatch.release_task_id is not None:
+                client.release(dispatch.release_task_id)
         except (ApiError, ServiceUnavailable) as exc:
             if dispatch.task is not None:
                 self.core.dispatch_failed(dispatch.task.task_id, str(exc))
-            # A failed cancel is harmless: the next heartbeat answer cancels it too.
+            # A failed cancel or release is harmless: the next heartbeat answer says it
+            # again (and a release not taken is cancelled after its grace).
         finally:
             client.close()

@@ -40,6 +40,9 @@ class TaskState(StrEnum):
     FAILED = "failed"
     CANCELLED = "cancelled"  # its job ended
     LOST = "lost"  # its worker went away, or never took it: it is planned again
+    #: Released so that its worker goes to another job (shares.py): it ended at a
+    #: safe point, what it did handed in (or, past `release_grace_s`, was cancelled).
+    PREEMPTED = "preempted"
 
 
 ACTIVE = frozenset({TaskState.ASSIGNING, TaskState.RUNNING})
@@ -103,6 +106,19 @@ class CoordinatorLimits:
     #: Ended tasks remembered (so a late message for one is told it ended, not that
     #: it never existed); older ones are forgotten.
     ended_tasks_kept: int = 10_000
+    #: Jobs running at once; the rest wait in the queue, higher priority first, then in
+    #: the order they came (0: no limit).
+    max_running_jobs: int = 0
+    #: How far (in collector-seconds) a job may run ahead of its fair share before one of
+    #: its collectors moves to a job further behind: lower moves collectors sooner and
+    #: more often (each move ends a collect task at a segment boundary).
+    collector_slack_s: float = 2.0
+    #: The same for learners, which move only where there are fewer than running jobs:
+    #: a move ends a learn task at a checkpoint, and the job resumes from it later.
+    learner_slack_s: float = 60.0
+    #: A task released for another job ends by itself at its next safe point; one that
+    #: has not ended this long after is cancelled.
+    release_grace_s: float = 15.0
 
 
 @dataclass
@@ -115,6 +131,9 @@ class Task:
     planned_at_s: float = 0.0
     #: The scheduling pass that planned it.
     planned_in_pass: int = 0
+    #: Set when it is released so that its worker goes to another job: it is cancelled
+    #: if it has not ended by then (monotonic seconds).
+    release_by_s: float | None = None
 
     @property
     def kind(self) -> TaskKind:
@@ -150,6 +169,37 @@ class EndedTask:
     kind: TaskKind
     worker_id: str
     state: TaskState
+
+
+@dataclass
+class Share:
+    """A job's share of one role's workers, kept by the scheduling passes
+    (services/coordinator/shares.py)."""
+
+    #: Workers it is owed now (a fraction), and may hold after this pass.
+    owed: float = 0.0
+    target: int = 0
+    #: Workers it holds now (tasks being released included).
+    held: int = 0
+    #: Worker-seconds owed and held while it ran, and its balance (owed minus held,
+    #: bounded): who is furthest behind gets the next worker.
+    owed_s: float = 0.0
+    held_s: float = 0.0
+    credit_s: float = 0.0
+    #: Its balance is not set yet: it is, level with the others', at its first pass.
+    fresh: bool = True
+
+    def record(self) -> dict[str, float]:
+        return {"owed_s": self.owed_s, "held_s": self.held_s, "credit_s": self.credit_s}
+
+    @classmethod
+    def restore(cls, record: dict[str, Any]) -> Share:
+        return cls(
+            owed_s=float(record.get("owed_s", 0.0)),
+            held_s=float(record.get("held_s", 0.0)),
+            credit_s=float(record.get("credit_s", 0.0)),
+            fresh=False,
+        )
 
 
 @dataclass
@@ -201,11 +251,28 @@ class Job:
     metrics: collections.deque[MetricsPoint] = field(default_factory=collections.deque)
     #: The buffer's statistics when the job ended (kept in its record).
     final_buffer: BufferStats | None = None
+    #: Its share of each role's workers ("collector", "learner").
+    shares: dict[str, Share] = field(default_factory=dict)
+    #: Collectors a sync round is split over, fixed while it holds any (None: not
+    #: decided; decided when its round's collectors are first given).
+    gang_size: int | None = None
+    #: Tasks of its released so that their worker went to another job.
+    tasks_preempted: int = 0
+    #: A queued job's place in the queue (1: next), set each scheduling pass.
+    queue_position: int | None = None
 
     @property
     def running(self) -> bool:
         """Takes data and tasks: running, and not ending."""
         return self.phase == "running" and self.ending is None
+
+    @property
+    def queued(self) -> bool:
+        """Waits in the coordinator's queue for a place among the running jobs."""
+        return self.phase == "queued" and self.ending is None
+
+    def share(self, role: str) -> Share:
+        return self.shares.setdefault(role, Share())
 
     @property
     def buffer(self) -> ReplayBuffer:
@@ -229,6 +296,7 @@ class Dispatch:
     worker_id: str
     task: TaskAssignment | None = None  # assign this task
     cancel_task_id: str | None = None  # or cancel this one
+    release_task_id: str | None = None  # or release this one (end it at a safe point)
 
 
 @dataclass

@@ -79,7 +79,7 @@ class TaskBoard:
             returned = job.buffer.give_back(task.task_id)
             if returned:
                 log.info("task %s ended (%s): %d held items back", task.task_id, state, returned)
-        if state in (TaskState.FAILED, TaskState.LOST) and job is not None:
+        if state in (TaskState.FAILED, TaskState.LOST, TaskState.PREEMPTED) and job is not None:
             workflow_of(job.config).task_ended(job, task, state)
             if state == TaskState.LOST:
                 job.tasks_reassigned += 1

@@ -10,7 +10,14 @@ import secrets
 
 from common.errors import ApiError, not_found
 from common.http import Caller
-from common.messages import Heartbeat, Registered, WorkerInfo, WorkerRegistration, new_id
+from common.messages import (
+    Heartbeat,
+    HeartbeatReply,
+    Registered,
+    WorkerInfo,
+    WorkerRegistration,
+    new_id,
+)
 from services.coordinator.jobs import JobBook
 from services.coordinator.state import CoordinatorState, TaskState, Worker, must_be
 from services.coordinator.tasks import TaskBoard
@@ -70,18 +77,24 @@ class WorkerRegistry:
             raise ApiError(404, "unknown_worker", f"worker {worker_id} is not registered")
         return worker
 
-    def heartbeat(self, worker_id: str, beat: Heartbeat, *, caller: str | None = None) -> list[str]:
-        """Renew the worker's lease; returns the ids of tasks it must stop."""
+    def heartbeat(
+        self, worker_id: str, beat: Heartbeat, *, caller: str | None = None
+    ) -> HeartbeatReply:
+        """Renew the worker's lease; answers which of its tasks it must stop, and which
+        it must end at their next safe point (released: told again at each beat, in
+        case the scheduler's call did not reach it)."""
         must_be(caller, worker_id, "send the heartbeats")
         with self.state.guard.changing():
             worker = self.get(worker_id)
             worker.last_heartbeat_s = self.state.clock()
-            cancel = []
+            cancel, release = [], []
             for report in beat.tasks:
                 task = self.state.tasks.get(report.task_id)
                 if task is None or task.worker_id != worker_id:
                     cancel.append(report.task_id)
                     continue
+                if task.release_by_s is not None:
+                    release.append(task.task_id)
                 task.state = TaskState.RUNNING
                 worker.progress[task.task_id] = dict(report.progress)
                 job = self.state.jobs[task.job_id]
@@ -93,7 +106,7 @@ class WorkerRegistry:
                 if task.kind == "learn" and train_iter is not None:
                     self.jobs.count_train_iters(job, int(train_iter))
                     self.jobs.settle(job)
-            return cancel
+            return HeartbeatReply(cancel=cancel, release=release)
 
     def leave(self, worker_id: str, *, caller: str | None = None) -> None:
         must_be(caller, worker_id, "end the registration")
@@ -130,6 +143,7 @@ class WorkerRegistry:
                     last_heartbeat_s=round(now - w.last_heartbeat_s, 3),
                     progress={t: p for t, p in w.progress.items() if t in w.task_ids},
                     resources=dict(w.resources),
+                    jobs={t: self.state.tasks[t].job_id for t in w.task_ids},
                 )
                 for w in self.state.workers.values()
             ]

@@ -628,7 +628,11 @@ def test_slow_and_half_open_clients_cannot_block_the_server(running):
 
 def test_one_jobs_long_polls_cannot_starve_another_jobs_learner(running):
     cluster, job_id = running
-    other = cluster.client.submit_job(deep_merge(CONFIG, {"exp_name": "starved"})).job_id
+    # Its buffer cannot be sampled for long, whether or not the collectors are shared
+    # with it meanwhile.
+    empty = {"replay_buffer": {"min_size_to_sample": 200_000, "replay_buffer_size": 200_000}}
+    starved = deep_merge(CONFIG, {"exp_name": "starved", "policy": {"other": empty}})
+    other = cluster.client.submit_job(starved).job_id
     try:
         before = cluster.client.job(job_id).train_iters
 

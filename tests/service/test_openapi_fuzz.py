@@ -138,4 +138,4 @@ def test_coordinator_routes_never_fail_and_match_the_document(coordinator_app):
 
 
 def test_slave_routes_never_fail_and_match_the_document(slave_app):
-    assert len(fuzz(slave_app)) == 6
+    assert len(fuzz(slave_app)) == 7

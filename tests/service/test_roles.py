@@ -201,7 +201,9 @@ def test_registrations_are_bounded(tmp_path):
 
 def test_a_failing_job_does_not_stop_the_others(client, core, monkeypatch):
     bad, good = submit(client), submit(client)
+    # A collector each: the two jobs share the collectors.
     register(client, "collector", "http://127.0.0.1:8101")
+    register(client, "collector", "http://127.0.0.1:8102")
     real = core.planning.plan_job
 
     def plan_job(job):

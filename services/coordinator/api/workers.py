@@ -36,8 +36,7 @@ def list_workers() -> Any:
 @allow("collector", "learner")
 @documented(summary="Renew a worker's lease", body=Heartbeat, reply=HeartbeatReply)
 def heartbeat(worker_id: str) -> Any:
-    cancel = core().heartbeat(worker_id, body(Heartbeat), caller=caller())
-    return reply(HeartbeatReply(cancel=cancel))
+    return reply(core().heartbeat(worker_id, body(Heartbeat), caller=caller()))
 
 
 @bp.delete("/<worker_id>")

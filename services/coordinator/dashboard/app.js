@@ -176,6 +176,17 @@ function phase(p) {
   return el("span", { class: `phase phase-${p}` }, p);
 }
 
+// A job's share of one role's workers: held now of owed (its fair share), "–" for a job
+// that is not running.
+function heldOfOwed(share) {
+  return share ? `${share.held} / ${share.owed.toFixed(2)}` : "–";
+}
+
+// Why a running or queued job waits ("" when it does not).
+function waitsFor(j) {
+  return j.phase === "running" || j.phase === "queued" ? j.reason : "";
+}
+
 async function jobsView() {
   const data = await api("/jobs");
   const rows = data.jobs
@@ -189,18 +200,24 @@ async function jobsView() {
         el("td", {}, j.name),
         el("td", {}, j.algo),
         el("td", {}, j.env_id),
-        el("td", {}, phase(j.phase)),
+        el("td", {}, phase(j.phase), j.queue_position ? ` #${j.queue_position}` : ""),
+        el("td", {}, String(j.priority)),
+        el("td", { class: "share" }, heldOfOwed(j.collector_share)),
+        el("td", {}, heldOfOwed(j.learner_share)),
         el("td", {}, fmt(j.env_steps)),
         el("td", {}, j.last_eval ? fmt(j.last_eval.return_mean, 2) : "–"),
+        el("td", { class: "muted why" }, waitsFor(j)),
       ),
     );
+  const headers = ["id", "name", "algo", "env", "phase", "priority", "collectors held / owed",
+    "learner held / owed", "env steps", "last eval", "waiting for"];
   return [
     el("h1", {}, "Jobs"),
     rows.length
       ? el(
           "table",
           { id: "jobs" },
-          el("thead", {}, el("tr", {}, ["id", "name", "algo", "env", "phase", "env steps", "last eval"].map((h) => el("th", {}, h)))),
+          el("thead", {}, el("tr", {}, headers.map((h) => el("th", {}, h)))),
           el("tbody", {}, rows),
         )
       : el("p", { class: "muted", id: "no-jobs" }, "No jobs yet: submit one with `drover submit`."),
@@ -255,6 +272,11 @@ async function jobView(jobId) {
       card("stop value", job.stop_value === null ? "–" : fmt(job.stop_value)),
       card("env steps/s", rate.length ? fmt(rate[rate.length - 1].y) : "–"),
       card("tasks failed / reassigned", `${job.task_failures} / ${job.tasks_reassigned}`),
+      card("priority / share", `${job.priority} / ${fmt(job.share, 2)}`),
+      job.queue_position ? card("queue position", String(job.queue_position)) : null,
+      card("collectors held / owed", heldOfOwed(job.collector_share)),
+      card("learner held / owed", heldOfOwed(job.learner_share)),
+      card("tasks released for other jobs", String(job.tasks_preempted)),
     ),
     job.reason ? el("p", { class: "muted" }, job.reason) : null,
     el(

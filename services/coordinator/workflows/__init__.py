@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from common.config import ConfigError, JobConfig
 from jobconfig import algorithm_of
-from services.coordinator.workflows.base import Planner, Workflow
+from services.coordinator.workflows.base import Demand, Planner, Workflow
 from services.coordinator.workflows.evaluate import Evaluate
 from services.coordinator.workflows.selfplay import SelfPlay
 from services.coordinator.workflows.training import AsyncTraining, SyncTraining
@@ -58,4 +58,4 @@ def check_workflow(config: JobConfig) -> Workflow:
     return workflow
 
 
-__all__ = ["WORKFLOWS", "Planner", "Workflow", "check_workflow", "workflow_of"]
+__all__ = ["WORKFLOWS", "Demand", "Planner", "Workflow", "check_workflow", "workflow_of"]

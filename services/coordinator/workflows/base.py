@@ -33,8 +33,10 @@ class Planner(Protocol):
         """How many of the job's tasks of each kind are assigned or running."""
         ...
 
-    def role_count(self, role: str) -> int:
-        """Registered workers of `role` (in a pass: only those with the job's device)."""
+    def share(self, job: Job, role: str) -> int:
+        """How many workers of `role` the job may hold now: what the share scheduler
+        gives it this pass (its `Demand`, its weight and priority, the other jobs'),
+        of the workers that have its device."""
         ...
 
     def assign(self, job: Job, worker: Worker, spec: TaskSpec) -> Dispatch:
@@ -48,6 +50,21 @@ class Planner(Protocol):
     def defer(self, effect: Callable[[], Any]) -> None:
         """Run disk work once the coordinator's lock is released (never under it)."""
         ...
+
+
+@dataclass(frozen=True)
+class Demand:
+    """What a running job asks of the cluster's workers; the coordinator divides them
+    among the jobs by weight and priority (services/coordinator/shares.py)."""
+
+    #: Collect tasks it runs at most (None: as many as its share gives it).
+    collectors: int | None
+    #: Its collectors are one set, given all at once or not at all: a round split over
+    #: them does not end with fewer (None `collectors`: the set is its share when
+    #: first given, kept while it holds any).
+    gang: bool = False
+    #: It trains on a learner (one learn task at a time; a learner group is one).
+    learner: bool = False
 
 
 @dataclass(frozen=True)
@@ -65,7 +82,8 @@ class Workflow(Protocol):
     replay = workflow.replay(config)           # the buffer the job gets
     workflow.admit(config, planner)            # at submission: ApiError when not
     job.workflow_state = workflow.new_state(config)   # the job's own state
-    dispatches = workflow.plan(job, planner)   # each scheduling pass
+    demand = workflow.demand(job)              # each pass: the workers it asks for
+    dispatches = workflow.plan(job, planner)   # each scheduling pass, within its share
     workflow.evaluated(job, task, result, planner)   # an evaluate task's result
     workflow.task_ended(job, task, state)      # a task failed or was lost
     outcome = workflow.outcome(job)            # after any of the job's counters moved
@@ -100,8 +118,14 @@ class Workflow(Protocol):
         """Refuse (ApiError 400) what this workflow cannot run on this coordinator."""
         ...
 
+    def demand(self, job: Job) -> Demand:
+        """The workers the job asks for now, which the coordinator weighs against the
+        other jobs' (`planner.share` then says what it was given)."""
+        ...
+
     def plan(self, job: Job, planner: Planner) -> list[Dispatch]:
-        """Assignments for free workers (the coordinator sends them)."""
+        """Assignments for free workers, within the job's share (the coordinator sends
+        them)."""
         ...
 
     def evaluated(self, job: Job, task: Task, result: EvalResult, planner: Planner) -> None:
@@ -109,7 +133,8 @@ class Workflow(Protocol):
         ...
 
     def task_ended(self, job: Job, task: Task, state: TaskState) -> None:
-        """A task of the job ended `failed` or `lost` (before its result)."""
+        """A task of the job ended `failed`, `lost` or `preempted` (before its result,
+        or with a partial one: its worker went to another job)."""
         ...
 
     def outcome(self, job: Job) -> Outcome | None:

@@ -15,7 +15,7 @@ from common.config import ConfigError, JobConfig, ReplayBufferConfig
 from common.errors import bad_request
 from common.messages import EvalResult, EvalSummary, EvaluateSpec, dump
 from common.storage import PathError
-from services.coordinator.workflows.base import Outcome, Planner
+from services.coordinator.workflows.base import Demand, Outcome, Planner
 
 if TYPE_CHECKING:
     from services.coordinator.state import Dispatch, Job, Task, TaskState
@@ -55,6 +55,11 @@ class Evaluate:
                 raise bad_request(field, f"no file at '{evaluate.path}' under the shared root")
         except PathError as exc:
             raise bad_request(field, str(exc)) from None
+
+    def demand(self, job: Job) -> Demand:
+        """No collect task and no learner: its evaluate tasks run beside other jobs'
+        collect tasks, on any collector free to evaluate."""
+        return Demand(collectors=0)
 
     @staticmethod
     def episodes(job: Job) -> int:

@@ -26,7 +26,7 @@ from common.messages import (
     LearnSpec,
 )
 from jobconfig import algorithm_of
-from services.coordinator.workflows.base import Outcome, Planner
+from services.coordinator.workflows.base import Demand, Outcome, Planner
 
 if TYPE_CHECKING:
     from services.coordinator.state import Dispatch, Job, Task, TaskState
@@ -75,15 +75,20 @@ class AsyncTraining:
         """Env steps each collector contributes to a round (None: no rounds)."""
         return None
 
+    def demand(self, job: Job) -> Demand:
+        """Its collectors, or as many as its share gives; one learner."""
+        return Demand(collectors=job.config.system.collector_num, learner=True)
+
     def plan(self, job: Job, planner: Planner) -> list[Dispatch]:
         kinds = planner.active_kinds(job)
         plan: list[Dispatch] = []
-        if kinds.get("learn", 0) == 0:  # one learner (which may be a group of ranks)
+        if kinds.get("learn", 0) == 0 and planner.share(job, "learner") > 0:
+            # One learner (which may be a group of ranks).
             learners = [w for w in planner.free_workers("learner", "learn") if not w.task_ids]
             if learners:
                 spec = LearnSpec(seed=planner.seed(job), mode=self.learn_mode)
                 plan.append(planner.assign(job, learners[0], spec))
-        wanted = job.config.system.collector_num or planner.role_count("collector")
+        wanted = planner.share(job, "collector")
         collectors = planner.free_workers("collector", "collect")
         for worker in collectors[: max(0, wanted - kinds.get("collect", 0))]:
             spec = CollectSpec(
@@ -97,7 +102,8 @@ class AsyncTraining:
             evaluators = planner.free_workers("collector", "evaluate")
             if evaluators:
                 assert job.policy is not None
-                # The least busy collector evaluates, so collection slows the least.
+                # The least busy collector evaluates, so collection slows the least (of
+                # those, one of the job's own: the planner offers them first).
                 worker = min(evaluators, key=lambda w: len(w.task_ids))
                 job.workflow_state.eval_requested_iter = job.policy.train_iter
                 plan.append(planner.assign(job, worker, self.evaluate_spec(job, planner)))
@@ -222,7 +228,12 @@ class SyncTraining(AsyncTraining):
     def collect_mode(self, job: Job) -> Literal["transitions", "unrolls", "rounds", "battle"]:
         return "rounds"
 
+    def demand(self, job: Job) -> Demand:
+        """A round's collectors, all at once; one learner."""
+        return Demand(collectors=job.config.system.collector_num, gang=True, learner=True)
+
     def round_steps(self, job: Job, planner: Planner) -> int | None:
-        """n_sample split evenly over the collectors the job expects (rounded up)."""
-        expected = job.config.system.collector_num or max(1, planner.role_count("collector"))
+        """n_sample split evenly over the round's collectors (rounded up): the set the
+        job is given whole."""
+        expected = max(1, planner.share(job, "collector"))
         return -(-job.config.policy.collect.n_sample // expected)

@@ -1,0 +1,119 @@
+"""Jobs sharing real collectors and learners (services/coordinator/sharing.py): a job
+submitted to a busy cluster is given collectors within seconds, taken from the job that
+held them all by releasing a collect task at a segment boundary; a sync round's
+collectors are held whole, in turns; and nothing acknowledged is lost for it: each
+job's buffer took exactly its counted env steps."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import yaml
+
+from common.config import deep_merge
+from drover.local import LocalCluster
+from tests.helpers import EXAMPLES, scrape, total, wait_for_end, wait_until
+
+pytestmark = [pytest.mark.processes]
+
+METRICS_TOKEN = "sharing-metrics-token"
+DEADLINE_S = 180
+
+
+def example(name: str, overlay: dict) -> dict:
+    return deep_merge(yaml.safe_load((EXAMPLES / name).read_text()), overlay)
+
+
+#: DQN with 1-step transitions (a segment's rows are its env steps), no goal.
+DQN = example(
+    "cartpole_dqn.yaml",
+    {
+        "env": {"stop_value": None, "collector_env_num": 4, "n_evaluator_episode": 2},
+        "policy": {"nstep": 1, "other": {"replay_buffer": {"min_size_to_sample": 200}}},
+        "system": {"max_env_step": 4000},
+    },
+)
+#: PPO rounds of 256 env steps over its 2 collectors.
+PPO = example(
+    "cartpole_ppo.yaml",
+    {
+        "env": {"stop_value": None, "collector_env_num": 4, "n_evaluator_episode": 2},
+        "policy": {"learn": {"epoch_per_collect": 2}, "collect": {"n_sample": 256}},
+        "system": {"max_env_step": 3072, "collector_num": 2},
+    },
+)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    env = {"DROVER_METRICS_TOKEN": METRICS_TOKEN}
+    with LocalCluster(
+        tmp_path_factory.mktemp("sharing") / "run", num_collectors=2, num_learners=2, extra_env=env
+    ) as running:
+        running.wait_for_workers()
+        yield running
+
+
+def released_tasks(cluster) -> float:
+    """Collect tasks the collectors ended by a release (and reported complete)."""
+    return sum(
+        total(scrape(s.url, METRICS_TOKEN), "drover_tasks", kind="collect", outcome="released")
+        for s in cluster.collectors
+    )
+
+
+def assert_nothing_lost(cluster, job_id):
+    """Every env step the job counts came from an insert it acknowledged, once."""
+    status = cluster.client.job(job_id)
+    buffer = cluster.client.buffer_stats(job_id)
+    assert status.phase == "succeeded", status
+    assert buffer["inserts"] == status.env_steps, (buffer, status)
+
+
+def test_a_new_job_takes_a_collector_from_the_busy_one_and_nothing_is_lost(cluster):
+    released_before = released_tasks(cluster)
+    first = cluster.client.submit_job(DQN, name="first").job_id
+    wait_until(
+        lambda: (
+            cluster.client.job(first).collector_share.held == 2
+            and cluster.client.job(first).env_steps > 500
+        ),
+        what="the first job collecting on both collectors",
+        timeout_s=60,
+    )
+    submitted = time.monotonic()
+    second = cluster.client.submit_job(DQN, name="second").job_id
+    wait_until(
+        lambda: cluster.client.job(second).env_steps > 0,
+        what="the second job's first env steps",
+        timeout_s=30,
+    )
+    assert time.monotonic() - submitted < 15  # seconds, not the first job's whole budget
+    status = cluster.client.job(first)
+    assert status.tasks_preempted >= 1 and status.collector_share.held == 1
+    for job_id in (first, second):
+        wait_for_end(cluster, job_id, DEADLINE_S)
+        assert_nothing_lost(cluster, job_id)
+    # The collector ended its task itself, at a segment boundary, and said so.
+    assert released_tasks(cluster) > released_before
+
+
+def test_a_sync_round_holds_its_collectors_in_turns_beside_another_job(cluster):
+    ppo = cluster.client.submit_job(PPO, name="ppo").job_id
+    dqn = cluster.client.submit_job(DQN, name="dqn").job_id
+    held = set()
+    deadline = time.monotonic() + DEADLINE_S
+    while time.monotonic() < deadline:
+        statuses = [cluster.client.job(j) for j in (ppo, dqn)]
+        if all(s.phase != "running" for s in statuses):
+            break
+        share = statuses[0].collector_share
+        if share is not None:
+            held.add(share.held)
+        time.sleep(0.2)
+    assert held <= {0, 1, 2} and 2 in held  # it ran with its whole set
+    for job_id in (ppo, dqn):
+        assert_nothing_lost(cluster, job_id)
+    # On-policy all the same: every item trained on was collected by the version trained.
+    assert sum(cluster.client.buffer_stats(ppo)["sampled_lag_histogram"][1:]) == 0
