@@ -13,9 +13,10 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from common.messages import JobStatus, LeagueView
+from common.messages import JobStatus, LeagueView, WorkerShare
 
 PHASE_COLORS = {
+    "queued": "yellow",
     "running": "cyan",
     "succeeded": "green",
     "failed": "red",
@@ -55,8 +56,31 @@ def status_table(job: JobStatus) -> Table:
         best = f"{job.best_eval_return:.1f} (policy v{job.best_policy_version})"
     table.add_row("best eval", best)
     table.add_row("learners", str(len(job.learners)) if job.learners else "-")
-    table.add_row("tasks", f"{job.task_failures} failed, {job.tasks_reassigned} reassigned")
+    table.add_row("priority, share", f"{job.priority}, {job.share:g}")
+    if job.queue_position is not None:
+        table.add_row("queue", f"{job.queue_position} (1: next to run)")
+    for role, share in (("collectors", job.collector_share), ("learner", job.learner_share)):
+        if share is not None:
+            table.add_row(role, share_text(share, over_time=True))
+    table.add_row(
+        "tasks",
+        f"{job.task_failures} failed, {job.tasks_reassigned} reassigned, "
+        f"{job.tasks_preempted} released for other jobs",
+    )
     return table
+
+
+def share_text(share: WorkerShare | None, *, over_time: bool = False) -> str:
+    """Held of owed now (`2 of 1.33`), and, `over_time`, worker-seconds held of owed."""
+    if share is None:
+        return "-"
+    text = f"{share.held} of {share.owed:.2f}"
+    if over_time and share.owed_s > 0:
+        text += (
+            f" now; {share.held_s:,.0f} of {share.owed_s:,.0f} worker-seconds owed so far "
+            f"({share.held_s / share.owed_s:.0%})"
+        )
+    return text
 
 
 def league_line(league: LeagueView) -> str:

@@ -1,7 +1,10 @@
 """`drover jobs | status | stop | workers | logs`: look at a running cluster.
 
-drover jobs                  the coordinator's jobs, a row each
-drover status JOB            one job: phase, progress, evaluations, learners, buffer
+drover jobs                  the coordinator's jobs, a row each: priority, share, the
+                             collectors and learner each holds of those it is owed,
+                             and why a job waits
+drover status JOB            one job: phase, progress, evaluations, learners, shares,
+                             buffer
 drover stop JOB              stop a job; prints the phase it ended in
 drover workers               the registered collectors and learners, and their tasks
 drover logs ROLE             the last lines of a local run's logs (`drover run`'s
@@ -43,6 +46,7 @@ from drover.tables import (
     learners_table,
     phase_text,
     progress_text,
+    share_text,
     status_table,
 )
 from services.coordinator.client import CoordinatorClient
@@ -208,22 +212,37 @@ def list_jobs(remote: Remote, args: argparse.Namespace) -> int:
     table = Table(title=escape(f"jobs on {remote.url}"))
     for name in ("id", "name", "algo", "env", "phase"):
         table.add_column(name, no_wrap=True)
+    for name in ("prio", "share", "collectors", "learner"):
+        table.add_column(name, justify="right", no_wrap=True)
     for name in ("env steps", "train iters", "policy", "last eval", "elapsed"):
         table.add_column(name, justify="right", no_wrap=True)
+    waiting = []
     for job in sorted(jobs, key=lambda j: j.started_at):
         table.add_row(
             job.job_id,
             escape(job.name),
             escape(job.algo),
             escape(job.env_id),
-            phase_text(job.phase),
+            phase_text(job.phase)
+            + (f" #{job.queue_position}" if job.queue_position is not None else ""),
+            str(job.priority),
+            f"{job.share:g}",
+            share_text(job.collector_share),
+            share_text(job.learner_share),
             f"{job.env_steps:,}",
             f"{job.train_iters:,}",
             f"v{job.policy_version}",
             f"{job.last_eval.return_mean:.1f}" if job.last_eval else "-",
             duration(elapsed_s(job)),
         )
-    output().print(table)
+        if job.phase in ("running", "queued") and job.reason:
+            waiting.append(f"{job.job_id}: {job.reason}")
+    # Held of owed: a job's collectors and learner now, against its fair share.
+    table.caption = "collectors, learner: held of owed (its fair share now)"
+    out = output()
+    out.print(table)
+    for line in waiting:
+        out.print(escape(line), highlight=False)
     return 0
 
 
@@ -285,7 +304,7 @@ def list_workers(remote: Remote, args: argparse.Namespace) -> int:
         errors.print(f"drover: no workers registered at {remote.url}", highlight=False)
         return 0
     table = Table(title=escape(f"workers of {remote.url}"))
-    for name in ("id", "role", "url", "state", "tasks", "progress"):
+    for name in ("id", "role", "url", "state", "tasks", "jobs", "progress"):
         table.add_column(name, no_wrap=name != "progress")
     table.add_column("heartbeat", justify="right", no_wrap=True)
     for worker in sorted(workers, key=lambda w: (w.role, w.worker_id)):
@@ -295,6 +314,7 @@ def list_workers(remote: Remote, args: argparse.Namespace) -> int:
             escape(worker.url),
             worker.state,
             ", ".join(worker.task_ids) or "-",
+            ", ".join(sorted(set(worker.jobs.values()))) or "-",
             "; ".join(progress_text(p) for p in worker.progress.values()) or "-",
             f"{worker.last_heartbeat_s:.1f}s ago",
         )

@@ -21,7 +21,7 @@ from drover.local import free_port
 from drover.tables import learners_table, progress_text
 from services.coordinator.app import create_app
 from services.coordinator.client import CoordinatorClient
-from services.coordinator.core import Coordinator
+from services.coordinator.core import Coordinator, CoordinatorLimits
 from services.coordinator.settings import CoordinatorSettings
 
 TOKEN = "verbs-test-token"
@@ -42,6 +42,21 @@ def coordinator(tmp_path, monkeypatch):
     names it and holds the token."""
     settings = CoordinatorSettings(shared_dir=tmp_path / "shared", token=TOKEN)
     core = Coordinator(SharedStore(settings.shared_dir), settings.limits)
+    yield from serve(core, settings, monkeypatch)
+
+
+@pytest.fixture
+def queueing(tmp_path, monkeypatch):
+    """As `coordinator`, one that runs one job at a time; and its core, to plan."""
+    limits = CoordinatorLimits(max_running_jobs=1)
+    settings = CoordinatorSettings(shared_dir=tmp_path / "shared", token=TOKEN, limits=limits)
+    core = Coordinator(SharedStore(settings.shared_dir), settings.limits)
+    for url, client in serve(core, settings, monkeypatch):
+        yield url, client, core
+
+
+def serve(core, settings, monkeypatch):
+    """Serve `core`'s app on a free port while the caller runs."""
     app = create_app(settings, core=core)
     server = create_server(app, "127.0.0.1", 0, ServerLimits(threads=4))  # 0: a free port
     thread = threading.Thread(target=server.run, daemon=True)
@@ -97,6 +112,28 @@ def test_status_shows_the_job_and_its_buffer(capsys, job_id):
     assert data["job_id"] == job_id and data["stop_value"] == 195
     assert data["buffer"]["capacity"] == 100
     assert (data["max_env_step"], data["max_train_iter"]) == (50_000, None)
+
+
+def test_jobs_and_status_say_each_jobs_share_and_why_it_waits(capsys, queueing):
+    _, client, core = queueing
+    client.register("collector", "http://127.0.0.1:9100", {}, slave_token="s" * 32)
+    client.register("learner", "http://127.0.0.1:9200", {}, slave_token="s" * 32)
+    running = client.submit_job(CARTPOLE_DQN, name="first").job_id
+    queued = client.submit_job({**CARTPOLE_DQN, "system": {"priority": 3}}, name="second")
+    assert queued.phase == "queued"
+    core.plan()
+    status, out, err = drover(capsys, "jobs")
+    assert status == 0, err
+    assert "queued #1" in out and "1 of 1.00" in out  # held of owed
+    assert f"{queued.job_id}: queued: 1st of 1 waiting for one of the 1 places" in out
+    status, out, err = drover(capsys, "status", running)
+    assert status == 0, err
+    assert "collectors" in out and "1 of 1.00" in out and "priority, share  0, 1" in out
+    status, out, err = drover(capsys, "status", queued.job_id, "--json")
+    data = json.loads(out)
+    assert (data["phase"], data["queue_position"], data["priority"]) == ("queued", 1, 3)
+    status, out, err = drover(capsys, "workers")
+    assert status == 0 and running in out  # the job each worker's task is for
 
 
 def test_stop_stops_the_job(capsys, coordinator, job_id):

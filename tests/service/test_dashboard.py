@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from common.config import deep_merge
 from jobconfig import load_config_file
 from services.coordinator.app import create_app
 from services.coordinator.settings import CoordinatorSettings
@@ -114,7 +115,8 @@ def test_the_dashboard_in_a_browser(tmp_path):
         pytest.skip("no chromium on PATH (apt-get install chromium)")
     from drover.local import LocalCluster
 
-    config = load_config_file(EXAMPLE)
+    # No goal: it runs (and holds its share) until the test stops it.
+    config = deep_merge(load_config_file(EXAMPLE), {"env": {"stop_value": None}})
     with (
         LocalCluster(tmp_path / "run", num_collectors=1) as cluster,
         sync_api.sync_playwright() as pw,
@@ -127,6 +129,14 @@ def test_the_dashboard_in_a_browser(tmp_path):
             row = page.locator(f'tr.job[data-job-id="{job_id}"]')
             row.wait_for(timeout=30_000)
             assert "dashboard-test" in row.inner_text() and "CartPole-v1" in row.inner_text()
+            # Its share while it runs: the one collector, all it is owed.
+            wait_in_page(
+                page,
+                f"document.querySelector('tr.job[data-job-id=\"{job_id}\"] td.share')"
+                "?.innerText === '1 / 1.00'",
+                cluster,
+                job_id,
+            )
 
             # A job's page: its return curve gets points as evaluations come in.
             row.click()
@@ -150,6 +160,7 @@ def test_the_dashboard_in_a_browser(tmp_path):
             budget = page.locator('.budget[data-budget="env steps"]')
             assert "/ 200.0k" in budget.inner_text()
             assert 0 < float(budget.locator("progress").get_attribute("value")) < 1
+            assert "collectors held / owed" in page.inner_text("main")
             save_screenshot(page, tmp_path)
 
             # Workers: the collector and the learner, with their heartbeats.
