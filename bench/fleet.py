@@ -368,7 +368,9 @@ class SimWorker:
             else:
                 if self.tally.answered("heartbeat", sent, status, answer) == "ok":
                     self.tally.heartbeats += self.tally.timed(sent)
-                    if json.loads(answer).get("cancel"):
+                    reply = json.loads(answer)
+                    # A steady fleet's jobs hold their shares: a release is as wrong.
+                    if reply.get("cancel") or reply.get("release"):
                         self.cancelled = True
                         self.tally.errors[f"{self.role} task cancelled"] += 1
             with contextlib.suppress(TimeoutError):
@@ -550,7 +552,9 @@ def transitions(policy: dict[str, Any], rows: int, seed: int) -> dict[str, np.nd
     obs_shape = model["obs_shape"]
     obs_shape = tuple(obs_shape) if isinstance(obs_shape, list) else (int(obs_shape),)
     actions = int(model["action_shape"])
-    builder = NStepBuilder(1, int(policy["nstep"]), float(policy["discount_factor"]))
+    # An algorithm without n-step returns (PPO, whose rows the coordinator indexes the
+    # same way) gets 1-step ones.
+    builder = NStepBuilder(1, int(policy.get("nstep", 1)), float(policy["discount_factor"]))
     rng = np.random.default_rng(seed)
     obs = rng.standard_normal((1, *obs_shape)).astype(np.float32)
     no = np.zeros(1, dtype=bool)

@@ -2,7 +2,7 @@
 killed and restarted, watched for memory, errors and lost data.
 
     python bench/soak.py [--minutes 10] [--collectors 8] [--learners 2] [--kills 2]
-        [--buffer-items 1000000] [--insert-rate 5] [--churn-s 3]
+        [--buffer-items 1000000] [--insert-rate 5] [--churn-s 3] [--gang]
 
 A coordinator (`python -m services.coordinator`, a temporary shared root) gets one DQN
 CartPole job per learner, each with a prioritized buffer of `--buffer-items` items and
@@ -23,10 +23,17 @@ them (a restart) register again and take whatever task comes next.
 
 Every `--churn-s` seconds a small job is submitted and the one before it stopped, so
 jobs end all along and the coordinator's ended-job retention (`DROVER_MAX_ENDED_JOBS`)
-forgets them. `--kills` times, evenly spread, the coordinator is killed with SIGKILL
-and started again on the same root; before each kill the segments acknowledged so far
-are counted, and after the restart each main job's env steps must reach them (what
-was acknowledged is durable: the index's snapshot, then the files found on disk).
+forgets them. With `--gang`, the main DQN jobs share the collectors by weight, and a
+sync PPO job whose rounds need 2 collectors at once runs beside them on a learner of
+its own: it holds its 2 in turns with the others (services/coordinator/sharing.py),
+and every main job must have progressed in every minute (none starves, nothing
+deadlocks). A simulated worker told to release its task ends it after its current
+insert or sample and reports it complete, as a real one does.
+
+`--kills` times, evenly spread, the coordinator is killed with SIGKILL and started
+again on the same root; before each kill the segments acknowledged so far are
+counted, and after the restart each main job's env steps must reach them (what was
+acknowledged is durable: the index's snapshot, then the files found on disk).
 
 The coordinator's resident set (VmRSS) is read every 5 s. Printed: a line a minute,
 then the checks: RSS after warm-up (`--warmup-s` into each of the coordinator's
@@ -40,6 +47,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import itertools
 import json
 import os
 import random
@@ -105,6 +113,8 @@ class Tally:
     outage: int = 0
     forgotten: int = 0
     tasks_taken: collections.Counter = field(default_factory=collections.Counter)
+    #: Tasks released for another job (and reported complete), by role.
+    released: collections.Counter = field(default_factory=collections.Counter)
 
     def add(self, name: str, amount: int = 1) -> None:
         with self.lock:
@@ -132,6 +142,8 @@ class SimWorker:
         self._task: TaskAssignment | None = None
         self._assigned = threading.Event()
         self._over: set[str] = set()
+        #: Tasks released for another job: they end, then report complete.
+        self._released: set[str] = set()
         self.forgotten = False
 
     # --- the slave's side of the coordinator's calls --------------------------------
@@ -148,6 +160,16 @@ class SimWorker:
         with self._lock:
             if self._task is None or self._task.task_id != task_id:
                 return 404
+            self._over.add(task_id)
+        return 202
+
+    def release(self, task_id: str) -> int:
+        """End the task after what it is doing (an insert, a sample), then report it
+        complete, as a real slave does at its next safe point."""
+        with self._lock:
+            if self._task is None or self._task.task_id != task_id:
+                return 404
+            self._released.add(task_id)
             self._over.add(task_id)
         return 202
 
@@ -175,13 +197,25 @@ class SimWorker:
             except Forgotten:
                 self.tally.add("forgotten")
             except TaskOver:
-                pass
+                if task.task_id in self._released:
+                    self._report_released(task)
             except Exception as exc:  # noqa: BLE001 - counted, and the worker goes on
                 self.tally.count("errors", f"{self.role}: {type(exc).__name__}: {exc}"[:160])
                 time.sleep(0.5)
             with self._lock:
                 self._task = None
                 self._assigned.clear()
+
+    def _report_released(self, task: TaskAssignment) -> None:
+        self.tally.count("released", self.role)
+        try:
+            self.client.complete_task(task.task_id, {})
+        except ServiceUnavailable:
+            self.tally.add("outage")
+        except ApiError as exc:
+            # Past its grace the coordinator cancelled it (409): nothing to report.
+            if exc.status not in (401, 404, 409, 502, 503, 504):
+                self.tally.count("errors", f"complete: {exc.status} {exc.code}")
 
     def _register(self) -> None:
         try:
@@ -225,6 +259,8 @@ class SimWorker:
                 continue
             for task_id in reply.cancel:
                 self.cancel(task_id)
+            for task_id in reply.release:
+                self.release(task_id)
 
     def call(self, task: TaskAssignment, what: str, fn: Any, *args: Any, **kw: Any) -> Any:
         """`fn(...)` until it is answered: back-pressure and outages are waited out;
@@ -347,6 +383,10 @@ def inbox_handler(workers: dict[str, SimWorker]) -> type[BaseHTTPRequestHandler]
         def do_POST(self) -> None:  # noqa: N802 - http.server's name
             body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
             worker = self._worker()
+            released = self.path.removeprefix("/v1/tasks/").removesuffix("/release")
+            if worker is not None and self.path == f"/v1/tasks/{released}/release":
+                self._answer(worker.release(released), {"task_id": released})
+                return
             if worker is None or self.path != "/v1/tasks":
                 self._answer(401 if worker is None else 404, {"error": "no"})
                 return
@@ -367,7 +407,21 @@ def inbox_handler(workers: dict[str, SimWorker]) -> type[BaseHTTPRequestHandler]
     return Inbox
 
 
-def job_config(args: argparse.Namespace, *, collectors: int, buffer_items: int) -> dict:
+def gang_config() -> dict:
+    """A sync PPO job whose rounds are split over 2 collectors, given whole."""
+    return {
+        "env": {"env_id": "CartPole-v1"},
+        "policy": {
+            "type": "ppo",
+            "learn": {"batch_size": BATCH_SIZE},
+            "collect": {"n_sample": 2 * SEGMENT_ROWS},
+            "other": {"replay_buffer": {"replay_buffer_size": 100 * SEGMENT_ROWS}},
+        },
+        "system": {"workflow": "sync", "collector_num": 2},
+    }
+
+
+def job_config(args: argparse.Namespace, *, collectors: int | None, buffer_items: int) -> dict:
     return {
         "env": {"env_id": "CartPole-v1"},
         "policy": {
@@ -408,13 +462,15 @@ class Soak:
         self.recoveries: list[dict[str, Any]] = []
         self.jobs_churned = 0
         self.main_jobs: list[str] = []
+        #: Each main job's acknowledged env steps at each minute's line, and at the end.
+        self.minutes: list[dict[str, int]] = []
         #: When every main job's buffer had been filled (seconds since the start).
         self.filled_s: float | None = None
 
     def filled(self, job_id: str) -> bool:
         """Whether a job's collectors have acknowledged a buffer's worth (churned
         jobs count as filled: they run at the nominal rate)."""
-        if job_id not in self.main_jobs:
+        if job_id not in self.main_jobs[: self.args.learners]:  # the gang's is small
             return True
         return self.tally.acknowledged[job_id] >= self.args.buffer_items
 
@@ -434,15 +490,20 @@ class Soak:
         cluster.start()
         started = time.monotonic()
         self.life_started_s.append(0.0)
-        per_job = split(args.collectors, args.learners)
+        # With --gang the DQN jobs share the collectors by weight; without, each has its
+        # own part of them.
+        per_job = [None] * args.learners if args.gang else split(args.collectors, args.learners)
         main_jobs = self.main_jobs = [
             cluster.client.submit_job(
                 job_config(args, collectors=n, buffer_items=args.buffer_items)
             ).job_id
             for n in per_job
         ]
+        if args.gang:
+            main_jobs.append(cluster.client.submit_job(gang_config()).job_id)
+        learners = args.learners + args.gang
         workers: dict[str, SimWorker] = {}
-        for role, count in ((SimCollector, args.collectors), (SimLearner, args.learners)):
+        for role, count in ((SimCollector, args.collectors), (SimLearner, learners)):
             for _ in range(count):
                 worker = role(self)
                 workers[worker.slave_token] = worker
@@ -474,8 +535,12 @@ class Soak:
                     next_rss_s += RSS_PERIOD_S
                 if now >= next_line_s:
                     self._say_minute(now)
+                    self.minutes.append({j: self.tally.acknowledged[j] for j in main_jobs})
                     next_line_s += 60.0
                 time.sleep(0.2)
+            # The end closes the last minute (a shorter one when the run is not whole
+            # minutes).
+            self.minutes.append({j: self.tally.acknowledged[j] for j in main_jobs})
             final = self._recovered(main_jobs, dict(self.tally.acknowledged))
         finally:
             self.stop.set()
@@ -582,6 +647,8 @@ class Soak:
             "outage": t.outage,
             "forgotten": t.forgotten,
             "tasks_taken": dict(t.tasks_taken),
+            "released": dict(t.released),
+            "progress_by_minute": self.minutes,
         }
 
 
@@ -597,6 +664,14 @@ def checks(result: dict[str, Any], args: argparse.Namespace) -> list[tuple[str, 
         ("nothing acknowledged lost", lost == 0 and result["final"]["acknowledged"] > 0),
         ("the learners sampled", result["samples"] > 0),
         ("jobs came and went", result["jobs_churned"] > 0),
+        (
+            "every main job progressed in every minute",
+            all(
+                later[j] > earlier[j]
+                for earlier, later in itertools.pairwise(result["progress_by_minute"])
+                for j in result["main_jobs"]
+            ),
+        ),
         ("the buffers were filled", result["filled_s"] is not None),
     ]
 
@@ -617,6 +692,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-ended-jobs", type=int, default=20)
     parser.add_argument("--warmup-s", type=float, default=60.0, help="of each coordinator life")
     parser.add_argument("--rss-growth-mb", type=float, default=32.0)
+    parser.add_argument(
+        "--gang",
+        action="store_true",
+        help="the DQN jobs share the collectors, beside a sync PPO job needing 2 at once",
+    )
     parser.add_argument("--json", type=Path, help="also write the result here")
     args = parser.parse_args(argv)
     if args.minutes <= 0 or args.insert_rate <= 0 or args.churn_s <= 0:

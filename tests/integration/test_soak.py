@@ -28,13 +28,17 @@ def soak(tmp_path: Path, *args: str, timeout_s: float) -> dict:
     return json.loads(out.read_text())
 
 
-@pytest.mark.timeout(240)
-def test_a_short_soak_with_one_restart(tmp_path: Path) -> None:
+@pytest.mark.timeout(300)
+def test_a_short_soak_with_one_restart_and_a_sync_round_sharing_the_collectors(
+    tmp_path: Path,
+) -> None:
+    """Two DQN jobs and a sync PPO job whose rounds need 2 of the 3 collectors at once:
+    every job progresses in each minute, through a coordinator restart."""
     result = soak(
         tmp_path,
-        *("--minutes", "1.5", "--kills", "1", "--collectors", "4", "--learners", "2"),
+        *("--minutes", "2", "--kills", "1", "--collectors", "3", "--learners", "2", "--gang"),
         *("--buffer-items", "50000", "--warmup-s", "10", "--churn-s", "2"),
-        timeout_s=200,
+        timeout_s=260,
     )
     (recovery,) = result["recoveries"]
     assert recovery["lost"] == 0 and recovery["acknowledged"] > 0
@@ -42,7 +46,11 @@ def test_a_short_soak_with_one_restart(tmp_path: Path) -> None:
     assert result["jobs_churned"] >= 10
     assert result["filled_s"] is not None and len(result["rss_by_life"]) == 2
     # After the restart, the workers it forgot registered again and took tasks.
-    assert result["forgotten"] >= 1 and result["tasks_taken"]["collector"] > 4
+    assert result["forgotten"] >= 1 and result["tasks_taken"]["collector"] > 3
+    # The collectors moved between the jobs by releases, and each job moved on.
+    assert result["released"].get("collector", 0) > 0
+    first, last = result["progress_by_minute"][0], result["progress_by_minute"][-1]
+    assert len(result["main_jobs"]) == 3 and all(last[j] > first[j] > 0 for j in first)
 
 
 @pytest.mark.long
