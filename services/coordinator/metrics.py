@@ -112,11 +112,6 @@ class JobGauges(Collector):
                 ("train_iters", "Learner iterations"),
                 ("policy_version", "Newest policy version"),
                 ("buffer_size", "Items in the replay buffer"),
-            )
-        }
-        shares = {
-            name: GaugeMetricFamily(f"drover_job_{name}", help_text, labels=["job_id"])
-            for name, help_text in (
                 ("collectors_owed", "Collectors a running job is owed now (its fair share)"),
                 ("collectors_held", "Collectors a running job holds now"),
                 ("learners_owed", "Learners a running job is owed now (its fair share)"),
@@ -132,18 +127,17 @@ class JobGauges(Collector):
             gauges["train_iters"].add_metric(job_id, status.train_iters)
             gauges["policy_version"].add_metric(job_id, status.policy_version)
             gauges["buffer_size"].add_metric(job_id, sizes.get(status.job_id, 0))
-            shares["tasks_preempted"].add_metric(job_id, status.tasks_preempted)
+            gauges["tasks_preempted"].add_metric(job_id, status.tasks_preempted)
             if status.phase in ("running", "queued"):
-                shares["priority"].add_metric(job_id, status.priority)
+                gauges["priority"].add_metric(job_id, status.priority)
             if status.queue_position is not None:
-                shares["queue_position"].add_metric(job_id, status.queue_position)
+                gauges["queue_position"].add_metric(job_id, status.queue_position)
             for role, share in (
                 ("collectors", status.collector_share),
                 ("learners", status.learner_share),
             ):
                 if share is not None:
-                    shares[f"{role}_owed"].add_metric(job_id, share.owed)
-                    shares[f"{role}_held"].add_metric(job_id, share.held)
+                    gauges[f"{role}_owed"].add_metric(job_id, share.owed)
+                    gauges[f"{role}_held"].add_metric(job_id, share.held)
         yield from gauges.values()
-        yield from shares.values()
         yield GaugeMetricFamily("drover_workers", "Registered workers", value=workers)

@@ -35,7 +35,7 @@ from services.coordinator.state import (
     TaskState,
     Worker,
 )
-from services.coordinator.tasks import TaskBoard, cancel_dispatch
+from services.coordinator.tasks import TaskBoard, cancel_dispatch, release_dispatch
 from services.coordinator.workflows import Demand, workflow_of
 
 log = logging.getLogger(__name__)
@@ -94,6 +94,7 @@ class Sharing:
         now = state.clock()
         dt_s = 0.0 if self._last_pass_s is None else max(0.0, now - self._last_pass_s)
         self._last_pass_s = now
+        plan = self._expire_releases(now)
         jobs = sorted((j for j in state.jobs.values() if j.running), key=queue_order)
         demands = {j.job_id: workflow_of(j.config).demand(j) for j in jobs}
         held = self._held(jobs)
@@ -108,13 +109,13 @@ class Sharing:
                     share.credit_s, share.owed, count, dt_s, self._slack_s(role)
                 )
                 share.held = count
-        plan = self._expire_releases(now)
         learners = self._divide_role("learner", jobs, demands, held)
         collectors = self._divide_role("collector", jobs, demands, held, learners)
         for job in jobs:
             job.waiting = self._why_waiting(job, demands[job.job_id], learners, collectors)
             for role in KIND_OF_ROLE:
-                plan += self._release_excess(job, role, held[job.job_id][role])
+                whole = role == "collector" and demands[job.job_id].gang
+                plan += self._release_excess(job, role, held[job.job_id][role], whole=whole)
             if not held[job.job_id]["collector"] and job.share("collector").target == 0:
                 job.gang_size = None  # its next round's set is sized anew
         return plan
@@ -233,15 +234,17 @@ class Sharing:
             order=queue_order(job),
         )
 
-    def _release_excess(self, job: Job, role: str, tasks: list[Task]) -> list[Dispatch]:
-        """Release the job's newest tasks of the role beyond its target (a round's set
-        whole: a part of it cannot finish a round)."""
+    def _release_excess(
+        self, job: Job, role: str, tasks: list[Task], *, whole: bool
+    ) -> list[Dispatch]:
+        """Release the job's newest tasks of the role beyond its target (`whole`: all
+        of them, a round's set: a part of it cannot finish a round)."""
         share = job.share(role)
         kept = [t for t in tasks if t.release_by_s is None]
         excess = len(kept) - share.target
         if excess <= 0:
             return []
-        if role == "collector" and workflow_of(job.config).demand(job).gang:
+        if whole:
             excess = len(kept)
         plan = []
         for task in kept[-excess:]:
@@ -272,7 +275,7 @@ class Sharing:
     def _expire_releases(self, now: float) -> list[Dispatch]:
         """Cancel released tasks that did not end within their grace."""
         plan = []
-        for task in [t for t in self.state.tasks.values() if t.release_by_s is not None]:
+        for task in list(self.state.tasks.values()):
             if task.release_by_s is not None and now > task.release_by_s:
                 log.warning(
                     "released task %s did not end within %.0f s; cancelled",
@@ -343,15 +346,6 @@ def queue_order(job: Job) -> tuple[float, float, str]:
 def ordinal(n: int) -> str:
     suffix = "th" if 10 <= n % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(n % 10, "th")
     return f"{n}{suffix}"
-
-
-def release_dispatch(worker: Worker, task_id: str) -> Dispatch:
-    return Dispatch(
-        url=worker.url,
-        auth=worker.slave_token,
-        worker_id=worker.worker_id,
-        release_task_id=task_id,
-    )
 
 
 def sized(claim: Claim, size: int) -> Claim:

@@ -145,9 +145,14 @@ class TaskBoard:
 
 
 def cancel_dispatch(worker: Worker, task_id: str) -> Dispatch:
-    return Dispatch(
-        url=worker.url,
-        auth=worker.slave_token,
-        worker_id=worker.worker_id,
-        cancel_task_id=task_id,
-    )
+    """The call that stops the worker's task now."""
+    return _worker_call(worker, cancel_task_id=task_id)
+
+
+def release_dispatch(worker: Worker, task_id: str) -> Dispatch:
+    """The call that has the worker end its task at the next safe point."""
+    return _worker_call(worker, release_task_id=task_id)
+
+
+def _worker_call(worker: Worker, **what: str) -> Dispatch:
+    return Dispatch(url=worker.url, auth=worker.slave_token, worker_id=worker.worker_id, **what)

@@ -161,9 +161,6 @@ class WorkerRegistry:
             and not any(self.state.tasks[t].kind == kind for t in w.task_ids)
         ]
 
-    def count(self, role: str) -> int:
-        return sum(w.role == role for w in self.state.workers.values())
-
     def _can_take(self, worker: Worker, now: float) -> bool:
         """Not backing off, and no assignment of an earlier pass still in flight: a
         worker that does not answer holds at most one pass's dispatches, never the
