@@ -117,3 +117,30 @@ def test_a_sync_round_holds_its_collectors_in_turns_beside_another_job(cluster):
         assert_nothing_lost(cluster, job_id)
     # On-policy all the same: every item trained on was collected by the version trained.
     assert sum(cluster.client.buffer_stats(ppo)["sampled_lag_histogram"][1:]) == 0
+
+
+def test_two_jobs_take_turns_on_one_learner_resuming_from_their_checkpoints(tmp_path):
+    """One learner, two jobs: each holds it for a few seconds in turn (a short learner
+    slack), its learn task released after a checkpoint and resumed from it later; both
+    jobs train to their budgets, their policy versions only ever grow, and nothing
+    acknowledged is lost."""
+    env = {"DROVER_METRICS_TOKEN": METRICS_TOKEN, "DROVER_LEARNER_SLACK_S": "3"}
+    budget = deep_merge(DQN, {"system": {"max_env_step": 6000}})
+    with LocalCluster(tmp_path / "run", num_collectors=2, num_learners=1, extra_env=env) as c:
+        c.wait_for_workers()
+        jobs = [c.client.submit_job(budget, name=f"turns-{i}").job_id for i in range(2)]
+        versions: dict[str, list[int]] = {j: [] for j in jobs}
+        deadline = time.monotonic() + DEADLINE_S
+        while time.monotonic() < deadline:
+            statuses = {j: c.client.job(j) for j in jobs}
+            for job_id, status in statuses.items():
+                versions[job_id].append(status.policy_version)
+            if all(s.phase != "running" for s in statuses.values()):
+                break
+            time.sleep(0.2)
+        for job_id in jobs:
+            assert_nothing_lost(c, job_id)
+            assert versions[job_id] == sorted(versions[job_id])
+            assert c.client.job(job_id).tasks_preempted >= 1
+        learner = scrape(c.learners[0].url, METRICS_TOKEN)
+        assert total(learner, "drover_tasks", kind="learn", outcome="released") >= 2
