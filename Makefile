@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= examples/cartpole_dqn.yaml
 
-.PHONY: install install-browser run test test-fast test-full test-engine lint format bench bench-learning bench-selfplay bench-chaos bench-learner bench-atari bench-atari-collect bench-atari-learner bench-fleet bench-soak up down clean
+.PHONY: install install-browser run test test-fast test-full test-engine lint format bench bench-learning bench-selfplay bench-chaos bench-learner bench-atari bench-atari-collect bench-atari-learner bench-fleet bench-soak bench-fairness up down clean
 
 # The stamp is refreshed whenever pyproject.toml changes, so `make test` on a fresh
 # clone installs once and later runs start at once.
@@ -112,6 +112,11 @@ bench-fleet: install
 # The coordinator for 10 minutes under collectors, learners, job churn and two kill -9s.
 bench-soak: install
 	$(BIN)/python bench/soak.py
+
+# Several jobs on one cluster: each one's share of the collectors and env steps
+# against what it is owed, a newcomer's wait, priorities (about 6 minutes).
+bench-fairness: install
+	$(BIN)/python bench/fairness.py
 
 up:
 	docker compose up --build

@@ -130,9 +130,10 @@ def stop_all(cluster: LocalCluster, jobs: list[str]) -> None:
         time.sleep(0.2)
 
 
-def wait_for(what: str, check: Any, timeout_s: float) -> float | None:
-    """Seconds until `check()` holds (None: not within `timeout_s`)."""
-    started = time.monotonic()
+def wait_for(what: str, check: Any, timeout_s: float, since: float | None = None) -> float | None:
+    """Seconds from `since` (now when None) until `check()` holds (None: not within
+    `timeout_s`)."""
+    started = time.monotonic() if since is None else since
     while time.monotonic() - started < timeout_s:
         if check():
             return time.monotonic() - started
@@ -194,12 +195,16 @@ def newcomer(
 ) -> dict[str, Any]:
     first = [cluster.client.submit_job(configs.dqn()).job_id for _ in range(2)]
     time.sleep(settle_s)
+    submitted = time.monotonic()
     late = cluster.client.submit_job(configs.dqn()).job_id
     waited = wait_for(
-        "the newcomer's first env steps", lambda: env_steps(cluster, [late])[late] > 0, wait_s
+        "the newcomer's first env steps",
+        lambda: env_steps(cluster, [late])[late] > 0,
+        wait_s,
+        since=submitted,
     )
     stop_all(cluster, [*first, late])
-    return {"newcomer: s to its first env steps": waited}
+    return {"newcomer: s from its submission to its first env steps": waited}
 
 
 def priority(
@@ -207,6 +212,7 @@ def priority(
 ) -> dict[str, Any]:
     low = [cluster.client.submit_job(configs.dqn()).job_id for _ in range(2)]
     time.sleep(settle_s)
+    submitted = time.monotonic()
     urgent = cluster.client.submit_job(configs.dqn(priority=10)).job_id
 
     def held(job_id: str) -> int:
@@ -217,29 +223,33 @@ def priority(
         "the priority job holding every collector",
         lambda: held(urgent) == collectors and not any(held(j) for j in low),
         wait_s,
+        since=submitted,
     )
     stepped = wait_for(
         "the priority job's first env steps",
         lambda: env_steps(cluster, [urgent])[urgent] > 0,
         wait_s,
+        since=submitted,
     )
     time.sleep(5)
     steps = env_steps(cluster, low)
     time.sleep(5)
     low_steps_while = sum(env_steps(cluster, low).values()) - sum(steps.values())
     paused = env_steps(cluster, low)
+    stopping = time.monotonic()
     cluster.client.stop_job(urgent)
     resumed = wait_for(
         "the others collecting again",
         lambda: all(n > paused[j] for j, n in env_steps(cluster, low).items()),
         wait_s,
+        since=stopping,
     )
     stop_all(cluster, low)
     return {
-        "priority: s until it holds every collector": took,
-        "priority: s to its first env steps": stepped,
+        "priority: s from its submission until it holds every collector": took,
+        "priority: s from its submission to its first env steps": stepped,
         "priority: the others' env steps in 5 s while it runs": low_steps_while,
-        "priority: s until the others collect again after it ends": resumed,
+        "priority: s from its stop request until the others collect again": resumed,
     }
 
 
