@@ -6,6 +6,7 @@ shrinks in inserts.
 """
 
 import concurrent.futures
+import contextlib
 import http.server
 import os
 import signal
@@ -23,7 +24,7 @@ from common.config import deep_merge
 from common.storage import SharedStore
 from drover.local import LocalCluster
 from jobconfig import load_config_file
-from tests.helpers import assert_alive, wait_until
+from tests.helpers import assert_alive, descendants, wait_until
 
 pytestmark = pytest.mark.processes
 
@@ -394,15 +395,21 @@ def test_poisoned_segments_are_skipped_and_listed_never_trained_on(running):
         assert operator_insert(cluster, job_id, paths[what]).status_code == 200, what
     # The next two files are swapped after their insert. The learner reads a segment
     # as soon as a sample names it and caches what it read, so it is held stopped
-    # meanwhile: otherwise it may read (and keep) the file before the swap. The
-    # collectors are stopped first, and the learner samples on until the rate limiter
-    # holds it: the limiter then has room for these small inserts.
+    # meanwhile, its feeder process with it (which samples and reads on its own):
+    # otherwise it may read (and keep) the file before the swap. The collectors are
+    # stopped first, and the learner samples on until the rate limiter holds it: the
+    # limiter then has room for these small inserts.
     for collector in cluster.collectors:
         collector.signal(signal.SIGSTOP)
+    learning = [
+        pid
+        for learner in cluster.learners
+        for pid in (learner.process.pid, *descendants(learner.process.pid))
+    ]
     try:
         time.sleep(1.0)
-        for learner in cluster.learners:
-            learner.signal(signal.SIGSTOP)
+        for pid in learning:
+            os.kill(pid, signal.SIGSTOP)
         # A file that is swapped for a FIFO after its insert must not block the learner.
         fifo = store.segment_path(job_id, "poison", len(poisoned))
         store.write_segment(fifo, columns(16))
@@ -416,7 +423,10 @@ def test_poisoned_segments_are_skipped_and_listed_never_trained_on(running):
         with open(store.resolve(sparse), "r+b") as f:
             f.truncate(1 << 40)
     finally:
-        for service in [*cluster.learners, *cluster.collectors]:
+        for pid in learning:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        for service in cluster.collectors:
             service.signal(signal.SIGCONT)
     paths.update(fifo=fifo, sparse=sparse)
 
