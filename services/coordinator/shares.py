@@ -57,6 +57,15 @@ class Claim:
     credit_s: float = 0.0
     #: Ties go to the smaller (the older job).
     order: tuple[Any, ...] = ()
+    #: It can use workers, but only those no other claim wants (a job waiting for a
+    #: learner may fill its buffer with collectors nobody else needs): served after
+    #: every other claim, whatever its priority.
+    standby: bool = False
+
+    @property
+    def rank(self) -> tuple[bool, int]:
+        """What goes first: claims not on standby, then higher priorities."""
+        return (self.standby, -self.priority)
 
 
 @dataclass(frozen=True)
@@ -68,9 +77,9 @@ class Division:
 
 
 def by_priority(claims: Iterable[Claim]) -> list[list[Claim]]:
-    """The claims in tiers of equal priority, highest first."""
-    ordered = sorted(claims, key=lambda c: -c.priority)
-    return [list(tier) for _, tier in itertools.groupby(ordered, key=lambda c: c.priority)]
+    """The claims in tiers of equal priority, highest first (those on standby last)."""
+    ordered = sorted(claims, key=lambda c: c.rank)
+    return [list(tier) for _, tier in itertools.groupby(ordered, key=lambda c: c.rank)]
 
 
 def owed_shares(claims: Sequence[Claim], capacity: int) -> dict[str, float]:
@@ -110,7 +119,7 @@ def divide(claims: Sequence[Claim], capacity: int, slack_s: float) -> Division:
     """
     owed = owed_shares(claims, capacity)
     horizon_s = HORIZON_SLACKS * slack_s
-    requests: list[tuple[int, float, tuple[Any, ...], str, int]] = []
+    requests: list[tuple[tuple[bool, int], float, tuple[Any, ...], str, int]] = []
     for c in claims:
         if c.want <= 0:
             continue
@@ -119,13 +128,13 @@ def divide(claims: Sequence[Claim], capacity: int, slack_s: float) -> Division:
             # The set's mean unit: a gang owed less than its size waits its turn.
             score = c.credit_s + horizon_s * (share - (c.want - 1) / 2)
             score += slack_s * c.want if c.held >= c.want else 0.0
-            requests.append((c.priority, score, c.order, c.job_id, c.want))
+            requests.append((c.rank, score, c.order, c.job_id, c.want))
             continue
         for unit in range(1, min(c.want, capacity) + 1):
             score = c.credit_s + horizon_s * (share - unit + 1)
             score += slack_s if unit <= c.held else 0.0
-            requests.append((c.priority, score, c.order, c.job_id, 1))
-    requests.sort(key=lambda r: (-r[0], -r[1], r[2]))
+            requests.append((c.rank, score, c.order, c.job_id, 1))
+    requests.sort(key=lambda r: (r[0], -r[1], r[2]))
     target = {c.job_id: 0 for c in claims}
     left = capacity
     for _, _, _, job_id, units in requests:

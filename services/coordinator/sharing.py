@@ -199,13 +199,14 @@ class Sharing:
         fitting = sum(can_run(w, job.config) for w in workers)
         tasks = held[job.job_id][role]
         share = job.share(role)
+        standby = gang = False
         if role == "learner":
             want = 1 if demand.learner and fitting else 0
-            gang = False
         else:
             # A job that could train on a learner but is given none now has nobody to
-            # collect for (with no learner registered at all, each job waits alike).
-            learnerless = (
+            # collect for: it keeps or gets collectors only where no other job wants
+            # them (with no learner registered at all, each job waits alike).
+            standby = (
                 learners is not None
                 and job.job_id in learners.owed
                 and learners.owed[job.job_id] > 0
@@ -213,7 +214,7 @@ class Sharing:
                 and all(t.release_by_s is not None for t in held[job.job_id]["learner"])
             )
             gang = demand.gang
-            if demand.collectors == 0 or learnerless:
+            if demand.collectors == 0:
                 want = 0
             elif gang:
                 size = demand.collectors or job.gang_size
@@ -229,6 +230,7 @@ class Sharing:
             weight=job.config.system.share,
             want=want,
             gang=gang,
+            standby=standby,
             held=sum(t.release_by_s is None for t in tasks),
             credit_s=share.credit_s,
             order=queue_order(job),

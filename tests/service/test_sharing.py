@@ -284,6 +284,20 @@ def test_a_new_job_waits_its_turn_for_a_learner_however_long_the_others_held_the
     assert cluster.held(late, "learn") == 1
 
 
+def test_a_job_waiting_for_a_learner_keeps_collectors_nobody_else_wants(tmp_path):
+    """Learners came after the collectors and fewer than the jobs: a job given none
+    keeps the collectors the others cannot use (nothing is released for nobody)."""
+    cluster = Cluster(tmp_path)
+    cluster.add("collector", 3)
+    jobs = [cluster.submit(dqn(collector_num=1)) for _ in range(3)]
+    cluster.step()
+    assert [cluster.held(j) for j in jobs] == [1, 1, 1]
+    cluster.add("learner", 2)
+    cluster.run(5)
+    assert [cluster.held(j) for j in jobs] == [1, 1, 1] and not cluster.released
+    assert sorted(cluster.held(j, "learn") for j in jobs) == [0, 1, 1]
+
+
 def test_the_queue_runs_jobs_in_priority_then_submission_order(tmp_path):
     cluster = Cluster(tmp_path, max_running_jobs=2)
     cluster.add("collector", 2)

@@ -40,6 +40,16 @@ def test_a_higher_priority_is_served_first_and_the_rest_share_what_it_leaves():
     assert divide(claims, 4, SLACK_S).target == {"a": 0, "b": 0, "p": 4}
 
 
+def test_a_claim_on_standby_gets_only_what_no_other_wants():
+    """A job waiting for a learner keeps collectors nobody else can use, and gives them
+    up first, whatever its priority."""
+    claims = [claim("a", 2), claim("b", 2), claim("w", 4, standby=True, priority=5, held=2)]
+    assert divide(claims, 6, SLACK_S).target == {"a": 2, "b": 2, "w": 2}
+    assert owed_shares(claims, 6)["w"] == pytest.approx(2)
+    claims = [claim("a", 4), claim("b", 2), claim("w", 4, standby=True, priority=5, held=2)]
+    assert divide(claims, 6, SLACK_S).target == {"a": 4, "b": 2, "w": 0}
+
+
 def test_every_worker_is_given_while_a_job_can_use_it():
     division = divide([claim("a", 4), claim("b", 4), claim("c", 4)], 4, SLACK_S)
     assert sorted(division.target.values()) == [1, 1, 2]
