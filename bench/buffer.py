@@ -313,7 +313,7 @@ def steady_run(
     shared = tempfile.TemporaryDirectory()
     store = CountingStore(shared.name)
     core = Coordinator(store)
-    core.persistence.compact_at = compact_at
+    core.persistence.chains.compact_at = compact_at
     _, job_id = coordinator_with_job(items, shared.name, core=core)
     buffer = core.jobs[job_id].buffer
     seq = 0

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import random
-import threading
 import time
 
 from common.errors import ApiError, bad_request, conflict
@@ -27,48 +25,13 @@ from common.messages import (
     parse,
 )
 from common.storage import CorruptFileError, PathError
+from services.buffer.checks import InsertSlot, InsertSlots, check_own_folder, check_segment_file
 from services.buffer.core import BufferClosed, RateLimited, SampleTimeout
 from services.coordinator.jobs import JobBook
 from services.coordinator.state import CoordinatorState, Job, raise_if_closing
 from services.coordinator.tasks import TaskBoard
 
 log = logging.getLogger(__name__)
-
-#: The mean wait a `busy` insert is told to take (jittered by half either way, so the
-#: collectors refused together do not come back together).
-BUSY_RETRY_S = 0.2
-
-
-class InsertSlot:
-    def __init__(self, slots: InsertSlots | None) -> None:
-        self._slots = slots
-
-    def release(self) -> None:
-        """Give the slot back (once; later calls do nothing)."""
-        slots, self._slots = self._slots, None
-        if slots is not None:
-            slots.give_back()
-
-
-class InsertSlots:
-    """A count of the inserts being indexed, bounded by `limit` (0: unbounded)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.taken = 0
-        self._lock = threading.Lock()
-
-    def take(self) -> InsertSlot | None:
-        """A slot, or None when `limit` are taken."""
-        with self._lock:
-            if self.limit and self.taken >= self.limit:
-                return None
-            self.taken += 1
-        return InsertSlot(self)
-
-    def give_back(self) -> None:
-        with self._lock:
-            self.taken -= 1
 
 
 class DataPlane:
@@ -90,12 +53,7 @@ class DataPlane:
         slot = self._insert_slots.take()
         if slot is None:
             self.state.metrics.inserts_busy.inc()
-            raise ApiError(
-                429,
-                "busy",
-                f"{self._insert_slots.limit} inserts are being indexed; retry shortly",
-                retry_after_s=random.uniform(0.5, 1.5) * BUSY_RETRY_S,
-            )
+            raise self._insert_slots.busy()
         try:
             return self._insert(job_id, insert, caller, slot)
         finally:
@@ -109,15 +67,9 @@ class DataPlane:
             job = self.jobs.running(job_id)
             self.tasks.check_sender(job_id, insert.task_id, "collect", caller)
         if caller is not None:
-            # A collector's own folder is named "<its worker id>.<task id>".
-            own = f"{job_id}/segments/{caller}.{insert.task_id}/"
-            for i, ref in enumerate(insert.segments):
-                if not ref.path.startswith(own):
-                    raise ApiError(
-                        403, "forbidden", f"segments.{i}.path: not in {caller}'s own folder"
-                    )
+            check_own_folder(job_id, insert.segments, caller, insert.task_id)
         for i, ref in enumerate(insert.segments):
-            self.check_segment_file(job_id, ref, f"segments.{i}")
+            check_segment_file(self.state.store, job_id, ref, f"segments.{i}")
         metrics = self.state.metrics
         if insert.timeout_s > 0 and job.buffer.insert_would_wait(
             sum(ref.rows for ref in insert.segments)
@@ -139,22 +91,6 @@ class DataPlane:
             return InsertReply(
                 accepted=result.accepted, duplicates=result.duplicates, env_steps=job.env_steps
             )
-
-    def check_segment_file(self, job_id: str, ref: SegmentRef, field: str) -> None:
-        """A reference must describe its file: inside the job's segments folder, a
-        regular file, and as many rows as its header says (a declared size is never
-        trusted: it decides what the buffer evicts). Reads the header only."""
-        store = self.state.store
-        try:
-            rows = store.segment_rows(ref.path, under=f"{job_id}/segments")
-        except PathError as exc:
-            raise bad_request(f"{field}.path", str(exc)) from None
-        except FileNotFoundError:
-            raise bad_request(f"{field}.path", f"no file at '{ref.path}'") from None
-        except (OSError, CorruptFileError) as exc:
-            raise bad_request(f"{field}.path", f"not a readable segment: {exc}") from None
-        if rows != ref.rows:
-            raise bad_request(f"{field}.rows", f"{ref.rows} declared, the file holds {rows}")
 
     def account(self, job: Job, refs: list[SegmentRef]) -> None:
         """Count newly indexed segments into the job (which may end it there)."""
@@ -188,7 +124,7 @@ class DataPlane:
                         ref = parse(SegmentRef, store.read_segment_header(path))
                         if ref.path != path:
                             raise ValueError(f"header names {ref.path}")
-                        self.check_segment_file(job.job_id, ref, "header")
+                        check_segment_file(store, job.job_id, ref, "header")
                         result = job.buffer.insert([ref], force=True)
                         with self.state.guard.changing():
                             self.account(job, result.accepted_refs)

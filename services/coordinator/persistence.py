@@ -20,32 +20,21 @@ from typing import Any
 from common.messages import TERMINAL_PHASES, dump
 from common.storage import CorruptFileError
 from jobconfig import from_resolved
-from services.buffer.core import BufferSnapshot
+from services.buffer.chain import SnapshotChains
 from services.coordinator.data import DataPlane
 from services.coordinator.jobs import JobBook, ending_record, job_record
 from services.coordinator.policies import PolicyPointer
 from services.coordinator.snapshot import (
-    SnapshotChain,
-    cut_path,
-    delta_path,
-    prune_snapshot_files,
     read_job_record,
     read_job_snapshot,
     remove_job_snapshot,
+    snapshot_folder,
     state_path,
     write_job_record,
-    write_snapshot_state,
 )
 from services.coordinator.state import CoordinatorState, Job
 
 log = logging.getLogger(__name__)
-
-#: A new whole cut is written once the deltas after the last one add up to this many
-#: times its size: snapshots then write about twice what changed, and a restore reads
-#: at most about twice a cut.
-COMPACT_AT = 1.0
-#: ... or once this many deltas follow it (a buffer that barely changes).
-MAX_DELTAS = 1000
 
 
 class Persistence:
@@ -56,12 +45,8 @@ class Persistence:
         self.jobs = jobs
         self.data = data
         self.policies = policies
-        self._generation = 0
         #: Each job's snapshot on disk (a job with none gets a whole cut next).
-        self._chains: dict[str, SnapshotChain] = {}
-        #: A new cut once the deltas after the last one add up to this many times its
-        #: size (0: a whole cut every time).
-        self.compact_at = COMPACT_AT
+        self.chains = SnapshotChains(state.store, state.wall)
         #: One snapshot at a time (the periodic thread, and the last one at shutdown).
         self._one_at_a_time = threading.Lock()
 
@@ -90,72 +75,25 @@ class Persistence:
             job.final_snapshot = True
         for job in todo:
             started = time.perf_counter()
-            try:
-                hold_s = self._snapshot_job(job)
-            except BaseException:
-                # What the failed snapshot took from the buffer's change log is not on
-                # disk: the next one must be a whole cut.
-                self._chains.pop(job.job_id, None)
-                raise
+            hold_s = self._snapshot_job(job)
             if hold_s is not None:
                 timings[job.job_id] = (hold_s, time.perf_counter() - started)
-        for job_id in [j for j in self._chains if j not in {job.job_id for job in todo}]:
-            del self._chains[job_id]  # ended or forgotten
+        self.chains.forget({snapshot_folder(job.job_id) for job in todo})  # ended or gone
         return timings
 
     def _snapshot_job(self, job: Job) -> float | None:
-        """Write the job's delta, or a whole cut when the deltas since the last one
-        add up to its size (or there is none to build on). Returns the longest the
-        locks were held, or None when nothing changed and nothing was written."""
-        state, chain = self.state, self._chains.get(job.job_id)
-        cut_lock = state.guard.lock
+        """Write the job's delta, or a whole cut (services/buffer/chain.py). Returns the
+        longest the locks were held, or None when nothing changed and nothing was
+        written."""
         # One cut of record and buffer: the record is taken holding the coordinator's
         # lock and the buffer's, for a moment; the arrays are built after both are let
         # go (the API never waits on a copy).
-        at_cut = lambda job=job: self._record_at_cut(job)  # noqa: E731
-        if (
-            chain is not None
-            and len(chain.deltas) < MAX_DELTAS
-            and (chain.delta_bytes < chain.cut_bytes * self.compact_at)
-        ):
-            change = job.buffer.delta(at_cut, cut_lock=cut_lock)
-            if change is not None:
-                return self._write_delta(job.job_id, chain, change)
-        taken = job.buffer.cut(at_cut, cut_lock=cut_lock)
-        record = taken.at_cut
-        assert record is not None
-        # Generations only grow, also across restarts: never reuse a file name.
-        self._generation = max(self._generation + 1, int(state.wall() * 1000))
-        chain = SnapshotChain(
-            generation=self._generation,
-            cut_file=cut_path(job.job_id, self._generation),
-            cut_meta=taken.meta,
-            cut_bytes=len(taken.data),
+        return self.chains.write(
+            snapshot_folder(job.job_id),
+            job.buffer,
+            lambda job=job: self._record_at_cut(job),
+            cut_lock=self.state.guard.lock,
         )
-        state.store.write_bytes(chain.cut_file, taken.data)
-        hold_s = taken.longest_lock_hold_s
-        del taken  # its bytes are reused by the next cut once let go
-        write_snapshot_state(state.store, job.job_id, record, chain)
-        prune_snapshot_files(state.store, job.job_id, chain)
-        self._chains[job.job_id] = chain
-        return hold_s
-
-    def _write_delta(
-        self, job_id: str, chain: SnapshotChain, change: BufferSnapshot[dict[str, Any]]
-    ) -> float | None:
-        record, meta = change.at_cut, change.meta
-        assert record is not None
-        unchanged = {k: v for k, v in meta.items() if k not in ("arrays_sha256", "changed")}
-        if not meta["changed"] and chain.last_written == (record, unchanged):
-            return None  # nothing happened since the last snapshot: nothing to write
-        store = self.state.store
-        rel = delta_path(job_id, chain.generation, len(chain.deltas))
-        store.write_bytes(rel, change.data)
-        chain.deltas.append({"file": rel, "meta": meta})
-        chain.delta_bytes += len(change.data)
-        write_snapshot_state(store, job_id, record, chain)
-        chain.last_written = (record, unchanged)
-        return change.longest_lock_hold_s
 
     @staticmethod
     def _record_at_cut(job: Job) -> dict[str, Any]:

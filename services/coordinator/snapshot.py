@@ -6,6 +6,9 @@
     <job_id>/coordinator/buffer-<generation>.safetensors   the buffer's arrays (a cut)
     <job_id>/coordinator/delta-<generation>-<n>.safetensors   what changed after it
 
+(The chain of cut and deltas is services/buffer/chain.py's, which a buffer process
+keeps the same way in a folder of its own.)
+
 `record.json` makes what the coordinator answers durable before it answers: a job
 answered `201` exists after any crash, and a job that ended stays ended (its segments
 are deleted only after its terminal record is on disk). `state.json` adds the buffer,
@@ -27,11 +30,11 @@ import contextlib
 import logging
 import os
 import threading
-from dataclasses import dataclass, field
 from typing import Any
 
 from common.messages import EvalSummary, PolicyRef, dump, parse
 from common.storage import SharedStore
+from services.buffer import chain
 
 log = logging.getLogger(__name__)
 
@@ -64,83 +67,20 @@ def read_job_record(store: SharedStore, job_id: str) -> dict[str, Any] | None:
     return state["job"]
 
 
-def cut_path(job_id: str, gen: int) -> str:
-    return f"{job_id}/coordinator/buffer-{gen:010d}.safetensors"
-
-
-def delta_path(job_id: str, gen: int, n: int) -> str:
-    return f"{job_id}/coordinator/delta-{gen:010d}-{n:06d}.safetensors"
-
-
-@dataclass
-class SnapshotChain:
-    """A job's snapshot on disk: a cut and the deltas written after it."""
-
-    generation: int
-    cut_file: str
-    cut_meta: dict[str, Any]
-    cut_bytes: int
-    #: Each delta's file and buffer record, oldest first.
-    deltas: list[dict[str, Any]] = field(default_factory=list)
-    delta_bytes: int = 0
-    #: The job's and the buffer's records last written (an unchanged job writes none).
-    last_written: tuple[dict[str, Any], dict[str, Any]] | None = None
-
-
-def write_snapshot_state(
-    store: SharedStore, job_id: str, record: dict[str, Any], chain: SnapshotChain
-) -> None:
-    """`state.json`: the job's record and the chain it restores from."""
-    store.write_json(
-        state_path(job_id),
-        {
-            "format": FORMAT_VERSION,
-            "job": record,
-            "buffer": chain.cut_meta,
-            "buffer_file": chain.cut_file,
-            "deltas": chain.deltas,
-        },
-    )
-
-
-def prune_snapshot_files(store: SharedStore, job_id: str, chain: SnapshotChain) -> None:
-    """Remove the job's cut and delta files that `chain` does not name."""
-    keep = {chain.cut_file, *(d["file"] for d in chain.deltas)}
-    for name in store.list_dir(f"{job_id}/coordinator"):
-        rel = f"{job_id}/coordinator/{name}"
-        if name.startswith(("buffer-", "delta-")) and rel not in keep:
-            store.delete(rel)
+def snapshot_folder(job_id: str) -> str:
+    """Where the coordinator keeps the snapshot of a buffer it hosts (services/buffer/
+    chain.py's layout, its `state.json` holding the job's record)."""
+    return f"{job_id}/coordinator"
 
 
 def remove_job_snapshot(store: SharedStore, job_id: str) -> None:
-    """Remove a job's snapshot (an ended job's record is all that is kept of it):
-    `state.json` first, so no moment leaves it naming a removed arrays file."""
-    store.delete(state_path(job_id))
-    for name in store.list_dir(f"{job_id}/coordinator"):
-        if name.startswith(("buffer-", "delta-")):
-            store.delete(f"{job_id}/coordinator/{name}")
+    """Remove a job's snapshot (an ended job's record is all that is kept of it)."""
+    chain.remove(store, snapshot_folder(job_id))
 
 
-@dataclass(frozen=True)
-class SavedJob:
-    """A job's newest snapshot, read back."""
-
-    record: dict[str, Any]
-    cut: tuple[bytes, dict[str, Any]]
-    #: The deltas after the cut, oldest first: (arrays, buffer record) each.
-    deltas: list[tuple[bytes, dict[str, Any]]]
-
-
-def read_job_snapshot(store: SharedStore, job_id: str) -> SavedJob:
+def read_job_snapshot(store: SharedStore, job_id: str) -> chain.SavedChain:
     """A job's newest snapshot: its record, its buffer's cut and the deltas after it."""
-    state = store.read_json(state_path(job_id))
-    if state.get("format") != FORMAT_VERSION:
-        raise ValueError(f"{job_id}: snapshot format {state.get('format')} is not supported")
-    return SavedJob(
-        record=state["job"],
-        cut=(store.read_bytes(state["buffer_file"]), state["buffer"]),
-        deltas=[(store.read_bytes(d["file"]), d["meta"]) for d in state.get("deltas", [])],
-    )
+    return chain.read_chain(store, snapshot_folder(job_id))
 
 
 def eval_from(data: dict | None) -> EvalSummary | None:

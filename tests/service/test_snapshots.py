@@ -118,7 +118,7 @@ def test_snapshots_write_what_changed_and_a_restart_reads_the_chain_back(
     assert again.buffer_stats(job_id) == stats
 
     # once the deltas add up to the cut's size, a new cut replaces the chain
-    core.persistence.compact_at = 0.0
+    core.persistence.chains.compact_at = 0.0
     insert(range(6, 7))
     core.snapshot_jobs()
     (new_cut,) = snapshot_files(core, job_id)
