@@ -54,12 +54,12 @@ sys.path.insert(0, str(ROOT))
 
 from common.config import ReplayBufferConfig  # noqa: E402
 from common.messages import JobSubmit, PriorityUpdate, SampleRequest, SegmentRef  # noqa: E402
+from common.process import yield_to_requests  # noqa: E402
 from common.storage import SharedStore  # noqa: E402
 from services.buffer.core import _HOLD_COLUMNS, ReplayBuffer  # noqa: E402
 from services.buffer.selectors import PrioritizedSampler  # noqa: E402
 from services.buffer.table import COLUMNS  # noqa: E402
 from services.coordinator.core import Coordinator  # noqa: E402
-from services.coordinator.snapshot import yield_to_requests  # noqa: E402
 
 
 class NoFiles:

@@ -268,6 +268,17 @@ class WorkerInfo:
 
 
 @message
+class DataAccess:
+    """Where a task's data goes: the buffer process serving its job's replay, and the
+    credential that lets this task, and only it, insert or sample there (for a job
+    whose buffer the coordinator hosts itself, a task has none: it uses the
+    coordinator's routes with its worker's credential)."""
+
+    url: Annotated[str, MinLen(1), MaxLen(512)]
+    credential: Annotated[str, MinLen(1), MaxLen(512)]
+
+
+@message
 class CollectSpec:
     kind: Literal["collect"] = "collect"
     seed: Count
@@ -278,6 +289,8 @@ class CollectSpec:
     mode: Literal["transitions", "unrolls", "rounds", "battle"] = "transitions"
     #: Rounds: env steps this collector contributes to each round.
     round_steps: PosInt | None = None
+    #: Where its segments are inserted (None: the coordinator's routes).
+    data: DataAccess | None = None
 
 
 #: A fixed opponent of a game (common/games.py): a self-play league's baselines.
@@ -309,6 +322,8 @@ class LearnSpec:
     seed: Count
     #: Batches sampled as they come, or whole on-policy rounds (one version each).
     mode: Literal["batches", "rounds"] = "batches"
+    #: Where it samples and sends priorities (None: the coordinator's routes).
+    data: DataAccess | None = None
 
 
 #: What a task runs, told apart by its `kind`.
@@ -496,6 +511,44 @@ class SampleReply:
     batches: list[SampledBatch]
     #: Set when the items are held for the requesting task until acknowledged.
     hold_id: str | None = None
+
+
+@message
+class ShardReport:
+    """What a buffer process reports to the coordinator, which counts a job's env
+    steps and episodes from it (and ends the job on them)."""
+
+    #: Env steps of every segment accepted so far (it only grows).
+    env_steps: int
+    #: Items in the buffer now.
+    size: int
+    #: Returns of episodes that ended in segments accepted after `since` (at most the
+    #: last 100), and the sequence number of the newest.
+    episode_returns: list[float] = field(default_factory=list)
+    returns_seq: int = 0
+
+
+@message
+class TaskEnds:
+    """Tasks of a buffer process's job that ended: their credentials are refused from
+    now on, and what a learn task held goes back to the buffer."""
+
+    task_ids: Annotated[list[Ident], MaxLen(100_000)]
+
+    body_limit: ClassVar[BodyLimit] = BodyLimit(
+        max_bytes=8 * MIB, max_containers=4, max_values=100_008, max_keys=8, max_depth=2
+    )
+
+
+@message
+class LearnerVersion:
+    """The newest policy version the job's learner published: older items are stale."""
+
+    version: Version
+
+    body_limit: ClassVar[BodyLimit] = BodyLimit(
+        max_bytes=KIB, max_containers=1, max_values=2, max_keys=2, max_depth=1
+    )
 
 
 @message

@@ -77,3 +77,15 @@ def exit_without_teardown(code: int) -> NoReturn:
         with contextlib.suppress(OSError, ValueError):
             stream.flush()
     os._exit(code)
+
+
+#: The snapshot thread's niceness: copying, hashing and writing a large buffer must
+#: not take the cores from the threads that answer requests.
+SNAPSHOT_NICENESS = 10
+
+
+def yield_to_requests() -> None:
+    """Lower the calling thread's CPU priority (Linux schedules threads one by one; a
+    platform without per-thread priorities keeps its own)."""
+    with contextlib.suppress(AttributeError, OSError):
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), SNAPSHOT_NICENESS)

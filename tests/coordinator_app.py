@@ -58,9 +58,11 @@ def planned(core):
     return sorted((d.worker_id, d.task.kind) for d in core.plan() if d.task)
 
 
-def write_segment(core, job_id, seq, rows=10, worker="w1"):
-    """A CartPole DQN segment of `rows` rows on disk; the reference to insert it by."""
+def write_segment(core, job_id, seq, rows=10, worker="w1", *, header=False):
+    """A CartPole DQN segment of `rows` rows on disk; the reference to insert it by
+    (`header`: also in the file's header, as a collector writes it)."""
     path = core.store.segment_path(job_id, worker, seq)
+    ref = {"path": path, "rows": rows, "env_steps": rows, "policy_version": 0}
     core.store.write_segment(
         path,
         {
@@ -71,8 +73,9 @@ def write_segment(core, job_id, seq, rows=10, worker="w1"):
             "done": np.zeros(rows, np.float32),
             "discount": np.ones(rows, np.float32),
         },
+        header=ref if header else None,
     )
-    return {"path": path, "rows": rows, "env_steps": rows, "policy_version": 0}
+    return ref
 
 
 def insert_segments(client, core, job_id, count):

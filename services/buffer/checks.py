@@ -7,17 +7,24 @@ buffer process (services/buffer/host.py) both use these.
   folder, a regular file, the rows its header says);
 - `InsertSlots`: at most `limit` inserts indexed at once; one more is told `429 busy`
   at once (`busy`), so a fleet that offers more than a core can index waits at its
-  collectors, not in the server's queue where samples would wait behind it.
+  collectors, not in the server's queue where samples would wait behind it;
+- `sweep_orphans`: segment files no insert claimed are indexed (or deleted, when
+  stale or unreadable).
 """
 
 from __future__ import annotations
 
+import logging
 import random
 import threading
+from collections.abc import Callable
 
 from common.errors import ApiError, bad_request
-from common.messages import SegmentRef
+from common.messages import MessageError, SegmentRef, parse
 from common.storage import CorruptFileError, PathError, SharedStore
+from services.buffer.core import BufferClosed, ReplayBuffer
+
+log = logging.getLogger(__name__)
 
 #: The mean wait a `busy` insert is told to take (jittered by half either way, so the
 #: collectors refused together do not come back together).
@@ -97,3 +104,49 @@ class InsertSlots:
             f"{self.limit} inserts are being indexed; retry shortly",
             retry_after_s=random.uniform(0.5, 1.5) * BUSY_RETRY_S,
         )
+
+
+def sweep_orphans(
+    store: SharedStore,
+    job_id: str,
+    buffer: ReplayBuffer,
+    grace_s: float,
+    account: Callable[[list[SegmentRef]], None],
+) -> int:
+    """Index the job's segment files no insert claimed (a collector died between
+    writing and inserting, or whoever serves the buffer restarted after acknowledging
+    them), calling `account` with what each indexed; delete the stale or unreadable
+    ones. Returns how many were indexed. Disk work: call it holding no lock."""
+    root, indexed = f"{job_id}/segments", 0
+    for folder in store.list_dir(root):
+        try:
+            names = store.list_dir(f"{root}/{folder}")
+        except PathError as exc:  # a symlink out of the root: never listed
+            log.warning("segment folder %s/%s is unusable (%s): skipped", root, folder, exc)
+            continue
+        for name in names:
+            path = f"{root}/{folder}/{name}"
+            try:
+                kind = buffer.classify(path)
+                if kind == "known" or (kind == "new" and store.age_s(path) < grace_s):
+                    continue
+                if kind == "new":
+                    ref = parse(SegmentRef, store.read_segment_header(path))
+                    if ref.path != path:
+                        raise ValueError(f"header names {ref.path}")
+                    check_segment_file(store, job_id, ref, "header")
+                    result = buffer.insert([ref], force=True)
+                    account(result.accepted_refs)
+                    indexed += result.accepted
+                    continue
+            except (ValueError, OSError, CorruptFileError, MessageError, ApiError) as exc:
+                log.warning("segment %s is unusable (%s): deleting it", path, exc)
+            except BufferClosed:
+                return indexed
+            try:
+                store.delete(path)
+            except PathError:  # a symlink out of the root is refused here too: left
+                continue
+    if indexed:
+        log.info("job %s: indexed %d segment files found on disk", job_id, indexed)
+    return indexed

@@ -16,16 +16,19 @@ from common.errors import ApiError, bad_request, conflict
 from common.messages import (
     MAX_SAMPLE_ITEMS,
     InsertReply,
-    MessageError,
     PriorityUpdate,
     SampleReply,
     SampleRequest,
     SegmentInsert,
     SegmentRef,
-    parse,
 )
-from common.storage import CorruptFileError, PathError
-from services.buffer.checks import InsertSlot, InsertSlots, check_own_folder, check_segment_file
+from services.buffer.checks import (
+    InsertSlot,
+    InsertSlots,
+    check_own_folder,
+    check_segment_file,
+    sweep_orphans,
+)
 from services.buffer.core import BufferClosed, RateLimited, SampleTimeout
 from services.coordinator.jobs import JobBook
 from services.coordinator.state import CoordinatorState, Job, raise_if_closing
@@ -102,45 +105,19 @@ class DataPlane:
     def sweep_orphans(self, job: Job, grace_s: float) -> int:
         """Index segment files no insert claimed (a collector died between writing and
         inserting, or the coordinator restarted after acknowledging them); delete the
-        stale or unreadable ones. Returns how many were indexed.
+        stale or unreadable ones (services/buffer/checks.py). Returns how many were
+        indexed. Disk work, done without the coordinator's lock; it is taken only to
+        count what was indexed."""
 
-        Disk work, done without the coordinator's lock; it is taken only to count what
-        was indexed."""
-        store = self.state.store
-        root, indexed = f"{job.job_id}/segments", 0
-        for folder in store.list_dir(root):
-            try:
-                names = store.list_dir(f"{root}/{folder}")
-            except PathError as exc:  # a symlink out of the root: never listed
-                log.warning("segment folder %s/%s is unusable (%s): skipped", root, folder, exc)
-                continue
-            for name in names:
-                path = f"{root}/{folder}/{name}"
-                try:
-                    kind = job.buffer.classify(path)
-                    if kind == "known" or (kind == "new" and store.age_s(path) < grace_s):
-                        continue
-                    if kind == "new":
-                        ref = parse(SegmentRef, store.read_segment_header(path))
-                        if ref.path != path:
-                            raise ValueError(f"header names {ref.path}")
-                        check_segment_file(store, job.job_id, ref, "header")
-                        result = job.buffer.insert([ref], force=True)
-                        with self.state.guard.changing():
-                            self.account(job, result.accepted_refs)
-                        indexed += result.accepted
-                        continue
-                except (ValueError, OSError, CorruptFileError, MessageError, ApiError) as exc:
-                    log.warning("segment %s is unusable (%s): deleting it", path, exc)
-                except BufferClosed:
-                    return indexed
-                try:
-                    store.delete(path)
-                except PathError:  # a symlink out of the root is refused here too: left
-                    continue
-        if indexed:
-            log.info("job %s: indexed %d segment files found on disk", job.job_id, indexed)
-        return indexed
+        def account(refs: list[SegmentRef]) -> None:
+            with self.state.guard.changing():
+                self.account(job, refs)
+
+        try:
+            buffer = job.buffer
+        except BufferClosed:
+            return 0
+        return sweep_orphans(self.state.store, job.job_id, buffer, grace_s, account)
 
     # --- samples -------------------------------------------------------------------
 

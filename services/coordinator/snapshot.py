@@ -26,13 +26,12 @@ finds a consistent chain.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-import os
 import threading
 from typing import Any
 
 from common.messages import EvalSummary, PolicyRef, dump, parse
+from common.process import yield_to_requests
 from common.storage import SharedStore
 from services.buffer import chain
 
@@ -93,18 +92,6 @@ def policy_from(data: dict | None) -> PolicyRef | None:
 
 def as_record(value: Any) -> Any:
     return dump(value) if value is not None else None
-
-
-#: The snapshot thread's niceness: copying, hashing and writing a large buffer must
-#: not take the cores from the threads that answer requests.
-SNAPSHOT_NICENESS = 10
-
-
-def yield_to_requests() -> None:
-    """Lower the calling thread's CPU priority (Linux schedules threads one by one; a
-    platform without per-thread priorities keeps its own)."""
-    with contextlib.suppress(AttributeError, OSError):
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), SNAPSHOT_NICENESS)
 
 
 class Snapshotter:

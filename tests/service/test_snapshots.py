@@ -51,7 +51,7 @@ def test_the_snapshot_thread_yields_the_cores_to_requests():
     import os
     import threading
 
-    from services.coordinator.snapshot import SNAPSHOT_NICENESS, yield_to_requests
+    from common.process import SNAPSHOT_NICENESS, yield_to_requests
 
     seen = {}
 

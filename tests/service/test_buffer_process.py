@@ -1,0 +1,215 @@
+"""A buffer process's app (services/buffer/app.py) through Flask's test client: a
+task's credential lets that task, and only it, insert or sample; an ended task's is
+refused; the coordinator reads what to count; the buffer's snapshot survives a new
+process."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from common.config import ReplayBufferConfig
+from common.storage import SharedStore
+from services.buffer.app import create_app
+from services.buffer.credentials import TaskGrant, TaskGrants, credential_key, sign, verify
+from services.buffer.host import ShardHost, ShardLimits
+from tests.coordinator_app import write_segment
+
+TOKEN = "cluster-token"
+JOB = "job-abc123"
+KEY = credential_key(TOKEN)
+
+
+def credential(task_id, worker_id, kind="collect", job_id=JOB):
+    return sign(KEY, TaskGrant(job_id, task_id, worker_id, kind))
+
+
+def bearer(secret):
+    return {"Authorization": f"Bearer {secret}"}
+
+
+def open_host(root):
+    config = ReplayBufferConfig(type="uniform", replay_buffer_size=1000, min_size_to_sample=10)
+    return ShardHost.open(
+        SharedStore(root),
+        JOB,
+        config,
+        error_buffer=100.0,
+        seed=0,
+        grants=TaskGrants(KEY, JOB),
+        limits=ShardLimits(),
+    )
+
+
+@pytest.fixture
+def shard(tmp_path):
+    host = open_host(tmp_path)
+    client = create_app(host, TOKEN).test_client()
+    yield host, client, SimpleNamespace(store=host.store)
+    host.stop()
+
+
+def test_a_credential_names_one_task_of_one_job():
+    grant = TaskGrant(JOB, "collect-1", "collector-1", "collect")
+    signed = sign(KEY, grant)
+    assert verify(KEY, signed) == grant
+    assert verify(credential_key("another token"), signed) is None
+    forged = signed.replace("collector-1", "collector-2")
+    assert verify(KEY, forged) is None
+    assert verify(KEY, "bt1.a.b") is None
+    with pytest.raises(ValueError):
+        sign(KEY, TaskGrant(JOB, "a.b", "collector-1", "collect"))
+
+
+def test_a_collector_inserts_into_its_own_folder_with_its_tasks_credential(shard):
+    host, client, core = shard
+    own = bearer(credential("collect-1", "collector-1"))
+    ref = write_segment(core, JOB, 0, worker="collector-1.collect-1")
+    insert = {"segments": [ref], "task_id": "collect-1"}
+    resp = client.post(f"/api/v1/jobs/{JOB}/segments", json=insert, headers=own)
+    assert resp.status_code == 200 and resp.json["accepted"] == 1, resp.json
+    assert resp.json["env_steps"] == 10
+    # Another task's id, another job, another folder, a forged credential: refused.
+    other = {**insert, "task_id": "collect-2"}
+    assert client.post(f"/api/v1/jobs/{JOB}/segments", json=other, headers=own).status_code == 409
+    elsewhere = write_segment(core, JOB, 1, worker="collector-9.collect-9")
+    resp = client.post(
+        f"/api/v1/jobs/{JOB}/segments",
+        json={"segments": [elsewhere], "task_id": "collect-1"},
+        headers=own,
+    )
+    assert resp.status_code == 403 and "own folder" in resp.json["message"]
+    stranger = bearer(credential("collect-1", "collector-1", job_id="job-other"))
+    assert (
+        client.post(f"/api/v1/jobs/{JOB}/segments", json=insert, headers=stranger).status_code
+        == 401
+    )
+    # A learner's credential may not insert; a collector's may not sample.
+    learner = bearer(credential("learn-1", "learner-1", "learn"))
+    assert (
+        client.post(f"/api/v1/jobs/{JOB}/segments", json=insert, headers=learner).status_code == 403
+    )
+    sample = {"batch_size": 4, "timeout_s": 0, "task_id": "collect-1"}
+    assert client.post(f"/api/v1/jobs/{JOB}/samples", json=sample, headers=own).status_code == 403
+    # The coordinator's own routes: the cluster token only.
+    assert client.get("/v1/shard/report", headers=own).status_code == 403
+    report = client.get("/v1/shard/report", headers=bearer(TOKEN)).json
+    assert report["env_steps"] == 10 and report["size"] == 10
+
+
+def test_an_ended_tasks_credential_is_refused_and_its_held_items_go_back(tmp_path):
+    root = tmp_path
+    config = ReplayBufferConfig(
+        type="fifo", replay_buffer_size=1000, min_size_to_sample=10, max_staleness=None
+    )
+    host = ShardHost.open(
+        SharedStore(root),
+        JOB,
+        config,
+        error_buffer=100.0,
+        seed=0,
+        grants=TaskGrants(KEY, JOB),
+        limits=ShardLimits(),
+    )
+    client = create_app(host, TOKEN).test_client()
+    core = SimpleNamespace(store=host.store)
+    collector = bearer(credential("collect-1", "collector-1"))
+    for seq in range(2):
+        ref = write_segment(core, JOB, seq, worker="collector-1.collect-1")
+        client.post(
+            f"/api/v1/jobs/{JOB}/segments",
+            json={"segments": [ref], "task_id": "collect-1"},
+            headers=collector,
+        )
+    learner = bearer(credential("learn-1", "learner-1", "learn"))
+    got = client.post(
+        f"/api/v1/jobs/{JOB}/samples",
+        json={"batch_size": 8, "timeout_s": 0, "task_id": "learn-1"},
+        headers=learner,
+    )
+    assert got.status_code == 200 and got.json["hold_id"]
+    assert host.buffer.size == 12
+    ends = client.post("/v1/shard/task-ends", json={"task_ids": ["learn-1"]}, headers=bearer(TOKEN))
+    assert ends.status_code == 200
+    assert host.buffer.size == 20  # the held items are back
+    again = client.post(
+        f"/api/v1/jobs/{JOB}/samples",
+        json={"batch_size": 8, "timeout_s": 0, "task_id": "learn-1"},
+        headers=learner,
+    )
+    assert again.status_code == 401
+    host.stop()
+
+
+def test_reports_carry_the_returns_counted_since_the_last(shard):
+    host, client, core = shard
+    own = bearer(credential("collect-1", "collector-1"))
+    for seq in range(3):
+        ref = {
+            **write_segment(core, JOB, seq, worker="collector-1.collect-1"),
+            "episode_returns": [float(seq)],
+            "episode_lengths": [5],
+        }
+        client.post(
+            f"/api/v1/jobs/{JOB}/segments",
+            json={"segments": [ref], "task_id": "collect-1"},
+            headers=own,
+        )
+    first = client.get("/v1/shard/report?since=0", headers=bearer(TOKEN)).json
+    assert first["episode_returns"] == [0.0, 1.0, 2.0] and first["returns_seq"] == 3
+    later = client.get(f"/v1/shard/report?since={first['returns_seq']}", headers=bearer(TOKEN))
+    assert later.json["episode_returns"] == [] and later.json["env_steps"] == 30
+    assert client.get("/v1/shard/report?since=x", headers=bearer(TOKEN)).status_code == 400
+
+
+def test_a_new_process_restores_the_snapshot_and_indexes_files_written_since(tmp_path):
+    host = open_host(tmp_path)
+    core = SimpleNamespace(store=host.store)
+    client = create_app(host, TOKEN).test_client()
+    own = bearer(credential("collect-1", "collector-1"))
+    for seq in range(2):
+        ref = write_segment(core, JOB, seq, worker="collector-1.collect-1")
+        client.post(
+            f"/api/v1/jobs/{JOB}/segments",
+            json={"segments": [ref], "task_id": "collect-1"},
+            headers=own,
+        )
+    host.snapshot()
+    # Acknowledged after the snapshot, then the process is killed: the file is on disk,
+    # its reference in its header.
+    ref = write_segment(core, JOB, 2, worker="collector-1.collect-1", header=True)
+    client.post(
+        f"/api/v1/jobs/{JOB}/segments",
+        json={"segments": [ref], "task_id": "collect-1"},
+        headers=own,
+    )
+    host.stop()
+    again = open_host(tmp_path)
+    assert again.restore() == 1
+    assert again.buffer.size == 30 and again.report().env_steps == 30
+    again.stop()
+
+
+def test_the_end_closes_the_buffer_and_releases_its_files(shard):
+    host, client, core = shard
+    own = bearer(credential("collect-1", "collector-1"))
+    ref = write_segment(core, JOB, 0, worker="collector-1.collect-1")
+    client.post(
+        f"/api/v1/jobs/{JOB}/segments",
+        json={"segments": [ref], "task_id": "collect-1"},
+        headers=own,
+    )
+    host.snapshot()
+    final = client.post("/v1/shard/close", headers=bearer(TOKEN))
+    assert final.status_code == 200 and final.json["size"] == 10
+    resp = client.post(
+        f"/api/v1/jobs/{JOB}/segments",
+        json={"segments": [ref], "task_id": "collect-1"},
+        headers=own,
+    )
+    assert resp.status_code == 409 and resp.json["error"] == "job_finished"
+    assert client.post("/v1/shard/release", headers=bearer(TOKEN)).status_code == 200
+    host.stop()  # the deletes queued are done
+    assert not host.store.exists(ref["path"])
+    assert not host.store.exists(f"{JOB}/buffer-0/state.json")
