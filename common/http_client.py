@@ -134,10 +134,11 @@ class ServiceClient:
         payload: Any = None,
         *,
         timeout_s: float | None = None,
+        params: dict[str, Any] | None = None,
         auth: str | None = None,
     ) -> T:
         """One request whose answer is validated straight from its bytes into `cls`."""
-        resp = self.raw(method, path, payload, timeout_s=timeout_s, auth=auth)
+        resp = self.raw(method, path, payload, timeout_s=timeout_s, params=params, auth=auth)
         return parse(cls, resp.data)
 
     def raw(

@@ -526,6 +526,13 @@ class ShardReport:
     #: last 100), and the sequence number of the newest.
     episode_returns: list[float] = field(default_factory=list)
     returns_seq: int = 0
+    #: What the process served since it started (they only grow while it runs; a
+    #: restarted process counts from 0): the coordinator's metrics of the same names.
+    segments_inserted: int = 0
+    samples_served: int = 0
+    sample_timeouts: int = 0
+    inserts_rate_limited: int = 0
+    inserts_busy: int = 0
 
 
 @message

@@ -26,6 +26,8 @@ DEFAULT_IMAGE = "drover:latest"
 #: The coordinator's own image (the Dockerfile's `coordinator` target): no torch.
 DEFAULT_COORDINATOR_IMAGE = "drover-coordinator:latest"
 COORDINATOR_PORT = 8000
+#: The ports the coordinator's buffer processes take (one a running job).
+BUFFER_PORTS = "8300-8399"
 #: How long the coordinator may stop answering mid-job (a restart) before the run fails.
 COORDINATOR_OUTAGE_S = 120.0
 SHARED = "/shared"
@@ -84,6 +86,9 @@ def container_specs(
                 "DROVER_PORT": str(COORDINATOR_PORT),
                 "DROVER_TOKEN": token,
                 "DROVER_REGISTRATION_TOKEN": registration_token,
+                # Each job's buffer process, in this container: workers reach it here.
+                "DROVER_BUFFER_ADVERTISE_HOST": "coordinator",
+                "DROVER_BUFFER_PORTS": BUFFER_PORTS,
             },
             published=[COORDINATOR_PORT],
         )

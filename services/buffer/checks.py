@@ -106,17 +106,30 @@ class InsertSlots:
         )
 
 
+def _younger(store: SharedStore, path: str, age_s: float) -> bool:
+    try:
+        return store.age_s(path) < age_s
+    except OSError:
+        return False
+
+
 def sweep_orphans(
     store: SharedStore,
     job_id: str,
     buffer: ReplayBuffer,
     grace_s: float,
     account: Callable[[list[SegmentRef]], None],
+    *,
+    delete_after_s: float | None = None,
 ) -> int:
     """Index the job's segment files no insert claimed (a collector died between
     writing and inserting, or whoever serves the buffer restarted after acknowledging
-    them), calling `account` with what each indexed; delete the stale or unreadable
-    ones. Returns how many were indexed. Disk work: call it holding no lock."""
+    them) once `grace_s` old, calling `account` with what each indexed; delete the
+    stale or unreadable ones once `delete_after_s` old (`grace_s` when None: a restart
+    indexes every readable file at once, and leaves a new unreadable one to a later
+    sweep, since its writer may be about to insert it). Returns how many were indexed.
+    Disk work: call it holding no lock."""
+    delete_after = grace_s if delete_after_s is None else delete_after_s
     root, indexed = f"{job_id}/segments", 0
     for folder in store.list_dir(root):
         try:
@@ -140,6 +153,8 @@ def sweep_orphans(
                     indexed += result.accepted
                     continue
             except (ValueError, OSError, CorruptFileError, MessageError, ApiError) as exc:
+                if delete_after > 0 and _younger(store, path, delete_after):
+                    continue
                 log.warning("segment %s is unusable (%s): deleting it", path, exc)
             except BufferClosed:
                 return indexed

@@ -61,7 +61,7 @@ from services.buffer.checks import (
     check_segment_file,
     sweep_orphans,
 )
-from services.buffer.core import BufferClosed, ReplayBuffer
+from services.buffer.core import BufferClosed, RateLimited, ReplayBuffer, SampleTimeout
 from services.buffer.credentials import TaskGrant, TaskGrants
 
 log = logging.getLogger(__name__)
@@ -147,6 +147,8 @@ class ShardHost:
             maxlen=REPORTED_RETURNS
         )
         self._returns_seq = 0
+        #: What was served (ShardReport's counters), by their names there.
+        self._served: collections.Counter[str] = collections.Counter()
         #: The task each credential seen names, so a request is checked against the
         #: task its credential was signed for.
         self._seen: dict[str, TaskGrant] = {}
@@ -193,7 +195,10 @@ class ShardHost:
         if job_id != self.job_id:
             raise ApiError(404, "not_found", f"this buffer serves {self.job_id}, not {job_id}")
         if caller is None:
-            return  # an operator (the cluster token)
+            # An operator (the cluster token): a task it names must not have ended.
+            if task_id is not None and self.grants.revoked(task_id):
+                raise conflict("task_not_active", f"task {task_id} has ended")
+            return
         if task_id is None:
             raise bad_request("task_id", f"a worker sends the {kind} task it acts for")
         with self._lock:
@@ -210,6 +215,7 @@ class ShardHost:
     ) -> InsertReply:
         slot = self._slots.take()
         if slot is None:
+            self._tally("inserts_busy")
             raise self._slots.busy()
         try:
             self._check_open()
@@ -225,7 +231,11 @@ class ShardHost:
                 result = self.buffer.insert(insert.segments, timeout_s=insert.timeout_s)
             except ValueError as exc:
                 raise bad_request("segments", str(exc)) from None
+            except RateLimited:
+                self._tally("inserts_rate_limited")
+                raise
             self._count(result.accepted_refs)
+            self._tally("segments_inserted", result.accepted)
             return InsertReply(
                 accepted=result.accepted,
                 duplicates=result.duplicates,
@@ -271,6 +281,9 @@ class ShardHost:
                 request.num_batches,
                 timeout_s=request.timeout_s,
             )
+        except SampleTimeout:
+            self._tally("sample_timeouts")
+            raise
         finally:
             with self._lock:
                 self._waiting_samples -= 1
@@ -278,6 +291,7 @@ class ShardHost:
             # The task ended while this request waited: nobody will train on them.
             self.buffer.give_back(request.task_id or "")
             raise conflict("task_not_active", f"task {request.task_id} has ended")
+        self._tally("samples_served", sum(len(b.keys) for b in batches))
         return SampleReply(batches=batches, hold_id=hold_id)
 
     def update_priorities(
@@ -288,6 +302,9 @@ class ShardHost:
             return self.buffer.update_priorities(update.keys, update.priorities)
         except ValueError as exc:
             raise bad_request("priorities", str(exc)) from None
+
+    def data_url(self, job_id: str) -> str | None:
+        return None  # served here
 
     def buffer_stats(self, job_id: str) -> BufferStats:
         if job_id != self.job_id:
@@ -303,17 +320,23 @@ class ShardHost:
                     self._returns_seq += 1
                     self._returns.append((self._returns_seq, value))
 
+    def _tally(self, name: str, count: int = 1) -> None:
+        with self._lock:
+            self._served[name] += count
+
     def report(self, since: int = 0) -> ShardReport:
-        """The job's counts: env steps, the buffer's size, and the returns of episodes
-        counted after sequence number `since`."""
+        """The job's counts: env steps, the buffer's size, the returns of episodes
+        counted after sequence number `since`, and what was served."""
         with self._lock:
             returns = [value for seq, value in self._returns if seq > since]
             seq = self._returns_seq
+            served = dict(self._served)
         return ShardReport(
             env_steps=self.buffer.inserted_env_steps,
             size=self.buffer.size,
             episode_returns=returns,
             returns_seq=seq,
+            **served,
         )
 
     def task_ended(self, task_ids: list[str]) -> int:
@@ -369,9 +392,17 @@ class ShardHost:
         return self.sweep(grace_s=0.0)
 
     def sweep(self, grace_s: float | None = None) -> int:
-        """Index segment files no insert claimed; delete the unusable ones."""
+        """Index segment files no insert claimed (those `grace_s` old; every one at a
+        restore), and delete the unusable ones once past the orphan grace."""
         grace = self.limits.orphan_grace_s if grace_s is None else grace_s
-        return sweep_orphans(self.store, self.job_id, self.buffer, grace, self._count)
+        return sweep_orphans(
+            self.store,
+            self.job_id,
+            self.buffer,
+            grace,
+            self._count,
+            delete_after_s=self.limits.orphan_grace_s,
+        )
 
     def stop(self) -> None:
         self._files.close()

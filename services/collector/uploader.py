@@ -267,7 +267,7 @@ class SegmentUploader:
         try:
             for attempt in retrying:
                 with attempt:
-                    reply = ctx.coordinator.insert_segments(
+                    reply = ctx.data.insert_segments(
                         ctx.task.job_id,
                         refs,
                         timeout_s=self.insert_timeout_s,

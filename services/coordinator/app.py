@@ -24,7 +24,9 @@ def create_app(
     """
     settings = settings or CoordinatorSettings.from_env()
     if core is None:
-        core = Coordinator(SharedStore(settings.shared_dir), settings.limits)
+        core = Coordinator(
+            SharedStore(settings.shared_dir), settings.limits, buffers=settings.buffers
+        )
         # A coordinator started over an existing shared root picks its jobs up again.
         core.restore_jobs()
     app = Flask("drover.coordinator")

@@ -52,6 +52,7 @@ from common.messages import (
 )
 from common.metrics import service_registry
 from common.storage import SharedStore
+from services.coordinator.buffers import BufferProcesses, BufferProcessSettings
 from services.coordinator.data import DataPlane
 from services.coordinator.jobs import MAX_PAGE, JobBook
 from services.coordinator.matches import MatchDesk
@@ -95,8 +96,11 @@ class Coordinator:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         metrics: CollectorRegistry | None = None,
+        buffers: BufferProcessSettings | None = None,
     ) -> None:
-        """`metrics`: the registry to count in (a fresh `service_registry()` when None)."""
+        """`metrics`: the registry to count in (a fresh `service_registry()` when None);
+        `buffers`: how to run each job's buffer in a process of its own (None, or not
+        enabled: the buffers are hosted here)."""
         self.state = CoordinatorState(
             store=store,
             limits=limits or CoordinatorLimits(),
@@ -115,6 +119,8 @@ class Coordinator:
         self.persistence = Persistence(self.state, self.job_book, self.data, self.policies)
         self.matches = MatchDesk(self.state, self.job_book, self.tasks_board)
         self.metrics.registry.register(JobGauges(self._gauge_values))
+        if buffers is not None and buffers.enabled:
+            self.state.buffers = BufferProcesses(buffers, on_report=self.data.count_report)
 
     # What tests and the app read directly.
 
@@ -287,11 +293,12 @@ class Coordinator:
         return self.persistence.restore_jobs()
 
     def begin_shutdown(self) -> None:
-        """Stop taking data (answers say: retry later) and wake every waiting request."""
+        """Stop taking data (answers say: retry later) and wake every waiting request.
+        Buffer processes take data until they are stopped, snapshot last (`close`)."""
         with self.state.guard.changing():
             self.state.closing = True
             for job in self.state.jobs.values():
-                if job.replay is not None:
+                if job.replay is not None and job.remote is None:
                     job.replay.close()
             self.state.guard.notify()
 
@@ -299,8 +306,17 @@ class Coordinator:
         with self.state.guard.changing():
             self.state.closing = True
             for job in self.state.jobs.values():
-                if job.replay is not None:
+                if job.replay is not None and job.remote is None:
                     job.replay.close()
                 self.job_book.sweep_segments(job, now=True)
             self.state.guard.notify()
         self.job_book.boards.close_all()
+        if self.state.buffers is not None:
+            self.state.buffers.close()  # each writes its last snapshot
+
+    def data_url(self, job_id: str) -> str | None:
+        """Where the job's data is served, when not here (a buffer process)."""
+        with self.state.guard.changing():
+            job = self.state.jobs.get(job_id)
+            remote = job.remote if job is not None else None
+        return remote.control.base_url if remote is not None else None

@@ -30,6 +30,7 @@ from services.buffer.checks import (
     sweep_orphans,
 )
 from services.buffer.core import BufferClosed, RateLimited, SampleTimeout
+from services.coordinator.buffers import ReportRead
 from services.coordinator.jobs import JobBook
 from services.coordinator.state import CoordinatorState, Job, raise_if_closing
 from services.coordinator.tasks import TaskBoard
@@ -94,6 +95,24 @@ class DataPlane:
             return InsertReply(
                 accepted=result.accepted, duplicates=result.duplicates, env_steps=job.env_steps
             )
+
+    def count_report(self, job_id: str, read: ReportRead) -> None:
+        """A buffer process's report: the job's env steps (its process counts every
+        insert it took), the episodes that ended since (which may end the job), and
+        what it served, into this coordinator's metrics of the same names."""
+        metrics = self.state.metrics
+        for name, count in read.served.items():
+            if name == "inserts_busy":
+                metrics.inserts_busy.inc(count)  # counted for all jobs together
+            else:
+                getattr(metrics, name).labels(job_id).inc(count)
+        with self.state.guard.changing():
+            job = self.state.jobs.get(job_id)
+            if job is None or not job.running:
+                return
+            job.env_steps = max(job.env_steps, read.report.env_steps)
+            job.episode_returns.extend(read.returns)
+            self.jobs.settle(job)
 
     def account(self, job: Job, refs: list[SegmentRef]) -> None:
         """Count newly indexed segments into the job (which may end it there)."""

@@ -15,7 +15,8 @@ import statistics
 from typing import Any
 
 from common.config import ConfigError, JobConfig, to_dict
-from common.errors import bad_request, conflict, not_found
+from common.errors import ApiError, bad_request, conflict, not_found
+from common.http_client import ServiceUnavailable
 from common.messages import (
     TERMINAL_PHASES,
     BufferStats,
@@ -33,6 +34,7 @@ from common.messages import (
 from common.storage import SharedStore
 from jobconfig import error_buffer_of, fit_to_env, from_resolved, resolve_job_config
 from services.buffer.core import ReplayBuffer
+from services.coordinator.buffers import BufferProcess
 from services.coordinator.devices import refuse_unless_fits, waiting_reason
 from services.coordinator.job_status import (
     held_of,
@@ -129,9 +131,18 @@ class JobBook:
         busy = sum(j.running or j.queued for j in self.state.jobs.values())
         return "queued" if limit and busy >= limit else "running"
 
-    def new_buffer(self, job_id: str, config: JobConfig) -> ReplayBuffer:
-        replay = workflow_of(config).replay(config)
+    def new_buffer(
+        self, job_id: str, config: JobConfig, *, here: bool = False
+    ) -> ReplayBuffer | BufferProcess:
+        """The job's replay: in a buffer process of its own when this coordinator runs
+        them (services/coordinator/buffers.py) and not `here`, else here."""
+        workflow = workflow_of(config)
+        replay = workflow.replay(config)
         error_buffer = error_buffer_of(config)
+        if self.state.buffers is not None and workflow.replays and not here:
+            return self.state.buffers.start(
+                job_id, replay, error_buffer=error_buffer, seed=config.system.seed
+            )
         return ReplayBuffer(
             job_id,
             replay,
@@ -232,7 +243,8 @@ class JobBook:
         if not (job.running or job.queued):
             return  # already ending
         job.ending = (phase, reason, self.state.wall())
-        job.buffer.close()  # no more data in or out, whatever follows
+        if job.replay is not None:
+            job.replay.close()  # no more data in or out, whatever follows
         self.tasks.cancel_job_tasks(job)
         record = ending_record(job)
         self.state.guard.defer(lambda: self.complete_end(job, record))
@@ -283,8 +295,12 @@ class JobBook:
         When the record cannot be written, the job stays ending and the snapshot
         thread tries again."""
         # The buffer is closed: nothing changes it any more, so these stats are final.
-        final = job.replay.final_stats() if job.replay is not None else job.final_buffer
+        final = self._final_stats(job)
         record = {**record, "buffer": as_record(final)}
+        remote = job.remote
+        if remote is not None:
+            # Its process's last report: every insert it took is counted.
+            record["env_steps"] = max(record["env_steps"], remote.inserted_env_steps)
         try:
             write_job_record(self.state.store, job.job_id, record)
         except OSError as exc:
@@ -293,6 +309,7 @@ class JobBook:
         with self.state.guard.changing():
             if job.terminal_durable or job.ending is None:
                 return
+            job.env_steps = max(job.env_steps, record["env_steps"])
             phase, reason, finished_at = job.ending
             summary = dump(status_of(job, phase=(phase, reason, finished_at)))
         # The summary is on disk before anybody is shown the end (a reader who sees the
@@ -315,6 +332,19 @@ class JobBook:
                 replay.release_all()
             except Exception:
                 log.exception("job %s: releasing its segments failed", job.job_id)
+            if self.state.buffers is not None:
+                self.state.buffers.forget(job.job_id)
+
+    def _final_stats(self, job: Job) -> BufferStats | None:
+        """The ended job's buffer statistics (None: a buffer process that could not
+        be asked; the job's end is recorded without them)."""
+        if job.replay is None:
+            return job.final_buffer
+        try:
+            return job.replay.final_stats()
+        except (ServiceUnavailable, ApiError) as exc:
+            log.warning("job %s: its buffer's final statistics are lost: %s", job.job_id, exc)
+            return None
 
     def write_missing_summary(self, job: Job) -> None:
         """An ended job's summary, if a crash came between its record and its summary."""

@@ -47,6 +47,8 @@ class Persistence:
         self.policies = policies
         #: Each job's snapshot on disk (a job with none gets a whole cut next).
         self.chains = SnapshotChains(state.store, state.wall)
+        #: The records last written of jobs whose buffers run in processes of their own.
+        self._records_written: dict[str, dict[str, Any]] = {}
         #: One snapshot at a time (the periodic thread, and the last one at shutdown).
         self._one_at_a_time = threading.Lock()
 
@@ -68,6 +70,8 @@ class Persistence:
                         lambda job=job, record=record: self.jobs.complete_end(job, record)
                     )
             todo = [job for job in state.jobs.values() if job.replay is not None]
+            records = {job.job_id: job_record(job) for job in todo if job.remote is not None}
+            todo = [job for job in todo if job.remote is None]
             ended = [j for j in state.jobs.values() if j.terminal_durable and not j.final_snapshot]
         for job in ended:
             # Its record says all that is kept: the last snapshot is of no more use.
@@ -79,7 +83,17 @@ class Persistence:
             if hold_s is not None:
                 timings[job.job_id] = (hold_s, time.perf_counter() - started)
         self.chains.forget({snapshot_folder(job.job_id) for job in todo})  # ended or gone
+        for job_id, record in records.items():
+            self._write_record(job_id, record)
         return timings
+
+    def _write_record(self, job_id: str, record: dict[str, Any]) -> None:
+        """A job whose buffer runs in a process of its own (which snapshots it): its
+        record alone, when it changed, marked so a restart knows it is the newest."""
+        record = {**record, "buffer_process": True}
+        if self._records_written.get(job_id) != record:
+            write_job_record(self.state.store, job_id, record)
+            self._records_written[job_id] = record
 
     def _snapshot_job(self, job: Job) -> float | None:
         """Write the job's delta, or a whole cut (services/buffer/chain.py). Returns the
@@ -140,6 +154,10 @@ class Persistence:
                 job.env_steps,
                 job.replay.size if job.replay is not None else 0,
             )
+        if state.buffers is not None:
+            # Their buffer processes restore what was acknowledged: counted before this
+            # coordinator answers anyone, so no job's env steps are seen to go down.
+            state.buffers.first_reports()
         with state.guard.changing():
             return [job_id for job_id in restored if job_id in state.jobs]
 
@@ -156,7 +174,14 @@ class Persistence:
             if record.get("buffer") is None:
                 record = self._with_final_buffer(record)
             return self.jobs.from_record(record)
-        if store.exists(state_path(job_id)):
+        snapshot = store.exists(state_path(job_id))
+        if self.state.buffers is not None:
+            # Its buffer process restores the buffer itself (from its own snapshot, or
+            # the coordinator's of when it hosted it); here, the newest record.
+            if snapshot and not (record or {}).get("buffer_process"):
+                record = read_job_snapshot(store, job_id).record
+            return self.jobs.from_record(record) if record is not None else None
+        if snapshot:
             saved = read_job_snapshot(store, job_id)
             job = self.jobs.from_record(saved.record)
             job.buffer.restore_snapshot(*saved.cut, deltas=saved.deltas)
@@ -168,7 +193,7 @@ class Persistence:
         kept, with them: from its last snapshot (an empty buffer's without one), saved
         once, so no later start builds its index again."""
         store, job_id = self.state.store, record["job_id"]
-        buffer = self.jobs.new_buffer(job_id, from_resolved(record["config"]))
+        buffer = self.jobs.new_buffer(job_id, from_resolved(record["config"]), here=True)
         if store.exists(state_path(job_id)):
             saved = read_job_snapshot(store, job_id)
             buffer.restore_snapshot(*saved.cut, deltas=saved.deltas)

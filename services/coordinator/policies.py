@@ -48,7 +48,8 @@ class PolicyPointer:
                 )
             job.policy = ref
             job.policy_versions.append(ref.version)
-            job.buffer.set_learner_version(ref.version)
+            if job.replay is not None:
+                job.replay.set_learner_version(ref.version)
             self.jobs.count_train_iters(job, ref.train_iter)
             guard.defer(lambda: store.write_json(f"{job_id}/policies/latest.json", dump(ref)))
             self._prune(job)
@@ -141,6 +142,7 @@ class PolicyPointer:
             )
             job.policy_versions.extend(v for v in sorted(versions) if v > current)
             self.jobs.count_train_iters(job, policy.train_iter)  # settled at the next pass
-            job.buffer.set_learner_version(version)
+            if job.replay is not None:
+                job.replay.set_learner_version(version)
             log.info("job %s: newest policy on disk is version %d", job.job_id, version)
             return

@@ -23,6 +23,7 @@ from common.settings import (
     read_secret,
     read_token,
 )
+from services.coordinator.buffers import BufferProcessSettings
 from services.coordinator.state import CoordinatorLimits
 
 #: Limits given as a duration (`90m`, `12h`, `7d`, or seconds), by their variable.
@@ -32,6 +33,32 @@ DURATION_VARIABLES = {"ended_job_retention_s": "DROVER_ENDED_JOB_RETENTION"}
 def limit_variable(name: str) -> str:
     """The environment variable of a `CoordinatorLimits` field."""
     return DURATION_VARIABLES.get(name, f"DROVER_{name.upper()}")
+
+
+def buffers_from_env(env: Mapping[str, str]) -> BufferProcessSettings:
+    """How the coordinator runs buffer processes, from its environment."""
+    enabled = env_str(env, "DROVER_BUFFER_PROCESSES", "1").strip().lower()
+    if enabled not in ("0", "1", "true", "false", "yes", "no"):
+        raise SettingsError(f"DROVER_BUFFER_PROCESSES={enabled!r}: 1 or 0")
+    ports = None
+    raw = env.get("DROVER_BUFFER_PORTS", "").strip()
+    if raw:
+        first, _, last = raw.partition("-")
+        try:
+            ports = (int(first), int(last or first))
+        except ValueError:
+            raise SettingsError(f"DROVER_BUFFER_PORTS={raw!r}: a range such as 8300-8399") from None
+        if not 0 < ports[0] <= ports[1] < 65536:
+            raise SettingsError(f"DROVER_BUFFER_PORTS={raw!r}: a range such as 8300-8399")
+    return BufferProcessSettings(
+        enabled=enabled in ("1", "true", "yes"),
+        bind_host=env_str(env, "DROVER_HOST", "127.0.0.1"),
+        advertise_host=env.get("DROVER_BUFFER_ADVERTISE_HOST", "").strip(),
+        ports=ports,
+        shared_dir=Path(env_str(env, "DROVER_SHARED_DIR", "runs")),
+        token=read_token(env),
+        metrics_token=read_secret(env, "DROVER_METRICS_TOKEN"),
+    )
 
 
 def limits_from_env(env: Mapping[str, str]) -> CoordinatorLimits:
@@ -74,6 +101,13 @@ class CoordinatorSettings:
     connection_limit: int = 1000
     #: What workers and jobs may ask of this coordinator (leases, sizes, bounds).
     limits: CoordinatorLimits = field(default_factory=CoordinatorLimits)
+    #: How each job's buffer runs in a process of its own (services/coordinator/
+    #: buffers.py): `DROVER_BUFFER_PROCESSES` (1; 0: in the coordinator),
+    #: `DROVER_BUFFER_ADVERTISE_HOST` (how workers reach them; the coordinator's host),
+    #: `DROVER_BUFFER_PORTS` (a range, `8300-8399`; any free port when unset).
+    buffers: BufferProcessSettings = field(
+        default_factory=lambda: BufferProcessSettings(enabled=False)
+    )
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> CoordinatorSettings:
@@ -91,6 +125,7 @@ class CoordinatorSettings:
             channel_timeout_s=env_float(env, "DROVER_CHANNEL_TIMEOUT_S", 30.0),
             connection_limit=env_int(env, "DROVER_CONNECTION_LIMIT", 1000),
             limits=limits_from_env(env),
+            buffers=buffers_from_env(env),
         )
 
     def server_limits(self) -> ServerLimits:

@@ -27,6 +27,7 @@ from common.messages import (
 )
 from common.storage import SharedStore
 from services.buffer.core import BufferClosed, ReplayBuffer
+from services.coordinator.buffers import BufferProcess, BufferProcesses
 from services.coordinator.lock import ChangeLock
 from services.coordinator.metrics import CoordinatorMetrics
 
@@ -207,9 +208,10 @@ class Job:
     job_id: str
     name: str
     config: JobConfig
-    #: The job's replay index while it runs; None once the job ended and released it
-    #: (what it held at the end is `final_buffer`).
-    replay: ReplayBuffer | None
+    #: The job's replay index while it runs, here or in a buffer process of its own;
+    #: None once the job ended and released it (what it held at the end is
+    #: `final_buffer`).
+    replay: ReplayBuffer | BufferProcess | None
     started_at: float
     phase: str = "running"
     reason: str = ""
@@ -275,14 +277,22 @@ class Job:
         return self.shares.setdefault(role, Share())
 
     @property
+    def remote(self) -> BufferProcess | None:
+        """The buffer process serving the job's data (None: the coordinator hosts its
+        buffer itself, or it ended)."""
+        return self.replay if isinstance(self.replay, BufferProcess) else None
+
+    @property
     def buffer(self) -> ReplayBuffer:
-        """The live replay index.
+        """The live replay index hosted here.
 
         Raises:
             BufferClosed: the job ended and its index was released.
         """
         if self.replay is None:
             raise BufferClosed(f"job {self.job_id} has ended")
+        if isinstance(self.replay, BufferProcess):
+            raise BufferClosed(f"job {self.job_id}'s buffer runs in a process of its own")
         return self.replay
 
 
@@ -327,6 +337,8 @@ class CoordinatorState:
     metrics: CoordinatorMetrics = field(
         default_factory=lambda: CoordinatorMetrics(CollectorRegistry())
     )
+    #: The buffer processes serving the jobs' data (None: the jobs' buffers are here).
+    buffers: BufferProcesses | None = None
 
 
 def must_be(caller: str | None, worker_id: str, what: str) -> None:

@@ -7,10 +7,11 @@ its job's workflow (which may plan it again).
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 
 from common.errors import bad_request, conflict, not_found
-from common.messages import TaskSpec, new_id
+from common.messages import CollectSpec, LearnSpec, TaskSpec, new_id
 from services.coordinator.state import (
     CoordinatorState,
     Dispatch,
@@ -73,7 +74,14 @@ class TaskBoard:
         """End an active task: it leaves the task map (its facts stay in its job's
         counts, and in the bounded memory of ended tasks)."""
         job = self.state.jobs.get(task.job_id)
-        if task.kind == "learn" and job is not None and job.running and state != TaskState.DONE:
+        remote = job.remote if job is not None else None
+        if remote is not None and task.kind in ("collect", "learn"):
+            if job is not None and job.running:
+                # The job's buffer process refuses the task's credential from now on,
+                # and gives back what a learn task held (an ending job's buffer takes
+                # and gives nothing more: it has nobody to give them to).
+                remote.task_ended(task.task_id)
+        elif task.kind == "learn" and job is not None and job.running and state != TaskState.DONE:
             # Items handed to this task that it never acknowledged go back (to a job
             # that still trains: an ended one has nobody to give them to).
             returned = job.buffer.give_back(task.task_id)
@@ -117,8 +125,15 @@ class TaskBoard:
         return collections.Counter(t.kind for t in self.of_job(job))
 
     def create(self, job: Job, worker: Worker, spec: TaskSpec) -> Dispatch:
+        task_id = new_id(spec.kind)
+        remote = job.remote
+        if remote is not None and isinstance(spec, CollectSpec | LearnSpec):
+            # Its data goes to the job's buffer process, with a credential for it alone.
+            spec = dataclasses.replace(
+                spec, data=remote.access(task_id, worker.worker_id, spec.kind)
+            )
         task = Task(
-            task_id=new_id(spec.kind),
+            task_id=task_id,
             job_id=job.job_id,
             spec=spec,
             worker_id=worker.worker_id,

@@ -13,14 +13,21 @@ buffer's stats and the writing run once the lock is let go (`guard.defer`).
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 
+from common.errors import ApiError
+from common.http_client import ServiceUnavailable
 from common.messages import BufferStats, EvalSummary, MetricsPoint
 from common.storage import SharedStore
 from common.tensorboard import ScalarLog, job_tb_dir
+from services.buffer.core import ReplayBuffer
+from services.coordinator.buffers import BufferProcess
 from services.coordinator.state import CoordinatorState, Job
 from services.coordinator.workflows import workflow_of
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -53,11 +60,13 @@ class JobBoards:
         coordinator's lock; the writing is deferred until it is let go)."""
         evals = list(job.evals)
         tasks = _TaskCounts(job.task_failures, job.tasks_reassigned)
-        buffer = job.buffer
+        buffer = job.replay
+        if buffer is None:
+            return
         # The workflow's own (a league's ratings and win rates), copied now.
         own = {} if job.workflow_state is None else workflow_of(job.config).scalars(job)
         self._state.guard.defer(
-            lambda: self._write(job.job_id, evals, point, buffer.stats(), tasks, own)
+            lambda: self._write(job.job_id, evals, point, _stats_of(buffer), tasks, own)
         )
 
     def close(self, job_id: str, evals: list[EvalSummary]) -> None:
@@ -97,7 +106,7 @@ class JobBoards:
         job_id: str,
         evals: list[EvalSummary],
         point: MetricsPoint,
-        stats: BufferStats,
+        stats: BufferStats | None,
         tasks: _TaskCounts,
         own: dict[str, float],
     ) -> None:
@@ -111,7 +120,7 @@ class JobBoards:
         board: _Board,
         evals: list[EvalSummary],
         point: MetricsPoint,
-        stats: BufferStats,
+        stats: BufferStats | None,
         tasks: _TaskCounts,
         own: dict[str, float],
     ) -> None:
@@ -123,14 +132,16 @@ class JobBoards:
         rate = None
         if last is not None:
             rate = (point.env_steps - last.env_steps) / (point.t - last.t)
-        lags = stats.sampled_lag_histogram
+        lags = stats.sampled_lag_histogram if stats is not None else []
         sampled = sum(lags)
         board.log.scalars(
             point.env_steps,
             {
                 "throughput/env_steps_per_s": rate,
                 "buffer/size": point.buffer_size,
-                "buffer/samples_per_insert": stats.samples_per_insert_ratio,
+                "buffer/samples_per_insert": (
+                    stats.samples_per_insert_ratio if stats is not None else None
+                ),
                 "buffer/sampled_policy_lag_mean": (
                     sum(i * n for i, n in enumerate(lags)) / sampled if sampled else None
                 ),
@@ -155,3 +166,13 @@ class JobBoards:
                     "eval/return_max": summary.return_max,
                 },
             )
+
+
+def _stats_of(buffer: ReplayBuffer | BufferProcess) -> BufferStats | None:
+    """The buffer's statistics; None while a buffer process does not answer (it is
+    restarting: this point goes without them)."""
+    try:
+        return buffer.stats()
+    except (ServiceUnavailable, ApiError) as exc:
+        log.debug("no buffer statistics for this point: %s", exc)
+        return None

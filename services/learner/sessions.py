@@ -94,7 +94,7 @@ class BatchSession:
         #: priorities), added to by the training thread, taken by the sampling one.
         self.outbox = Outbox()
         self.sampler = Sampler(
-            ctx.coordinator,
+            ctx.data,
             self.job_id,
             ctx.task.task_id,
             self.outbox,
@@ -187,7 +187,7 @@ class BatchSession:
     def _process_feed(self) -> ProcessFeed:
         learn = self.config.policy.learn
         start = feeder_start(
-            self.ctx.coordinator,
+            self.ctx.data,
             self.job_id,
             self.ctx.task.task_id,
             str(self.store.root),

@@ -13,6 +13,7 @@ A service supplies a `TaskRunner` (its core); `Slave` does the rest::
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import secrets
@@ -78,6 +79,18 @@ class TaskContext:
     progress: dict[str, float] = field(default_factory=dict)
     #: Segment files this task had to skip; reported with the heartbeats.
     unusable_segments: set[str] = field(default_factory=set)
+
+    @functools.cached_property
+    def data(self) -> CoordinatorClient:
+        """Where the task inserts or samples: its job's buffer process, with the
+        credential for this task its spec carries; the coordinator when it has none
+        (the coordinator hosts the job's buffer)."""
+        access = getattr(getattr(self.task, "spec", None), "data", None)
+        if access is None:
+            return self.coordinator
+        return CoordinatorClient(
+            access.url, access.credential, timeout_s=self.coordinator.timeout_s
+        )
 
     def stopped(self) -> bool:
         """The task's loops end: it was cancelled or released."""

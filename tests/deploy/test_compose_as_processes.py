@@ -49,6 +49,12 @@ def test_the_compose_file_trains_the_job_when_run_as_processes(tmp_path):
                     port = coordinator_port if name == "coordinator" else free_port()
                     env["DROVER_PORT"] = str(port)
                     env["DROVER_HOST"] = "127.0.0.1"  # the container's own address
+                if "DROVER_BUFFER_ADVERTISE_HOST" in env:
+                    # The coordinator's name on compose's network, and its own ports
+                    # there: here, this host and any free port.
+                    assert env["DROVER_BUFFER_ADVERTISE_HOST"] == "coordinator"
+                    env["DROVER_BUFFER_ADVERTISE_HOST"] = "127.0.0.1"
+                    env.pop("DROVER_BUFFER_PORTS")
                 env["PYTHONSAFEPATH"] = "1"
                 command = [interpolate(part) for part in service["command"]]
                 process = subprocess.Popen(

@@ -53,9 +53,10 @@ def test_fleet_bench_quick(tmp_path: Path) -> None:
     assert row["samples_per_s"] == len(row["sample_ms"]) / 2.0
     assert all(x > 0 for x in row["insert_ms"] + row["sample_ms"])
     assert row["heartbeats"] > 0
-    assert 0 < row["coordinator_cpu_share"] <= (os.cpu_count() or 1)
-    assert row["coordinator_cpu_ms_per_1k"] > 0
-    assert row["coordinator_rss_mb"] > 10
+    assert 0 < row["data_plane_cpu_share"] <= (os.cpu_count() or 1)
+    assert row["data_plane_cpu_ms_per_1k"] > 0
+    assert row["data_plane_rss_mb"] > 10
+    assert row["buffer_processes"] == 1  # the job's, whose CPU is counted
     assert row["generator_cpu_share"] > 0
 
 

@@ -154,8 +154,10 @@ def test_every_service_metrics_move_during_a_job(tmp_path):
         assert not [r for r in routes if job_id in r], routes
         assert total(after, "process_resident_memory_bytes") > 0
     coordinator, collector, learner = second["coordinator"], second["collector"], second["learner"]
+    # The job's data went to its buffer process, not through the coordinator, which
+    # counts it from the process's reports under the same names.
     routes = {s.labels["route"] for s in coordinator["drover_http_requests"].samples}
-    assert {"/api/v1/jobs/<job_id>/samples", "/api/v1/jobs/<job_id>/segments"} <= routes
+    assert not {"/api/v1/jobs/<job_id>/samples", "/api/v1/jobs/<job_id>/segments"} & routes
     assert total(coordinator, "drover_segments_inserted", job_id=job_id) > 0
     assert total(coordinator, "drover_tasks_assigned", kind="collect") >= 1
     assert total(coordinator, "drover_tasks_assigned", kind="learn") >= 1

@@ -1,7 +1,9 @@
 """The buffer's HTTP routes, mounted on the coordinator.
 
 The routes reach the job's buffer through a `BufferHost` that the hosting app puts in
-`app.extensions[HOST]`: the coordinator, which also counts env steps and episodes.
+`app.extensions[HOST]`: the coordinator, which also counts env steps and episodes, or a
+buffer process (services/buffer/host.py). A coordinator whose job's buffer runs in a
+process of its own passes an operator's request on to it (forward.py).
 """
 
 from __future__ import annotations
@@ -32,6 +34,11 @@ class BufferHost(Protocol):
     ) -> int: ...
 
     def buffer_stats(self, job_id: str) -> BufferStats: ...
+
+    def data_url(self, job_id: str) -> str | None:
+        """Where the job's data is served when not by this host (its buffer process);
+        None: here."""
+        ...
 
 
 def blueprints() -> list[Blueprint]:

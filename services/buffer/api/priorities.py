@@ -9,6 +9,7 @@ from common.http import allow, body, caller, extension, reply
 from common.messages import PrioritiesUpdated, PriorityUpdate
 from common.openapi import documented
 from services.buffer.api import HOST
+from services.buffer.api.forward import forward
 
 bp = Blueprint("priorities", __name__, url_prefix="/api/v1/jobs/<job_id>/priorities")
 
@@ -17,6 +18,8 @@ bp = Blueprint("priorities", __name__, url_prefix="/api/v1/jobs/<job_id>/priorit
 @allow("learner")
 @documented(summary="New priorities by key", body=PriorityUpdate, reply=PrioritiesUpdated)
 def update(job_id: str) -> Any:
+    if url := extension(HOST).data_url(job_id):
+        return forward(job_id, url)
     update = body(PriorityUpdate)
     if len(update.keys) != len(update.priorities):
         raise bad_request(

@@ -8,6 +8,7 @@ from common.http import allow, body, caller, extension, reply
 from common.messages import InsertReply, SegmentInsert
 from common.openapi import documented
 from services.buffer.api import HOST
+from services.buffer.api.forward import forward
 
 bp = Blueprint("segments", __name__, url_prefix="/api/v1/jobs/<job_id>/segments")
 
@@ -20,4 +21,6 @@ bp = Blueprint("segments", __name__, url_prefix="/api/v1/jobs/<job_id>/segments"
     reply=InsertReply,
 )
 def insert(job_id: str) -> Any:
+    if url := extension(HOST).data_url(job_id):
+        return forward(job_id, url)
     return reply(extension(HOST).insert_segments(job_id, body(SegmentInsert), caller=caller()))

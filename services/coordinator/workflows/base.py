@@ -104,6 +104,9 @@ class Workflow(Protocol):
     #: The worker roles its tasks go to: each needs the job's device (a CUDA job is
     #: refused at submission when one of these roles has only CPU workers).
     roles: frozenset[str]
+    #: Its tasks insert and sample: a coordinator that runs buffer processes serves the
+    #: job's data from one (False: nothing is replayed; its token buffer stays here).
+    replays: bool
 
     def check(self, config: JobConfig) -> None:
         """Refuse (ConfigError naming the field) a config it cannot run, from the

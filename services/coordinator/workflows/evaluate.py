@@ -31,8 +31,9 @@ class EvaluationState:
 class Evaluate:
     #: Any algorithm's policy can be evaluated.
     collect_units = frozenset(typing.get_args(CollectUnit))
-    #: Collectors evaluate; nothing is trained.
+    #: Collectors evaluate; nothing is trained, nothing replayed.
     roles = frozenset({"collector"})
+    replays = False
 
     def check(self, config: JobConfig) -> None:
         evaluate = config.system.evaluate

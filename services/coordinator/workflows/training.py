@@ -43,6 +43,7 @@ class TrainingState:
 class AsyncTraining:
     collect_units = frozenset({"transitions", "unrolls"})
     roles = frozenset({"collector", "learner"})
+    replays = True
 
     def check(self, config: JobConfig) -> None:
         pass

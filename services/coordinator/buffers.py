@@ -1,0 +1,444 @@
+"""Buffer processes: each running job's replay served by a process of its own (`python
+-m services.buffer`), started, watched and restarted by the coordinator in its own
+container or pod, on its volume. Collectors and learners insert and sample there
+directly, with a credential for their task (services/buffer/credentials.py); the
+coordinator keeps the control plane.
+
+`BufferProcess` is what a job's `Job.replay` is then: the methods the coordinator calls
+on a buffer it hosts itself, answered for the process:
+
+- `give_back` / `task_ended`, `set_learner_version`, `close` are sent on a thread of
+  the process's own, in order (the coordinator calls them holding its lock, which
+  never waits on the network);
+- `size` and `inserted_env_steps` are those of its last report;
+- `stats`, `final_stats` and `release_all` ask it (the coordinator calls them outside
+  its lock).
+
+`BufferProcesses` starts them and watches them: every `poll_s` it reads each one's
+report (env steps, episode returns, size), which the coordinator counts its job by
+(`on_report`), and restarts a process that died, on the same port when it can, telling
+it again which tasks ended and the learner's version. A process restores its buffer
+from its own snapshot and indexes the segment files written since, so nothing
+acknowledged is lost; meanwhile workers retry. The processes die with the coordinator
+(the kernel's parent-death signal) and a restarted coordinator starts them anew.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import ctypes
+import logging
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from common.config import ReplayBufferConfig
+from common.errors import ApiError
+from common.http_client import ServiceUnavailable
+from common.messages import BufferStats, DataAccess, ShardReport
+from services.buffer.client import BufferControl
+from services.buffer.credentials import TaskGrant, credential_key, sign
+from services.buffer.settings import SPEC_VARIABLE, spec_json
+
+log = logging.getLogger(__name__)
+
+#: How often each buffer process's report is read (and a dead one noticed).
+POLL_S = 0.25
+#: How long a new process has to answer before it counts as failed to start.
+START_TIMEOUT_S = 60.0
+#: How long a job's end waits for its buffer process to answer (the request that
+#: stopped it waits too): past it, the end is recorded from the last report.
+END_PATIENCE_S = 5.0
+#: Tasks ended remembered per job, to tell a restarted process again.
+ENDED_KEPT = 10_000
+#: Linux's prctl option: the signal a child gets when its parent dies.
+_PR_SET_PDEATHSIG = 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class BufferProcessSettings:
+    """How the coordinator runs buffer processes (CoordinatorSettings.buffers)."""
+
+    #: Run each job's buffer in a process of its own (False: in the coordinator).
+    enabled: bool = True
+    #: Where they listen: the coordinator's own host.
+    bind_host: str = "127.0.0.1"
+    #: How workers reach them: the coordinator's address as workers see it (compose:
+    #: its service name; Kubernetes: its pod's IP). Empty: `bind_host`.
+    advertise_host: str = ""
+    #: The ports they may take (first, last); None: any free one.
+    ports: tuple[int, int] | None = None
+    shared_dir: Path = Path("runs")
+    token: str = ""
+    metrics_token: str = ""
+    #: What a buffer process reads of the coordinator's settings (limits, periods).
+    passed_env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def url_host(self) -> str:
+        return self.advertise_host or self.bind_host
+
+
+def _die_with_parent() -> None:
+    """In the child, before it runs: SIGKILL when the coordinator dies, however it
+    dies (a restarted coordinator starts the buffers anew from their snapshots)."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+
+
+class BufferProcess:
+    """One job's buffer process, as the coordinator sees it (see the module's text)."""
+
+    def __init__(
+        self,
+        job_id: str,
+        port: int,
+        env: dict[str, str],
+        settings: BufferProcessSettings,
+    ) -> None:
+        self.job_id = job_id
+        self.port = port
+        self._env = env
+        self._settings = settings
+        self.url = f"http://{settings.url_host}:{port}"
+        self._key = credential_key(settings.token)
+        self.control = BufferControl(
+            f"http://{_connect_host(settings.bind_host)}:{port}", settings.token, timeout_s=10.0
+        )
+        self.process: subprocess.Popen[bytes] | None = None
+        self.restarts = 0
+        self.report = ShardReport(env_steps=0, size=0)
+        self.returns_seq = 0
+        #: What a restarted process is told again.
+        self.ended: collections.deque[str] = collections.deque(maxlen=ENDED_KEPT)
+        self.learner_version = 0
+        self.closed = False
+        #: One report read at a time (the watcher's, a restore's first).
+        self._reading = threading.Lock()
+        self._commands: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
+        self._sender = threading.Thread(
+            target=self._send_loop, name=f"buffer-{job_id}", daemon=True
+        )
+
+    # --- the process ---------------------------------------------------------------------
+
+    def spawn(self) -> None:
+        env = {**self._env, "DROVER_PORT": str(self.port)}
+        self.process = subprocess.Popen(  # noqa: S603 - our own module, our own env
+            [sys.executable, "-m", "services.buffer"],
+            env=env,
+            cwd=str(self._settings.shared_dir),
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - one libc call, no locks
+        )
+        if not self._sender.is_alive():
+            self._sender.start()
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """SIGTERM: it writes its last snapshot and exits."""
+        self._commands.put(None)
+        process = self.process
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(5)
+
+    # --- a worker's access -----------------------------------------------------------------
+
+    def access(self, task_id: str, worker_id: str, kind: str) -> DataAccess:
+        """Where a task of this job inserts or samples, and its credential there."""
+        grant = TaskGrant(self.job_id, task_id, worker_id, kind)
+        return DataAccess(url=self.url, credential=sign(self._key, grant))
+
+    # --- what the coordinator calls holding its lock: sent in order ------------------------
+
+    @property
+    def size(self) -> int:
+        return self.report.size
+
+    @property
+    def inserted_env_steps(self) -> int:
+        return self.report.env_steps
+
+    def task_ended(self, task_id: str) -> None:
+        """Its credential is refused from now on; what a learn task held goes back."""
+        self.ended.append(task_id)
+        self._commands.put(("task_ends", [task_id]))
+
+    def set_learner_version(self, version: int) -> int:
+        self.learner_version = max(self.learner_version, version)
+        self._commands.put(("learner_version", self.learner_version))
+        return 0
+
+    def close(self) -> None:
+        """The job ended: the process takes no more data (`final_stats` waits for it)."""
+        self.closed = True
+
+    def collect_garbage(self) -> None:
+        """The process collects its own."""
+
+    def _send_loop(self) -> None:
+        while (command := self._commands.get()) is not None:
+            name, arg = command
+            deadline = time.monotonic() + START_TIMEOUT_S
+            while True:
+                try:
+                    if name == "task_ends":
+                        self.control.task_ends(arg)
+                    else:
+                        self.control.learner_version(arg)
+                    break
+                except (ServiceUnavailable, ApiError) as exc:
+                    if time.monotonic() > deadline or self.closed:
+                        log.warning("buffer of %s: %s not sent: %s", self.job_id, name, exc)
+                        break
+                    time.sleep(0.2)  # restarting: told again once it is back anyway
+
+    # --- what the coordinator calls outside its lock -----------------------------------
+
+    def stats(self) -> BufferStats:
+        try:
+            return self.control.stats(self.job_id)
+        except ServiceUnavailable as exc:
+            raise ApiError(
+                503, "buffer_unavailable", f"job {self.job_id}'s buffer: {exc}", retry_after_s=1.0
+            ) from None
+
+    def final_stats(self) -> BufferStats:
+        """Close the buffer (no more data in or out) and read its last report."""
+        stats = self._patiently(
+            lambda: self.control.close_job(timeout_s=END_PATIENCE_S), patience_s=END_PATIENCE_S
+        )
+        self.report = self._patiently(
+            lambda: self.control.report(self.returns_seq, timeout_s=END_PATIENCE_S),
+            patience_s=END_PATIENCE_S,
+        )
+        return stats
+
+    def release_all(self) -> None:
+        """The job's end is on disk: its segments go, and so does the process."""
+        try:
+            self._patiently(self.control.release)
+        finally:
+            self.stop()
+
+    def _patiently(
+        self, call: Callable[..., Any], *args: Any, patience_s: float = START_TIMEOUT_S
+    ) -> Any:
+        """`call(*args)`, tried again while the process starts or restarts (a job can
+        end before its buffer process first answers)."""
+        deadline = time.monotonic() + patience_s
+        while True:
+            try:
+                return call(*args)
+            except ServiceUnavailable:
+                if time.monotonic() > deadline or self.process is None:
+                    raise
+                time.sleep(0.2)
+
+    def poll_report(self) -> ReportRead:
+        """The process's report now, with what is new in it since the last."""
+        with self._reading:
+            return self._read_report()
+
+    def _read_report(self) -> ReportRead:
+        report = self.control.report(self.returns_seq)
+        last, self.report = self.report, report
+        if report.returns_seq < self.returns_seq:
+            self.returns_seq = 0  # a restarted process numbers its episodes anew
+            return ReportRead(report, [], {})
+        self.returns_seq = report.returns_seq
+        served = {}
+        for name in SERVED:
+            now, before = getattr(report, name), getattr(last, name)
+            # A restarted process counts from 0 again.
+            served[name] = now - before if now >= before else now
+        return ReportRead(report, list(report.episode_returns), served)
+
+    def tell_again(self) -> None:
+        """A restarted process: the tasks that ended, the learner's version."""
+        if self.ended:
+            self._commands.put(("task_ends", list(self.ended)))
+        if self.learner_version:
+            self._commands.put(("learner_version", self.learner_version))
+
+
+#: ShardReport's counters of what a process served.
+SERVED = (
+    "segments_inserted",
+    "samples_served",
+    "sample_timeouts",
+    "inserts_rate_limited",
+    "inserts_busy",
+)
+
+
+@dataclass(frozen=True)
+class ReportRead:
+    """A buffer process's report, and what is new in it since the one before."""
+
+    report: ShardReport
+    #: Returns of episodes counted since.
+    returns: list[float]
+    #: How much more of each of SERVED was served since.
+    served: dict[str, int]
+
+
+def _connect_host(bind_host: str) -> str:
+    """Where the coordinator reaches a process it started: itself."""
+    return "127.0.0.1" if bind_host in ("0.0.0.0", "", "::") else bind_host
+
+
+class BufferProcesses:
+    """Starts, watches and restarts the buffer processes (see the module's text).
+
+    Args:
+        on_report: called with a job's id and its report read (`ReportRead`), from the
+            watching thread, for every report read.
+    """
+
+    def __init__(
+        self,
+        settings: BufferProcessSettings,
+        on_report: Callable[[str, ReportRead], None],
+        *,
+        poll_s: float = POLL_S,
+    ) -> None:
+        self.settings = settings
+        self._on_report = on_report
+        self._poll_s = poll_s
+        self._lock = threading.Lock()
+        self._processes: dict[str, BufferProcess] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="buffers", daemon=True)
+        self._thread.start()
+
+    def start(
+        self, job_id: str, config: ReplayBufferConfig, *, error_buffer: float, seed: int
+    ) -> BufferProcess:
+        """A process for the job's buffer, started (it restores what the job's
+        folder holds)."""
+        env = {
+            **os.environ,
+            **self.settings.passed_env,
+            "DROVER_HOST": self.settings.bind_host,
+            "DROVER_SHARED_DIR": str(Path(self.settings.shared_dir).resolve()),
+            "DROVER_TOKEN": self.settings.token,
+            "DROVER_METRICS_TOKEN": self.settings.metrics_token,
+            "DROVER_BUFFER_JOB": job_id,
+            SPEC_VARIABLE: spec_json(config, error_buffer, seed),
+            "PYTHONSAFEPATH": "1",
+        }
+        env.pop("DROVER_TOKEN_FILE", None)
+        with self._lock:
+            process = BufferProcess(job_id, self._free_port(), env, self.settings)
+            # Started before the watcher can see it: one not started would look dead.
+            process.spawn()
+            self._processes[job_id] = process
+        log.info("job %s: its buffer runs in a process of its own at %s", job_id, process.url)
+        return process
+
+    def first_reports(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Wait until every process answered its first report (its buffer restored)
+        and count it, or `timeout_s`; those that did not are counted by the watcher
+        once they answer."""
+        deadline = time.monotonic() + timeout_s
+        with self._lock:
+            pending = list(self._processes.values())
+        while pending:
+            for process in list(pending):
+                try:
+                    read = process.poll_report()
+                except (ServiceUnavailable, ApiError):
+                    continue
+                pending.remove(process)
+                self._on_report(process.job_id, read)
+            if pending and time.monotonic() > deadline:
+                log.warning(
+                    "the buffer processes of %s did not answer in %.0f s: counted once they do",
+                    ", ".join(p.job_id for p in pending),
+                    timeout_s,
+                )
+                return
+            if pending:
+                time.sleep(0.1)
+
+    def forget(self, job_id: str) -> None:
+        with self._lock:
+            self._processes.pop(job_id, None)
+
+    def close(self) -> None:
+        """Stop watching and stop every process (each writes its last snapshot)."""
+        self._stop.set()
+        self._thread.join(timeout=5)
+        with self._lock:
+            processes = list(self._processes.values())
+            self._processes.clear()
+        for process in processes:
+            process.stop()
+
+    def _free_port(self) -> int:
+        taken = {p.port for p in self._processes.values()}
+        host = _connect_host(self.settings.bind_host)
+        candidates = (
+            range(self.settings.ports[0], self.settings.ports[1] + 1)
+            if self.settings.ports
+            else [0] * 20
+        )
+        for port in candidates:
+            if port in taken:
+                continue
+            with socket.socket() as s:
+                try:
+                    s.bind((host, port))
+                except OSError:
+                    continue
+                return int(s.getsockname()[1])
+        raise RuntimeError(f"no free port for a buffer process in {self.settings.ports}")
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self._poll_s):
+            with self._lock:
+                processes = list(self._processes.values())
+            for process in processes:
+                if process.closed:
+                    continue
+                if not process.alive():
+                    self._restart(process)
+                    continue
+                try:
+                    read = process.poll_report()
+                except (ServiceUnavailable, ApiError):
+                    continue  # starting, or restarting: read next time
+                try:
+                    self._on_report(process.job_id, read)
+                except Exception:
+                    log.exception("counting the report of %s's buffer failed", process.job_id)
+
+    def _restart(self, process: BufferProcess) -> None:
+        code = process.process.returncode if process.process is not None else None
+        process.restarts += 1
+        log.warning(
+            "the buffer process of job %s exited (code %s); restarting it (restart %d)",
+            process.job_id,
+            code,
+            process.restarts,
+        )
+        process.spawn()
+        process.tell_again()

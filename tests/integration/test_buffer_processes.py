@@ -1,0 +1,105 @@
+"""Each job's buffer in a process of its own (services/coordinator/buffers.py), with
+real processes on 127.0.0.1: collectors and learners go to it directly with their
+task's credential; killed with SIGKILL mid-job, it is restarted from its snapshot and
+the job ends with nothing acknowledged lost; it dies with its coordinator and a
+restarted coordinator starts it again."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import pytest
+import requests
+import yaml
+
+from common.config import deep_merge
+from drover.local import LocalCluster
+from tests.helpers import EXAMPLES, child_processes, running, wait_for_end, wait_until
+
+pytestmark = [pytest.mark.processes, pytest.mark.chaos]
+
+DEADLINE_S = 180
+#: DQN with 1-step transitions (a segment's rows are its env steps), no goal.
+DQN = deep_merge(
+    yaml.safe_load((EXAMPLES / "cartpole_dqn.yaml").read_text()),
+    {
+        "env": {"stop_value": None, "collector_env_num": 4, "n_evaluator_episode": 2},
+        "policy": {"nstep": 1, "other": {"replay_buffer": {"min_size_to_sample": 200}}},
+        "system": {"max_env_step": 6000},
+    },
+)
+
+
+def buffer_pids(cluster) -> list[int]:
+    return child_processes(cluster.coordinator.process.pid, "services.buffer")
+
+
+def assert_nothing_lost(cluster, job_id):
+    status = cluster.client.job(job_id)
+    buffer = cluster.client.buffer_stats(job_id)
+    assert status.phase == "succeeded", status
+    assert buffer["inserts"] == status.env_steps, (buffer, status)
+
+
+def test_a_buffer_process_killed_mid_job_comes_back_and_loses_nothing(tmp_path):
+    with LocalCluster(tmp_path / "run", num_collectors=2) as cluster:
+        cluster.wait_for_workers()
+        job_id = cluster.client.submit_job(DQN).job_id
+        wait_until(lambda: cluster.client.job(job_id).env_steps > 1500, 60, "collection")
+        (pid,) = buffer_pids(cluster)
+        os.kill(pid, signal.SIGKILL)
+        wait_until(
+            lambda: buffer_pids(cluster) and buffer_pids(cluster) != [pid],
+            30,
+            "the buffer process restarted",
+        )
+        wait_for_end(cluster, job_id, DEADLINE_S)
+        assert_nothing_lost(cluster, job_id)
+        assert cluster.client.job(job_id).train_iters > 0
+        log = cluster.coordinator.log_path.read_text()
+        assert "exited (code -9); restarting it" in log
+        # The job ended: its process went with it.
+        wait_until(lambda: not buffer_pids(cluster), 30, "the ended job's buffer process gone")
+
+
+def test_data_goes_to_the_buffer_process_and_an_operator_reaches_it_through_the_coordinator(
+    tmp_path,
+):
+    with LocalCluster(tmp_path / "run", num_collectors=1) as cluster:
+        cluster.wait_for_workers()
+        job_id = cluster.client.submit_job(
+            deep_merge(DQN, {"system": {"max_env_step": None}})
+        ).job_id
+        wait_until(lambda: cluster.client.job(job_id).env_steps > 500, 60, "collection")
+        # An operator's sample through the coordinator is passed on to it, answered there.
+        resp = requests.post(
+            f"{cluster.coordinator_url}/api/v1/jobs/{job_id}/samples",
+            json={"batch_size": 4, "timeout_s": 1},
+            headers={"Authorization": f"Bearer {cluster.token}"},
+            timeout=10,
+        )
+        assert resp.status_code == 200 and len(resp.json()["batches"][0]["keys"]) == 4
+        stats = cluster.client.buffer_stats(job_id)
+        assert stats["size"] > 0
+        cluster.client.stop_job(job_id)
+
+
+def test_buffer_processes_die_with_their_coordinator_and_come_back_with_it(tmp_path):
+    with LocalCluster(tmp_path / "run", num_collectors=2) as cluster:
+        cluster.wait_for_workers()
+        job_id = cluster.client.submit_job(DQN).job_id
+        wait_until(lambda: cluster.client.job(job_id).env_steps > 1500, 60, "collection")
+        (pid,) = buffer_pids(cluster)
+        before = cluster.client.job(job_id).env_steps
+        os.kill(cluster.coordinator.process.pid, signal.SIGKILL)
+        cluster.coordinator.wait(10)
+        wait_until(lambda: not running(pid), 10, "the buffer process dying with it")
+        cluster.supervise()
+        cluster.wait_ready(60)
+        wait_until(lambda: buffer_pids(cluster), 30, "a new buffer process")
+        assert cluster.client.job(job_id).env_steps >= before
+        wait_for_end(cluster, job_id, DEADLINE_S)
+        assert_nothing_lost(cluster, job_id)
+        time.sleep(0)
