@@ -2,9 +2,10 @@
 
 Each round starts a coordinator, 3 collectors and a learner on 127.0.0.1, submits a
 DQN CartPole job, kills the coordinator right after the submission, injects random
-faults into every role until the job ends (kill -9, SIGTERM, SIGSTOP past the 3 s
-lease, coordinator and learner killed together), and kills the coordinator again
-right after the end.
+faults into every role and the job's buffer process until the job ends (kill -9,
+SIGTERM, SIGSTOP past the 3 s lease, coordinator and learner killed together; the
+buffer process killed with SIGKILL or SIGTERM), and kills the coordinator again right
+after the end.
 
     python bench/chaos.py --seeds 10
 """

@@ -42,16 +42,17 @@ p50/p99/max (answered requests only: a long-poll that ends in data counts its wa
 errors (5xx, connection failures and timeouts, unexpected 4xx) and the documented
 back-pressure answers (`429` on inserts, `503 sample_timeout` / `too_many_waiting` on
 samples) counted apart, transitions indexed a second (rows of accepted inserts),
-sample requests a second, the coordinator's CPU (utime + stime from /proc/<pid>/stat)
-as a share of one core and per 1,000 transitions, its resident set (VmRSS, and the
-peak VmHWM), the generator's own CPU and what other processes took of the machine
-meanwhile.
+sample requests a second, the data plane's CPU (utime + stime from /proc/<pid>/stat,
+summed over the coordinator and its buffer processes, one a job, which serve the
+inserts and samples) as a share of one core and per 1,000 transitions, their resident
+sets (VmRSS, and the peak VmHWM, summed), the generator's own CPU and what other
+processes took of the machine meanwhile.
 
 With `--profile-at N` (64 by default when 64 is a row), the N row runs once more with
-py-spy recording the coordinator (`--gil`: only the thread holding the GIL, i.e. where
-the one core goes; `--nonblocking`: the coordinator is not paused), and the top
-functions by own and by total time are printed. That row is shown apart: py-spy's
-own CPU competes with the coordinator on a small machine.
+py-spy recording the coordinator and its buffer processes (`--subprocesses`; `--gil`:
+only the thread holding each one's GIL, i.e. where its core goes; `--nonblocking`:
+they are not paused), and the top functions by own and by total time are printed.
+That row is shown apart: py-spy's own CPU competes with them on a small machine.
 
 Timings vary with machine load: the load before the start is printed, and each row
 says how much CPU other processes took during its window.
@@ -77,6 +78,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -91,6 +93,7 @@ from bench.procfs import cpu_s  # noqa: E402
 from common.messages import SegmentRef, dump  # noqa: E402
 from common.storage import SharedStore  # noqa: E402
 from services.collector.step_data import NStepBuilder  # noqa: E402
+from tests.helpers import child_processes  # noqa: E402
 
 API = "/api/v1"
 #: Rows of every segment (the issue's 64-row segments; the DQN default `n_sample`).
@@ -111,7 +114,7 @@ PREWRITE_MARGIN = 1.05
 #: The row the targets are for, and the targets.
 TARGET_COLLECTORS, TARGET_LEARNERS = 64, 4
 TARGET_P99_MS = 50.0
-TARGET_TRANSITIONS_PER_S = 50_000
+TARGET_TRANSITIONS_PER_S = 75_000
 TARGET_SAMPLES_PER_S = 1_000
 #: Back-pressure answers the API documents; anything else that is not 2xx is an error.
 BACK_PRESSURE = {
@@ -307,6 +310,8 @@ class SimWorker:
         self.slave_token = secrets.token_urlsafe(32)
         self.worker_id = ""
         self.credential = ""
+        #: What its data requests carry: its credential, or its task's at a buffer process.
+        self.data_auth = ""
         self.heartbeat_interval_s = 1.0
         self.task: dict[str, Any] | None = None
         self.assigned = asyncio.get_running_loop().create_future()
@@ -330,13 +335,21 @@ class SimWorker:
         registered = json.loads(answer)
         self.worker_id = registered["worker_id"]
         self.credential = registered["credential"]
+        self.data_auth = self.credential
         self.heartbeat_interval_s = float(registered["heartbeat_interval_s"])
 
     def assign(self, task: dict[str, Any]) -> int:
-        """The coordinator's `POST /v1/tasks`: 202, or 409 while another task runs."""
+        """The coordinator's `POST /v1/tasks`: 202, or 409 while another task runs. A
+        task whose job's buffer runs in a process of its own names it (`spec.data`):
+        the task's data goes there, with the task's credential."""
         if self.task is not None and self.task["task_id"] != task["task_id"]:
             return 409
         self.task = task
+        access = task["spec"].get("data")
+        if access is not None:
+            url = urllib.parse.urlsplit(access["url"])
+            self.data = HttpConnection(url.hostname or "127.0.0.1", url.port or 80)
+            self.data_auth = access["credential"]
         if not self.assigned.done():
             self.assigned.set_result(task)
         return 202
@@ -434,7 +447,7 @@ class SimCollector(SimWorker):
             sent = time.monotonic()
             try:
                 status, headers, answer = await self.data.request(
-                    "POST", path, json.dumps(body).encode(), self.credential, INSERT_WAIT_S
+                    "POST", path, json.dumps(body).encode(), self.data_auth, INSERT_WAIT_S
                 )
             except (OSError, TimeoutError, HttpError) as exc:
                 tally.failed("insert", sent, exc)
@@ -482,7 +495,7 @@ class SimLearner(SimWorker):
                     "POST",
                     f"{job}/samples",
                     json.dumps(request).encode(),
-                    self.credential,
+                    self.data_auth,
                     REQUEST_TIMEOUT_S + SAMPLE_TIMEOUT_S,
                 )
             except (OSError, TimeoutError, HttpError) as exc:
@@ -518,7 +531,7 @@ class SimLearner(SimWorker):
                     "POST",
                     f"{job}/priorities",
                     json.dumps(update).encode(),
-                    self.credential,
+                    self.data_auth,
                     REQUEST_TIMEOUT_S,
                 )
             except (OSError, TimeoutError, HttpError) as exc:
@@ -813,14 +826,18 @@ def run_row(
             for g in generators:
                 g.send({"go_s": go_s})
             time.sleep(max(0.0, go_s + args.warmup_s - time.monotonic()))
-            cpu0, busy0, t0 = cpu_s(pid), machine_busy_s(), time.monotonic()
+            # The processes that serve the data: the coordinator, and its buffer
+            # processes (a coordinator hosting the buffers itself has none).
+            serving = [pid, *child_processes(pid, "services.buffer")]
+            cpu0, busy0, t0 = sum(map(cpu_s, serving)), machine_busy_s(), time.monotonic()
             if profile_to is not None:
                 duration_s = max(1, min(15, int(args.seconds) - 1))
                 spy = subprocess.Popen(
                     [
                         *py_spy(),
                         *f"record --pid {pid} --duration {duration_s} --rate 100".split(),
-                        *["--gil", "--nonblocking", "--format", "raw", "--output"],
+                        *["--subprocesses", "--gil", "--nonblocking"],
+                        *["--format", "raw", "--output"],
                         str(profile_to),
                     ],
                     stdout=subprocess.DEVNULL,
@@ -828,8 +845,9 @@ def run_row(
                     text=True,
                 )
             time.sleep(max(0.0, go_s + run_s - time.monotonic()))
-            cpu1, busy1, t1 = cpu_s(pid), machine_busy_s(), time.monotonic()
-            rss_mb, peak_mb = proc_memory_mb(pid)
+            cpu1, busy1, t1 = sum(map(cpu_s, serving)), machine_busy_s(), time.monotonic()
+            memory = [proc_memory_mb(p) for p in serving]
+            rss_mb, peak_mb = sum(m[0] for m in memory), sum(m[1] for m in memory)
             deadline = time.monotonic() + REQUEST_TIMEOUT_S + SAMPLE_TIMEOUT_S + 30
             results = [g.expect("result", deadline)["result"] for g in generators]
             if spy is not None:
@@ -850,7 +868,7 @@ def run_row(
             cluster.stop()
     window_s = t1 - t0
     merged = merge(results)
-    coordinator_cpu_s = cpu1 - cpu0
+    data_plane_cpu_s = cpu1 - cpu0
     return {
         "collectors": collectors,
         "learners": args.learners,
@@ -865,16 +883,17 @@ def run_row(
         "segments_per_s": sum(merged["segments_per_insert"]) / args.seconds,
         "transitions_per_s": merged["rows_indexed"] / args.seconds,
         "samples_per_s": len(merged["sample_ms"]) / args.seconds,
-        "coordinator_cpu_share": coordinator_cpu_s / window_s,
-        "coordinator_cpu_ms_per_1k": (
-            coordinator_cpu_s * 1e3 / (merged["rows_indexed"] / 1000)
+        "buffer_processes": len(serving) - 1,
+        "data_plane_cpu_share": data_plane_cpu_s / window_s,
+        "data_plane_cpu_ms_per_1k": (
+            data_plane_cpu_s * 1e3 / (merged["rows_indexed"] / 1000)
             if merged["rows_indexed"]
             else None
         ),
-        "coordinator_rss_mb": rss_mb,
-        "coordinator_peak_rss_mb": peak_mb,
+        "data_plane_rss_mb": rss_mb,
+        "data_plane_peak_rss_mb": peak_mb,
         "generator_cpu_share": merged["cpu_s"] / args.seconds,
-        "others_cpu_cores": max(0.0, (busy1 - busy0) - coordinator_cpu_s - merged["cpu_s"])
+        "others_cpu_cores": max(0.0, (busy1 - busy0) - data_plane_cpu_s - merged["cpu_s"])
         / window_s,
     }
 
@@ -982,6 +1001,7 @@ def targets_met(row: dict[str, Any]) -> list[tuple[str, bool]]:
     insert, sample = row["insert_latency_ms"], row["sample_latency_ms"]
     return [
         ("0 errors", not row["errors"]),
+        ("0 busy answers", not any("busy" in kind for kind in row["back_pressure"])),
         (f"insert p99 < {TARGET_P99_MS:.0f} ms", bool(insert) and insert["p99"] < TARGET_P99_MS),
         (f"sample p99 < {TARGET_P99_MS:.0f} ms", bool(sample) and sample["p99"] < TARGET_P99_MS),
         (
@@ -1015,7 +1035,7 @@ def table_of(rows: list[dict[str, Any]], args: argparse.Namespace) -> Any:
         "sample ms p50/p99/max",
         "errors",
         "back-pressure",
-        "coordinator CPU",
+        "data plane CPU",
         "CPU / 1k transitions",
         "RSS (peak)",
         "generator CPU",
@@ -1030,7 +1050,7 @@ def table_of(rows: list[dict[str, Any]], args: argparse.Namespace) -> Any:
         elif target:
             label += " (target)"
         offered = row["collectors"] * row["insert_rate"]
-        per_1k = row["coordinator_cpu_ms_per_1k"]
+        per_1k = row["data_plane_cpu_ms_per_1k"]
         table.add_row(
             label,
             f"{row['learners']}",
@@ -1042,9 +1062,9 @@ def table_of(rows: list[dict[str, Any]], args: argparse.Namespace) -> Any:
             latency_cell(row["sample_latency_ms"]),
             counts_cell(row["errors"]),
             counts_cell(row["back_pressure"]),
-            f"{row['coordinator_cpu_share']:.0%}",
+            f"{row['data_plane_cpu_share']:.0%}",
             f"{per_1k:,.1f} ms" if per_1k is not None else "-",
-            f"{row['coordinator_rss_mb']:,.0f} ({row['coordinator_peak_rss_mb']:,.0f}) MB",
+            f"{row['data_plane_rss_mb']:,.0f} ({row['data_plane_peak_rss_mb']:,.0f}) MB",
             f"{row['generator_cpu_share']:.0%}",
             f"{row['others_cpu_cores']:.2f} cores",
         )
@@ -1133,8 +1153,9 @@ def main(argv: list[str] | None = None) -> int:
         row = rows[-1]
         console.print(
             f"{n} collectors: {row['transitions_per_s']:,.0f} transitions/s, "
-            f"{row['samples_per_s']:,.0f} samples/s, coordinator at "
-            f"{row['coordinator_cpu_share']:.0%} of a core"
+            f"{row['samples_per_s']:,.0f} samples/s, data plane at "
+            f"{row['data_plane_cpu_share']:.0%} of a core ({row['buffer_processes']} "
+            "buffer processes)"
         )
     profile = None
     if args.profile_at is not None:
@@ -1148,8 +1169,9 @@ def main(argv: list[str] | None = None) -> int:
     console.print(
         "Latencies: answered requests sent in the window (2xx; a long-poll counts its wait). "
         "Errors: 5xx, connection failures and timeouts, unexpected 4xx. Back-pressure: 429 on "
-        "inserts, 503 sample_timeout / too_many_waiting on samples. Coordinator CPU: utime + "
-        "stime over the window, as a share of one core. Generator CPU: the fleet's own "
+        "inserts, 503 sample_timeout / too_many_waiting on samples. Data plane CPU: utime + "
+        "stime over the window of the coordinator and its buffer processes, summed, as a share "
+        "of one core. Generator CPU: the fleet's own "
         "processes, likewise. Others' CPU: the rest of the machine's busy time meanwhile, in "
         f"cores. Segments ({SEGMENT_ROWS} rows, the job's schema) written before the window "
         "and moved into place at each insert, so disk writes do not count. Segments/s: those "
@@ -1180,8 +1202,9 @@ def main(argv: list[str] | None = None) -> int:
         )
     if profile is not None:
         console.print(
-            f"Profile of the coordinator at {args.profile_at} collectors (py-spy --gil: "
-            f"{profile.samples:,} samples of whichever thread held the GIL, 100 a second):"
+            f"Profile of the coordinator and its buffer processes at {args.profile_at} "
+            f"collectors (py-spy --gil --subprocesses: {profile.samples:,} samples of whichever "
+            "thread held each process's GIL, 100 a second each):"
         )
         for title, entries in (
             ("own time, by where the code lives", profile.places),

@@ -34,8 +34,13 @@ insert or sample and reports it complete, as a real one does.
 again on the same root; before each kill the segments acknowledged so far are
 counted, and after the restart each main job's env steps must reach them (what was
 acknowledged is durable: the index's snapshot, then the files found on disk).
+`--buffer-kills` times, evenly spread between those, one main job's buffer process
+(each job's replay is served by one, beside the coordinator) is killed with SIGKILL;
+the coordinator starts it again, and that job's env steps must reach what was
+acknowledged the same way.
 
-The coordinator's resident set (VmRSS) is read every 5 s. Printed: a line a minute,
+The resident set (VmRSS) of the coordinator and the main jobs' buffer processes
+together is read every 5 s (a kill of either starts a new life). Printed: a line a minute,
 then the checks: RSS after warm-up (`--warmup-s` into each of the coordinator's
 lives, and past the buffers' filling) within `--rss-growth-mb` in each life, no error
 (a 5xx, an unexpected 4xx; the documented back-pressure answers and a coordinator
@@ -79,9 +84,12 @@ from common.messages import TaskAssignment, TaskProgress, dump, parse  # noqa: E
 from common.storage import SharedStore  # noqa: E402
 from drover.local import LocalCluster  # noqa: E402
 from services.coordinator.client import CoordinatorClient  # noqa: E402
+from tests.helpers import child_processes  # noqa: E402
 
 #: A rate-limited insert's and a sample long-poll's own waits (what real workers send).
 INSERT_TIMEOUT_S, SAMPLE_TIMEOUT_S = 2.0, 5.0
+#: The name of the small jobs that come and go.
+CHURNED = "churned"
 #: The coordinator is given this long to come back after a kill.
 RESTART_TIMEOUT_S = 60.0
 #: After a restart, the acknowledged env steps must be back within this long (the
@@ -293,12 +301,21 @@ class SimWorker:
     def run(self, task: TaskAssignment) -> None:
         raise NotImplementedError
 
+    def data_for(self, task: TaskAssignment) -> CoordinatorClient:
+        """Where the task's data goes: its job's buffer process (its spec's `data`,
+        with the task's credential), or the coordinator."""
+        access = getattr(task.spec, "data", None)
+        if access is None:
+            return self.client
+        return CoordinatorClient(access.url, access.credential, timeout_s=10.0)
+
 
 class SimCollector(SimWorker):
     role = "collector"
 
     def run(self, task: TaskAssignment) -> None:
         store, job_id = self.soak.store, task.job_id
+        data = self.data_for(task)
         columns = task_columns(store, job_id, task.task_id)
         folder = f"{self.worker_id}.{task.task_id}"
         period_s = 1.0 / self.soak.args.insert_rate
@@ -315,7 +332,7 @@ class SimCollector(SimWorker):
             reply = self.call(
                 task,
                 "insert",
-                self.client.insert_segments,
+                data.insert_segments,
                 job_id,
                 [ref],
                 timeout_s=INSERT_TIMEOUT_S,
@@ -332,12 +349,13 @@ class SimLearner(SimWorker):
     role = "learner"
 
     def run(self, task: TaskAssignment) -> None:
+        data = self.data_for(task)
         holds: list[str] = []
         while True:
             reply = self.call(
                 task,
                 "sample",
-                self.client.sample,
+                data.sample,
                 task.job_id,
                 batch_size=BATCH_SIZE,
                 num_batches=NUM_BATCHES,
@@ -353,7 +371,7 @@ class SimLearner(SimWorker):
                 self.call(
                     task,
                     "priorities",
-                    self.client.update_priorities,
+                    data.update_priorities,
                     task.job_id,
                     keys,
                     priorities,
@@ -460,6 +478,7 @@ class Soak:
         self.life = 0
         self.life_started_s: list[float] = []
         self.recoveries: list[dict[str, Any]] = []
+        self.buffer_kills = 0
         self.jobs_churned = 0
         self.main_jobs: list[str] = []
         #: Each main job's acknowledged env steps at each minute's line, and at the end.
@@ -474,15 +493,37 @@ class Soak:
             return True
         return self.tally.acknowledged[job_id] >= self.args.buffer_items
 
-    def coordinator_rss_mb(self) -> float | None:
+    def main_buffer_pids(self) -> dict[str, int]:
+        """The buffer process of each main job, by job id."""
         process = self.cluster.coordinator.process
-        try:
-            for line in Path(f"/proc/{process.pid}/status").read_text().splitlines():
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024
-        except (OSError, AttributeError):
+        if process is None:
+            return {}
+        found = {}
+        for pid in child_processes(process.pid, "services.buffer"):
+            try:
+                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            for entry in environ:
+                name, _, value = entry.decode(errors="replace").partition("=")
+                if name == "DROVER_BUFFER_JOB" and value in self.main_jobs:
+                    found[value] = pid
+        return found
+
+    def data_plane_rss_mb(self) -> float | None:
+        """VmRSS of the coordinator and the main jobs' buffer processes, summed."""
+        process = self.cluster.coordinator.process
+        if process is None:
             return None
-        return None
+        total_kb = 0
+        for pid in (process.pid, *self.main_buffer_pids().values()):
+            try:
+                for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                    if line.startswith("VmRSS:"):
+                        total_kb += int(line.split()[1])
+            except OSError:
+                return None
+        return total_kb / 1024
 
     def run(self) -> dict[str, Any]:
         args = self.args
@@ -519,17 +560,23 @@ class Soak:
             thread.start()
         duration_s = args.minutes * 60
         kills_at = [duration_s * (i + 1) / (args.kills + 1) for i in range(args.kills)]
+        # Halfway between the coordinator's kills (or spread evenly, when more).
+        spacing_s = duration_s / max(args.kills + 1, args.buffer_kills)
+        buffer_kills_at = [spacing_s * (i + 0.5) for i in range(args.buffer_kills)]
         next_rss_s, next_line_s = 0.0, 60.0
         try:
             while (now := time.monotonic() - started) < duration_s:
                 if kills_at and now >= kills_at[0]:
                     kills_at.pop(0)
                     self._kill_and_restart(main_jobs, started)
+                if buffer_kills_at and now >= buffer_kills_at[0]:
+                    buffer_kills_at.pop(0)
+                    self._kill_a_buffer(main_jobs, started)
                 if self.filled_s is None and all(self.filled(j) for j in main_jobs):
                     self.filled_s = now
                     say(f"{now:6.0f} s  every main job's buffer filled")
                 if now >= next_rss_s:
-                    rss = self.coordinator_rss_mb()
+                    rss = self.data_plane_rss_mb()
                     if rss is not None:
                         self.rss.append((now, self.life, rss))
                     next_rss_s += RSS_PERIOD_S
@@ -551,19 +598,22 @@ class Soak:
         return self._result(main_jobs, final)
 
     def _churn(self) -> None:
-        """A small job submitted every `--churn-s`, the one before it stopped."""
-        client, previous = self.cluster.client, None
+        """A small job submitted every `--churn-s`, the ones before it stopped (all of
+        them: a submission whose answer a coordinator kill cut off still made a job)."""
+        client = self.cluster.client
         while not self.stop.wait(self.args.churn_s):
             try:
-                job_id = client.submit_job(job_config(self.args, collectors=1, buffer_items=10_000))
-                if previous is not None:
-                    client.stop_job(previous)
+                job_id = client.submit_job(
+                    job_config(self.args, collectors=1, buffer_items=10_000), name=CHURNED
+                ).job_id
+                for job in client.list_jobs(phase="running"):
+                    if job.name == CHURNED and job.job_id != job_id:
+                        client.stop_job(job.job_id)
             except (ServiceUnavailable, ApiError) as exc:
-                if isinstance(exc, ApiError) and exc.status not in (502, 503, 504):
+                if isinstance(exc, ApiError) and exc.status not in (409, 502, 503, 504):
                     self.tally.count("errors", f"churn: {exc.status} {exc.code}")
                 self.tally.add("outage")
                 continue
-            previous = job_id.job_id
             self.jobs_churned += 1
 
     def _kill_and_restart(self, main_jobs: list[str], started: float) -> None:
@@ -578,6 +628,23 @@ class Soak:
         self.recoveries.append(self._recovered(main_jobs, acknowledged))
         say(
             f"{self.life_started_s[-1]:6.0f} s  coordinator killed and restarted: "
+            f"{self.recoveries[-1]}"
+        )
+
+    def _kill_a_buffer(self, main_jobs: list[str], started: float) -> None:
+        acknowledged = dict(self.tally.acknowledged)
+        pids = self.main_buffer_pids()
+        job_id = main_jobs[self.buffer_kills % len(main_jobs)]
+        self.buffer_kills += 1
+        if job_id not in pids:
+            say(f"job {job_id} has no buffer process to kill (restarting?)")
+            return
+        os.kill(pids[job_id], signal.SIGKILL)
+        self.life += 1
+        self.life_started_s.append(time.monotonic() - started)
+        self.recoveries.append(self._recovered([job_id], acknowledged))
+        say(
+            f"{self.life_started_s[-1]:6.0f} s  the buffer process of {job_id} killed: "
             f"{self.recoveries[-1]}"
         )
 
@@ -686,6 +753,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--collectors", type=int, default=8)
     parser.add_argument("--learners", type=int, default=2, help="one main job each")
     parser.add_argument("--kills", type=int, default=2)
+    parser.add_argument(
+        "--buffer-kills", type=int, default=2, help="main jobs' buffer processes killed"
+    )
     parser.add_argument("--buffer-items", type=int, default=1_000_000)
     parser.add_argument("--insert-rate", type=float, default=5.0, help="segments/s a collector")
     parser.add_argument("--churn-s", type=float, default=3.0)
@@ -701,8 +771,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.minutes <= 0 or args.insert_rate <= 0 or args.churn_s <= 0:
         parser.error("--minutes, --insert-rate and --churn-s must be positive")
-    if args.collectors < 1 or args.learners < 1 or args.kills < 0:
-        parser.error("--collectors and --learners: at least 1; --kills: at least 0")
+    if args.collectors < 1 or args.learners < 1 or min(args.kills, args.buffer_kills) < 0:
+        parser.error("--collectors and --learners: at least 1; --kills, --buffer-kills: at least 0")
     return args
 
 

@@ -3,8 +3,10 @@ that `tests/integration/test_chaos.py` runs for one seed and `bench/chaos.py` fo
 
 One round: start a coordinator, 3 collectors and a learner; submit a DQN job and kill
 the coordinator at once; then, until the job ends, inject a fault every 0.5-1.5 s into
-each role in turn (kill -9, SIGTERM, SIGSTOP past the lease, or the coordinator and
-the learner killed together), restarting whatever died; kill the coordinator again right
+each role in turn, the job's buffer process among them (kill -9, SIGTERM, SIGSTOP past
+the lease, or the coordinator and the learner killed together; the buffer process is
+killed with SIGKILL or SIGTERM and its coordinator restarts it), restarting whatever
+died; kill the coordinator again right
 after the job ends. Throughout, the acknowledged counters read from the REST API must
 never go down; at the end the job must have succeeded exactly once, its summary must
 be unchanged by the last restart, and no service may have answered a 500.
@@ -12,6 +14,7 @@ be unchanged by the last restart, and no service may have answered a 500.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import re
@@ -26,6 +29,7 @@ from common.errors import ApiError
 from common.http_client import ServiceUnavailable
 from drover.local import LocalCluster, Service
 from jobconfig import load_config_file
+from tests.helpers import child_processes
 
 ROOT = Path(__file__).resolve().parents[1]
 # A goal above the example's 195, so the job outlasts a round of faults in every role.
@@ -96,7 +100,31 @@ def _restart_dead(cluster: LocalCluster) -> None:
         cluster.wait_ready(30)
 
 
-def _fault(cluster: LocalCluster, victim: Service, rng: random.Random, result: ChaosResult) -> None:
+#: Stands for the job's buffer process among the roles hit in turn.
+BUFFER = "buffer"
+
+
+def _buffer_fault(cluster: LocalCluster, rng: random.Random, result: ChaosResult) -> None:
+    """The job's buffer process killed (its coordinator starts it again)."""
+    coordinator = cluster.coordinator.process
+    pids = child_processes(coordinator.pid, "services.buffer") if coordinator else []
+    if not pids:
+        result.faults.append("no buffer process to kill (restarting)")
+        return
+    signum = rng.choice([signal.SIGKILL, signal.SIGKILL, signal.SIGTERM])
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signum)
+    result.faults.append(f"{'kill -9' if signum == signal.SIGKILL else 'SIGTERM'} buffer")
+
+
+def _fault(
+    cluster: LocalCluster, victim: Service | str, rng: random.Random, result: ChaosResult
+) -> None:
+    if victim == BUFFER:
+        _buffer_fault(cluster, rng, result)
+        return
+    assert isinstance(victim, Service)
     kind = rng.choice(["kill", "kill", "term", "stop", "coordinator+learner"])
     if kind == "coordinator+learner":
         for service in (cluster.coordinator, *cluster.learners):
@@ -134,7 +162,12 @@ def chaos_round(run_dir: Path, seed: int, *, max_faults: int = 8, deadline_s: fl
         _restart_dead(cluster)
         watch = _Watch(cluster, job_id, result)
         # Every role in turn, in a seeded order, so a short job still sees each one hit.
-        roles = [cluster.coordinator, *cluster.collectors, *cluster.learners]
+        roles: list[Service | str] = [
+            cluster.coordinator,
+            *cluster.collectors,
+            *cluster.learners,
+            BUFFER,
+        ]
         rng.shuffle(roles)
         next_fault_s = time.monotonic() + rng.uniform(0.5, 1.5)
         while watch.phase == "running":
