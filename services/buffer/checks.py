@@ -107,9 +107,11 @@ class InsertSlots:
 
 
 def _younger(store: SharedStore, path: str, age_s: float) -> bool:
+    """Whether the file at `path` is younger than `age_s` (False: it cannot be told,
+    as for a link out of the root: left to the deletion, which refuses such links)."""
     try:
         return store.age_s(path) < age_s
-    except OSError:
+    except (OSError, ValueError):
         return False
 
 

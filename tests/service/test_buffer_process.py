@@ -5,6 +5,8 @@ process."""
 
 from __future__ import annotations
 
+import os
+import time
 from types import SimpleNamespace
 
 import pytest
@@ -189,6 +191,26 @@ def test_a_new_process_restores_the_snapshot_and_indexes_files_written_since(tmp
     assert again.restore() == 1
     assert again.buffer.size == 30 and again.report().env_steps == 30
     again.stop()
+
+
+def test_a_restore_indexes_every_readable_file_and_leaves_a_young_unreadable_one(tmp_path):
+    """A new job's process restores too: a file its writer has not inserted yet must not
+    be deleted for a header it cannot read, while an old unusable one goes."""
+    store = SharedStore(tmp_path)
+    young = store.segment_path(JOB, "w", 0)
+    old = store.segment_path(JOB, "w", 1)
+    for path in (young, old):
+        store.write_bytes(path, b"\x20\x00\x00\x00\x00\x00\x00\x00not safetensors")
+    hour_ago = time.time() - 3600
+    os.utime(store.resolve(old), (hour_ago, hour_ago))
+    core = SimpleNamespace(store=store)
+    readable = write_segment(core, JOB, 2, worker="collector-1.collect-1", header=True)
+    host = open_host(tmp_path)
+    try:
+        assert host.restore() == 1 and host.buffer.size == readable["rows"]
+        assert store.exists(young) and not store.exists(old)
+    finally:
+        host.stop()
 
 
 def test_the_end_closes_the_buffer_and_releases_its_files(shard):
