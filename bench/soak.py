@@ -84,7 +84,7 @@ from common.messages import TaskAssignment, TaskProgress, dump, parse  # noqa: E
 from common.storage import SharedStore  # noqa: E402
 from drover.local import LocalCluster  # noqa: E402
 from services.coordinator.client import CoordinatorClient  # noqa: E402
-from tests.helpers import child_processes  # noqa: E402
+from tests.helpers import buffer_processes  # noqa: E402
 
 #: A rate-limited insert's and a sample long-poll's own waits (what real workers send).
 INSERT_TIMEOUT_S, SAMPLE_TIMEOUT_S = 2.0, 5.0
@@ -498,17 +498,8 @@ class Soak:
         process = self.cluster.coordinator.process
         if process is None:
             return {}
-        found = {}
-        for pid in child_processes(process.pid, "services.buffer"):
-            try:
-                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            for entry in environ:
-                name, _, value = entry.decode(errors="replace").partition("=")
-                if name == "DROVER_BUFFER_JOB" and value in self.main_jobs:
-                    found[value] = pid
-        return found
+        serving = buffer_processes(process.pid)
+        return {job_id: pid for job_id, pid in serving.items() if job_id in self.main_jobs}
 
     def data_plane_rss_mb(self) -> float | None:
         """VmRSS of the coordinator and the main jobs' buffer processes, summed."""

@@ -29,7 +29,7 @@ from common.errors import ApiError
 from common.http_client import ServiceUnavailable
 from drover.local import LocalCluster, Service
 from jobconfig import load_config_file
-from tests.helpers import child_processes
+from tests.helpers import buffer_processes
 
 ROOT = Path(__file__).resolve().parents[1]
 # A goal above the example's 195, so the job outlasts a round of faults in every role.
@@ -107,7 +107,7 @@ BUFFER = "buffer"
 def _buffer_fault(cluster: LocalCluster, rng: random.Random, result: ChaosResult) -> None:
     """The job's buffer process killed (its coordinator starts it again)."""
     coordinator = cluster.coordinator.process
-    pids = child_processes(coordinator.pid, "services.buffer") if coordinator else []
+    pids = list(buffer_processes(coordinator.pid).values()) if coordinator else []
     if not pids:
         result.faults.append("no buffer process to kill (restarting)")
         return

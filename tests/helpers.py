@@ -112,6 +112,20 @@ def child_processes(pid: int, needle: str) -> list[int]:
     return with_command([c for c, state in child_states(pid).items() if state not in "ZX"], needle)
 
 
+def buffer_processes(coordinator_pid: int) -> dict[str, int]:
+    """The coordinator's buffer processes serving a job, by job id (a buffer process
+    works in its job's folder; a spare one, waiting for a job, is left out)."""
+    found = {}
+    for pid in child_processes(coordinator_pid, "services.buffer"):
+        try:
+            cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+        except OSError:
+            continue
+        if cwd.name.startswith("job-"):
+            found[cwd.name] = pid
+    return found
+
+
 def with_command(pids: Iterable[int], needle: str) -> list[int]:
     """Those of `pids` whose command line holds `needle` (Linux's /proc)."""
     found = []

@@ -1,9 +1,12 @@
 """`python -m services.buffer`: serve one job's replay until SIGTERM (the coordinator
-starts it: services/coordinator/buffers.py)."""
+starts it: services/coordinator/buffers.py). With `DROVER_BUFFER_SPARE=1` it starts
+without a job and reads the variables naming one from its standard input first, so the
+coordinator keeps one ready and a new job's buffer answers at once."""
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 
@@ -15,20 +18,32 @@ from common.storage import SharedStore
 from services.buffer.app import create_app
 from services.buffer.credentials import TaskGrants, credential_key
 from services.buffer.host import ShardHost
-from services.buffer.settings import BufferSettings
+from services.buffer.settings import SPARE_VARIABLE, BufferSettings, job_env
 
 log = logging.getLogger(__name__)
 
 
 def main() -> int:
     setup_logging("buffer")
+    env: dict[str, str] = dict(os.environ)
     try:
-        settings = BufferSettings.from_env()
+        if env.get(SPARE_VARIABLE) == "1":
+            # A spare: its imports are done; it waits for its job (or for the coordinator
+            # to close its input: no job came).
+            line = sys.stdin.readline()
+            if not line:
+                return 0
+            env = job_env(env, line)
+        settings = BufferSettings.from_env(env)
     except SettingsError as exc:
         print(f"drover buffer: {exc}", file=sys.stderr)
         return 2
+    # It works in its job's folder: /proc/<pid>/cwd says which job a process serves
+    # (a spare's command line and environment cannot).
+    root = settings.shared_dir.resolve()
+    os.chdir(root / settings.job_id)
     host = ShardHost.open(
-        SharedStore(settings.shared_dir),
+        SharedStore(root),
         settings.job_id,
         settings.config,
         error_buffer=settings.error_buffer,

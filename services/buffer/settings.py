@@ -19,6 +19,30 @@ from services.buffer.host import ShardLimits
 
 #: The variable that holds the job's buffer: its settings, error buffer and seed.
 SPEC_VARIABLE = "DROVER_BUFFER_SPEC"
+#: Set to 1 for a spare process: started before its job, it reads the variables that
+#: name the job (`JOB_VARIABLES`) as one JSON line on its standard input.
+SPARE_VARIABLE = "DROVER_BUFFER_SPARE"
+JOB_VARIABLES = frozenset({"DROVER_BUFFER_JOB", SPEC_VARIABLE, "DROVER_PORT"})
+
+
+def job_env(env: Mapping[str, str], line: str) -> dict[str, str]:
+    """A spare process's environment once its job came: `env` and the JSON object
+    `line` of `JOB_VARIABLES` (strings).
+
+    Raises:
+        SettingsError: not such an object.
+    """
+    try:
+        given = json.loads(line)
+    except ValueError as exc:
+        raise SettingsError(f"a spare buffer process's job is not JSON: {exc}") from None
+    if (
+        not isinstance(given, dict)
+        or set(given) != JOB_VARIABLES
+        or not all(isinstance(v, str) for v in given.values())
+    ):
+        raise SettingsError(f"a spare buffer process's job names {sorted(JOB_VARIABLES)}")
+    return {**env, **given}
 
 
 @dataclass(frozen=True, kw_only=True)

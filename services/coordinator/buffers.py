@@ -28,6 +28,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import ctypes
+import json
 import logging
 import os
 import queue
@@ -48,7 +49,7 @@ from common.http_client import ServiceUnavailable
 from common.messages import BufferStats, DataAccess, ShardReport
 from services.buffer.client import BufferControl
 from services.buffer.credentials import TaskGrant, credential_key, sign
-from services.buffer.settings import SPEC_VARIABLE, spec_json
+from services.buffer.settings import SPARE_VARIABLE, SPEC_VARIABLE, spec_json
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,9 @@ START_TIMEOUT_S = 60.0
 #: How long a job's end waits for its buffer process to answer (the request that
 #: stopped it waits too): past it, the end is recorded from the last report.
 END_PATIENCE_S = 5.0
+#: A spare process taken by a new job is replaced this long after (a burst of new
+#: jobs does not start processes while they start themselves).
+SPARE_DELAY_S = 10.0
 #: Tasks ended remembered per job, to tell a restarted process again.
 ENDED_KEPT = 10_000
 #: Linux's prctl option: the signal a child gets when its parent dies.
@@ -123,6 +127,9 @@ class BufferProcess:
         self.ended: collections.deque[str] = collections.deque(maxlen=ENDED_KEPT)
         self.learner_version = 0
         self.closed = False
+        #: It answered once: its job's data tasks may go out (until then they would
+        #: only retry against a process still starting).
+        self.ready = False
         #: One report read at a time (the watcher's, a restore's first).
         self._reading = threading.Lock()
         self._commands: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
@@ -142,6 +149,25 @@ class BufferProcess:
         )
         if not self._sender.is_alive():
             self._sender.start()
+
+    def adopt(self, spare: subprocess.Popen[bytes]) -> bool:
+        """Give a spare process (started without a job, its imports done) this job: the
+        variables naming it, on its input. False: the spare had died."""
+        job = {
+            "DROVER_BUFFER_JOB": self.job_id,
+            SPEC_VARIABLE: self._env[SPEC_VARIABLE],
+            "DROVER_PORT": str(self.port),
+        }
+        assert spare.stdin is not None
+        try:
+            spare.stdin.write(json.dumps(job).encode() + b"\n")
+            spare.stdin.close()
+        except OSError:
+            return False
+        self.process = spare
+        if not self._sender.is_alive():
+            self._sender.start()
+        return True
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -259,6 +285,7 @@ class BufferProcess:
 
     def _read_report(self) -> ReportRead:
         report = self.control.report(self.returns_seq)
+        self.ready = True
         last, self.report = self.report, report
         if report.returns_seq < self.returns_seq:
             self.returns_seq = 0  # a restarted process numbers its episodes anew
@@ -325,6 +352,9 @@ class BufferProcesses:
         self._poll_s = poll_s
         self._lock = threading.Lock()
         self._processes: dict[str, BufferProcess] = {}
+        #: A process started without a job, for the next one; not before `_spare_after`.
+        self._spare: subprocess.Popen[bytes] | None = None
+        self._spare_after = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="buffers", daemon=True)
         self._thread.start()
@@ -333,7 +363,25 @@ class BufferProcesses:
         self, job_id: str, config: ReplayBufferConfig, *, error_buffer: float, seed: int
     ) -> BufferProcess:
         """A process for the job's buffer, started (it restores what the job's
-        folder holds)."""
+        folder holds): the spare one when there is one."""
+        env = {
+            **self._base_env(),
+            "DROVER_BUFFER_JOB": job_id,
+            SPEC_VARIABLE: spec_json(config, error_buffer, seed),
+        }
+        with self._lock:
+            process = BufferProcess(job_id, self._free_port(), env, self.settings)
+            spare, self._spare = self._spare, None
+            self._spare_after = time.monotonic() + SPARE_DELAY_S
+            # Started before the watcher can see it: one not started would look dead.
+            if spare is None or spare.poll() is not None or not process.adopt(spare):
+                process.spawn()
+            self._processes[job_id] = process
+        log.info("job %s: its buffer runs in a process of its own at %s", job_id, process.url)
+        return process
+
+    def _base_env(self) -> dict[str, str]:
+        """What every buffer process is started with (a job's adds its own)."""
         env = {
             **os.environ,
             **self.settings.passed_env,
@@ -341,18 +389,25 @@ class BufferProcesses:
             "DROVER_SHARED_DIR": str(Path(self.settings.shared_dir).resolve()),
             "DROVER_TOKEN": self.settings.token,
             "DROVER_METRICS_TOKEN": self.settings.metrics_token,
-            "DROVER_BUFFER_JOB": job_id,
-            SPEC_VARIABLE: spec_json(config, error_buffer, seed),
             "PYTHONSAFEPATH": "1",
         }
         env.pop("DROVER_TOKEN_FILE", None)
+        return env
+
+    def _keep_spare(self) -> None:
+        """One spare process ready (and its imports done) for the next job."""
         with self._lock:
-            process = BufferProcess(job_id, self._free_port(), env, self.settings)
-            # Started before the watcher can see it: one not started would look dead.
-            process.spawn()
-            self._processes[job_id] = process
-        log.info("job %s: its buffer runs in a process of its own at %s", job_id, process.url)
-        return process
+            if self._spare is not None and self._spare.poll() is None:
+                return
+            if time.monotonic() < self._spare_after or self._stop.is_set():
+                return
+            self._spare = subprocess.Popen(  # noqa: S603 - our own module, our own env
+                [sys.executable, "-m", "services.buffer"],
+                env={**self._base_env(), SPARE_VARIABLE: "1"},
+                cwd=str(self.settings.shared_dir),
+                stdin=subprocess.PIPE,
+                preexec_fn=_die_with_parent,  # noqa: PLW1509 - one libc call, no locks
+            )
 
     def first_reports(self, timeout_s: float = START_TIMEOUT_S) -> None:
         """Wait until every process answered its first report (its buffer restored)
@@ -390,6 +445,13 @@ class BufferProcesses:
         with self._lock:
             processes = list(self._processes.values())
             self._processes.clear()
+            spare, self._spare = self._spare, None
+        if spare is not None and spare.stdin is not None:
+            spare.stdin.close()  # no job came: it exits
+            try:
+                spare.wait(5)
+            except subprocess.TimeoutExpired:
+                spare.kill()
         for process in processes:
             process.stop()
 
@@ -414,6 +476,7 @@ class BufferProcesses:
 
     def _watch(self) -> None:
         while not self._stop.wait(self._poll_s):
+            self._keep_spare()
             with self._lock:
                 processes = list(self._processes.values())
             for process in processes:

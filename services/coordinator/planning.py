@@ -129,6 +129,10 @@ class Planning:
             return plan
 
     def plan_job(self, job: Job) -> list[Dispatch]:
+        if job.remote is not None and not job.remote.ready:
+            # Its tasks go out once its buffer process answers (within a second or two).
+            job.waiting = "waiting for its buffer process to start"
+            return []
         workflow = workflow_of(job.config)
         # A device nobody has says more than a share not given (sharing.py's reason).
         device = waiting_reason(job.config, workflow.roles, self.state.workers.values())

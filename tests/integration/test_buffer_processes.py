@@ -16,7 +16,7 @@ import yaml
 
 from common.config import deep_merge
 from drover.local import LocalCluster
-from tests.helpers import EXAMPLES, child_processes, running, wait_for_end, wait_until
+from tests.helpers import EXAMPLES, buffer_processes, running, wait_for_end, wait_until
 
 pytestmark = [pytest.mark.processes, pytest.mark.chaos]
 
@@ -33,7 +33,8 @@ DQN = deep_merge(
 
 
 def buffer_pids(cluster) -> list[int]:
-    return child_processes(cluster.coordinator.process.pid, "services.buffer")
+    """The processes serving a job's buffer (not the spare one waiting for a job)."""
+    return list(buffer_processes(cluster.coordinator.process.pid).values())
 
 
 def assert_nothing_lost(cluster, job_id):
