@@ -20,7 +20,7 @@ import threading
 from collections.abc import Callable
 
 from common.errors import ApiError, bad_request
-from common.messages import MessageError, SegmentRef, parse
+from common.messages import MAX_SAMPLE_ITEMS, MessageError, SampleRequest, SegmentRef, parse
 from common.storage import CorruptFileError, PathError, SharedStore
 from services.buffer.core import BufferClosed, ReplayBuffer
 
@@ -43,6 +43,26 @@ def check_own_folder(
     for i, ref in enumerate(refs):
         if not ref.path.startswith(own):
             raise ApiError(403, "forbidden", f"segments.{i}.path: not in {worker_id}'s own folder")
+
+
+def check_sample_request(request: SampleRequest) -> None:
+    """What a sample request's fields cannot say alone: at most MAX_SAMPLE_ITEMS items
+    in all, and a priority for each key.
+
+    Raises:
+        ApiError: 400 naming `num_batches` or `priorities`.
+    """
+    items = request.batch_size * request.num_batches
+    if items > MAX_SAMPLE_ITEMS:
+        raise bad_request(
+            "num_batches",
+            f"batch_size x num_batches = {items} exceeds {MAX_SAMPLE_ITEMS} items",
+        )
+    if len(request.priority_keys) != len(request.priorities):
+        raise bad_request(
+            "priorities",
+            f"{len(request.priority_keys)} priority_keys but {len(request.priorities)} priorities",
+        )
 
 
 def check_segment_file(store: SharedStore, job_id: str, ref: SegmentRef, field: str) -> None:

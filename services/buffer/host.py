@@ -43,7 +43,6 @@ from common.config import ReplayBufferConfig
 from common.errors import ApiError, bad_request, conflict
 from common.http import Caller
 from common.messages import (
-    MAX_SAMPLE_ITEMS,
     BufferStats,
     InsertReply,
     PriorityUpdate,
@@ -58,6 +57,7 @@ from services.buffer import chain
 from services.buffer.checks import (
     InsertSlots,
     check_own_folder,
+    check_sample_request,
     check_segment_file,
     sweep_orphans,
 )
@@ -247,18 +247,7 @@ class ShardHost:
     def sample(
         self, job_id: str, request: SampleRequest, *, caller: str | None = None
     ) -> SampleReply:
-        items = request.batch_size * request.num_batches
-        if items > MAX_SAMPLE_ITEMS:
-            raise bad_request(
-                "num_batches",
-                f"batch_size x num_batches = {items} exceeds {MAX_SAMPLE_ITEMS} items",
-            )
-        if len(request.priority_keys) != len(request.priorities):
-            raise bad_request(
-                "priorities",
-                f"{len(request.priority_keys)} priority_keys but "
-                f"{len(request.priorities)} priorities",
-            )
+        check_sample_request(request)
         self._check_open()
         self._check_sender(job_id, request.task_id, "learn", caller)
         with self._lock:

@@ -14,7 +14,6 @@ import time
 
 from common.errors import ApiError, bad_request, conflict
 from common.messages import (
-    MAX_SAMPLE_ITEMS,
     InsertReply,
     PriorityUpdate,
     SampleReply,
@@ -26,6 +25,7 @@ from services.buffer.checks import (
     InsertSlot,
     InsertSlots,
     check_own_folder,
+    check_sample_request,
     check_segment_file,
     sweep_orphans,
 )
@@ -143,18 +143,7 @@ class DataPlane:
     def sample(
         self, job_id: str, request: SampleRequest, *, caller: str | None = None
     ) -> SampleReply:
-        items = request.batch_size * request.num_batches
-        if items > MAX_SAMPLE_ITEMS:
-            raise bad_request(
-                "num_batches",
-                f"batch_size x num_batches = {items} exceeds {MAX_SAMPLE_ITEMS} items",
-            )
-        if len(request.priority_keys) != len(request.priorities):
-            raise bad_request(
-                "priorities",
-                f"{len(request.priority_keys)} priority_keys but "
-                f"{len(request.priorities)} priorities",
-            )
+        check_sample_request(request)
         guard = self.state.guard
         with guard.changing():
             job = self.jobs.running(job_id)
