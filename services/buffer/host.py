@@ -153,6 +153,7 @@ class ShardHost:
         #: task its credential was signed for.
         self._seen: dict[str, TaskGrant] = {}
         self._closed = False
+        self._released = False
         self.chains = chain.SnapshotChains(store, wall)
 
     @classmethod
@@ -353,14 +354,19 @@ class ShardHost:
         return self.buffer.final_stats()
 
     def release_all(self) -> None:
-        """The job's end is on disk: let go of every segment (their files go)."""
+        """The job's end is on disk: let go of every segment (their files go), and of
+        the snapshot, which is never written again."""
+        self._released = True
         self.buffer.release_all()
         chain.remove(self.store, self.folder)
 
     # --- durability --------------------------------------------------------------------
 
     def snapshot(self) -> float | None:
-        """Write the buffer's delta (or a new cut) into this process's folder."""
+        """Write the buffer's delta (or a new cut) into this process's folder (nothing
+        once the job's files were released: a delta would name a removed cut)."""
+        if self._released:
+            return None
         return self.chains.write(self.folder, self.buffer, self._record)
 
     def _record(self) -> dict[str, Any]:

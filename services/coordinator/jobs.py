@@ -302,7 +302,8 @@ class JobBook:
             # Its process's last report: every insert it took is counted.
             record["env_steps"] = max(record["env_steps"], remote.inserted_env_steps)
         try:
-            write_job_record(self.state.store, job.job_id, record)
+            with self.state.record_writes:
+                write_job_record(self.state.store, job.job_id, record)
         except OSError as exc:
             log.error("job %s: cannot record its end yet (%s); will retry", job.job_id, exc)
             return

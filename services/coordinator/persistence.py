@@ -70,7 +70,7 @@ class Persistence:
                         lambda job=job, record=record: self.jobs.complete_end(job, record)
                     )
             todo = [job for job in state.jobs.values() if job.replay is not None]
-            records = {job.job_id: job_record(job) for job in todo if job.remote is not None}
+            records = {job.job_id: (job, job_record(job)) for job in todo if job.remote is not None}
             todo = [job for job in todo if job.remote is None]
             ended = [j for j in state.jobs.values() if j.terminal_durable and not j.final_snapshot]
         for job in ended:
@@ -83,17 +83,23 @@ class Persistence:
             if hold_s is not None:
                 timings[job.job_id] = (hold_s, time.perf_counter() - started)
         self.chains.forget({snapshot_folder(job.job_id) for job in todo})  # ended or gone
-        for job_id, record in records.items():
-            self._write_record(job_id, record)
+        for job, record in records.values():
+            self._write_record(job, record)
         return timings
 
-    def _write_record(self, job_id: str, record: dict[str, Any]) -> None:
+    def _write_record(self, job: Job, record: dict[str, Any]) -> None:
         """A job whose buffer runs in a process of its own (which snapshots it): its
-        record alone, when it changed, marked so a restart knows it is the newest."""
+        record alone, when it changed, marked so a restart knows it is the newest;
+        never once the job is ending (its end's record is written, or about to be)."""
         record = {**record, "buffer_process": True}
-        if self._records_written.get(job_id) != record:
-            write_job_record(self.state.store, job_id, record)
-            self._records_written[job_id] = record
+        if self._records_written.get(job.job_id) == record:
+            return
+        with self.state.record_writes:
+            with self.state.guard.changing():
+                running = job.running
+            if running:
+                write_job_record(self.state.store, job.job_id, record)
+                self._records_written[job.job_id] = record
 
     def _snapshot_job(self, job: Job) -> float | None:
         """Write the job's delta, or a whole cut (services/buffer/chain.py). Returns the

@@ -7,6 +7,7 @@ share. Nothing here does I/O.
 from __future__ import annotations
 
 import collections
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -339,6 +340,9 @@ class CoordinatorState:
     )
     #: The buffer processes serving the jobs' data (None: the jobs' buffers are here).
     buffers: BufferProcesses | None = None
+    #: Held while a job's record is written: the snapshot thread's running record of a
+    #: job never lands after (and over) the record of its end.
+    record_writes: threading.Lock = field(default_factory=threading.Lock)
 
 
 def must_be(caller: str | None, worker_id: str, what: str) -> None:
