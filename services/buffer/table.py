@@ -43,8 +43,13 @@ def squash(changes: list[JournalEntry], capacity: int) -> dict[str, np.ndarray]:
         # A slice's slots, without building every slot number of the table first.
         slots = np.arange(*index.indices(capacity)) if isinstance(index, slice) else index
         indexes, written = by_column.setdefault(column, ([], []))
-        indexes.append(np.asarray(slots, dtype=np.int64).reshape(-1))
-        written.append(np.broadcast_to(values, np.shape(slots)).reshape(-1))
+        # An entry's values are what its index read (`ItemTable.write`): already one per
+        # slot, in the same shape. Only a scalar index needs a shape (a log of thousands
+        # of small writes pays per call made here).
+        if slots.ndim != 1:
+            slots, values = slots.reshape(-1), np.reshape(values, -1)
+        indexes.append(slots)
+        written.append(values)
     arrays = {}
     for column, (indexes, written) in by_column.items():
         slots, values = np.concatenate(indexes), np.concatenate(written)
