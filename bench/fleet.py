@@ -33,8 +33,11 @@ asyncio loop (no thread per worker):
   insert that falls behind its schedule is sent at once, so the offered load stays
   the nominal one;
 - a simulated learner registers as a learner, takes its job's learn task, and in a
-  closed loop asks for 8 batches of 64 (naming its task, acknowledging holds), then
-  sends a priority for every key it got.
+  closed loop asks for 8 batches of 64 (naming its task, acknowledging holds), and
+  sends a priority for every key it got with its next request, as a real learner's
+  sampler does; in binary frames both ways (common/array_bodies.py), as a real
+  learner does, or, with `--wire json`, as JSON (what an operator's tool sends, and
+  what a coordinator before the frames took).
 
 After a warm-up (`--warmup-s`: the buffers pass `min_size_to_sample`, connections
 open), the window of `--seconds` is measured. Per row: insert and sample latency
@@ -90,7 +93,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.procfs import cpu_s  # noqa: E402
-from common.messages import SegmentRef, dump  # noqa: E402
+from common.array_bodies import CONTENT_TYPE as ARRAYS_TYPE  # noqa: E402
+from common.array_bodies import SAMPLE_REQUEST_ARRAYS, SampledItems, encode  # noqa: E402
+from common.messages import SampleRequest, SegmentRef, dump, dump_json  # noqa: E402
 from common.storage import SharedStore  # noqa: E402
 from services.collector.step_data import NStepBuilder  # noqa: E402
 from tests.helpers import child_processes  # noqa: E402
@@ -176,23 +181,38 @@ class HttpConnection:
         self._reader = self._writer = None
 
     async def request(
-        self, method: str, path: str, body: bytes | None, auth: str, timeout_s: float
+        self,
+        method: str,
+        path: str,
+        body: bytes | None,
+        auth: str,
+        timeout_s: float,
+        *,
+        content_type: str = "application/json",
+        accept: str = "application/json",
     ) -> tuple[int, dict[str, str], bytes]:
         """(status, headers, body). Raises OSError, TimeoutError or HttpError."""
+        request = self._request(method, path, body, auth, content_type, accept)
         try:
-            return await asyncio.wait_for(self._request(method, path, body, auth), timeout_s)
+            return await asyncio.wait_for(request, timeout_s)
         except BaseException:
             self.close()  # a request cut anywhere leaves the connection unusable
             raise
 
     async def _request(
-        self, method: str, path: str, body: bytes | None, auth: str
+        self,
+        method: str,
+        path: str,
+        body: bytes | None,
+        auth: str,
+        content_type: str,
+        accept: str,
     ) -> tuple[int, dict[str, str], bytes]:
         data = body or b""
         head = (
             f"{method} {path} HTTP/1.1\r\nHost: {self.host}:{self.port}\r\n"
-            f"Authorization: Bearer {auth}\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(data)}\r\n\r\n"
+            f"Authorization: Bearer {auth}\r\nContent-Type: {content_type}\r\n"
+            f"Accept: {accept}\r\nContent-Length: {len(data)}\r\n\r\n"
         ).encode()
         for attempt in range(2):
             reused = self._writer is not None
@@ -248,7 +268,6 @@ class Tally:
     #: Segments each answered insert carried.
     segments_per_insert: list[int] = field(default_factory=list)
     sample_ms: list[float] = field(default_factory=list)
-    priority_ms: list[float] = field(default_factory=list)
     rows_indexed: int = 0
     duplicates: int = 0
     heartbeats: int = 0
@@ -283,7 +302,6 @@ class Tally:
             "insert_ms": [round(x, 3) for x in self.insert_ms],
             "segments_per_insert": self.segments_per_insert,
             "sample_ms": [round(x, 3) for x in self.sample_ms],
-            "priority_ms": [round(x, 3) for x in self.priority_ms],
             "rows_indexed": self.rows_indexed,
             "duplicates": self.duplicates,
             "heartbeats": self.heartbeats,
@@ -478,25 +496,33 @@ class SimLearner(SimWorker):
         assert self.task is not None
         tally, task_id = self.tally, self.task["task_id"]
         job = f"{API}/jobs/{self.task['job_id']}"
+        arrays = self.plan["wire"] == "arrays"
         holds: list[str] = []
+        keys: list[int] = []
         await asyncio.sleep(max(0.0, go_s - time.monotonic()))
         iters = 0
         while not self.cancelled and time.monotonic() < tally.end_s:
-            request = {
-                "batch_size": BATCH_SIZE,
-                "num_batches": NUM_BATCHES,
-                "timeout_s": SAMPLE_TIMEOUT_S,
-                "task_id": task_id,
-                "acknowledge": holds,
-            }
+            # The priorities of the last batches ride on the next request, as a real
+            # learner's sampler sends them (services/learner/sampling.py).
+            request = SampleRequest(
+                batch_size=BATCH_SIZE,
+                num_batches=NUM_BATCHES,
+                timeout_s=SAMPLE_TIMEOUT_S,
+                task_id=task_id,
+                acknowledge=holds,
+                priority_keys=keys,
+                priorities=[round(random.uniform(0.05, 2.0), 4) for _ in keys],
+            )
             sent = time.monotonic()
             try:
                 status, headers, answer = await self.data.request(
                     "POST",
                     f"{job}/samples",
-                    json.dumps(request).encode(),
+                    encode(request, SAMPLE_REQUEST_ARRAYS) if arrays else dump_json(request),
                     self.data_auth,
                     REQUEST_TIMEOUT_S + SAMPLE_TIMEOUT_S,
+                    content_type=ARRAYS_TYPE if arrays else "application/json",
+                    accept=ARRAYS_TYPE if arrays else "application/json",
                 )
             except (OSError, TimeoutError, HttpError) as exc:
                 tally.failed("sample", sent, exc)
@@ -510,35 +536,19 @@ class SimLearner(SimWorker):
             if kind == "error":
                 await asyncio.sleep(0.1)
                 continue
-            timed = tally.timed(sent)
-            if timed:
+            if tally.timed(sent):
                 tally.sample_ms.append((time.monotonic() - sent) * 1e3)
-            reply = json.loads(answer)
-            holds = [reply["hold_id"]] if reply.get("hold_id") else []
-            keys = [key for batch in reply["batches"] for key in batch["keys"]]
-            iters += len(reply["batches"])
+            if arrays:
+                items = SampledItems.from_frame(answer)
+                hold_id, keys = items.hold_id, items.keys.tolist()
+                iters += len(keys) // items.batch_size
+            else:
+                reply = json.loads(answer)
+                hold_id = reply.get("hold_id")
+                keys = [key for batch in reply["batches"] for key in batch["keys"]]
+                iters += len(reply["batches"])
+            holds = [hold_id] if hold_id else []
             self.progress["train_iter"] = iters
-            if not keys:
-                continue
-            update = {
-                "keys": keys,
-                "priorities": [round(random.uniform(0.05, 2.0), 4) for _ in keys],
-                "task_id": task_id,
-            }
-            sent = time.monotonic()
-            try:
-                status, _, answer = await self.data.request(
-                    "POST",
-                    f"{job}/priorities",
-                    json.dumps(update).encode(),
-                    self.data_auth,
-                    REQUEST_TIMEOUT_S,
-                )
-            except (OSError, TimeoutError, HttpError) as exc:
-                tally.failed("priorities", sent, exc)
-                continue
-            if tally.answered("priorities", sent, status, answer) == "ok" and tally.timed(sent):
-                tally.priority_ms.append((time.monotonic() - sent) * 1e3)
 
 
 def task_columns(store: SharedStore, job_id: str, task_id: str) -> dict[str, np.ndarray]:
@@ -812,6 +822,7 @@ def run_row(
                     "learners": m,
                     "insert_rate": args.insert_rate,
                     "segments_per_insert": args.segments_per_insert,
+                    "wire": args.wire,
                     "warmup_s": args.warmup_s,
                     "run_s": run_s,
                     "assign_timeout_s": 60.0,
@@ -890,6 +901,9 @@ def run_row(
             if merged["rows_indexed"]
             else None
         ),
+        "data_plane_cpu_ms_per_round": (
+            data_plane_cpu_s * 1e3 / len(merged["sample_ms"]) if merged["sample_ms"] else None
+        ),
         "data_plane_rss_mb": rss_mb,
         "data_plane_peak_rss_mb": peak_mb,
         "generator_cpu_share": merged["cpu_s"] / args.seconds,
@@ -903,20 +917,19 @@ def merge(results: list[dict[str, Any]]) -> dict[str, Any]:
         "insert_ms": [],
         "segments_per_insert": [],
         "sample_ms": [],
-        "priority_ms": [],
         "errors": collections.Counter(),
         "back_pressure": collections.Counter(),
     }
     for key in ("rows_indexed", "duplicates", "heartbeats", "ran_out", "cpu_s"):
         merged[key] = sum(r[key] for r in results)
     for r in results:
-        for key in ("insert_ms", "segments_per_insert", "sample_ms", "priority_ms"):
+        for key in ("insert_ms", "segments_per_insert", "sample_ms"):
             merged[key] += r[key]
         merged["errors"].update(r["errors"])
         merged["back_pressure"].update(r["back_pressure"])
     merged["errors"] = dict(merged["errors"])
     merged["back_pressure"] = dict(merged["back_pressure"])
-    for key in ("insert", "sample", "priority"):
+    for key in ("insert", "sample"):
         values = merged[f"{key}_ms"]
         merged[f"{key}_latency_ms"] = (
             {
@@ -1099,6 +1112,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=SEGMENTS_PER_INSERT,
         help="most segments one insert carries (1: a collector before batching)",
     )
+    parser.add_argument(
+        "--wire",
+        choices=("arrays", "json"),
+        default="arrays",
+        help="the learners' sample bodies: binary frames (a real learner's) or JSON",
+    )
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument(
         "--coordinator-from",
@@ -1178,10 +1197,12 @@ def main(argv: list[str] | None = None) -> int:
         "acknowledged; inserts/s: the requests that carried them."
     )
     for row in rows:
-        priority = row["priority_latency_ms"]
         extra = [f"{row['heartbeats']:,} heartbeats"]
-        if priority:
-            extra.append(f"priority updates ms p50 / p99 / max {latency_cell(priority)}")
+        if row["data_plane_cpu_ms_per_round"] is not None:
+            extra.append(
+                f"data plane CPU per learner round {row['data_plane_cpu_ms_per_round']:.2f} ms "
+                "(all it did in the window, inserts included, over the rounds)"
+            )
         if row["duplicates"]:
             extra.append(f"{row['duplicates']:,} duplicate inserts")
         if row["ran_out"]:

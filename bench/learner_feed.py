@@ -506,10 +506,9 @@ def reply_costs(console: Console) -> None:
         cache = SegmentCache(store, job_id, SegmentSchema.for_policy(config.policy, names))
 
         def draw() -> SampleReply:
-            batches, hold_id = buffer.sample_for(
+            return buffer.sample_for(
                 "task", learn.batch_size, learn.num_batches, timeout_s=0
-            )
-            return SampleReply(batches=batches, hold_id=hold_id)
+            ).reply()
 
         reply = draw()
         data = dump_json(reply)

@@ -21,6 +21,9 @@ from flask import Flask, Response, current_app, g, jsonify, request
 from prometheus_client import CollectorRegistry
 from werkzeug.exceptions import HTTPException
 
+from common.array_bodies import CONTENT_TYPE as ARRAYS_TYPE
+from common.array_bodies import ArrayField
+from common.array_bodies import decode as decode_arrays
 from common.errors import ApiError, bad_request
 from common.messages import BodyLimit, MessageError, dump, dump_json, parse
 from common.metrics import install_request_metrics
@@ -195,8 +198,10 @@ def install_http_basics(
         return error_response(ApiError(500, "internal", f"{type(err).__name__}: {err}"))
 
 
-def body(cls: type[T]) -> T:
-    """The request's JSON body validated into `cls` (400 naming the field otherwise).
+def body(cls: type[T], arrays: dict[str, ArrayField] | None = None) -> T:
+    """The request's JSON body validated into `cls` (400 naming the field otherwise);
+    on a route that takes a binary body (`arrays`: which fields it carries as arrays),
+    a frame (common/array_bodies.py) when its Content-Type says so.
 
     The body is held to `cls.body_limit`: one over its bytes is refused (413) from its
     Content-Length before any of it is read (one sent without, chunked, once it passes
@@ -208,13 +213,17 @@ def body(cls: type[T]) -> T:
     size = request.content_length
     if size is not None and size > limit.max_bytes:
         raise ApiError(413, TOO_LARGE, f"{what} takes at most {limit.max_bytes} bytes, not {size}")
-    if not request.is_json:
-        raise ApiError(415, "unsupported_media_type", "send a JSON body (application/json)")
+    framed = arrays is not None and request.mimetype == ARRAYS_TYPE
+    if not (framed or request.is_json):
+        also = f" or {ARRAYS_TYPE}" if arrays is not None else ""
+        raise ApiError(415, "unsupported_media_type", f"send a JSON body (application/json){also}")
     # One sent without a Content-Length (chunked) is read up to one byte past the limit.
     request.max_content_length = limit.max_bytes + 1
     data = request.get_data()
     if len(data) > limit.max_bytes:
         raise ApiError(413, TOO_LARGE, f"{what} takes at most {limit.max_bytes} bytes")
+    if framed:
+        return decode_arrays(cls, data, arrays)  # type: ignore[arg-type]
     check_shape(data, limit, what)
     return parse(cls, data)
 

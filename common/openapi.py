@@ -14,6 +14,8 @@ from typing import Any, TypeVar
 from flask import Flask
 from pydantic import TypeAdapter
 
+from common.array_bodies import CONTENT_TYPE as ARRAYS_TYPE
+from common.array_bodies import ArrayField, describe
 from common.http import PUBLIC_PATHS
 from common.messages import BodyLimit
 
@@ -40,12 +42,16 @@ def documented(
     content_type: str = "application/json",
     query: dict[str, dict[str, Any]] | None = None,
     no_content: str | None = None,
+    body_arrays: dict[str, ArrayField] | None = None,
+    reply_arrays: dict[str, ArrayField] | None = None,
 ) -> Callable[[F], F]:
     """Declare a view's request body and answer for the OpenAPI document.
 
     `body` must declare its `body_limit` (common/messages.py: BodyLimit), the most a
     request may send; the document states it. `no_content`: when the view may also
-    answer 204 with no body, what that means.
+    answer 204 with no body, what that means. `body_arrays`, `reply_arrays`: the
+    view also takes, or answers with, a binary frame (common/array_bodies.py) carrying
+    these fields as arrays.
     """
     if body is not None and not isinstance(getattr(body, "body_limit", None), BodyLimit):
         raise TypeError(f"{body.__name__} declares no body_limit: how large may its body be?")
@@ -59,6 +65,8 @@ def documented(
             "content_type": content_type,
             "query": query or {},
             "no_content": no_content,
+            "body_arrays": body_arrays,
+            "reply_arrays": reply_arrays,
         }
         return view
 
@@ -71,6 +79,10 @@ def _schema(cls: type, components: dict[str, Any], mode: str) -> dict[str, Any]:
     name = getattr(cls, "__name__", "Body")
     components[name] = schema
     return {"$ref": REF.format(model=name)}
+
+
+def _frame(fields: dict[str, ArrayField]) -> dict[str, Any]:
+    return {"schema": {"type": "string", "format": "binary", "description": describe(fields)}}
 
 
 def openapi_document(app: Flask, title: str, version: str = "1") -> dict[str, Any]:
@@ -114,6 +126,8 @@ def openapi_document(app: Flask, title: str, version: str = "1") -> dict[str, An
                         }
                     },
                 }
+                if doc["body_arrays"]:
+                    operation["requestBody"]["content"][ARRAYS_TYPE] = _frame(doc["body_arrays"])
             answer: dict[str, Any] = {"description": "success"}
             if doc["reply"] is not None:
                 answer["content"] = {
@@ -121,6 +135,8 @@ def openapi_document(app: Flask, title: str, version: str = "1") -> dict[str, An
                         "schema": _schema(doc["reply"], components, "serialization")
                     }
                 }
+                if doc["reply_arrays"]:
+                    answer["content"][ARRAYS_TYPE] = _frame(doc["reply_arrays"])
             elif doc["content_type"] != "application/json":
                 answer["content"] = {doc["content_type"]: {"schema": {"type": "string"}}}
             operation["responses"][str(doc["status"])] = answer

@@ -56,8 +56,9 @@ import numpy as np
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
+from common.array_bodies import SampledItems
 from common.config import ReplayBufferConfig
-from common.messages import BufferStats, SampledBatch, SampledSegment, SegmentRef
+from common.messages import BufferStats, SampledBatch, SegmentRef
 from services.buffer.limiter import RateLimiter
 from services.buffer.selectors import make_remover, make_sampler
 from services.buffer.snapshot import ArrayFileBuilder
@@ -401,15 +402,15 @@ class ReplayBuffer:
             SampleTimeout: not enough data, or the limiter held sampling back.
             BufferClosed: the job has ended.
         """
-        return self.sample_for(None, batch_size, num_batches, timeout_s=timeout_s)[0]
+        return self.sample_for(None, batch_size, num_batches, timeout_s=timeout_s).reply().batches
 
     def sample_for(
         self, holder: str | None, batch_size: int, num_batches: int, *, timeout_s: float
-    ) -> tuple[list[SampledBatch], str | None]:
+    ) -> SampledItems:
         """`sample` on behalf of `holder` (a learn task): the items a consuming sampler
         hands out are held for it until `acknowledge`, and go back to the buffer with
-        `give_back` if it never trains on them. Returns the batches and the hold's id
-        (None when nothing is held: a non-consuming sampler, or no holder)."""
+        `give_back` if it never trains on them. Returns the items as arrays, with the
+        hold's id (None when nothing is held: a non-consuming sampler, or no holder)."""
         num_items = batch_size * num_batches
         need = num_items if self.sampler.consumes else batch_size
         deadline = self._clock() + timeout_s
@@ -426,11 +427,11 @@ class ReplayBuffer:
             if holder is not None and self.sampler.consumes:
                 hold_id = f"hold-{self._next_hold}"
                 self._next_hold += 1
-            batches = self._draw(batch_size, num_batches, hold_id, holder)
+            items = self._draw(batch_size, num_batches, hold_id, holder)
             self.limiter.sampled += num_items
             self._counters.sample_requests += 1
             self._cond.notify_all()
-        return batches, hold_id
+        return items
 
     def acknowledge(self, holder: str, hold_ids: list[str]) -> int:
         """`holder` trained on these holds: their items leave for good. Unknown ids, or
@@ -511,8 +512,8 @@ class ReplayBuffer:
 
     def _draw(
         self, batch_size: int, num_batches: int, hold_id: str | None = None, holder: str = ""
-    ) -> list[SampledBatch]:
-        """All of a request's items in one vectorized draw, then split into batches."""
+    ) -> SampledItems:
+        """All of a request's items in one vectorized draw, then put in batches."""
         table = self.table
         slots, weights = self.sampler.sample(batch_size * num_batches, table, self._rng)
         self.sampler.batches_drawn += num_batches
@@ -540,7 +541,7 @@ class ReplayBuffer:
             self._remove(slots, "max_use")
         elif self.config.max_use is not None:
             self._remove(used[table.uses[used] >= self.config.max_use], "max_use")
-        return self._group(batch_size, keys, segment_ids, rows, lengths, weights)
+        return self._group(batch_size, keys, segment_ids, rows, lengths, weights, hold_id)
 
     def _group(
         self,
@@ -550,52 +551,34 @@ class ReplayBuffer:
         rows: np.ndarray,
         lengths: np.ndarray,
         weights: np.ndarray,
-    ) -> list[SampledBatch]:
-        """The drawn items as batches of `batch_size`, each with one message entry per
-        segment; keys and weights follow the same order. All batches are grouped in one
-        pass: a request's hundreds of entries cost far more one batch at a time. Each
-        sampled segment's `last_sampled_s` is set here (its file outlives its items a
-        while after that)."""
+        hold_id: str | None,
+    ) -> SampledItems:
+        """The drawn items in batches of `batch_size`, each batch's items grouped by
+        segment (a learner reads each segment once), all batches in one vectorized pass;
+        keys and weights follow the same order. Each sampled segment's `last_sampled_s`
+        is set here (its file outlives its items a while after that)."""
         if len(keys) == 0:
-            return []
+            return SampledItems.empty(hold_id)
         batch_of = np.arange(len(keys)) // batch_size
         # By batch, then by segment; items of one segment keep their drawn order.
         order = np.lexsort((segment_ids, batch_of))
-        segment_ids, batch_of = segment_ids[order], batch_of[order]
-        new_entry = np.ones(len(order), bool)
-        new_entry[1:] = (segment_ids[1:] != segment_ids[:-1]) | (batch_of[1:] != batch_of[:-1])
-        starts = np.flatnonzero(new_entry)
-        # Python lists slice much faster than numpy splits into small arrays.
-        bounds = [*starts.tolist(), len(order)]
-        row_list = rows[order].tolist()
-        length_list = lengths[order].tolist() if self.config.item != "transition" else None
-        first_ids = segment_ids[starts].tolist()
+        used, index = np.unique(segment_ids, return_inverse=True)
         now = self._clock()
-        paths: dict[int, str] = {}
-        for sid in set(first_ids):
+        paths = []
+        for sid in used.tolist():
             entry = self._segments[sid]
             entry.last_sampled_s = now
-            paths[sid] = entry.path
-        entries = [
-            SampledSegment(
-                path=paths[sid],
-                rows=row_list[a:b],
-                lengths=length_list[a:b] if length_list is not None else None,
-            )
-            for sid, a, b in zip(first_ids, bounds[:-1], bounds[1:], strict=True)
-        ]
-        # Each batch's first entry: entries run in batch order.
-        firsts = np.searchsorted(batch_of[starts], np.arange(batch_of[-1] + 1)).tolist()
-        firsts.append(len(entries))
-        key_list, weight_list = keys[order].tolist(), weights[order].tolist()
-        return [
-            SampledBatch(
-                keys=key_list[i * batch_size : (i + 1) * batch_size],
-                segments=entries[a:b],
-                weights=weight_list[i * batch_size : (i + 1) * batch_size],
-            )
-            for i, (a, b) in enumerate(zip(firsts[:-1], firsts[1:], strict=True))
-        ]
+            paths.append(entry.path)
+        return SampledItems(
+            batch_size=batch_size,
+            keys=keys[order],
+            weights=weights[order],
+            segment=index.reshape(-1)[order].astype(np.int32),
+            rows=rows[order],
+            lengths=lengths[order] if self.config.item != "transition" else None,
+            paths=paths,
+            hold_id=hold_id,
+        )
 
     def update_priorities(self, keys: list[int], priorities: list[float]) -> int:
         """New priorities by key; keys of items that already left are ignored.

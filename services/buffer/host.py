@@ -39,6 +39,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from common.array_bodies import SampledItems
 from common.config import ReplayBufferConfig
 from common.errors import ApiError, bad_request, conflict
 from common.http import Caller
@@ -46,7 +47,6 @@ from common.messages import (
     BufferStats,
     InsertReply,
     PriorityUpdate,
-    SampleReply,
     SampleRequest,
     SegmentInsert,
     SegmentRef,
@@ -247,7 +247,7 @@ class ShardHost:
 
     def sample(
         self, job_id: str, request: SampleRequest, *, caller: str | None = None
-    ) -> SampleReply:
+    ) -> SampledItems:
         check_sample_request(request)
         self._check_open()
         self._check_sender(job_id, request.task_id, "learn", caller)
@@ -265,7 +265,7 @@ class ShardHost:
                 self.buffer.acknowledge(request.task_id, list(request.acknowledge))
             if request.priority_keys:
                 self.buffer.update_priorities(request.priority_keys, request.priorities)
-            batches, hold_id = self.buffer.sample_for(
+            items = self.buffer.sample_for(
                 request.task_id,
                 request.batch_size,
                 request.num_batches,
@@ -277,12 +277,12 @@ class ShardHost:
         finally:
             with self._lock:
                 self._waiting_samples -= 1
-        if hold_id is not None and self.grants.revoked(request.task_id or ""):
+        if items.hold_id is not None and self.grants.revoked(request.task_id or ""):
             # The task ended while this request waited: nobody will train on them.
             self.buffer.give_back(request.task_id or "")
             raise conflict("task_not_active", f"task {request.task_id} has ended")
-        self._tally("samples_served", sum(len(b.keys) for b in batches))
-        return SampleReply(batches=batches, hold_id=hold_id)
+        self._tally("samples_served", len(items.keys))
+        return items
 
     def update_priorities(
         self, job_id: str, update: PriorityUpdate, *, caller: str | None = None

@@ -10,6 +10,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from common.array_bodies import CONTENT_TYPE as ARRAYS_TYPE
+from common.array_bodies import SAMPLE_REQUEST_ARRAYS, SampledItems, encode
 from common.http_client import ServiceClient, ServiceUnavailable
 from common.messages import (
     TERMINAL_PHASES,
@@ -227,13 +229,19 @@ class CoordinatorClient(ServiceClient):
             priority_keys=priority_keys or [],
             priorities=priorities or [],
         )
-        return self.call_as(
-            SampleReply,
+        # Binary both ways (common/array_bodies.py): the priorities a learner sends and
+        # the keys, rows and weights it gets are arrays, not numbers printed one by one.
+        resp = self.raw(
             "POST",
             f"{API}/jobs/{job_id}/samples",
-            req,
+            encode(req, SAMPLE_REQUEST_ARRAYS),
             timeout_s=self.timeout_s + timeout_s,
+            content_type=ARRAYS_TYPE,
+            accept=ARRAYS_TYPE,
         )
+        if resp.headers.get("Content-Type", "").startswith(ARRAYS_TYPE):
+            return SampledItems.from_frame(resp.data).reply()
+        return parse(SampleReply, resp.data)  # a server that answers only JSON
 
     def update_priorities(
         self, job_id: str, keys: list[int], priorities: list[float], *, task_id: str | None = None

@@ -26,6 +26,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
+from common.array_bodies import SampledItems
 from common.http import Caller
 from common.messages import (
     BufferStats,
@@ -44,7 +45,6 @@ from common.messages import (
     PolicyRef,
     PriorityUpdate,
     Registered,
-    SampleReply,
     SampleRequest,
     SegmentInsert,
     WorkerInfo,
@@ -237,7 +237,7 @@ class Coordinator:
 
     def sample(
         self, job_id: str, request: SampleRequest, *, caller: str | None = None
-    ) -> SampleReply:
+    ) -> SampledItems:
         return self.data.sample(job_id, request, caller=caller)
 
     def update_priorities(

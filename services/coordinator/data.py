@@ -12,11 +12,11 @@ import collections
 import logging
 import time
 
+from common.array_bodies import SampledItems
 from common.errors import ApiError, bad_request, conflict
 from common.messages import (
     InsertReply,
     PriorityUpdate,
-    SampleReply,
     SampleRequest,
     SegmentInsert,
     SegmentRef,
@@ -142,7 +142,7 @@ class DataPlane:
 
     def sample(
         self, job_id: str, request: SampleRequest, *, caller: str | None = None
-    ) -> SampleReply:
+    ) -> SampledItems:
         check_sample_request(request)
         guard = self.state.guard
         with guard.changing():
@@ -160,7 +160,7 @@ class DataPlane:
                 job.buffer.update_priorities(request.priority_keys, request.priorities)
             started = time.monotonic()
             try:
-                batches, hold_id = job.buffer.sample_for(
+                items = job.buffer.sample_for(
                     request.task_id,
                     request.batch_size,
                     request.num_batches,
@@ -179,12 +179,12 @@ class DataPlane:
                 self.waiting_samples -= 1
                 self._waiting_by_job[job_id] -= 1
         with guard.changing():
-            if hold_id is not None and not self.tasks.is_active(request.task_id):
+            if items.hold_id is not None and not self.tasks.is_active(request.task_id):
                 # The task ended while this request waited: nobody will train on them.
                 job.buffer.give_back(request.task_id or "")
                 raise conflict("task_not_active", f"task {request.task_id} has ended")
-        metrics.samples_served.labels(job_id).inc(sum(len(b.keys) for b in batches))
-        return SampleReply(batches=batches, hold_id=hold_id)
+        metrics.samples_served.labels(job_id).inc(len(items.keys))
+        return items
 
     def _check_waiting(self, job_id: str) -> None:
         """Bound the long-polls waiting at once, in all and per job (503 at once)."""

@@ -1,6 +1,9 @@
 import numpy as np
 import pytest
 
+from common.array_bodies import CONTENT_TYPE as ARRAYS_TYPE
+from common.array_bodies import SAMPLE_REQUEST_ARRAYS, SampledItems, encode, frame
+from common.messages import SampleRequest
 from common.storage import SharedStore
 from services.coordinator.app import create_app
 from services.coordinator.core import Coordinator, CoordinatorLimits
@@ -672,3 +675,75 @@ def test_an_evaluation_waits_for_env_steps_past_the_last_ones(client, core):
     assert resp.status_code == 200, resp.json
     (second,) = evaluations()
     assert second.spec.policy_version == 2
+
+
+def test_a_sample_in_binary_frames_both_ways_is_the_json_sample(client, core):
+    """A learner's priorities as arrays in, keys, rows and weights as arrays out
+    (common/array_bodies.py); errors stay JSON and name the field."""
+    job_id = submit(client)
+    url = f"/api/v1/jobs/{job_id}/samples"
+    insert_segments(client, core, job_id, 3)
+    frame_headers = {**AUTH, "Content-Type": ARRAYS_TYPE, "Accept": ARRAYS_TYPE}
+    first = post(client, url, {"batch_size": 4, "num_batches": 2, "timeout_s": 1}).json
+    keys = first["batches"][0]["keys"]
+    request = SampleRequest(
+        batch_size=4, num_batches=2, timeout_s=1, priority_keys=keys[:2], priorities=[7.0, 9.0]
+    )
+    resp = client.post(url, data=encode(request, SAMPLE_REQUEST_ARRAYS), headers=frame_headers)
+    assert resp.status_code == 200 and resp.content_type == ARRAYS_TYPE
+    reply = SampledItems.from_frame(resp.data).reply()
+    assert len(reply.batches) == 2 and all(
+        len(b.keys) == 4 == len(b.weights) for b in reply.batches
+    )
+    paths = {s.path for b in reply.batches for s in b.segments}
+    assert paths and all(p.startswith(f"{job_id}/segments/") for p in paths)
+    buffer = core.jobs[job_id].buffer
+    slots, _ = buffer.table.slots_of(np.array(keys[:2]))
+    assert buffer.table.priority[slots[1]] - buffer.table.priority[slots[0]] == pytest.approx(2.0)
+    # A JSON request may still ask for a frame, and a frame request for JSON.
+    as_json = client.post(
+        url,
+        data=encode(request, SAMPLE_REQUEST_ARRAYS),
+        headers={**AUTH, "Content-Type": ARRAYS_TYPE},
+    )
+    assert as_json.status_code == 200 and len(as_json.json["batches"]) == 2
+    bad_dtype = frame(
+        {"priority_keys": np.array(keys[:1], np.int32), "priorities": np.array([1.0])},
+        '{"batch_size": 4, "timeout_s": 1}',
+    )
+    for body, field in (
+        (bad_dtype, "priority_keys"),
+        (
+            frame(
+                {"priority_keys": np.array([-5]), "priorities": np.array([1.0])},
+                '{"batch_size": 4}',
+            ),
+            "priority_keys",
+        ),
+        (
+            frame(
+                {"priority_keys": np.array(keys[:1]), "priorities": np.array([np.nan])},
+                '{"batch_size": 4}',
+            ),
+            "priorities",
+        ),
+        (
+            frame(
+                {"priority_keys": np.array(keys[:2]), "priorities": np.array([1.0])},
+                '{"batch_size": 4}',
+            ),
+            "priorities",
+        ),
+        (frame({"rows": np.array([1])}, '{"batch_size": 4}'), "rows"),
+        (frame({}, '{"batch_size": 0}'), "batch_size"),
+        (b"\x05\x00\x00\x00\x00\x00\x00\x00{}junk", "body"),
+    ):
+        resp = client.post(url, data=body, headers=frame_headers)
+        assert resp.status_code == 400 and resp.content_type == "application/json", field
+        assert field in resp.json["message"], (field, resp.json)
+    # Only routes that take frames do; others still ask for JSON.
+    other = client.post(f"/api/v1/jobs/{job_id}/segments", data=bad_dtype, headers=frame_headers)
+    assert other.status_code == 415
+    assert slots.size == 2 and buffer.table.priority[slots[1]] - buffer.table.priority[
+        slots[0]
+    ] == pytest.approx(2.0)  # nothing a refused frame carried was applied

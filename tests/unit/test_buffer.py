@@ -5,6 +5,7 @@ import time
 import numpy as np
 import pytest
 
+from common.array_bodies import SampledItems
 from common.config import ReplayBufferConfig
 from common.messages import SampledBatch, SampledSegment, SegmentRef
 from services.buffer.core import BufferClosed, RateLimited, ReplayBuffer, SampleTimeout
@@ -266,7 +267,8 @@ def test_a_reply_groups_each_batch_by_segment_in_drawn_order(item):
     sids = rng.choice(ids, n)
     keys, rows, lengths = (rng.integers(0, 20, n) for _ in range(3))
     weights = rng.random(n)
-    got = buf._group(batch_size, keys, sids, rows, lengths, weights)
+    drawn = buf._group(batch_size, keys, sids, rows, lengths, weights, None)
+    got = drawn.reply().batches
     want = _grouped_batch_by_batch(
         buf,
         batch_size,
@@ -274,4 +276,7 @@ def test_a_reply_groups_each_batch_by_segment_in_drawn_order(item):
         spans=item != "transition",
     )
     assert got == want
-    assert buf._group(batch_size, *(a[:0] for a in (keys, sids, rows, lengths, weights))) == []
+    # The same items through a binary frame (what a learner asks for).
+    assert SampledItems.from_frame(drawn.frame()).reply().batches == want
+    empty = buf._group(batch_size, *(a[:0] for a in (keys, sids, rows, lengths, weights)), None)
+    assert empty.reply().batches == []

@@ -75,7 +75,7 @@ def _queue_churn(buf, seq, rng):
     """A fifo queue's life: inserts, and samples held for a task, half acknowledged."""
     buf.insert([ref(seq, rows=5)], force=True)
     if seq % 3 == 0 and buf.size >= 6:
-        _, hold = buf.sample_for("task-1", 3, 2, timeout_s=0)
+        hold = buf.sample_for("task-1", 3, 2, timeout_s=0).hold_id
         if seq % 2 == 0:
             buf.acknowledge("task-1", [hold])
 

@@ -322,7 +322,8 @@ def test_fifo_items_held_for_a_task_come_back_when_it_ends_without_training():
     buf = make(files, type="fifo", replay_buffer_size=100)
     for seq in range(2):
         buf.insert([ref(seq)])
-    batches, hold = buf.sample_for("learn-1", 10, 1, timeout_s=0)
+    drawn = buf.sample_for("learn-1", 10, 1, timeout_s=0)
+    batches, hold = drawn.reply().batches, drawn.hold_id
     assert hold is not None and buf.size == 10 and buf.stats().held_items == 10
     taken = {(p, r) for _, p, r, _ in items(batches[0])}
     assert files.deleted == []  # a held item keeps its segment's file
@@ -336,7 +337,7 @@ def test_acknowledged_holds_leave_for_good_and_release_their_segments():
     files = DeletedFiles()
     buf = make(files, type="fifo", replay_buffer_size=100)
     buf.insert([ref(0)])
-    _, hold = buf.sample_for("learn-1", 10, 1, timeout_s=0)
+    hold = buf.sample_for("learn-1", 10, 1, timeout_s=0).hold_id
     assert buf.acknowledge("learn-2", [hold]) == 0  # another task's ack is ignored
     assert buf.acknowledge("learn-1", [hold]) == 10
     assert buf.acknowledge("learn-1", [hold]) == 0  # said twice: counted once
@@ -358,7 +359,7 @@ def test_held_items_survive_a_snapshot_as_items_to_train_on(tmp_path):
 def test_non_consuming_samplers_hold_nothing():
     buf = make(type="uniform", replay_buffer_size=100)
     buf.insert([ref(0)])
-    _, hold = buf.sample_for("learn-1", 4, 1, timeout_s=0)
+    hold = buf.sample_for("learn-1", 4, 1, timeout_s=0).hold_id
     assert hold is None and buf.size == 10
 
 

@@ -12,9 +12,10 @@ from typing import Protocol
 
 from flask import Blueprint, Flask, Response
 
+from common.array_bodies import SampledItems
 from common.errors import ApiError
 from common.http import error_response
-from common.messages import InsertReply, PriorityUpdate, SampleReply, SampleRequest, SegmentInsert
+from common.messages import InsertReply, PriorityUpdate, SampleRequest, SegmentInsert
 from services.buffer.core import BufferClosed, BufferStats, RateLimited, SampleTimeout
 
 HOST = "drover.buffer_host"
@@ -27,7 +28,7 @@ class BufferHost(Protocol):
 
     def sample(
         self, job_id: str, request: SampleRequest, *, caller: str | None = None
-    ) -> SampleReply: ...
+    ) -> SampledItems: ...
 
     def update_priorities(
         self, job_id: str, update: PriorityUpdate, *, caller: str | None = None

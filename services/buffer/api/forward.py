@@ -42,6 +42,8 @@ def forward(job_id: str, url: str) -> Response:
     headers = {"Authorization": request.headers.get("Authorization", "")}
     if request.content_type:
         headers["Content-Type"] = request.content_type
+    if accept := request.headers.get("Accept"):
+        headers["Accept"] = accept
     try:
         answer = _POOL.request(
             request.method,

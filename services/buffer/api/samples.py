@@ -2,8 +2,14 @@
 
 from typing import Any
 
-from flask import Blueprint
+from flask import Blueprint, Response, request
 
+from common.array_bodies import (
+    CONTENT_TYPE,
+    SAMPLE_REQUEST_ARRAYS,
+    SAMPLED_ARRAYS,
+    wants_arrays,
+)
 from common.http import allow, body, caller, extension, reply
 from common.messages import SampleReply, SampleRequest
 from common.openapi import documented
@@ -19,8 +25,14 @@ bp = Blueprint("samples", __name__, url_prefix="/api/v1/jobs/<job_id>/samples")
     summary="Long-poll for batches (503 sample_timeout after timeout_s)",
     body=SampleRequest,
     reply=SampleReply,
+    body_arrays=SAMPLE_REQUEST_ARRAYS,
+    reply_arrays=SAMPLED_ARRAYS,
 )
 def sample(job_id: str) -> Any:
     if url := extension(HOST).data_url(job_id):
         return forward(job_id, url)
-    return reply(extension(HOST).sample(job_id, body(SampleRequest), caller=caller()))
+    request_ = body(SampleRequest, SAMPLE_REQUEST_ARRAYS)
+    items = extension(HOST).sample(job_id, request_, caller=caller())
+    if wants_arrays(request.headers.get("Accept")):
+        return Response(items.frame(), content_type=CONTENT_TYPE)
+    return reply(items.reply())
