@@ -67,6 +67,7 @@ import argparse
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import json
 import math
 import os
@@ -97,6 +98,9 @@ from common.array_bodies import CONTENT_TYPE as ARRAYS_TYPE  # noqa: E402
 from common.array_bodies import SAMPLE_REQUEST_ARRAYS, SampledItems, encode  # noqa: E402
 from common.messages import SampleRequest, SegmentRef, dump, dump_json  # noqa: E402
 from common.storage import SharedStore  # noqa: E402
+from services.buffer.core import segment_shard  # noqa: E402
+from services.buffer.sharding import split as split_draw  # noqa: E402
+from services.buffer.table import shard_of  # noqa: E402
 from services.collector.step_data import NStepBuilder  # noqa: E402
 from tests.helpers import child_processes  # noqa: E402
 
@@ -324,6 +328,9 @@ class SimWorker:
         self.plan, self.url, self.tally = plan, url, tally
         host, port = plan["coordinator_host"], plan["coordinator_port"]
         self.data = HttpConnection(host, port)
+        #: Where the task's data goes: its job's buffer processes, one a shard.
+        self.shards = [self.data]
+        self.shard_answers: dict[int, bytes] = {}
         self.control = HttpConnection(host, port)
         self.slave_token = secrets.token_urlsafe(32)
         self.worker_id = ""
@@ -365,12 +372,54 @@ class SimWorker:
         self.task = task
         access = task["spec"].get("data")
         if access is not None:
-            url = urllib.parse.urlsplit(access["url"])
-            self.data = HttpConnection(url.hostname or "127.0.0.1", url.port or 80)
+            self.shards = []
+            for address in access["urls"]:
+                url = urllib.parse.urlsplit(address)
+                self.shards.append(HttpConnection(url.hostname or "127.0.0.1", url.port or 80))
+            self.data = self.shards[0]
             self.data_auth = access["credential"]
         if not self.assigned.done():
             self.assigned.set_result(task)
         return 202
+
+    async def request_shards(
+        self,
+        path: str,
+        bodies: dict[int, bytes],
+        timeout_s: float,
+        content_type: str = "application/json",
+    ) -> tuple[int, dict[str, str], bytes]:
+        """One POST to each shard named, at once: the first refusal's answer if any was
+        refused, else one answer whose counts (`accepted`, `duplicates`) are summed, or,
+        for frames, the answers' bodies apart (`SHARD_ANSWERS`)."""
+        answers = await asyncio.gather(
+            *(
+                self.shards[k].request(
+                    "POST",
+                    path,
+                    body,
+                    self.data_auth,
+                    timeout_s,
+                    content_type=content_type,
+                    accept=content_type,
+                )
+                for k, body in bodies.items()
+            )
+        )
+        if len(answers) == 1:
+            return answers[0]
+        for answer in answers:
+            if answer[0] >= 300:
+                return answer
+        if content_type == ARRAYS_TYPE:
+            self.shard_answers = {k: a[2] for k, a in zip(bodies, answers, strict=True)}
+            return answers[0]
+        replies = [json.loads(a[2]) for a in answers]
+        merged = {
+            "accepted": sum(r["accepted"] for r in replies),
+            "duplicates": sum(r["duplicates"] for r in replies),
+        }
+        return answers[0][0], answers[0][1], json.dumps(merged).encode()
 
     def cancel(self, task_id: str) -> int:
         if self.task is None or self.task["task_id"] != task_id:
@@ -457,16 +506,23 @@ class SimCollector(SimWorker):
             for waiting, place, _ in batch[placed - seq :]:  # a retry finds its files
                 os.replace(waiting, place)
                 placed += 1
-            body = {
-                "segments": [ref for _, _, ref in batch],
-                "timeout_s": INSERT_TIMEOUT_S,
-                "task_id": self.task["task_id"],
+            # Each segment to its shard (the one shard unless the job is sharded).
+            groups: dict[int, list[dict[str, Any]]] = {}
+            for _, _, ref in batch:
+                groups.setdefault(segment_shard(ref["path"], len(self.shards)), []).append(ref)
+            bodies = {
+                k: json.dumps(
+                    {
+                        "segments": refs,
+                        "timeout_s": INSERT_TIMEOUT_S,
+                        "task_id": self.task["task_id"],
+                    }
+                ).encode()
+                for k, refs in groups.items()
             }
             sent = time.monotonic()
             try:
-                status, headers, answer = await self.data.request(
-                    "POST", path, json.dumps(body).encode(), self.data_auth, INSERT_WAIT_S
-                )
+                status, headers, answer = await self.request_shards(path, bodies, INSERT_WAIT_S)
             except (OSError, TimeoutError, HttpError) as exc:
                 tally.failed("insert", sent, exc)
                 await asyncio.sleep(0.1)
@@ -499,6 +555,8 @@ class SimLearner(SimWorker):
         arrays = self.plan["wire"] == "arrays"
         holds: list[str] = []
         keys: list[int] = []
+        masses = [0.0] * len(self.shards)
+        rng = np.random.default_rng()
         await asyncio.sleep(max(0.0, go_s - time.monotonic()))
         iters = 0
         while not self.cancelled and time.monotonic() < tally.end_s:
@@ -513,16 +571,34 @@ class SimLearner(SimWorker):
                 priority_keys=keys,
                 priorities=[round(random.uniform(0.05, 2.0), 4) for _ in keys],
             )
+            if len(self.shards) == 1:
+                bodies = {
+                    0: encode(request, SAMPLE_REQUEST_ARRAYS) if arrays else dump_json(request)
+                }
+            else:
+                # A draw over the shards, as a real learner's (services/buffer/sharding.py).
+                counts = split_draw(BATCH_SIZE * NUM_BATCHES, masses, rng)
+                owner = shard_of(np.asarray(keys, dtype=np.int64), len(self.shards))
+                values = np.asarray(request.priorities, dtype=np.float64)
+                bodies = {
+                    k: encode(
+                        dataclasses.replace(
+                            request,
+                            items=counts[k],
+                            priority_keys=np.asarray(keys, dtype=np.int64)[owner == k].tolist(),
+                            priorities=values[owner == k].tolist(),
+                        ),
+                        SAMPLE_REQUEST_ARRAYS,
+                    )
+                    for k in range(len(self.shards))
+                }
             sent = time.monotonic()
             try:
-                status, headers, answer = await self.data.request(
-                    "POST",
+                status, headers, answer = await self.request_shards(
                     f"{job}/samples",
-                    encode(request, SAMPLE_REQUEST_ARRAYS) if arrays else dump_json(request),
-                    self.data_auth,
+                    bodies,
                     REQUEST_TIMEOUT_S + SAMPLE_TIMEOUT_S,
                     content_type=ARRAYS_TYPE if arrays else "application/json",
-                    accept=ARRAYS_TYPE if arrays else "application/json",
                 )
             except (OSError, TimeoutError, HttpError) as exc:
                 tally.failed("sample", sent, exc)
@@ -538,7 +614,14 @@ class SimLearner(SimWorker):
                 continue
             if tally.timed(sent):
                 tally.sample_ms.append((time.monotonic() - sent) * 1e3)
-            if arrays:
+            if arrays and len(self.shards) > 1:
+                parts = {k: SampledItems.from_frame(a) for k, a in self.shard_answers.items()}
+                for k, part in parts.items():
+                    masses[k] = part.shard.mass if part.shard is not None else 0.0
+                hold_id = None
+                keys = [key for part in parts.values() for key in part.keys.tolist()]
+                iters += NUM_BATCHES
+            elif arrays:
                 items = SampledItems.from_frame(answer)
                 hold_id, keys = items.hold_id, items.keys.tolist()
                 iters += len(keys) // items.batch_size
@@ -768,6 +851,7 @@ def job_config(args: argparse.Namespace, collectors: int) -> dict[str, Any]:
         "type": "prioritized",
         "replay_buffer_size": args.buffer_items,
         "min_size_to_sample": 1000,
+        "shards": args.shards,
     }
     if args.samples_per_insert:
         replay["samples_per_insert"] = args.samples_per_insert
@@ -1117,6 +1201,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=("arrays", "json"),
         default="arrays",
         help="the learners' sample bodies: binary frames (a real learner's) or JSON",
+    )
+    parser.add_argument(
+        "--shards", type=int, default=1, help="buffer processes each job's buffer is split over"
     )
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument(

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
 import numpy as np
-from annotated_types import Gt, Le, MaxLen
+from annotated_types import Ge, Gt, Le, MaxLen
 from safetensors import SafetensorError
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
@@ -172,6 +172,18 @@ def check_array(name: str, array: np.ndarray, spec: ArrayField) -> np.ndarray:
     return array
 
 
+@message
+class ShardState:
+    """What a draw over a job's shards needs of each (services/buffer/sharding.py),
+    as the shard was when it drew: the sum of its items' sampling weights (the share
+    of the next draw it gets), and what its importance weights were normalized by
+    (they are (weight / min_weight)^-beta)."""
+
+    mass: Annotated[float, Ge(0)]
+    min_weight: Annotated[float, Gt(0)]
+    beta: Annotated[float, Ge(0), Le(1)]
+
+
 @dataclass
 class SampledItems:
     """A sample reply's items as arrays, in the reply's order: batch after batch of
@@ -189,6 +201,8 @@ class SampledItems:
     lengths: np.ndarray | None  # int32
     paths: list[str]
     hold_id: str | None = None
+    #: The shard that drew them, as it was then (a buffer process's draw; frames only).
+    shard: ShardState | None = None
 
     @classmethod
     def empty(cls, hold_id: str | None = None) -> SampledItems:
@@ -242,7 +256,12 @@ class SampledItems:
         }
         if self.lengths is not None:
             arrays["lengths"] = self.lengths.astype(np.int32, copy=False)
-        message = {"batch_size": self.batch_size, "paths": self.paths, "hold_id": self.hold_id}
+        message = {
+            "batch_size": self.batch_size,
+            "paths": self.paths,
+            "hold_id": self.hold_id,
+            "shard": dataclasses.asdict(self.shard) if self.shard is not None else None,
+        }
         return frame(arrays, json.dumps(message))
 
     @classmethod
@@ -276,6 +295,7 @@ class SampledItems:
             lengths,
             head.paths,
             head.hold_id,
+            head.shard,
         )
 
 
@@ -286,3 +306,4 @@ class _SampledMessage:
     batch_size: Annotated[int, Gt(0), Le(MAX_BATCH_SIZE)]
     paths: Annotated[list[str], MaxLen(MAX_SAMPLE_ITEMS)]
     hold_id: str | None = None
+    shard: ShardState | None = None

@@ -19,6 +19,8 @@ from typing import Annotated, Any, Literal
 from annotated_types import Ge, Gt, Le, MaxLen, MinLen
 from pydantic import ConfigDict, with_config
 
+from common.messages import MAX_SHARDS
+
 ActionSpace = Literal["discrete", "continuous"]
 PosInt = Annotated[int, Gt(0)]
 EnvManager = Literal["sync", "async", "envpool"]
@@ -256,6 +258,12 @@ class ReplayBufferConfig:
     min_size_to_sample: PosInt = 1000
     #: Allowed drift from `samples_per_insert`, in sampled items (None: derived).
     error_buffer: PosFloat | None = None
+    #: Buffer processes the items are split over (each segment goes whole to one,
+    #: by its sequence number); a learner's draw over them has the distribution of
+    #: one table (services/buffer/sharding.py). More than 1 needs buffer processes
+    #: (DROVER_BUFFER_PROCESSES=1, the default), a sampler that does not consume, and
+    #: no rate limiter (`samples_per_insert`).
+    shards: Annotated[int, Ge(1), Le(MAX_SHARDS)] = 1
 
 
 #: The fixed opponents a league may hold (common/games.py plays them).

@@ -36,6 +36,8 @@ TERMINAL_PHASES: frozenset[str] = frozenset({"succeeded", "failed", "stopped"})
 
 # Bounds shared by the routes: generous for real use, small enough that one request
 # cannot exhaust a server.
+#: Buffer processes one job's replay may be split over (`replay_buffer.shards`).
+MAX_SHARDS = 16
 MAX_BATCH_SIZE = 8192
 MAX_NUM_BATCHES = 256
 MAX_WAIT_S = 60.0
@@ -269,12 +271,13 @@ class WorkerInfo:
 
 @message
 class DataAccess:
-    """Where a task's data goes: the buffer process serving its job's replay, and the
-    credential that lets this task, and only it, insert or sample there (for a job
-    whose buffer the coordinator hosts itself, a task has none: it uses the
-    coordinator's routes with its worker's credential)."""
+    """Where a task's data goes: the buffer processes serving its job's replay, one a
+    shard (services/buffer/sharding.py), and the credential that lets this task, and
+    only it, insert or sample there (for a job whose buffer the coordinator hosts
+    itself, a task has none: it uses the coordinator's routes with its worker's
+    credential)."""
 
-    url: Annotated[str, MinLen(1), MaxLen(512)]
+    urls: Annotated[list[Annotated[str, MinLen(1), MaxLen(512)]], MinLen(1), MaxLen(MAX_SHARDS)]
     credential: Annotated[str, MinLen(1), MaxLen(512)]
 
 
@@ -336,10 +339,10 @@ class TaskAssignment:
     job_id: Ident
     spec: TaskSpec
 
-    #: Every field at its bound in ASCII is under 2 KiB; a battle evaluation's list of
-    #: opponents is the deepest part (body, spec, list).
+    #: Every field at its bound in ASCII is under 2 KiB; a task's data access is the
+    #: deepest part (body, spec, data, its shards' addresses).
     body_limit: ClassVar[BodyLimit] = BodyLimit(
-        max_bytes=16 * KIB, max_containers=64, max_values=256, max_keys=64, max_depth=3
+        max_bytes=16 * KIB, max_containers=64, max_values=256, max_keys=64, max_depth=4
     )
 
     @property
@@ -474,6 +477,11 @@ class SampleRequest:
     priorities: Annotated[list[Priority], FailFast(), MaxLen(MAX_KEYS_PER_UPDATE)] = field(
         default_factory=list
     )
+    #: A shard's part of a draw over a job's shards (services/buffer/sharding.py):
+    #: exactly this many items, as one batch; `batch_size` x `num_batches` is then the
+    #: whole draw's (its batches count toward annealing as in one table). 0: none,
+    #: at once; the reply still says the shard's mass (and the priorities apply).
+    items: Annotated[int, Ge(0), Le(MAX_SAMPLE_ITEMS)] | None = None
 
     #: Every field at its bound in ASCII is about 8.5 KiB, and the priorities as much
     #: as a `PriorityUpdate`'s (about 2.9 MiB).

@@ -45,13 +45,16 @@ def check_own_folder(
             raise ApiError(403, "forbidden", f"segments.{i}.path: not in {worker_id}'s own folder")
 
 
-def check_sample_request(request: SampleRequest) -> None:
+def check_sample_request(request: SampleRequest, *, consuming: bool = False) -> None:
     """What a sample request's fields cannot say alone: at most MAX_SAMPLE_ITEMS items
-    in all, and a priority for each key.
+    in all, a priority for each key, and `items` (a shard's part of a draw) only from
+    a buffer that does not consume what it hands out.
 
     Raises:
-        ApiError: 400 naming `num_batches` or `priorities`.
+        ApiError: 400 naming `num_batches`, `priorities` or `items`.
     """
+    if request.items is not None and consuming:
+        raise bad_request("items", "a fifo buffer is not sharded: ask for whole batches")
     items = request.batch_size * request.num_batches
     if items > MAX_SAMPLE_ITEMS:
         raise bad_request(
@@ -161,6 +164,8 @@ def sweep_orphans(
             continue
         for name in names:
             path = f"{root}/{folder}/{name}"
+            if not buffer.owns(path):
+                continue  # another shard's
             try:
                 kind = buffer.classify(path)
                 if kind == "known" or (kind == "new" and store.age_s(path) < grace_s):

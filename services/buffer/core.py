@@ -47,6 +47,7 @@ import re
 import sys
 import threading
 import time
+import zlib
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
@@ -56,7 +57,7 @@ import numpy as np
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from common.array_bodies import SampledItems
+from common.array_bodies import SampledItems, ShardState
 from common.config import ReplayBufferConfig
 from common.messages import BufferStats, SampledBatch, SegmentRef
 from services.buffer.limiter import RateLimiter
@@ -75,6 +76,27 @@ _SEGMENT = re.compile(r"^(?P<job>[^/]+)/segments/(?P<worker>[^/]+)/(?P<seq>\d{1,
 
 
 T = TypeVar("T")
+#: Consecutive segments of one collector that go to the same shard.
+SEGMENTS_PER_SHARD = 16
+
+
+def segment_shard(path: str, shards: int) -> int:
+    """Which of a job's `shards` indexes a segment (sharding.py): a collector's
+    segments go to one shard in runs of `SEGMENTS_PER_SHARD`, then to the next, each
+    collector starting at a shard of its own (a hash of its folder's name). An insert
+    then mostly goes to one shard, and every shard gets its share of a job's segments
+    however few collectors it has.
+
+    Raises:
+        ValueError: not a segment's path.
+    """
+    match = _SEGMENT.match(path)
+    if match is None:
+        raise ValueError(f"path '{path}' is not '<job>/segments/<worker_id>/<seq>.safetensors'")
+    if shards == 1:
+        return 0
+    run = int(match["seq"]) // SEGMENTS_PER_SHARD
+    return (zlib.crc32(match["worker"].encode()) + run) % shards
 
 
 class RateLimited(Exception):
@@ -192,11 +214,15 @@ class ReplayBuffer:
         seed: int = 0,
         release_grace_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
+        shard: int = 0,
     ) -> None:
         self.job_id = job_id
         self.config = config
         self.capacity = config.replay_buffer_size
-        self.table = ItemTable(self.capacity)
+        #: Which of the job's `config.shards` buffers this is: it holds the segments
+        #: whose sequence number is `shard` modulo their count (sharding.py).
+        self.shard = shard
+        self.table = ItemTable(self.capacity, shard=shard, shards=config.shards)
         self.sampler = make_sampler(config)
         self.remover = make_remover(config)
         self.limiter = RateLimiter(
@@ -322,7 +348,19 @@ class ReplayBuffer:
             raise ValueError(
                 f"path '{path}' is not '{self.job_id}/segments/<worker_id>/<seq>.safetensors'"
             )
+        shard = segment_shard(path, self.config.shards)
+        if shard != self.shard:
+            raise ValueError(
+                f"path '{path}' belongs to shard {shard} of {self.config.shards}, not {self.shard}"
+            )
         return match["worker"], int(match["seq"])
+
+    def owns(self, path: str) -> bool:
+        """Whether a segment path of this job is this shard's (one that is no segment's
+        name is shard 0's, to sweep)."""
+        if _SEGMENT.match(path) is None:
+            return self.shard == 0
+        return segment_shard(path, self.config.shards) == self.shard
 
     def _item_spans(self, ref: SegmentRef) -> tuple[np.ndarray, np.ndarray]:
         """(first row, rows) of each item of a segment."""
@@ -405,14 +443,36 @@ class ReplayBuffer:
         return self.sample_for(None, batch_size, num_batches, timeout_s=timeout_s).reply().batches
 
     def sample_for(
-        self, holder: str | None, batch_size: int, num_batches: int, *, timeout_s: float
+        self,
+        holder: str | None,
+        batch_size: int,
+        num_batches: int,
+        *,
+        timeout_s: float,
+        items: int | None = None,
     ) -> SampledItems:
         """`sample` on behalf of `holder` (a learn task): the items a consuming sampler
         hands out are held for it until `acknowledge`, and go back to the buffer with
         `give_back` if it never trains on them. Returns the items as arrays, with the
-        hold's id (None when nothing is held: a non-consuming sampler, or no holder)."""
+        hold's id (None when nothing is held: a non-consuming sampler, or no holder).
+
+        `items`: this shard's part of a draw over all of a job's shards (sharding.py):
+        that many items, as one batch, while the draw's `num_batches` count toward
+        the annealing of importance weights as they would in one table."""
+        if items == 0:
+            with self._cond:
+                if self._closed:
+                    raise BufferClosed(f"job {self.job_id} has ended")
+                return self._draw(0, 1, counted_batches=0)
+        if items is not None:
+            if self.sampler.consumes:
+                raise ValueError("items: a fifo buffer is not sharded: ask for batches")
+            batch_size, counted_batches, need = items, num_batches, 1
+            num_batches = 1
+        else:
+            counted_batches = num_batches
+            need = batch_size * num_batches if self.sampler.consumes else batch_size
         num_items = batch_size * num_batches
-        need = num_items if self.sampler.consumes else batch_size
         deadline = self._clock() + timeout_s
         with self._cond:
             self._wait(
@@ -427,7 +487,7 @@ class ReplayBuffer:
             if holder is not None and self.sampler.consumes:
                 hold_id = f"hold-{self._next_hold}"
                 self._next_hold += 1
-            items = self._draw(batch_size, num_batches, hold_id, holder)
+            items = self._draw(batch_size, num_batches, hold_id, holder, counted_batches)
             self.limiter.sampled += num_items
             self._counters.sample_requests += 1
             self._cond.notify_all()
@@ -511,12 +571,22 @@ class ReplayBuffer:
                 self._dead.add(sid)
 
     def _draw(
-        self, batch_size: int, num_batches: int, hold_id: str | None = None, holder: str = ""
+        self,
+        batch_size: int,
+        num_batches: int,
+        hold_id: str | None = None,
+        holder: str = "",
+        counted_batches: int | None = None,
     ) -> SampledItems:
         """All of a request's items in one vectorized draw, then put in batches."""
         table = self.table
-        slots, weights = self.sampler.sample(batch_size * num_batches, table, self._rng)
-        self.sampler.batches_drawn += num_batches
+        if batch_size * num_batches:
+            slots, weights = self.sampler.sample(batch_size * num_batches, table, self._rng)
+        else:  # a shard asked only for its state
+            slots, weights = np.empty(0, np.int64), np.empty(0, np.float32)
+        # What the weights were normalized by, for a draw over shards to renormalize.
+        weight_scale = self.sampler.weight_scale()
+        self.sampler.batches_drawn += num_batches if counted_batches is None else counted_batches
         rows, lengths = table.row[slots], table.length[slots]
         sequence_length = self.config.sequence_length
         if self.config.item == "episode":
@@ -541,7 +611,16 @@ class ReplayBuffer:
             self._remove(slots, "max_use")
         elif self.config.max_use is not None:
             self._remove(used[table.uses[used] >= self.config.max_use], "max_use")
-        return self._group(batch_size, keys, segment_ids, rows, lengths, weights, hold_id)
+        items = self._group(batch_size, keys, segment_ids, rows, lengths, weights, hold_id)
+        # A shard short of its first `min_size_to_sample` items is given no part of the
+        # next draw: asked for its state only, until it has them.
+        warm = table.size and self.limiter.can_sample(1)
+        items.shard = ShardState(
+            mass=self.sampler.mass(table) if warm else 0.0,
+            min_weight=weight_scale[0] if np.isfinite(weight_scale[0]) else 1.0,
+            beta=weight_scale[1],
+        )
+        return items
 
     def _group(
         self,

@@ -63,6 +63,7 @@ from services.buffer.checks import (
 )
 from services.buffer.core import BufferClosed, RateLimited, ReplayBuffer, SampleTimeout
 from services.buffer.credentials import TaskGrant, TaskGrants
+from services.buffer.sharding import shard_config
 
 log = logging.getLogger(__name__)
 
@@ -170,7 +171,9 @@ class ShardHost:
         shard: int = 0,
     ) -> ShardHost:
         files = BackgroundDeletes(store)
-        buffer = ReplayBuffer(job_id, config, files, error_buffer=error_buffer, seed=seed)
+        buffer = ReplayBuffer(
+            job_id, shard_config(config), files, error_buffer=error_buffer, seed=seed, shard=shard
+        )
         return cls(store, buffer, files, grants=grants, limits=limits, shard=shard)
 
     # --- who may call ------------------------------------------------------------------
@@ -248,7 +251,7 @@ class ShardHost:
     def sample(
         self, job_id: str, request: SampleRequest, *, caller: str | None = None
     ) -> SampledItems:
-        check_sample_request(request)
+        check_sample_request(request, consuming=self.buffer.sampler.consumes)
         self._check_open()
         self._check_sender(job_id, request.task_id, "learn", caller)
         with self._lock:
@@ -270,6 +273,7 @@ class ShardHost:
                 request.batch_size,
                 request.num_batches,
                 timeout_s=request.timeout_s,
+                items=request.items,
             )
         except SampleTimeout:
             self._tally("sample_timeouts")
@@ -376,7 +380,9 @@ class ShardHost:
         """The buffer as its newest snapshot left it (this process's, or, the first
         time, that of a coordinator that hosted it), then the segment files written
         since indexed. Returns the segments indexed from files."""
-        for folder in (self.folder, f"{self.job_id}/coordinator"):
+        # A coordinator's chain holds all of a job's items: only a single shard takes it.
+        first = [f"{self.job_id}/coordinator"] if self.buffer.config.shards == 1 else []
+        for folder in (self.folder, *first):
             if self.store.exists(f"{folder}/{chain.STATE}"):
                 saved = chain.read_chain(self.store, folder)
                 self.buffer.restore_snapshot(*saved.cut, deltas=saved.deltas)

@@ -42,6 +42,16 @@ class Sampler(Protocol):
         """How many items one request may take (a queue cannot repeat items)."""
         ...
 
+    def mass(self, table: ItemTable) -> float:
+        """What a draw over a job's shards weighs this one by (sharding.py): the sum
+        of its items' sampling weights."""
+        ...
+
+    def weight_scale(self) -> tuple[float, float]:
+        """(w, beta): the importance weights drawn now are (weight / w)^-beta, for a
+        draw over shards to renormalize by the smallest w of all."""
+        ...
+
     def state(self) -> dict[str, Any]: ...
 
     def restore(self, state: dict[str, Any], table: ItemTable) -> None: ...
@@ -102,6 +112,14 @@ class PrioritizedSampler:
 
     def available(self, table: ItemTable) -> int:
         return table.size if table.size else 0
+
+    def mass(self, table: ItemTable) -> float:
+        return self.tree.total
+
+    def weight_scale(self) -> tuple[float, float]:
+        if self.beta == 0.0 or self.alpha == 0.0:
+            return 1.0, 0.0  # weights of 1
+        return self.tree.min, self.beta
 
     def state(self) -> dict[str, Any]:
         return {"max_priority": self.max_priority, "batches_drawn": self.batches_drawn}
@@ -200,6 +218,12 @@ class UniformSampler:
     def available(self, table: ItemTable) -> int:
         return table.size
 
+    def mass(self, table: ItemTable) -> float:
+        return float(table.size)
+
+    def weight_scale(self) -> tuple[float, float]:
+        return 1.0, 0.0
+
     def state(self) -> dict[str, Any]:
         return {"max_priority": self.max_priority, "batches_drawn": self.batches_drawn}
 
@@ -232,6 +256,12 @@ class FifoSampler:
 
     def available(self, table: ItemTable) -> int:
         return table.size
+
+    def mass(self, table: ItemTable) -> float:
+        return float(table.size)
+
+    def weight_scale(self) -> tuple[float, float]:
+        return 1.0, 0.0
 
     def state(self) -> dict[str, Any]:
         return {}

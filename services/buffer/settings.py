@@ -74,7 +74,7 @@ class BufferSettings:
             token=read_token(env),
             metrics_token=read_secret(env, "DROVER_METRICS_TOKEN"),
             job_id=env_str(env, "DROVER_BUFFER_JOB"),
-            shard=env_int(env, "DROVER_BUFFER_SHARD", 0),
+            shard=int(spec["shard"]),
             config=spec["config"],
             error_buffer=float(spec["error_buffer"]),
             seed=int(spec["seed"]),
@@ -91,14 +91,16 @@ class BufferSettings:
         return ServerLimits(threads=self.threads)
 
 
-def spec_json(config: ReplayBufferConfig, error_buffer: float, seed: int) -> str:
+def spec_json(config: ReplayBufferConfig, error_buffer: float, seed: int, shard: int = 0) -> str:
     """What `DROVER_BUFFER_SPEC` holds: the job's buffer settings as the coordinator
-    resolved them (its workflow's `replay`), the limiter's error buffer and the seed."""
+    resolved them (its workflow's `replay`), the limiter's error buffer, the seed, and
+    which of the job's `config.shards` this process serves."""
     return json.dumps(
         {
             "config": TypeAdapter(ReplayBufferConfig).dump_python(config, mode="json"),
             "error_buffer": error_buffer,
             "seed": seed,
+            "shard": shard,
         }
     )
 
@@ -110,6 +112,7 @@ def buffer_spec(raw: str) -> dict[str, Any]:
             "config": TypeAdapter(ReplayBufferConfig).validate_python(data["config"]),
             "error_buffer": data["error_buffer"],
             "seed": data["seed"],
+            "shard": data.get("shard", 0),
         }
     except (ValueError, KeyError, TypeError, ValidationError) as exc:
         raise SettingsError(f"{SPEC_VARIABLE} is not a buffer spec: {exc}") from None

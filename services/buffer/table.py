@@ -3,9 +3,12 @@ order in which items arrived.
 
 An item's key encodes its slot (``key = counter << SLOT_BITS | slot``), so a key sent
 back by a learner (a priority update) is found in O(1) and recognised as stale
-once its slot holds another item. A free slot's key is negative and says when it was
-freed (-1: never used; ``-1 - k``: the k-th slot freed), so the key column alone
-determines the free list and the arrival order (`restore` derives both from it).
+once its slot holds another item. A table that is shard `k` of `n` (one of a job's
+buffer processes) numbers its items ``counter * n + k``: every key of a job is then
+unique, and `shard_of` tells which shard holds it. A free slot's key is negative and
+says when it was freed (-1: never used; ``-1 - k``: the k-th slot freed), so the key
+column alone determines the free list and the arrival order (`restore` derives both
+from it).
 
 Every change to a column goes through `write`, which first appends the values it
 overwrites to each open journal: a snapshot opens one at its cut, copies the columns
@@ -74,11 +77,19 @@ def _read_only(array: np.ndarray) -> np.ndarray:
     return view
 
 
+def shard_of(keys: np.ndarray, shards: int) -> np.ndarray:
+    """The shard that holds each key, of a job's `shards`."""
+    return (np.asarray(keys, dtype=np.int64) >> SLOT_BITS) % shards
+
+
 class ItemTable:
-    def __init__(self, capacity: int) -> None:
+    def __init__(self, capacity: int, *, shard: int = 0, shards: int = 1) -> None:
         if capacity > SLOT_MASK:
             raise ValueError(f"capacity {capacity} exceeds {SLOT_MASK}")
+        if not 0 <= shard < shards:
+            raise ValueError(f"shard {shard} of {shards}")
         self.capacity = capacity
+        self.shard, self.shards = shard, shards
         self._columns = {
             "key": np.full(capacity, -1, dtype=np.int64),  # < 0: a free slot
             "segment": np.zeros(capacity, dtype=np.int64),
@@ -177,7 +188,8 @@ class ItemTable:
             raise ValueError(f"{n} slots wanted, {self._free_count} free")
         slots = self._free[self._free_count - n : self._free_count][::-1].copy()
         self._free_count -= n
-        keys = ((self.counter + np.arange(n, dtype=np.int64)) << SLOT_BITS) | slots
+        numbers = (self.counter + np.arange(n, dtype=np.int64)) * self.shards + self.shard
+        keys = (numbers << SLOT_BITS) | slots
         self.counter += n
         self.write("key", slots, keys)
         self.write("uses", slots, 0)

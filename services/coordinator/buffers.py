@@ -50,6 +50,7 @@ from common.messages import BufferStats, DataAccess, ShardReport
 from services.buffer.client import BufferControl
 from services.buffer.credentials import TaskGrant, credential_key, sign
 from services.buffer.settings import SPARE_VARIABLE, SPEC_VARIABLE, spec_json
+from services.buffer.sharding import merge_stats
 
 log = logging.getLogger(__name__)
 
@@ -100,22 +101,26 @@ def _die_with_parent() -> None:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
-class BufferProcess:
-    """One job's buffer process, as the coordinator sees it (see the module's text)."""
+class ShardProcess:
+    """One buffer process: shard `index` of its job's buffer (the only one unless the
+    job's `replay_buffer.shards` is more)."""
 
     def __init__(
         self,
         job_id: str,
+        index: int,
         port: int,
         env: dict[str, str],
         settings: BufferProcessSettings,
+        closed: Callable[[], bool],
     ) -> None:
         self.job_id = job_id
+        self.index = index
         self.port = port
         self._env = env
         self._settings = settings
+        self._closed = closed
         self.url = f"http://{settings.url_host}:{port}"
-        self._key = credential_key(settings.token)
         self.control = BufferControl(
             f"http://{_connect_host(settings.bind_host)}:{port}", settings.token, timeout_s=10.0
         )
@@ -123,10 +128,6 @@ class BufferProcess:
         self.restarts = 0
         self.report = ShardReport(env_steps=0, size=0)
         self.returns_seq = 0
-        #: What a restarted process is told again.
-        self.ended: collections.deque[str] = collections.deque(maxlen=ENDED_KEPT)
-        self.learner_version = 0
-        self.closed = False
         #: It answered once: its job's data tasks may go out (until then they would
         #: only retry against a process still starting).
         self.ready = False
@@ -134,8 +135,12 @@ class BufferProcess:
         self._reading = threading.Lock()
         self._commands: queue.SimpleQueue[tuple[str, Any] | None] = queue.SimpleQueue()
         self._sender = threading.Thread(
-            target=self._send_loop, name=f"buffer-{job_id}", daemon=True
+            target=self._send_loop, name=f"buffer-{job_id}-{index}", daemon=True
         )
+
+    @property
+    def name(self) -> str:
+        return f"{self.job_id}'s buffer" + (f" (shard {self.index})" if self.index else "")
 
     # --- the process ---------------------------------------------------------------------
 
@@ -151,8 +156,8 @@ class BufferProcess:
             self._sender.start()
 
     def adopt(self, spare: subprocess.Popen[bytes]) -> bool:
-        """Give a spare process (started without a job, its imports done) this job: the
-        variables naming it, on its input. False: the spare had died."""
+        """Give a spare process (started without a job, its imports done) this shard:
+        the variables naming it, on its input. False: the spare had died."""
         job = {
             "DROVER_BUFFER_JOB": self.job_id,
             SPEC_VARIABLE: self._env[SPEC_VARIABLE],
@@ -185,39 +190,11 @@ class BufferProcess:
             process.kill()
             process.wait(5)
 
-    # --- a worker's access -----------------------------------------------------------------
+    # --- calls -----------------------------------------------------------------------------
 
-    def access(self, task_id: str, worker_id: str, kind: str) -> DataAccess:
-        """Where a task of this job inserts or samples, and its credential there."""
-        grant = TaskGrant(self.job_id, task_id, worker_id, kind)
-        return DataAccess(url=self.url, credential=sign(self._key, grant))
-
-    # --- what the coordinator calls holding its lock: sent in order ------------------------
-
-    @property
-    def size(self) -> int:
-        return self.report.size
-
-    @property
-    def inserted_env_steps(self) -> int:
-        return self.report.env_steps
-
-    def task_ended(self, task_id: str) -> None:
-        """Its credential is refused from now on; what a learn task held goes back."""
-        self.ended.append(task_id)
-        self._commands.put(("task_ends", [task_id]))
-
-    def set_learner_version(self, version: int) -> int:
-        self.learner_version = max(self.learner_version, version)
-        self._commands.put(("learner_version", self.learner_version))
-        return 0
-
-    def close(self) -> None:
-        """The job ended: the process takes no more data (`final_stats` waits for it)."""
-        self.closed = True
-
-    def collect_garbage(self) -> None:
-        """The process collects its own."""
+    def send(self, name: str, arg: Any) -> None:
+        """`task_ends` or `learner_version`, sent in order on this shard's own thread."""
+        self._commands.put((name, arg))
 
     def _send_loop(self) -> None:
         while (command := self._commands.get()) is not None:
@@ -231,48 +208,18 @@ class BufferProcess:
                         self.control.learner_version(arg)
                     break
                 except (ServiceUnavailable, ApiError) as exc:
-                    if time.monotonic() > deadline or self.closed:
-                        log.warning("buffer of %s: %s not sent: %s", self.job_id, name, exc)
+                    if time.monotonic() > deadline or self._closed():
+                        log.warning("%s: %s not sent: %s", self.name, name, exc)
                         break
                     time.sleep(0.2)  # restarting: told again once it is back anyway
 
-    # --- what the coordinator calls outside its lock -----------------------------------
-
-    def stats(self) -> BufferStats:
-        try:
-            return self.control.stats(self.job_id)
-        except ServiceUnavailable as exc:
-            raise ApiError(
-                503, "buffer_unavailable", f"job {self.job_id}'s buffer: {exc}", retry_after_s=1.0
-            ) from None
-
-    def final_stats(self) -> BufferStats:
-        """Close the buffer (no more data in or out) and read its last report."""
-        stats = self._patiently(
-            lambda: self.control.close_job(timeout_s=END_PATIENCE_S), patience_s=END_PATIENCE_S
-        )
-        self.report = self._patiently(
-            lambda: self.control.report(self.returns_seq, timeout_s=END_PATIENCE_S),
-            patience_s=END_PATIENCE_S,
-        )
-        return stats
-
-    def release_all(self) -> None:
-        """The job's end is on disk: its segments go, and so does the process."""
-        try:
-            self._patiently(self.control.release)
-        finally:
-            self.stop()
-
-    def _patiently(
-        self, call: Callable[..., Any], *args: Any, patience_s: float = START_TIMEOUT_S
-    ) -> Any:
-        """`call(*args)`, tried again while the process starts or restarts (a job can
-        end before its buffer process first answers)."""
+    def patiently(self, call: Callable[[], Any], patience_s: float = START_TIMEOUT_S) -> Any:
+        """`call()`, tried again while the process starts or restarts (a job can end
+        before its buffer process first answers)."""
         deadline = time.monotonic() + patience_s
         while True:
             try:
-                return call(*args)
+                return call()
             except ServiceUnavailable:
                 if time.monotonic() > deadline or self.process is None:
                     raise
@@ -281,29 +228,148 @@ class BufferProcess:
     def poll_report(self) -> ReportRead:
         """The process's report now, with what is new in it since the last."""
         with self._reading:
-            return self._read_report()
+            report = self.control.report(self.returns_seq)
+            self.ready = True
+            last, self.report = self.report, report
+            if report.returns_seq < self.returns_seq:
+                self.returns_seq = 0  # a restarted process numbers its episodes anew
+                return ReportRead(report, [], {})
+            self.returns_seq = report.returns_seq
+            served = {}
+            for name in SERVED:
+                now, before = getattr(report, name), getattr(last, name)
+                # A restarted process counts from 0 again.
+                served[name] = now - before if now >= before else now
+            return ReportRead(report, list(report.episode_returns), served)
 
-    def _read_report(self) -> ReportRead:
-        report = self.control.report(self.returns_seq)
-        self.ready = True
-        last, self.report = self.report, report
-        if report.returns_seq < self.returns_seq:
-            self.returns_seq = 0  # a restarted process numbers its episodes anew
-            return ReportRead(report, [], {})
-        self.returns_seq = report.returns_seq
-        served = {}
-        for name in SERVED:
-            now, before = getattr(report, name), getattr(last, name)
-            # A restarted process counts from 0 again.
-            served[name] = now - before if now >= before else now
-        return ReportRead(report, list(report.episode_returns), served)
 
-    def tell_again(self) -> None:
+class BufferProcess:
+    """One job's buffer, served by its shards' processes, as the coordinator sees it
+    (see the module's text): what it is told goes to every shard; what it reports is
+    their sum."""
+
+    def __init__(
+        self, job_id: str, shards: list[ShardProcess], settings: BufferProcessSettings
+    ) -> None:
+        self.job_id = job_id
+        self.shards = shards
+        self._key = credential_key(settings.token)
+        #: What a restarted process is told again.
+        self.ended: collections.deque[str] = collections.deque(maxlen=ENDED_KEPT)
+        self.learner_version = 0
+        self.closed = False
+
+    @property
+    def url(self) -> str:
+        """Where an operator's data request is passed on: the first shard."""
+        return self.shards[0].url
+
+    @property
+    def ready(self) -> bool:
+        """Every shard answered once: its job's data tasks may go out."""
+        return all(shard.ready for shard in self.shards)
+
+    @property
+    def restarts(self) -> int:
+        return sum(shard.restarts for shard in self.shards)
+
+    # --- a worker's access -----------------------------------------------------------------
+
+    def access(self, task_id: str, worker_id: str, kind: str) -> DataAccess:
+        """Where a task of this job inserts or samples, and its credential there (one
+        for every shard: they check it with the same key)."""
+        grant = TaskGrant(self.job_id, task_id, worker_id, kind)
+        return DataAccess(
+            urls=[shard.url for shard in self.shards], credential=sign(self._key, grant)
+        )
+
+    # --- what the coordinator calls holding its lock: sent in order ------------------------
+
+    @property
+    def size(self) -> int:
+        return sum(shard.report.size for shard in self.shards)
+
+    @property
+    def inserted_env_steps(self) -> int:
+        return sum(shard.report.env_steps for shard in self.shards)
+
+    def task_ended(self, task_id: str) -> None:
+        """Its credential is refused from now on; what a learn task held goes back."""
+        self.ended.append(task_id)
+        for shard in self.shards:
+            shard.send("task_ends", [task_id])
+
+    def set_learner_version(self, version: int) -> int:
+        self.learner_version = max(self.learner_version, version)
+        for shard in self.shards:
+            shard.send("learner_version", self.learner_version)
+        return 0
+
+    def close(self) -> None:
+        """The job ended: the processes take no more data (`final_stats` waits for
+        them)."""
+        self.closed = True
+
+    def collect_garbage(self) -> None:
+        """The processes collect their own."""
+
+    # --- what the coordinator calls outside its lock -----------------------------------
+
+    def stats(self) -> BufferStats:
+        try:
+            return merge_stats([shard.control.stats(self.job_id) for shard in self.shards])
+        except ServiceUnavailable as exc:
+            raise ApiError(
+                503, "buffer_unavailable", f"job {self.job_id}'s buffer: {exc}", retry_after_s=1.0
+            ) from None
+
+    def final_stats(self) -> BufferStats:
+        """Close the buffer (no more data in or out) and read its last reports."""
+        stats = []
+        for shard in self.shards:
+            stats.append(
+                shard.patiently(
+                    lambda s=shard: s.control.close_job(timeout_s=END_PATIENCE_S),
+                    patience_s=END_PATIENCE_S,
+                )
+            )
+            shard.report = shard.patiently(
+                lambda s=shard: s.control.report(s.returns_seq, timeout_s=END_PATIENCE_S),
+                patience_s=END_PATIENCE_S,
+            )
+        return merge_stats(stats)
+
+    def release_all(self) -> None:
+        """The job's end is on disk: its segments go, and so do the processes."""
+        try:
+            for shard in self.shards:
+                shard.patiently(shard.control.release)
+        finally:
+            self.stop()
+
+    def stop(self) -> None:
+        for shard in self.shards:
+            shard.stop()
+
+    def tell_again(self, shard: ShardProcess) -> None:
         """A restarted process: the tasks that ended, the learner's version."""
         if self.ended:
-            self._commands.put(("task_ends", list(self.ended)))
+            shard.send("task_ends", list(self.ended))
         if self.learner_version:
-            self._commands.put(("learner_version", self.learner_version))
+            shard.send("learner_version", self.learner_version)
+
+    def merged(self, reads: list[ReportRead]) -> ReportRead:
+        """The job's report from what its shards' reads said (those read this time;
+        the others' last reports)."""
+        if len(self.shards) == 1 and reads:
+            return reads[0]
+        served: collections.Counter[str] = collections.Counter()
+        returns: list[float] = []
+        for read in reads:
+            served.update(read.served)
+            returns += read.returns
+        total = ShardReport(env_steps=self.inserted_env_steps, size=self.size)
+        return ReportRead(total, returns, dict(served))
 
 
 #: ShardReport's counters of what a process served.
@@ -362,23 +428,37 @@ class BufferProcesses:
     def start(
         self, job_id: str, config: ReplayBufferConfig, *, error_buffer: float, seed: int
     ) -> BufferProcess:
-        """A process for the job's buffer, started (it restores what the job's
-        folder holds): the spare one when there is one."""
-        env = {
-            **self._base_env(),
-            "DROVER_BUFFER_JOB": job_id,
-            SPEC_VARIABLE: spec_json(config, error_buffer, seed),
-        }
+        """The processes of the job's buffer, one a shard, started (each restores
+        what its folder holds): the spare one first when there is one."""
         with self._lock:
-            process = BufferProcess(job_id, self._free_port(), env, self.settings)
+            shards: list[ShardProcess] = []
+            closed = lambda: buffer.closed  # noqa: E731 - read once the buffer exists
+            taken = {p.port for job in self._processes.values() for p in job.shards}
+            for index in range(config.shards):
+                env = {
+                    **self._base_env(),
+                    "DROVER_BUFFER_JOB": job_id,
+                    SPEC_VARIABLE: spec_json(config, error_buffer, seed, index),
+                }
+                port = self._free_port(taken)
+                taken.add(port)
+                shards.append(ShardProcess(job_id, index, port, env, self.settings, closed))
+            buffer = BufferProcess(job_id, shards, self.settings)
             spare, self._spare = self._spare, None
             self._spare_after = time.monotonic() + SPARE_DELAY_S
-            # Started before the watcher can see it: one not started would look dead.
-            if spare is None or spare.poll() is not None or not process.adopt(spare):
-                process.spawn()
-            self._processes[job_id] = process
-        log.info("job %s: its buffer runs in a process of its own at %s", job_id, process.url)
-        return process
+            # Started before the watcher can see them: one not started would look dead.
+            if spare is None or spare.poll() is not None or not shards[0].adopt(spare):
+                shards[0].spawn()
+            for shard in shards[1:]:
+                shard.spawn()
+            self._processes[job_id] = buffer
+        log.info(
+            "job %s: its buffer runs in %d process(es) of its own at %s",
+            job_id,
+            len(shards),
+            ", ".join(s.url for s in shards),
+        )
+        return buffer
 
     def _base_env(self) -> dict[str, str]:
         """What every buffer process is started with (a job's adds its own)."""
@@ -415,19 +495,24 @@ class BufferProcesses:
         once they answer."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
-            pending = list(self._processes.values())
+            pending = {job.job_id: (job, list(job.shards)) for job in self._processes.values()}
         while pending:
-            for process in list(pending):
-                try:
-                    read = process.poll_report()
-                except (ServiceUnavailable, ApiError):
-                    continue
-                pending.remove(process)
-                self._on_report(process.job_id, read)
+            for job_id, (job, shards) in list(pending.items()):
+                reads = []
+                for shard in list(shards):
+                    try:
+                        reads.append(shard.poll_report())
+                    except (ServiceUnavailable, ApiError):
+                        continue
+                    shards.remove(shard)
+                if reads:
+                    self._on_report(job_id, job.merged(reads))
+                if not shards:
+                    del pending[job_id]
             if pending and time.monotonic() > deadline:
                 log.warning(
                     "the buffer processes of %s did not answer in %.0f s: counted once they do",
-                    ", ".join(p.job_id for p in pending),
+                    ", ".join(pending),
                     timeout_s,
                 )
                 return
@@ -455,8 +540,7 @@ class BufferProcesses:
         for process in processes:
             process.stop()
 
-    def _free_port(self) -> int:
-        taken = {p.port for p in self._processes.values()}
+    def _free_port(self, taken: set[int]) -> int:
         host = _connect_host(self.settings.bind_host)
         candidates = (
             range(self.settings.ports[0], self.settings.ports[1] + 1)
@@ -478,30 +562,34 @@ class BufferProcesses:
         while not self._stop.wait(self._poll_s):
             self._keep_spare()
             with self._lock:
-                processes = list(self._processes.values())
-            for process in processes:
-                if process.closed:
+                jobs = list(self._processes.values())
+            for job in jobs:
+                if job.closed:
                     continue
-                if not process.alive():
-                    self._restart(process)
+                reads = []
+                for shard in job.shards:
+                    if not shard.alive():
+                        self._restart(job, shard)
+                        continue
+                    try:
+                        reads.append(shard.poll_report())
+                    except (ServiceUnavailable, ApiError):
+                        continue  # starting, or restarting: read next time
+                if not reads:
                     continue
                 try:
-                    read = process.poll_report()
-                except (ServiceUnavailable, ApiError):
-                    continue  # starting, or restarting: read next time
-                try:
-                    self._on_report(process.job_id, read)
+                    self._on_report(job.job_id, job.merged(reads))
                 except Exception:
-                    log.exception("counting the report of %s's buffer failed", process.job_id)
+                    log.exception("counting the report of %s's buffer failed", job.job_id)
 
-    def _restart(self, process: BufferProcess) -> None:
-        code = process.process.returncode if process.process is not None else None
-        process.restarts += 1
+    def _restart(self, job: BufferProcess, shard: ShardProcess) -> None:
+        code = shard.process.returncode if shard.process is not None else None
+        shard.restarts += 1
         log.warning(
-            "the buffer process of job %s exited (code %s); restarting it (restart %d)",
-            process.job_id,
+            "%s's process exited (code %s); restarting it (restart %d)",
+            shard.name,
             code,
-            process.restarts,
+            shard.restarts,
         )
-        process.spawn()
-        process.tell_again()
+        shard.spawn()
+        job.tell_again(shard)

@@ -220,6 +220,31 @@ class CoordinatorClient(ServiceClient):
         priority_keys: list[int] | None = None,
         priorities: list[float] | None = None,
     ) -> SampleReply:
+        return self.sample_items(
+            job_id,
+            batch_size=batch_size,
+            num_batches=num_batches,
+            timeout_s=timeout_s,
+            task_id=task_id,
+            acknowledge=acknowledge,
+            priority_keys=priority_keys,
+            priorities=priorities,
+        ).reply()
+
+    def sample_items(
+        self,
+        job_id: str,
+        *,
+        batch_size: int,
+        num_batches: int,
+        timeout_s: float,
+        task_id: str | None = None,
+        acknowledge: list[str] | None = None,
+        priority_keys: list[int] | None = None,
+        priorities: list[float] | None = None,
+        items: int | None = None,
+    ) -> SampledItems:
+        """`sample`'s items as arrays; `items`: a shard's part of a draw over shards."""
         req = SampleRequest(
             batch_size=batch_size,
             num_batches=num_batches,
@@ -228,6 +253,7 @@ class CoordinatorClient(ServiceClient):
             acknowledge=acknowledge or [],
             priority_keys=priority_keys or [],
             priorities=priorities or [],
+            items=items,
         )
         # Binary both ways (common/array_bodies.py): the priorities a learner sends and
         # the keys, rows and weights it gets are arrays, not numbers printed one by one.
@@ -239,9 +265,7 @@ class CoordinatorClient(ServiceClient):
             content_type=ARRAYS_TYPE,
             accept=ARRAYS_TYPE,
         )
-        if resp.headers.get("Content-Type", "").startswith(ARRAYS_TYPE):
-            return SampledItems.from_frame(resp.data).reply()
-        return parse(SampleReply, resp.data)  # a server that answers only JSON
+        return SampledItems.from_frame(resp.data)
 
     def update_priorities(
         self, job_id: str, keys: list[int], priorities: list[float], *, task_id: str | None = None

@@ -319,4 +319,4 @@ class Coordinator:
         with self.state.guard.changing():
             job = self.state.jobs.get(job_id)
             remote = job.remote if job is not None else None
-        return remote.control.base_url if remote is not None else None
+        return remote.shards[0].control.base_url if remote is not None else None

@@ -147,6 +147,7 @@ class DataPlane:
         guard = self.state.guard
         with guard.changing():
             job = self.jobs.running(job_id)
+            check_sample_request(request, consuming=job.buffer.sampler.consumes)
             self.tasks.check_sender(job_id, request.task_id, "learn", caller)
             if request.timeout_s > 0:
                 self._check_waiting(job_id)
@@ -165,6 +166,7 @@ class DataPlane:
                     request.batch_size,
                     request.num_batches,
                     timeout_s=request.timeout_s,
+                    items=request.items,
                 )
             finally:
                 metrics.sample_wait.observe(time.monotonic() - started)

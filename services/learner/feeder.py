@@ -68,6 +68,7 @@ from common.logs import setup_logging
 from common.messages import SampledBatch, SampleReply, dump_json, message, parse
 from common.settings import without_secrets
 from common.storage import SharedStore
+from services.buffer.sharded_client import ShardedData, data_client
 from services.coordinator.client import CoordinatorClient
 from services.learner.sampling import JobOver, Outbox, Sampler
 from services.learner.segments import SegmentCache, SegmentSchema
@@ -111,7 +112,8 @@ class FedColumn:
 
 @message
 class FeederStart:
-    coordinator_url: str
+    #: Where it samples: the job's buffer process, its shards', or the coordinator.
+    data_urls: list[str]
     #: The learner's own credential (or the cluster token): never in argv or env.
     bearer: str
     #: The coordinator client's timeout for one call (a long poll adds its wait).
@@ -598,7 +600,7 @@ def _take_spare() -> tuple[subprocess.Popen[bytes], socket.socket] | None:
 
 
 def feeder_start(
-    coordinator: CoordinatorClient,
+    coordinator: CoordinatorClient | ShardedData,
     job_id: str,
     task_id: str | None,
     root: str,
@@ -611,7 +613,11 @@ def feeder_start(
 ) -> FeederStart:
     """What a feeder needs to sample and gather as the learn task would."""
     return FeederStart(
-        coordinator_url=coordinator.base_url,
+        data_urls=(
+            coordinator.base_urls
+            if isinstance(coordinator, ShardedData)
+            else [coordinator.base_url]
+        ),
         bearer=coordinator.bearer,
         call_timeout_s=coordinator.timeout_s,
         root=root,
@@ -653,9 +659,7 @@ class Feeder:
         self.request_slots = threading.Semaphore(1)
         self.replies: queue.Queue[SampleReply | BaseException] = queue.Queue()
         self.send_lock = threading.Lock()
-        client = CoordinatorClient(
-            start.coordinator_url, start.bearer, timeout_s=start.call_timeout_s
-        )
+        client = data_client(start.data_urls, start.bearer, timeout_s=start.call_timeout_s)
         self.sampler = Sampler(
             client,
             start.job_id,

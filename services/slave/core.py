@@ -44,6 +44,7 @@ from common.messages import (
 )
 from common.metrics import service_registry
 from common.settings import SlaveSettings
+from services.buffer.sharded_client import ShardedData, data_client
 from services.coordinator.client import CoordinatorClient
 
 log = logging.getLogger(__name__)
@@ -81,16 +82,15 @@ class TaskContext:
     unusable_segments: set[str] = field(default_factory=set)
 
     @functools.cached_property
-    def data(self) -> CoordinatorClient:
-        """Where the task inserts or samples: its job's buffer process, with the
-        credential for this task its spec carries; the coordinator when it has none
-        (the coordinator hosts the job's buffer)."""
+    def data(self) -> CoordinatorClient | ShardedData:
+        """Where the task inserts or samples: its job's buffer process (or, for a
+        sharded buffer, its processes), with the credential for this task its spec
+        carries; the coordinator when it has none (the coordinator hosts the job's
+        buffer)."""
         access = getattr(getattr(self.task, "spec", None), "data", None)
         if access is None:
             return self.coordinator
-        return CoordinatorClient(
-            access.url, access.credential, timeout_s=self.coordinator.timeout_s
-        )
+        return data_client(access.urls, access.credential, timeout_s=self.coordinator.timeout_s)
 
     def stopped(self) -> bool:
         """The task's loops end: it was cancelled or released."""

@@ -6,6 +6,7 @@ restarted coordinator starts it again."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import time
@@ -16,7 +17,14 @@ import yaml
 
 from common.config import deep_merge
 from drover.local import LocalCluster
-from tests.helpers import EXAMPLES, buffer_processes, running, wait_for_end, wait_until
+from tests.helpers import (
+    EXAMPLES,
+    buffer_processes,
+    child_processes,
+    running,
+    wait_for_end,
+    wait_until,
+)
 
 pytestmark = [pytest.mark.processes, pytest.mark.chaos]
 
@@ -104,3 +112,73 @@ def test_buffer_processes_die_with_their_coordinator_and_come_back_with_it(tmp_p
         wait_for_end(cluster, job_id, DEADLINE_S)
         assert_nothing_lost(cluster, job_id)
         time.sleep(0)
+
+
+def shard_pids(cluster, job_id) -> list[int]:
+    """The processes serving a job's buffer shards (each works in the job's folder)."""
+    pids = []
+    for pid in child_processes(cluster.coordinator.process.pid, "services.buffer"):
+        try:
+            if os.readlink(f"/proc/{pid}/cwd").endswith(f"/{job_id}"):
+                pids.append(pid)
+        except OSError:
+            continue
+    return sorted(pids)
+
+
+def test_a_buffer_split_over_two_shards_trains_and_rides_through_a_shard_kill(tmp_path):
+    """`replay_buffer.shards: 2`: two processes, each indexing its half of the segments
+    (and snapshotting into its own folder); the learner draws over both, its
+    priorities go back to the shard of each key; one shard killed mid-job comes back
+    and nothing acknowledged is lost."""
+    sharded = deep_merge(
+        DQN,
+        {"policy": {"other": {"replay_buffer": {"shards": 2, "samples_per_insert": None}}}},
+    )
+    with LocalCluster(tmp_path / "run", num_collectors=2) as cluster:
+        cluster.wait_for_workers()
+        job_id = cluster.client.submit_job(sharded).job_id
+        wait_until(lambda: cluster.client.job(job_id).env_steps > 1500, 60, "collection")
+        pids = shard_pids(cluster, job_id)
+        assert len(pids) == 2, pids
+        wait_until(lambda: cluster.client.job(job_id).train_iters > 0, 60, "training")
+
+        def shard_steps(shard):
+            state = tmp_path / "run" / job_id / f"buffer-{shard}" / "state.json"
+            if not state.exists():
+                return 0  # no snapshot yet
+            return json.loads(state.read_text())["buffer"]["inserted_env_steps"]
+
+        # Each snapshots its own share of the segments.
+        wait_until(lambda: min(shard_steps(0), shard_steps(1)) > 0, 30, "both shards' inserts")
+        os.kill(pids[1], signal.SIGKILL)
+        wait_until(
+            lambda: (
+                len(shard_pids(cluster, job_id)) == 2 and pids[1] not in shard_pids(cluster, job_id)
+            ),
+            30,
+            "the shard restarted",
+        )
+        wait_for_end(cluster, job_id, DEADLINE_S)
+        assert_nothing_lost(cluster, job_id)
+        buffer = cluster.client.buffer_stats(job_id)
+        assert buffer["capacity"] == DQN["policy"]["other"]["replay_buffer"].get(
+            "replay_buffer_size", 20000
+        )
+        assert "shard 1)'s process exited (code -9); restarting it" in (
+            cluster.coordinator.log_path.read_text()
+        )
+
+
+def test_a_sharded_fifo_buffer_is_refused_naming_the_key(tmp_path):
+    with LocalCluster(tmp_path / "run", num_collectors=0, num_learners=0) as cluster:
+        ppo = yaml.safe_load((EXAMPLES / "cartpole_ppo.yaml").read_text())
+        ppo = deep_merge(ppo, {"policy": {"other": {"replay_buffer": {"shards": 2}}}})
+        resp = requests.post(
+            f"{cluster.coordinator_url}/api/v1/jobs",
+            json={"config": ppo},
+            headers={"Authorization": f"Bearer {cluster.token}"},
+            timeout=10,
+        )
+        assert resp.status_code == 400, resp.text
+        assert "replay_buffer.shards" in resp.json()["message"]

@@ -46,7 +46,7 @@ from tests.helpers import wait_until
 def start_for(tmp_path, url: str = "http://127.0.0.1:9") -> FeederStart:
     """A feeder's start whose coordinator cannot be reached (port 9: nothing listens)."""
     return FeederStart(
-        coordinator_url=url,
+        data_urls=[url],
         bearer="t" * 32,
         call_timeout_s=1.0,
         root=str(tmp_path),

@@ -1,0 +1,239 @@
+"""A task's data calls to a job whose buffer is split over shards (sharding.py): the
+same calls as `CoordinatorClient`'s data routes, made to every shard that takes part.
+
+- `insert_segments`: each segment to its shard (`segment_shard`: a collector's go to
+  one shard in runs, so an insert is mostly one request); the groups at once, and a
+  refusal of any is the insert's: it is sent again whole, and since inserts are
+  idempotent by path, what a shard took counts once;
+- `sample`: one draw over all shards (`split`, each shard's part, `merge`), each
+  shard's request carrying the priorities of its own keys;
+- `update_priorities`: each key to the shard that holds it.
+
+Usage::
+
+    data = data_client(access.urls, access.credential, timeout_s=10.0)
+    reply = data.sample(job_id, batch_size=64, num_batches=8, timeout_s=5.0)
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import numpy as np
+
+from common.array_bodies import SampledItems
+from common.errors import ApiError
+from common.http_client import ServiceUnavailable
+from common.messages import InsertReply, SampleReply, SegmentRef
+from services.buffer.core import segment_shard
+from services.buffer.sharding import merge, split
+from services.buffer.table import shard_of
+from services.coordinator.client import CoordinatorClient
+
+T = TypeVar("T")
+#: How often a learner asks shards that had nothing to draw for their state again
+#: (doubling up to the second figure) until its long-poll's time is up.
+STATE_POLL_S, MAX_STATE_POLL_S = 0.05, 0.5
+
+
+def data_client(
+    urls: list[str], credential: str, *, timeout_s: float
+) -> CoordinatorClient | ShardedData:
+    """The client of a task's data access: one buffer process's, or its shards'."""
+    if len(urls) == 1:
+        return CoordinatorClient(urls[0], credential, timeout_s=timeout_s)
+    return ShardedData(urls, credential, timeout_s=timeout_s)
+
+
+class ShardedData:
+    """The data routes of a job's shards, as one (see the module's text)."""
+
+    def __init__(self, urls: list[str], credential: str, *, timeout_s: float) -> None:
+        self.shards = [CoordinatorClient(url, credential, timeout_s=timeout_s) for url in urls]
+        self.base_urls = list(urls)
+        self.bearer = credential
+        self.timeout_s = timeout_s
+        self._pool = ThreadPoolExecutor(len(urls), thread_name_prefix="shard")
+        self._rng = np.random.default_rng()
+        self._lock = threading.Lock()
+        #: Each shard's mass and smallest sampling weight, as its last answer said
+        #: (0 and inf: not heard from yet, or nothing to draw).
+        self._masses = [0.0] * len(urls)
+        self._min_weights = [math.inf] * len(urls)
+
+    # --- inserts ---------------------------------------------------------------------
+
+    def insert_segments(
+        self,
+        job_id: str,
+        segments: list[SegmentRef],
+        *,
+        timeout_s: float = 0.0,
+        task_id: str | None = None,
+    ) -> InsertReply:
+        groups: dict[int, list[SegmentRef]] = {}
+        for ref in segments:
+            groups.setdefault(segment_shard(ref.path, len(self.shards)), []).append(ref)
+        replies = self._each(
+            {
+                k: (
+                    lambda k=k, refs=refs: self.shards[k].insert_segments(
+                        job_id, refs, timeout_s=timeout_s, task_id=task_id
+                    )
+                )
+                for k, refs in groups.items()
+            }
+        )
+        return InsertReply(
+            accepted=sum(r.accepted for r in replies.values()),
+            duplicates=sum(r.duplicates for r in replies.values()),
+            env_steps=sum(r.env_steps for r in replies.values()),
+        )
+
+    # --- samples ---------------------------------------------------------------------
+
+    def sample(
+        self,
+        job_id: str,
+        *,
+        batch_size: int,
+        num_batches: int,
+        timeout_s: float,
+        task_id: str | None = None,
+        acknowledge: list[str] | None = None,
+        priority_keys: list[int] | None = None,
+        priorities: list[float] | None = None,
+    ) -> SampleReply:
+        """One draw over the shards; `ApiError` 503 `sample_timeout` when none had
+        anything to draw within `timeout_s` (as one buffer's long-poll ends)."""
+        if acknowledge:
+            raise ValueError("a sharded buffer holds nothing to acknowledge (it is not fifo)")
+        keys = np.asarray(priority_keys or [], dtype=np.int64)
+        values = np.asarray(priorities or [], dtype=np.float64)
+        owner = shard_of(keys, len(self.shards))
+        deadline = time.monotonic() + timeout_s
+        wait_s = STATE_POLL_S
+        while True:
+            with self._lock:
+                masses = list(self._masses)
+            # Every shard is asked, for its part or (0) only for its state: each one's
+            # mass is known again every round, and its priorities go with the request.
+            # With no mass known, a round of states first (none would wait for data).
+            counts = (
+                split(batch_size * num_batches, masses, self._rng)
+                if sum(masses) > 0
+                else [0] * len(self.shards)
+            )
+            parts = self._draw(
+                job_id, counts, batch_size, num_batches, timeout_s, task_id, keys, values, owner
+            )
+            keys, values, owner = keys[:0], values[:0], owner[:0]  # sent once
+            if sum(counts):
+                break
+            if time.monotonic() + wait_s > deadline and not any(self._masses):
+                raise ApiError(
+                    503,
+                    "sample_timeout",
+                    f"no shard of job {job_id} had items to draw",
+                    retry_after_s=0.0,
+                )
+            if not any(self._masses):
+                time.sleep(wait_s)
+                wait_s = min(2 * wait_s, MAX_STATE_POLL_S)
+        with self._lock:
+            mins = [w for w in self._min_weights if math.isfinite(w)] or None
+            items = merge(parts, batch_size=batch_size, rng=self._rng, min_weights=mins)
+        return items.reply()
+
+    def _draw(
+        self,
+        job_id: str,
+        counts: list[int],
+        batch_size: int,
+        num_batches: int,
+        timeout_s: float,
+        task_id: str | None,
+        keys: np.ndarray,
+        values: np.ndarray,
+        owner: np.ndarray,
+    ) -> list[SampledItems]:
+        """Each shard's part of one draw (`counts`), at once; what each said of its
+        state is kept even when another failed (the next split needs it)."""
+        parts: dict[int, SampledItems] = {}
+
+        def ask(k: int) -> SampledItems:
+            try:
+                part = self.shards[k].sample_items(
+                    job_id,
+                    batch_size=batch_size,
+                    num_batches=num_batches,
+                    timeout_s=timeout_s,
+                    task_id=task_id,
+                    priority_keys=keys[owner == k].tolist(),
+                    priorities=values[owner == k].tolist(),
+                    items=counts[k],
+                )
+            except (ApiError, ServiceUnavailable):
+                with self._lock:
+                    self._masses[k] = 0.0  # asked for its state only, until it answers
+                raise
+            parts[k] = part
+            if part.shard is not None:
+                with self._lock:
+                    self._masses[k] = part.shard.mass
+                    self._min_weights[k] = (
+                        part.shard.min_weight if part.shard.mass > 0 else math.inf
+                    )
+            return part
+
+        self._each({k: (lambda k=k: ask(k)) for k in range(len(self.shards))})
+        return [parts[k] for k in range(len(self.shards))]
+
+    def update_priorities(
+        self, job_id: str, keys: list[int], priorities: list[float], *, task_id: str | None = None
+    ) -> None:
+        owner = shard_of(np.asarray(keys, dtype=np.int64), len(self.shards))
+        values = np.asarray(priorities, dtype=np.float64)
+        array = np.asarray(keys, dtype=np.int64)
+        self._each(
+            {
+                k: (
+                    lambda k=k: self.shards[k].update_priorities(
+                        job_id,
+                        array[owner == k].tolist(),
+                        values[owner == k].tolist(),
+                        task_id=task_id,
+                    )
+                )
+                for k in set(owner.tolist())
+            }
+        )
+
+    # --- the fan-out -----------------------------------------------------------------
+
+    def _each(self, calls: dict[int, Callable[[], T]]) -> dict[int, T]:
+        """Every call at once, on the pool; the first error raised once all ended."""
+        if len(calls) == 1:
+            ((k, call),) = calls.items()
+            return {k: call()}
+        futures = {k: self._pool.submit(call) for k, call in calls.items()}
+        results: dict[int, Any] = {}
+        error: BaseException | None = None
+        for k, future in futures.items():
+            try:
+                results[k] = future.result()
+            except BaseException as exc:  # noqa: BLE001 - re-raised below, after the rest
+                error = error or exc
+        if error is not None:
+            raise error
+        return results
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False)
+        for shard in self.shards:
+            shard.close()
