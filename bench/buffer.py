@@ -174,7 +174,7 @@ def sample_latencies(
             # lock, then the buffer.
             core, job_id = coordinator
             request = SampleRequest(batch_size=256, num_batches=1, timeout_s=10.0)
-            (batch,) = core.sample(job_id, request).batches
+            (batch,) = core.sample(job_id, request).reply().batches
             latencies.append((time.perf_counter() - due) * 1e3)
             core.update_priorities(job_id, PriorityUpdate(keys=batch.keys, priorities=priorities))
         due += 1.0 / rate
