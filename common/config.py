@@ -261,8 +261,7 @@ class ReplayBufferConfig:
     #: Buffer processes the items are split over (each segment goes whole to one,
     #: by its sequence number); a learner's draw over them has the distribution of
     #: one table (services/buffer/sharding.py). More than 1 needs buffer processes
-    #: (DROVER_BUFFER_PROCESSES=1, the default), a sampler that does not consume, and
-    #: no rate limiter (`samples_per_insert`).
+    #: (DROVER_BUFFER_PROCESSES=1, the default) and a sampler that does not consume.
     shards: Annotated[int, Ge(1), Le(MAX_SHARDS)] = 1
 
 

@@ -522,6 +522,19 @@ class SampleReply:
 
 
 @message
+class LimiterCounts:
+    """Items a rate limiter counted: inserted and sampled (a shard's own, in its
+    report; the job's other shards', relayed to it by the coordinator)."""
+
+    inserted: Count
+    sampled: Count
+
+    body_limit: ClassVar[BodyLimit] = BodyLimit(
+        max_bytes=KIB, max_containers=1, max_values=4, max_keys=4, max_depth=1
+    )
+
+
+@message
 class ShardReport:
     """What a buffer process reports to the coordinator, which counts a job's env
     steps and episodes from it (and ends the job on them)."""
@@ -541,6 +554,9 @@ class ShardReport:
     sample_timeouts: int = 0
     inserts_rate_limited: int = 0
     inserts_busy: int = 0
+    #: Its rate limiter's own counts (the coordinator relays the job's other shards'
+    #: to each shard: `LimiterCounts`).
+    limiter: LimiterCounts = field(default_factory=lambda: LimiterCounts(inserted=0, sampled=0))
 
 
 @message

@@ -355,12 +355,6 @@ def check_consistency(config: JobConfig) -> None:
                 f"{learn.batch_size * learn.num_batches} and n_sample="
                 f"{config.policy.collect.n_sample}; it must be at least {needed}",
             )
-    if buffer.shards > 1 and buffer.samples_per_insert is not None:
-        raise ConfigError(
-            "policy.other.replay_buffer.shards",
-            "a rate limiter (samples_per_insert) keeps one ratio for one buffer; a "
-            "sharded buffer takes none yet: set shards: 1 or samples_per_insert: null",
-        )
     if buffer.shards > 1 and buffer.type == "fifo":
         raise ConfigError(
             "policy.other.replay_buffer.shards",

@@ -5,7 +5,14 @@ insert and sample methods a buffer process answers the same way)."""
 from __future__ import annotations
 
 from common.http_client import ServiceClient
-from common.messages import BufferStats, Health, LearnerVersion, ShardReport, TaskEnds
+from common.messages import (
+    BufferStats,
+    Health,
+    LearnerVersion,
+    LimiterCounts,
+    ShardReport,
+    TaskEnds,
+)
 
 
 class BufferControl(ServiceClient):
@@ -21,6 +28,9 @@ class BufferControl(ServiceClient):
 
     def learner_version(self, version: int) -> None:
         self.call("POST", "/v1/shard/learner-version", LearnerVersion(version=version))
+
+    def elsewhere(self, counts: LimiterCounts) -> None:
+        self.call("POST", "/v1/shard/elsewhere", counts)
 
     def close_job(self, *, timeout_s: float | None = None) -> BufferStats:
         return self.call_as(BufferStats, "POST", "/v1/shard/close", timeout_s=timeout_s)

@@ -77,7 +77,7 @@ _SEGMENT = re.compile(r"^(?P<job>[^/]+)/segments/(?P<worker>[^/]+)/(?P<seq>\d{1,
 
 T = TypeVar("T")
 #: Consecutive segments of one collector that go to the same shard.
-SEGMENTS_PER_SHARD = 16
+SEGMENTS_PER_SHARD = 4
 
 
 def segment_shard(path: str, shards: int) -> int:
@@ -676,6 +676,13 @@ class ReplayBuffer:
             self.table.write("priority", slots, values)
             self.sampler.update(slots, values)
             return len(slots)
+
+    def set_elsewhere(self, inserted: int, sampled: int) -> None:
+        """The job's other shards' items inserted and sampled, as last relayed: the
+        rate limiter keeps the job's ratio (limiter.py)."""
+        with self._cond:
+            self.limiter.elsewhere_inserted, self.limiter.elsewhere_sampled = inserted, sampled
+            self._cond.notify_all()  # a side held back may go now
 
     def set_learner_version(self, version: int) -> int:
         """The learner's newest policy version; evicts items now too stale.

@@ -46,6 +46,7 @@ from common.http import Caller
 from common.messages import (
     BufferStats,
     InsertReply,
+    LimiterCounts,
     PriorityUpdate,
     SampleRequest,
     SegmentInsert,
@@ -325,11 +326,13 @@ class ShardHost:
             returns = [value for seq, value in self._returns if seq > since]
             seq = self._returns_seq
             served = dict(self._served)
+        limiter = self.buffer.limiter
         return ShardReport(
             env_steps=self.buffer.inserted_env_steps,
             size=self.buffer.size,
             episode_returns=returns,
             returns_seq=seq,
+            limiter=LimiterCounts(inserted=limiter.inserted, sampled=limiter.sampled),
             **served,
         )
 
@@ -350,6 +353,9 @@ class ShardHost:
 
     def set_learner_version(self, version: int) -> None:
         self.buffer.set_learner_version(version)
+
+    def set_elsewhere(self, counts: LimiterCounts) -> None:
+        self.buffer.set_elsewhere(counts.inserted, counts.sampled)
 
     def close(self) -> BufferStats:
         """The job ended: no more data in or out; its final statistics."""

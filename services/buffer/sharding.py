@@ -1,7 +1,7 @@
 """One draw over a job's shards with the distribution of one table.
 
 A job with `replay_buffer.shards: n` has n buffer processes; a collector's segments
-go to one of them in runs of 16, then to the next (`core.segment_shard`: an insert
+go to one of them in runs of 4, then to the next (`core.segment_shard`: an insert
 mostly goes to one shard, as it would to one buffer, and every shard gets its share),
 and each numbers its items so that a key tells its shard (`table.shard_of`). A learner's draw of
 `count` items goes to every shard at once:
@@ -20,10 +20,10 @@ and each numbers its items so that a key tells its shard (`table.shard_of`). A l
 The masses a split uses are those each shard reported with its last answer: one
 request behind, the price of asking every shard once a round instead of twice.
 A shard's `max_use`, staleness and policy-lag counts are its own, and add up to the
-job's (`merge_stats`). A rate limiter is not sharded: it keeps one ratio for one
-buffer, and per shard it would hold back the collectors of a shard whose items are
-drawn less than its share (jobconfig/resolve.py refuses `samples_per_insert` with
-shards).
+job's (`merge_stats`). Its rate limiter keeps the job's ratio: it counts the other
+shards' items inserted and sampled too, as the coordinator relays them from their
+reports (limiter.py); counted per shard, a shard whose items are drawn less than its
+share of the inserts would hold its collectors back while the job's ratio is met.
 
 Usage::
 
@@ -47,16 +47,12 @@ from common.messages import BufferStats
 
 
 def shard_config(config: ReplayBufferConfig) -> ReplayBufferConfig:
-    """What one of `config.shards` shards holds: its share of the capacity and of the
-    items to hold before the first sample."""
+    """What one of `config.shards` shards holds: its share of the capacity (its rate
+    limiter counts the job's items, `min_size_to_sample` included: limiter.py)."""
     shards = config.shards
     if shards == 1:
         return config
-    return dataclasses.replace(
-        config,
-        replay_buffer_size=-(-config.replay_buffer_size // shards),
-        min_size_to_sample=-(-config.min_size_to_sample // shards),
-    )
+    return dataclasses.replace(config, replay_buffer_size=-(-config.replay_buffer_size // shards))
 
 
 def split(count: int, masses: list[float], rng: np.random.Generator) -> list[int]:
@@ -167,13 +163,8 @@ def merge_stats(parts: list[BufferStats]) -> BufferStats:
             if sum(p.inserts for p in parts)
             else None
         ),
-        limiter=dataclasses.replace(
-            first.limiter,
-            min_size_to_sample=sum(p.limiter.min_size_to_sample for p in parts),
-            error_buffer=sum(p.limiter.error_buffer for p in parts),
-            inserted=inserted,
-            sampled=sampled,
-        ),
+        # Each shard's limiter keeps the job's ratio, bounds included: their counts add.
+        limiter=dataclasses.replace(first.limiter, inserted=inserted, sampled=sampled),
         can_sample=any(p.can_sample for p in parts),
         can_insert=all(p.can_insert for p in parts),
         waiting_samplers=sum(p.waiting_samplers for p in parts),

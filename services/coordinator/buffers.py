@@ -46,7 +46,7 @@ from typing import Any
 from common.config import ReplayBufferConfig
 from common.errors import ApiError
 from common.http_client import ServiceUnavailable
-from common.messages import BufferStats, DataAccess, ShardReport
+from common.messages import BufferStats, DataAccess, LimiterCounts, ShardReport
 from services.buffer.client import BufferControl
 from services.buffer.credentials import TaskGrant, credential_key, sign
 from services.buffer.settings import SPARE_VARIABLE, SPEC_VARIABLE, spec_json
@@ -193,12 +193,18 @@ class ShardProcess:
     # --- calls -----------------------------------------------------------------------------
 
     def send(self, name: str, arg: Any) -> None:
-        """`task_ends` or `learner_version`, sent in order on this shard's own thread."""
+        """`task_ends`, `learner_version` or `elsewhere`, sent in order on this shard's
+        own thread."""
         self._commands.put((name, arg))
 
     def _send_loop(self) -> None:
         while (command := self._commands.get()) is not None:
             name, arg = command
+            if name == "elsewhere":
+                # Only the newest matters, and the next one comes in a quarter second.
+                with contextlib.suppress(ServiceUnavailable, ApiError):
+                    self.control.elsewhere(arg)
+                continue
             deadline = time.monotonic() + START_TIMEOUT_S
             while True:
                 try:
@@ -357,6 +363,20 @@ class BufferProcess:
             shard.send("task_ends", list(self.ended))
         if self.learner_version:
             shard.send("learner_version", self.learner_version)
+
+    def relay_limiter_counts(self) -> None:
+        """Tell each shard what the others' rate limiters counted, as their last
+        reports said: each shard then keeps the job's ratio (services/buffer/limiter.py)."""
+        if len(self.shards) == 1:
+            return
+        inserted = sum(s.report.limiter.inserted for s in self.shards)
+        sampled = sum(s.report.limiter.sampled for s in self.shards)
+        for shard in self.shards:
+            own = shard.report.limiter
+            shard.send(
+                "elsewhere",
+                LimiterCounts(inserted=inserted - own.inserted, sampled=sampled - own.sampled),
+            )
 
     def merged(self, reads: list[ReportRead]) -> ReportRead:
         """The job's report from what its shards' reads said (those read this time;
@@ -577,6 +597,7 @@ class BufferProcesses:
                         continue  # starting, or restarting: read next time
                 if not reads:
                     continue
+                job.relay_limiter_counts()
                 try:
                     self._on_report(job.job_id, job.merged(reads))
                 except Exception:

@@ -131,10 +131,7 @@ def test_a_buffer_split_over_two_shards_trains_and_rides_through_a_shard_kill(tm
     (and snapshotting into its own folder); the learner draws over both, its
     priorities go back to the shard of each key; one shard killed mid-job comes back
     and nothing acknowledged is lost."""
-    sharded = deep_merge(
-        DQN,
-        {"policy": {"other": {"replay_buffer": {"shards": 2, "samples_per_insert": None}}}},
-    )
+    sharded = deep_merge(DQN, {"policy": {"other": {"replay_buffer": {"shards": 2}}}})
     with LocalCluster(tmp_path / "run", num_collectors=2) as cluster:
         cluster.wait_for_workers()
         job_id = cluster.client.submit_job(sharded).job_id
@@ -150,7 +147,7 @@ def test_a_buffer_split_over_two_shards_trains_and_rides_through_a_shard_kill(tm
             return json.loads(state.read_text())["buffer"]["inserted_env_steps"]
 
         # Each snapshots its own share of the segments.
-        wait_until(lambda: min(shard_steps(0), shard_steps(1)) > 0, 30, "both shards' inserts")
+        wait_until(lambda: min(shard_steps(0), shard_steps(1)) > 0, 60, "both shards' inserts")
         os.kill(pids[1], signal.SIGKILL)
         wait_until(
             lambda: (
@@ -165,6 +162,10 @@ def test_a_buffer_split_over_two_shards_trains_and_rides_through_a_shard_kill(tm
         assert buffer["capacity"] == DQN["policy"]["other"]["replay_buffer"].get(
             "replay_buffer_size", 20000
         )
+        # The rate limiter kept the job's ratio over both shards (16 samples an insert
+        # past the first 200 items, give or take its error buffer).
+        ratio = buffer["samples"] / buffer["inserts"]
+        assert 12 <= ratio <= 17, buffer["limiter"]
         assert "shard 1)'s process exited (code -9); restarting it" in (
             cluster.coordinator.log_path.read_text()
         )

@@ -121,15 +121,15 @@ def test_the_test_sees_a_split_that_ignores_the_masses():
     above must be able to fail."""
     rng = np.random.default_rng(7)
     skewed = buffers("prioritized", 2, seed=2)
-    # Shard 1's items ten times as likely as before: its mass is no longer half.
+    # Shard 1's items far likelier than before: its mass is no longer about half.
     live = skewed[1].table.live_slots()
-    skewed[1].update_priorities(skewed[1].table.key[live].tolist(), [40.0] * len(live))
+    skewed[1].update_priorities(skewed[1].table.key[live].tolist(), [400.0] * len(live))
     reference = buffers("prioritized", 1, seed=1)
     live = reference[0].table.live_slots()
     keys = reference[0].table.key[live]
     paths = [reference[0]._segments[s].path for s in reference[0].table.segment[live].tolist()]
     odd = [segment_shard(p, 2) == 1 for p in paths]
-    reference[0].update_priorities(keys[np.array(odd)].tolist(), [40.0] * sum(odd))
+    reference[0].update_priorities(keys[np.array(odd)].tolist(), [400.0] * sum(odd))
     one = draw_places(reference, 300, 64, rng)
     right = draw_places(skewed, 300, 64, rng)
     wrong = draw_places(skewed, 300, 64, rng, by_mass=False)
@@ -151,7 +151,7 @@ def test_keys_name_their_shard_and_shards_index_only_their_segments():
     # A collector's segments go to one shard in runs, and to every shard in turn.
     folder = [f"job-1/segments/w.collect-5/{seq:08d}.safetensors" for seq in range(48)]
     shards = [segment_shard(path, 3) for path in folder]
-    assert len(set(shards[:16])) == 1 and sorted(set(shards)) == [0, 1, 2]
+    assert len(set(shards[:4])) == 1 and sorted(set(shards)) == [0, 1, 2]
     # Priorities sent to a shard for another's keys change nothing there.
     other = bufs[1].table.key[bufs[1].table.live_slots()][:3].tolist()
     assert bufs[0].update_priorities(other, [5.0] * 3) == 0
@@ -175,3 +175,38 @@ def test_a_shards_part_counts_the_whole_draws_batches():
     assert buf.sampler.batches_drawn == 8 and buf.stats().samples == 37
     assert items.shard is not None and items.shard.mass == pytest.approx(buf.sampler.tree.total)
     assert dataclasses.replace(items.shard).beta == pytest.approx(0.4)
+
+
+def test_each_shards_rate_limiter_keeps_the_jobs_ratio():
+    """Shard 0's items are drawn less than its share: counted alone, its limiter would
+    hold its collectors back; counting the other shard's items too (as the coordinator
+    relays them), it lets them insert while the job's ratio holds, and holds the
+    learner back once the job's sampling is ahead."""
+    config = ReplayBufferConfig(
+        replay_buffer_size=1000, min_size_to_sample=10, samples_per_insert=2.0, shards=2
+    )
+    shards = [
+        ReplayBuffer("job-1", config, DeletedFiles(), error_buffer=20.0, shard=k) for k in (0, 1)
+    ]
+    refs = {k: [ref(s) for s in range(99) if segment_shard(ref(s).path, 2) == k] for k in (0, 1)}
+
+    def relay():
+        for k, shard in enumerate(shards):
+            other = shards[1 - k].limiter
+            shard.set_elsewhere(other.inserted, other.sampled)
+
+    for k in (0, 1):
+        shards[k].insert(refs[k][:2])  # 20 items each, 40 in all
+    relay()
+    shards[1].sample_for(None, 1, 1, timeout_s=0, items=60)  # the job's 2 x (40 - 10)
+    # Before it hears of those samples, shard 0 (its own 20 in, 0 out) holds its
+    # collectors back, as it would counting alone.
+    assert not shards[0].limiter.can_insert(10)
+    relay()
+    # The job: 40 in, 60 out, on its ratio: shard 0 may take 10 more.
+    assert shards[0].limiter.can_insert(10)
+    shards[0].sample_for(None, 1, 1, timeout_s=0, items=20)
+    relay()
+    # 80 sampled of 40: the job's learner is ahead by the error buffer: it waits, anywhere.
+    assert not any(s.limiter.can_sample(1) for s in shards)
+    assert all(s.limiter.can_insert(10) for s in shards)

@@ -8,7 +8,15 @@ from flask import Blueprint, Response, request
 
 from common.errors import bad_request
 from common.http import allow, body, extension, reply
-from common.messages import BufferStats, Health, LearnerVersion, ShardReport, TaskAck, TaskEnds
+from common.messages import (
+    BufferStats,
+    Health,
+    LearnerVersion,
+    LimiterCounts,
+    ShardReport,
+    TaskAck,
+    TaskEnds,
+)
 from common.metrics import metrics_response
 from common.openapi import documented
 from services.buffer.api import HOST
@@ -40,6 +48,17 @@ def task_ends() -> Any:
 @documented(summary="The learner's newest version: older items are stale", body=LearnerVersion)
 def learner_version() -> Any:
     extension(HOST).set_learner_version(body(LearnerVersion).version)
+    return reply(Health(ok=True))
+
+
+@bp.post("/elsewhere")
+@documented(
+    summary="The job's other shards' limiter counts: this shard keeps the job's ratio",
+    body=LimiterCounts,
+    reply=Health,
+)
+def elsewhere() -> Any:
+    extension(HOST).set_elsewhere(body(LimiterCounts))
     return reply(Health(ok=True))
 
 
