@@ -77,7 +77,7 @@ _SEGMENT = re.compile(r"^(?P<job>[^/]+)/segments/(?P<worker>[^/]+)/(?P<seq>\d{1,
 
 T = TypeVar("T")
 #: Consecutive segments of one collector that go to the same shard.
-SEGMENTS_PER_SHARD = 4
+SEGMENTS_PER_SHARD = 16
 
 
 def segment_shard(path: str, shards: int) -> int:

@@ -1,7 +1,7 @@
 """One draw over a job's shards with the distribution of one table.
 
 A job with `replay_buffer.shards: n` has n buffer processes; a collector's segments
-go to one of them in runs of 4, then to the next (`core.segment_shard`: an insert
+go to one of them in runs of 16, then to the next (`core.segment_shard`: an insert
 mostly goes to one shard, as it would to one buffer, and every shard gets its share),
 and each numbers its items so that a key tells its shard (`table.shard_of`). A learner's draw of
 `count` items goes to every shard at once:

@@ -6,8 +6,9 @@ restarted coordinator starts it again."""
 
 from __future__ import annotations
 
-import json
+import contextlib
 import os
+import re
 import signal
 import time
 
@@ -139,15 +140,6 @@ def test_a_buffer_split_over_two_shards_trains_and_rides_through_a_shard_kill(tm
         pids = shard_pids(cluster, job_id)
         assert len(pids) == 2, pids
         wait_until(lambda: cluster.client.job(job_id).train_iters > 0, 60, "training")
-
-        def shard_steps(shard):
-            state = tmp_path / "run" / job_id / f"buffer-{shard}" / "state.json"
-            if not state.exists():
-                return 0  # no snapshot yet
-            return json.loads(state.read_text())["buffer"]["inserted_env_steps"]
-
-        # Each snapshots its own share of the segments.
-        wait_until(lambda: min(shard_steps(0), shard_steps(1)) > 0, 60, "both shards' inserts")
         os.kill(pids[1], signal.SIGKILL)
         wait_until(
             lambda: (
@@ -156,6 +148,28 @@ def test_a_buffer_split_over_two_shards_trains_and_rides_through_a_shard_kill(tm
             30,
             "the shard restarted",
         )
+        # Each shard indexes its share of the segments: read each one's own stats (at
+        # the addresses the coordinator logged) until the job ends.
+        logged = re.search(
+            rf"job {job_id}: its buffer runs in 2 process\(es\) of its own at (\S+), (\S+)",
+            cluster.coordinator.log_path.read_text(),
+        )
+        assert logged, "the shards' addresses"
+        inserts = [0, 0]
+
+        def ended():
+            for k, url in enumerate(logged.groups()):
+                with contextlib.suppress(requests.RequestException, ValueError):
+                    stats = requests.get(
+                        f"{url}/api/v1/jobs/{job_id}/buffer",
+                        headers={"Authorization": f"Bearer {cluster.token}"},
+                        timeout=5,
+                    ).json()
+                    inserts[k] = max(inserts[k], stats.get("inserts", 0))
+            return cluster.client.job(job_id).phase not in ("running", "queued")
+
+        wait_until(ended, DEADLINE_S, "the job's end", interval_s=0.5)
+        assert min(inserts) > 0, inserts
         wait_for_end(cluster, job_id, DEADLINE_S)
         assert_nothing_lost(cluster, job_id)
         buffer = cluster.client.buffer_stats(job_id)
