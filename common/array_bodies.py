@@ -184,6 +184,13 @@ class ShardState:
     beta: Annotated[float, Ge(0), Le(1)]
 
 
+def batch_then_segment(segment: np.ndarray, batch_size: int) -> np.ndarray:
+    """The order that puts drawn items (in drawn order, `segment[i]` each one's
+    segment) in a reply's order: by batch of `batch_size`, then by segment, items of
+    one segment in the order drawn."""
+    return np.lexsort((segment, np.arange(len(segment)) // batch_size))
+
+
 @dataclass
 class SampledItems:
     """A sample reply's items as arrays, in the reply's order: batch after batch of

@@ -45,16 +45,13 @@ def check_own_folder(
             raise ApiError(403, "forbidden", f"segments.{i}.path: not in {worker_id}'s own folder")
 
 
-def check_sample_request(request: SampleRequest, *, consuming: bool = False) -> None:
+def check_sample_request(request: SampleRequest) -> None:
     """What a sample request's fields cannot say alone: at most MAX_SAMPLE_ITEMS items
-    in all, a priority for each key, and `items` (a shard's part of a draw) only from
-    a buffer that does not consume what it hands out.
+    in all, and a priority for each key.
 
     Raises:
-        ApiError: 400 naming `num_batches`, `priorities` or `items`.
+        ApiError: 400 naming `num_batches` or `priorities`.
     """
-    if request.items is not None and consuming:
-        raise bad_request("items", "a fifo buffer is not sharded: ask for whole batches")
     items = request.batch_size * request.num_batches
     if items > MAX_SAMPLE_ITEMS:
         raise bad_request(
@@ -66,6 +63,17 @@ def check_sample_request(request: SampleRequest, *, consuming: bool = False) -> 
             "priorities",
             f"{len(request.priority_keys)} priority_keys but {len(request.priorities)} priorities",
         )
+
+
+def check_shard_part(request: SampleRequest, *, consuming: bool) -> None:
+    """`items` (a shard's part of a draw over shards) only from a buffer that does not
+    consume what it hands out.
+
+    Raises:
+        ApiError: 400 naming `items`.
+    """
+    if request.items is not None and consuming:
+        raise bad_request("items", "a fifo buffer is not sharded: ask for whole batches")
 
 
 def check_segment_file(store: SharedStore, job_id: str, ref: SegmentRef, field: str) -> None:

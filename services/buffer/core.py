@@ -57,7 +57,7 @@ import numpy as np
 from safetensors.numpy import load as st_load
 from safetensors.numpy import save as st_save
 
-from common.array_bodies import SampledItems, ShardState
+from common.array_bodies import SampledItems, ShardState, batch_then_segment
 from common.config import ReplayBufferConfig
 from common.messages import BufferStats, SampledBatch, SegmentRef
 from services.buffer.limiter import RateLimiter
@@ -93,6 +93,11 @@ def segment_shard(path: str, shards: int) -> int:
     match = _SEGMENT.match(path)
     if match is None:
         raise ValueError(f"path '{path}' is not '<job>/segments/<worker_id>/<seq>.safetensors'")
+    return _shard_of(match, shards)
+
+
+def _shard_of(match: re.Match[str], shards: int) -> int:
+    """`segment_shard` of a path `_SEGMENT` matched."""
     if shards == 1:
         return 0
     run = int(match["seq"]) // SEGMENTS_PER_SHARD
@@ -220,7 +225,7 @@ class ReplayBuffer:
         self.config = config
         self.capacity = config.replay_buffer_size
         #: Which of the job's `config.shards` buffers this is: it holds the segments
-        #: whose sequence number is `shard` modulo their count (sharding.py).
+        #: `segment_shard` gives it (sharding.py).
         self.shard = shard
         self.table = ItemTable(self.capacity, shard=shard, shards=config.shards)
         self.sampler = make_sampler(config)
@@ -348,7 +353,7 @@ class ReplayBuffer:
             raise ValueError(
                 f"path '{path}' is not '{self.job_id}/segments/<worker_id>/<seq>.safetensors'"
             )
-        shard = segment_shard(path, self.config.shards)
+        shard = _shard_of(match, self.config.shards)
         if shard != self.shard:
             raise ValueError(
                 f"path '{path}' belongs to shard {shard} of {self.config.shards}, not {self.shard}"
@@ -358,9 +363,10 @@ class ReplayBuffer:
     def owns(self, path: str) -> bool:
         """Whether a segment path of this job is this shard's (one that is no segment's
         name is shard 0's, to sweep)."""
-        if _SEGMENT.match(path) is None:
+        match = _SEGMENT.match(path)
+        if match is None:
             return self.shard == 0
-        return segment_shard(path, self.config.shards) == self.shard
+        return _shard_of(match, self.config.shards) == self.shard
 
     def _item_spans(self, ref: SegmentRef) -> tuple[np.ndarray, np.ndarray]:
         """(first row, rows) of each item of a segment."""
@@ -638,9 +644,7 @@ class ReplayBuffer:
         is set here (its file outlives its items a while after that)."""
         if len(keys) == 0:
             return SampledItems.empty(hold_id)
-        batch_of = np.arange(len(keys)) // batch_size
-        # By batch, then by segment; items of one segment keep their drawn order.
-        order = np.lexsort((segment_ids, batch_of))
+        order = batch_then_segment(segment_ids, batch_size)
         used, index = np.unique(segment_ids, return_inverse=True)
         now = self._clock()
         paths = []

@@ -60,6 +60,7 @@ from services.buffer.checks import (
     check_own_folder,
     check_sample_request,
     check_segment_file,
+    check_shard_part,
     sweep_orphans,
 )
 from services.buffer.core import BufferClosed, RateLimited, ReplayBuffer, SampleTimeout
@@ -252,7 +253,8 @@ class ShardHost:
     def sample(
         self, job_id: str, request: SampleRequest, *, caller: str | None = None
     ) -> SampledItems:
-        check_sample_request(request, consuming=self.buffer.sampler.consumes)
+        check_sample_request(request)
+        check_shard_part(request, consuming=self.buffer.sampler.consumes)
         self._check_open()
         self._check_sender(job_id, request.task_id, "learn", caller)
         with self._lock:

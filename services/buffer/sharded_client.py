@@ -197,9 +197,9 @@ class ShardedData:
     def update_priorities(
         self, job_id: str, keys: list[int], priorities: list[float], *, task_id: str | None = None
     ) -> None:
-        owner = shard_of(np.asarray(keys, dtype=np.int64), len(self.shards))
-        values = np.asarray(priorities, dtype=np.float64)
         array = np.asarray(keys, dtype=np.int64)
+        owner = shard_of(array, len(self.shards))
+        values = np.asarray(priorities, dtype=np.float64)
         self._each(
             {
                 k: (

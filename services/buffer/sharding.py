@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from common.array_bodies import SampledItems
+from common.array_bodies import SampledItems, batch_then_segment
 from common.config import ReplayBufferConfig
 from common.messages import BufferStats
 
@@ -97,17 +97,15 @@ def merge(
         if part.lengths is not None:
             lengths.append(part.lengths)
         paths += part.paths
-    n = sum(len(k) for k in keys)
-    order = rng.permutation(n)
-    segment_all = np.concatenate(segment)[order]
-    batch_of = np.arange(n) // batch_size
-    # By batch, then by segment, as one buffer groups its reply.
-    grouped = order[np.lexsort((segment_all, batch_of))]
+    segments = np.concatenate(segment)
+    # Shuffled, then in a reply's order, as one buffer groups its draw.
+    order = rng.permutation(len(segments))
+    grouped = order[batch_then_segment(segments[order], batch_size)]
     return SampledItems(
         batch_size=batch_size,
         keys=np.concatenate(keys)[grouped],
         weights=np.concatenate(weights)[grouped],
-        segment=np.concatenate(segment)[grouped].astype(np.int32),
+        segment=segments[grouped].astype(np.int32),
         rows=np.concatenate(rows)[grouped],
         lengths=np.concatenate(lengths)[grouped] if lengths else None,
         paths=paths,

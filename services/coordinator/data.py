@@ -27,6 +27,7 @@ from services.buffer.checks import (
     check_own_folder,
     check_sample_request,
     check_segment_file,
+    check_shard_part,
     sweep_orphans,
 )
 from services.buffer.core import BufferClosed, RateLimited, SampleTimeout
@@ -147,7 +148,7 @@ class DataPlane:
         guard = self.state.guard
         with guard.changing():
             job = self.jobs.running(job_id)
-            check_sample_request(request, consuming=job.buffer.sampler.consumes)
+            check_shard_part(request, consuming=job.buffer.sampler.consumes)
             self.tasks.check_sender(job_id, request.task_id, "learn", caller)
             if request.timeout_s > 0:
                 self._check_waiting(job_id)
