@@ -851,8 +851,9 @@ def job_config(args: argparse.Namespace, collectors: int) -> dict[str, Any]:
         "type": "prioritized",
         "replay_buffer_size": args.buffer_items,
         "min_size_to_sample": 1000,
-        "shards": args.shards,
     }
+    if args.shards > 1:  # unset otherwise: a coordinator from before shards refuses the key
+        replay["shards"] = args.shards
     if args.samples_per_insert:
         replay["samples_per_insert"] = args.samples_per_insert
     return {

@@ -177,11 +177,14 @@ class ShardState:
     """What a draw over a job's shards needs of each (services/buffer/sharding.py),
     as the shard was when it drew: the sum of its items' sampling weights (the share
     of the next draw it gets), and what its importance weights were normalized by
-    (they are (weight / min_weight)^-beta)."""
+    (they are (weight / min_weight)^-beta). A consuming (fifo) shard's mass is the
+    number of items it queues."""
 
     mass: Annotated[float, Ge(0)]
     min_weight: Annotated[float, Gt(0)]
     beta: Annotated[float, Ge(0), Le(1)]
+    #: It hands each item out once, oldest first, held for the drawing task.
+    consumes: bool = False
 
 
 def batch_then_segment(segment: np.ndarray, batch_size: int) -> np.ndarray:

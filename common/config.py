@@ -258,10 +258,11 @@ class ReplayBufferConfig:
     min_size_to_sample: PosInt = 1000
     #: Allowed drift from `samples_per_insert`, in sampled items (None: derived).
     error_buffer: PosFloat | None = None
-    #: Buffer processes the items are split over (each segment goes whole to one,
-    #: by its sequence number); a learner's draw over them has the distribution of
-    #: one table (services/buffer/sharding.py). More than 1 needs buffer processes
-    #: (DROVER_BUFFER_PROCESSES=1, the default) and a sampler that does not consume.
+    #: Buffer processes the items are split over (a collector's segments go whole
+    #: to one, in runs); a learner's draw over them has the distribution of one
+    #: table, a fifo buffer's takes each shard's oldest in proportion to what each
+    #: queues (services/buffer/sharding.py). More than 1 needs buffer processes
+    #: (DROVER_BUFFER_PROCESSES=1, the default).
     shards: Annotated[int, Ge(1), Le(MAX_SHARDS)] = 1
 
 

@@ -468,6 +468,10 @@ class SampleRequest:
     task_id: Ident | None = None
     #: Holds (`SampleReply.hold_id`) whose items this learner has trained on.
     acknowledge: Annotated[list[Ident], MaxLen(64)] = field(default_factory=list)
+    #: Holds whose items this learner will not train on: they go back to the queue
+    #: before the draw (a draw over shards that failed on one shard returns the
+    #: parts the others drew).
+    give_back: Annotated[list[Ident], MaxLen(64)] = field(default_factory=list)
     #: New priorities of items this learner has trained on (a prioritized buffer), by
     #: key: applied before the sample is drawn, as a `PriorityUpdate` would apply them,
     #: so that a learner sends them with its next request, not in one of their own.

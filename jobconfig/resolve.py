@@ -355,12 +355,6 @@ def check_consistency(config: JobConfig) -> None:
                 f"{learn.batch_size * learn.num_batches} and n_sample="
                 f"{config.policy.collect.n_sample}; it must be at least {needed}",
             )
-    if buffer.shards > 1 and buffer.type == "fifo":
-        raise ConfigError(
-            "policy.other.replay_buffer.shards",
-            "a fifo buffer hands out each item once, oldest first, and holds it for its "
-            "learn task: it is served by one process (shards: 1)",
-        )
     if buffer.type == "fifo" and (buffer.samples_per_insert or 0) > 1:
         raise ConfigError(
             "policy.other.replay_buffer.samples_per_insert",

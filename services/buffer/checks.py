@@ -65,17 +65,6 @@ def check_sample_request(request: SampleRequest) -> None:
         )
 
 
-def check_shard_part(request: SampleRequest, *, consuming: bool) -> None:
-    """`items` (a shard's part of a draw over shards) only from a buffer that does not
-    consume what it hands out.
-
-    Raises:
-        ApiError: 400 naming `items`.
-    """
-    if request.items is not None and consuming:
-        raise bad_request("items", "a fifo buffer is not sharded: ask for whole batches")
-
-
 def check_segment_file(store: SharedStore, job_id: str, ref: SegmentRef, field: str) -> None:
     """A reference must describe its file: inside the job's segments folder, a
     regular file, and as many rows as its header says (a declared size is never

@@ -44,6 +44,7 @@ import dataclasses
 import hashlib
 import json
 import re
+import secrets
 import sys
 import threading
 import time
@@ -256,6 +257,9 @@ class ReplayBuffer:
         self._counters = _Counters()
         self._waiting = {"sample": 0, "insert": 0}
         self._holds: dict[str, _Hold] = {}
+        # Hold ids name this buffer's life too: a restarted buffer process (its holds
+        # given back at restore) never hands out an id a learner may still acknowledge.
+        self._hold_prefix = f"hold-{secrets.token_hex(4)}-"
         self._next_hold = 0
         self._inserted_env_steps = 0
         # The last snapshot's buffer: the next one writes over it if nobody holds it.
@@ -464,16 +468,16 @@ class ReplayBuffer:
 
         `items`: this shard's part of a draw over all of a job's shards (sharding.py):
         that many items, as one batch, while the draw's `num_batches` count toward
-        the annealing of importance weights as they would in one table."""
+        the annealing of importance weights as they would in one table (a consuming
+        buffer waits for all of them, as for a whole request)."""
         if items == 0:
             with self._cond:
                 if self._closed:
                     raise BufferClosed(f"job {self.job_id} has ended")
                 return self._draw(0, 1, counted_batches=0)
         if items is not None:
-            if self.sampler.consumes:
-                raise ValueError("items: a fifo buffer is not sharded: ask for batches")
-            batch_size, counted_batches, need = items, num_batches, 1
+            batch_size, counted_batches = items, num_batches
+            need = items if self.sampler.consumes else 1
             num_batches = 1
         else:
             counted_batches = num_batches
@@ -491,7 +495,7 @@ class ReplayBuffer:
             )
             hold_id = None
             if holder is not None and self.sampler.consumes:
-                hold_id = f"hold-{self._next_hold}"
+                hold_id = f"{self._hold_prefix}{self._next_hold}"
                 self._next_hold += 1
             items = self._draw(batch_size, num_batches, hold_id, holder, counted_batches)
             self.limiter.sampled += num_items
@@ -519,15 +523,30 @@ class ReplayBuffer:
             self._release_dead()
             return done
 
-    def give_back(self, holder: str) -> int:
+    def close_holds(self, holder: str, *, trained: list[str], untrained: list[str]) -> None:
+        """What a sample request says of `holder`'s earlier holds: it trained on the
+        items of `trained` (they leave), and will not on those of `untrained` (they go
+        back to the queue)."""
+        if trained:
+            self.acknowledge(holder, trained)
+        if untrained:
+            self.give_back(holder, untrained)
+
+    def give_back(self, holder: str, hold_ids: list[str] | None = None) -> int:
         """Every item still held for `holder` returns to the buffer (its task ended
-        before training on them), so nothing a collector delivered is lost.
+        before training on them), so nothing a collector delivered is lost; with
+        `hold_ids`, only those holds' (a draw over shards that failed on another
+        shard gives its parts back). Unknown ids, or another holder's, are ignored.
 
         Returns:
             How many items came back.
         """
         with self._cond:
-            ids = [h for h, hold in self._holds.items() if hold.holder == holder]
+            ids = [
+                h
+                for h, hold in self._holds.items()
+                if hold.holder == holder and (hold_ids is None or h in hold_ids)
+            ]
             returned = 0
             for hold_id in ids:
                 hold = self._holds.pop(hold_id)
@@ -623,6 +642,7 @@ class ReplayBuffer:
         warm = table.size and self.limiter.can_sample(1)
         items.shard = ShardState(
             mass=self.sampler.mass(table) if warm else 0.0,
+            consumes=self.sampler.consumes,
             min_weight=weight_scale[0] if np.isfinite(weight_scale[0]) else 1.0,
             beta=weight_scale[1],
         )

@@ -60,7 +60,6 @@ from services.buffer.checks import (
     check_own_folder,
     check_sample_request,
     check_segment_file,
-    check_shard_part,
     sweep_orphans,
 )
 from services.buffer.core import BufferClosed, RateLimited, ReplayBuffer, SampleTimeout
@@ -254,7 +253,6 @@ class ShardHost:
         self, job_id: str, request: SampleRequest, *, caller: str | None = None
     ) -> SampledItems:
         check_sample_request(request)
-        check_shard_part(request, consuming=self.buffer.sampler.consumes)
         self._check_open()
         self._check_sender(job_id, request.task_id, "learn", caller)
         with self._lock:
@@ -267,8 +265,12 @@ class ShardHost:
                 )
             self._waiting_samples += 1
         try:
-            if request.task_id is not None and request.acknowledge:
-                self.buffer.acknowledge(request.task_id, list(request.acknowledge))
+            if request.task_id is not None:
+                self.buffer.close_holds(
+                    request.task_id,
+                    trained=list(request.acknowledge),
+                    untrained=list(request.give_back),
+                )
             if request.priority_keys:
                 self.buffer.update_priorities(request.priority_keys, request.priorities)
             items = self.buffer.sample_for(
@@ -300,8 +302,8 @@ class ShardHost:
         except ValueError as exc:
             raise bad_request("priorities", str(exc)) from None
 
-    def data_url(self, job_id: str) -> str | None:
-        return None  # served here
+    def data_urls(self, job_id: str) -> list[str]:
+        return []  # served here
 
     def buffer_stats(self, job_id: str) -> BufferStats:
         if job_id != self.job_id:

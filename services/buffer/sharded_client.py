@@ -6,7 +6,9 @@ same calls as `CoordinatorClient`'s data routes, made to every shard that takes 
   refusal of any is the insert's: it is sent again whole, and since inserts are
   idempotent by path, what a shard took counts once;
 - `sample`: one draw over all shards (`split`, each shard's part, `merge`), each
-  shard's request carrying the priorities of its own keys;
+  shard's request carrying the priorities of its own keys; from a fifo job's shards,
+  each one's oldest in proportion to what it queues (`split_queue`), held under one
+  hold id of this client's that stands for each shard's;
 - `update_priorities`: each key to the shard that holds it.
 
 Usage::
@@ -31,7 +33,7 @@ from common.errors import ApiError
 from common.http_client import ServiceUnavailable
 from common.messages import InsertReply, SampleReply, SegmentRef
 from services.buffer.core import segment_shard
-from services.buffer.sharding import merge, split
+from services.buffer.sharding import merge, split, split_queue
 from services.buffer.table import shard_of
 from services.coordinator.client import CoordinatorClient
 
@@ -65,6 +67,13 @@ class ShardedData:
         #: (0 and inf: not heard from yet, or nothing to draw).
         self._masses = [0.0] * len(urls)
         self._min_weights = [math.inf] * len(urls)
+        #: Whether the shards consume what they hand out (fifo), as they last said.
+        self._consumes = False
+        #: A fifo draw's holds: each of this client's hold ids, by shard the hold id
+        #: that shard gave its part; and, by shard, holds to give back untrained.
+        self._holds: dict[str, dict[int, str]] = {}
+        self._next_hold = 0
+        self._untrained: dict[int, list[str]] = {}
 
     # --- inserts ---------------------------------------------------------------------
 
@@ -97,7 +106,11 @@ class ShardedData:
 
     # --- samples ---------------------------------------------------------------------
 
-    def sample(
+    def sample(self, job_id: str, **request: Any) -> SampleReply:
+        """One draw over the shards (`sample_items`), as a reply."""
+        return self.sample_items(job_id, **request).reply()
+
+    def sample_items(
         self,
         job_id: str,
         *,
@@ -108,47 +121,75 @@ class ShardedData:
         acknowledge: list[str] | None = None,
         priority_keys: list[int] | None = None,
         priorities: list[float] | None = None,
-    ) -> SampleReply:
-        """One draw over the shards; `ApiError` 503 `sample_timeout` when none had
-        anything to draw within `timeout_s` (as one buffer's long-poll ends)."""
-        if acknowledge:
-            raise ValueError("a sharded buffer holds nothing to acknowledge (it is not fifo)")
+    ) -> SampledItems:
+        """One draw over the shards; `ApiError` 503 `sample_timeout` when they had not
+        enough to draw within `timeout_s` (as one buffer's long-poll ends)."""
+        count = batch_size * num_batches
         keys = np.asarray(priority_keys or [], dtype=np.int64)
         values = np.asarray(priorities or [], dtype=np.float64)
         owner = shard_of(keys, len(self.shards))
+        with self._lock:
+            trained: dict[int, list[str]] = {}
+            for own in acknowledge or []:
+                for k, hold_id in self._holds.get(own, {}).items():
+                    trained.setdefault(k, []).append(hold_id)
         deadline = time.monotonic() + timeout_s
         wait_s = STATE_POLL_S
         while True:
-            with self._lock:
-                masses = list(self._masses)
-            # Every shard is asked, for its part or (0) only for its state: each one's
-            # mass is known again every round, and its priorities go with the request.
-            # With no mass known, a round of states first (none would wait for data).
-            counts = (
-                split(batch_size * num_batches, masses, self._rng)
-                if sum(masses) > 0
-                else [0] * len(self.shards)
-            )
+            counts = self._counts(count)
             parts = self._draw(
-                job_id, counts, batch_size, num_batches, timeout_s, task_id, keys, values, owner
+                job_id,
+                counts,
+                batch_size,
+                num_batches,
+                timeout_s,
+                task_id,
+                (keys, values, owner),
+                trained,
             )
-            keys, values, owner = keys[:0], values[:0], owner[:0]  # sent once
+            keys, values, owner, trained = keys[:0], values[:0], owner[:0], {}  # sent once
             if sum(counts):
                 break
-            if time.monotonic() + wait_s > deadline and not any(self._masses):
+            if self._ready(count):
+                continue  # the states just heard allow a draw
+            if time.monotonic() + wait_s > deadline:
                 raise ApiError(
                     503,
                     "sample_timeout",
-                    f"no shard of job {job_id} had items to draw",
+                    f"the shards of job {job_id} had not {count} items to draw",
                     retry_after_s=0.0,
                 )
-            if not any(self._masses):
-                time.sleep(wait_s)
-                wait_s = min(2 * wait_s, MAX_STATE_POLL_S)
+            time.sleep(wait_s)
+            wait_s = min(2 * wait_s, MAX_STATE_POLL_S)
         with self._lock:
+            for own in acknowledge or []:
+                self._holds.pop(own, None)
             mins = [w for w in self._min_weights if math.isfinite(w)] or None
             items = merge(parts, batch_size=batch_size, rng=self._rng, min_weights=mins)
-        return items.reply()
+            held = {k: part.hold_id for k, part in enumerate(parts) if part.hold_id}
+            if held:
+                items.hold_id = f"shards-{self._next_hold}"
+                self._next_hold += 1
+                self._holds[items.hold_id] = held
+        return items
+
+    def _counts(self, count: int) -> list[int]:
+        """Each shard's part of a draw of `count` items, from what each said last; all
+        0 (a round of states) while they cannot give them."""
+        with self._lock:
+            masses, consumes = list(self._masses), self._consumes
+        if not self._ready(count):
+            return [0] * len(self.shards)
+        if consumes:
+            return split_queue(count, masses)
+        return split(count, masses, self._rng)
+
+    def _ready(self, count: int) -> bool:
+        """Whether the shards' last answers allow a draw of `count` items: a fifo job's
+        shards must queue them all between them, any other's have any mass."""
+        with self._lock:
+            total = sum(self._masses)
+            return total >= count if self._consumes else total > 0
 
     def _draw(
         self,
@@ -158,13 +199,17 @@ class ShardedData:
         num_batches: int,
         timeout_s: float,
         task_id: str | None,
-        keys: np.ndarray,
-        values: np.ndarray,
-        owner: np.ndarray,
+        priorities: tuple[np.ndarray, np.ndarray, np.ndarray],
+        trained: dict[int, list[str]],
     ) -> list[SampledItems]:
         """Each shard's part of one draw (`counts`), at once; what each said of its
-        state is kept even when another failed (the next split needs it)."""
+        state is kept even when another failed (the next split needs it), and so are
+        the holds of parts drawn when another failed (the next request gives them
+        back)."""
         parts: dict[int, SampledItems] = {}
+        keys, values, owner = priorities
+        with self._lock:
+            untrained = {k: list(ids) for k, ids in self._untrained.items()}
 
         def ask(k: int) -> SampledItems:
             try:
@@ -174,6 +219,8 @@ class ShardedData:
                     num_batches=num_batches,
                     timeout_s=timeout_s,
                     task_id=task_id,
+                    acknowledge=trained.get(k),
+                    give_back=untrained.get(k),
                     priority_keys=keys[owner == k].tolist(),
                     priorities=values[owner == k].tolist(),
                     items=counts[k],
@@ -183,24 +230,35 @@ class ShardedData:
                     self._masses[k] = 0.0  # asked for its state only, until it answers
                 raise
             parts[k] = part
-            if part.shard is not None:
-                with self._lock:
+            with self._lock:
+                given = untrained.get(k, [])
+                self._untrained[k] = [h for h in self._untrained.get(k, []) if h not in given]
+                if part.shard is not None:
                     self._masses[k] = part.shard.mass
+                    self._consumes = part.shard.consumes
                     self._min_weights[k] = (
                         part.shard.min_weight if part.shard.mass > 0 else math.inf
                     )
             return part
 
-        self._each({k: (lambda k=k: ask(k)) for k in range(len(self.shards))})
+        try:
+            self._each({k: (lambda k=k: ask(k)) for k in range(len(self.shards))})
+        except BaseException:
+            with self._lock:
+                for k, part in parts.items():
+                    if part.hold_id is not None:
+                        self._untrained.setdefault(k, []).append(part.hold_id)
+            raise
         return [parts[k] for k in range(len(self.shards))]
 
     def update_priorities(
         self, job_id: str, keys: list[int], priorities: list[float], *, task_id: str | None = None
-    ) -> None:
+    ) -> int:
+        """Returns how many keys were still in the buffer."""
         array = np.asarray(keys, dtype=np.int64)
         owner = shard_of(array, len(self.shards))
         values = np.asarray(priorities, dtype=np.float64)
-        self._each(
+        updated = self._each(
             {
                 k: (
                     lambda k=k: self.shards[k].update_priorities(
@@ -213,6 +271,7 @@ class ShardedData:
                 for k in set(owner.tolist())
             }
         )
+        return sum(updated.values())
 
     # --- the fan-out -----------------------------------------------------------------
 

@@ -19,6 +19,13 @@ and each numbers its items so that a key tells its shard (`table.shard_of`). A l
 
 The masses a split uses are those each shard reported with its last answer: one
 request behind, the price of asking every shard once a round instead of twice.
+
+A consuming (fifo) buffer hands each item out once, oldest first: a draw over its
+shards waits until they queue the request's items between them (asking for their
+state), then takes from each in proportion to what it queues (`split_queue`), each
+shard its oldest, held for the learn task. The client names the parts' holds with
+one id of its own (acknowledging it acknowledges each shard's); parts drawn when
+another shard failed go back to their queues with the next request (`give_back`).
 A shard's `max_use`, staleness and policy-lag counts are its own, and add up to the
 job's (`merge_stats`). Its rate limiter keeps the job's ratio: it counts the other
 shards' items inserted and sampled too, as the coordinator relays them from their
@@ -63,6 +70,25 @@ def split(count: int, masses: list[float], rng: np.random.Generator) -> list[int
     if not total > 0:
         mass, total = np.ones(len(masses)), float(len(masses))
     return rng.multinomial(count, mass / total).tolist()
+
+
+def split_queue(count: int, sizes: list[float]) -> list[int]:
+    """How many of `count` items each consuming (fifo) shard hands out, given how many
+    each queues (`sizes`, at least `count` in all): in proportion to them, each its
+    oldest. A job's collectors send their segments to every shard in turn, so each
+    shard's queue spans about the same stretch of time, and the items taken are the
+    job's oldest to within a run of segments."""
+    queued = np.asarray(sizes, dtype=np.float64)
+    total = queued.sum()
+    if count > total:
+        raise ValueError(f"{count} items wanted, {total:.0f} queued")
+    exact = count * queued / total
+    counts = np.floor(exact).astype(np.int64)
+    # The rest, one each, to the largest remainders (a shard whose share is whole
+    # has no remainder, so none is given more than it queues).
+    rest = count - int(counts.sum())
+    counts[np.argsort(counts - exact, kind="stable")[:rest]] += 1
+    return counts.tolist()
 
 
 def merge(

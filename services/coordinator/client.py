@@ -30,6 +30,7 @@ from common.messages import (
     MatchList,
     PolicyAnnounce,
     PolicyRef,
+    PrioritiesUpdated,
     PriorityUpdate,
     Registered,
     SampleReply,
@@ -243,14 +244,17 @@ class CoordinatorClient(ServiceClient):
         priority_keys: list[int] | None = None,
         priorities: list[float] | None = None,
         items: int | None = None,
+        give_back: list[str] | None = None,
     ) -> SampledItems:
-        """`sample`'s items as arrays; `items`: a shard's part of a draw over shards."""
+        """`sample`'s items as arrays; `items`: a shard's part of a draw over shards,
+        `give_back`: holds whose items go back to the queue untrained."""
         req = SampleRequest(
             batch_size=batch_size,
             num_batches=num_batches,
             timeout_s=timeout_s,
             task_id=task_id,
             acknowledge=acknowledge or [],
+            give_back=give_back or [],
             priority_keys=priority_keys or [],
             priorities=priorities or [],
             items=items,
@@ -269,9 +273,11 @@ class CoordinatorClient(ServiceClient):
 
     def update_priorities(
         self, job_id: str, keys: list[int], priorities: list[float], *, task_id: str | None = None
-    ) -> None:
+    ) -> int:
+        """Returns how many keys were still in the buffer."""
         upd = PriorityUpdate(keys=keys, priorities=priorities, task_id=task_id)
-        self.call("POST", f"{API}/jobs/{job_id}/priorities", upd)
+        data = self.call("POST", f"{API}/jobs/{job_id}/priorities", upd)
+        return parse(PrioritiesUpdated, data).updated
 
     def announce_policy(self, job_id: str, ref: PolicyRef, *, task_id: str | None = None) -> None:
         announce = PolicyAnnounce(

@@ -314,9 +314,9 @@ class Coordinator:
         if self.state.buffers is not None:
             self.state.buffers.close()  # each writes its last snapshot
 
-    def data_url(self, job_id: str) -> str | None:
-        """Where the job's data is served, when not here (a buffer process)."""
+    def data_urls(self, job_id: str) -> list[str]:
+        """Where the job's data is served, when not here: its buffer processes."""
         with self.state.guard.changing():
             job = self.state.jobs.get(job_id)
             remote = job.remote if job is not None else None
-        return remote.shards[0].control.base_url if remote is not None else None
+        return [shard.control.base_url for shard in remote.shards] if remote is not None else []

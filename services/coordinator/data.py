@@ -27,7 +27,6 @@ from services.buffer.checks import (
     check_own_folder,
     check_sample_request,
     check_segment_file,
-    check_shard_part,
     sweep_orphans,
 )
 from services.buffer.core import BufferClosed, RateLimited, SampleTimeout
@@ -148,7 +147,6 @@ class DataPlane:
         guard = self.state.guard
         with guard.changing():
             job = self.jobs.running(job_id)
-            check_shard_part(request, consuming=job.buffer.sampler.consumes)
             self.tasks.check_sender(job_id, request.task_id, "learn", caller)
             if request.timeout_s > 0:
                 self._check_waiting(job_id)
@@ -156,8 +154,12 @@ class DataPlane:
             self._waiting_by_job[job_id] += 1
         metrics = self.state.metrics
         try:
-            if request.task_id is not None and request.acknowledge:
-                job.buffer.acknowledge(request.task_id, list(request.acknowledge))
+            if request.task_id is not None:
+                job.buffer.close_holds(
+                    request.task_id,
+                    trained=list(request.acknowledge),
+                    untrained=list(request.give_back),
+                )
             if request.priority_keys:
                 job.buffer.update_priorities(request.priority_keys, request.priorities)
             started = time.monotonic()

@@ -160,21 +160,12 @@ class JobBook:
                 f"{collectors} exceeds this coordinator's limit of {limits.max_collectors_per_job}",
             )
         shards = config.policy.other.replay_buffer.shards
-        if shards > 1:
-            field_name = "config.policy.other.replay_buffer.shards"
-            workflow = workflow_of(config)
-            if self.state.buffers is None:
-                raise bad_request(
-                    field_name,
-                    f"{shards}: this coordinator hosts every buffer itself "
-                    "(DROVER_BUFFER_PROCESSES=0), so a buffer is one shard",
-                )
-            if workflow.replays and workflow.replay(config).type == "fifo":
-                raise bad_request(
-                    field_name,
-                    f"{shards}: the {config.system.workflow} workflow takes its items once, "
-                    "oldest first, from one fifo buffer: shards must be 1",
-                )
+        if shards > 1 and self.state.buffers is None:
+            raise bad_request(
+                "config.policy.other.replay_buffer.shards",
+                f"{shards}: this coordinator hosts every buffer itself "
+                "(DROVER_BUFFER_PROCESSES=0), so a buffer is one shard",
+            )
         for key in ("collector_env_num", "evaluator_env_num"):
             value = getattr(config.env, key)
             if value > limits.max_envs_per_task:

@@ -10,9 +10,12 @@ import numpy as np
 import pytest
 
 from common.config import ReplayBufferConfig
+from common.errors import ApiError
+from common.http_client import ServiceUnavailable
 from common.messages import SegmentRef
 from services.buffer.core import ReplayBuffer, segment_shard
-from services.buffer.sharding import merge, split
+from services.buffer.sharded_client import ShardedData
+from services.buffer.sharding import merge, split, split_queue
 from services.buffer.table import shard_of
 from tests.fakes import DeletedFiles
 
@@ -210,3 +213,125 @@ def test_each_shards_rate_limiter_keeps_the_jobs_ratio():
     # 80 sampled of 40: the job's learner is ahead by the error buffer: it waits, anywhere.
     assert not any(s.limiter.can_sample(1) for s in shards)
     assert all(s.limiter.can_insert(10) for s in shards)
+
+
+class LocalShard:
+    """A shard's data route without HTTP: what services/buffer/host.py does with a
+    sample request, on a buffer in this process; `fail` makes it unreachable."""
+
+    def __init__(self, buffer):
+        self.buffer = buffer
+        self.fail = False
+
+    def sample_items(self, job_id, *, task_id, acknowledge, give_back, items, **request):
+        if self.fail:
+            raise ServiceUnavailable("connection refused")
+        self.buffer.close_holds(task_id, trained=acknowledge or [], untrained=give_back or [])
+        return self.buffer.sample_for(
+            task_id,
+            request["batch_size"],
+            request["num_batches"],
+            timeout_s=request["timeout_s"],
+            items=items,
+        )
+
+    def close(self):
+        pass
+
+
+def fifo_shards(shards, segments):
+    """A fifo job's `shards` buffers holding `segments` segments, as one client."""
+    config = ReplayBufferConfig(
+        type="fifo", replay_buffer_size=1000, min_size_to_sample=1, shards=shards
+    )
+    bufs = [
+        ReplayBuffer("job-1", config, DeletedFiles(), error_buffer=0.0, shard=k)
+        for k in range(shards)
+    ]
+    for seq in range(segments):
+        bufs[segment_shard(ref(seq).path, shards)].insert([ref(seq)])
+    data = ShardedData([f"http://shard-{k}" for k in range(shards)], "c", timeout_s=1.0)
+    data.shards = [LocalShard(b) for b in bufs]
+    return bufs, data
+
+
+def places(reply):
+    return [(s.path, row) for batch in reply.batches for s in batch.segments for row in s.rows]
+
+
+def test_split_queue_takes_in_proportion_to_what_each_shard_queues():
+    assert split_queue(10, [30, 70]) == [3, 7]
+    assert split_queue(10, [5, 5, 5]) == [4, 3, 3]
+    assert split_queue(7, [7, 0]) == [7, 0]
+    assert split_queue(3, [1, 1, 1]) == [1, 1, 1]
+    with pytest.raises(ValueError, match="8 items wanted, 7 queued"):
+        split_queue(8, [3, 4])
+
+
+def test_a_fifo_draw_over_shards_hands_each_item_out_once_and_holds_it_until_acknowledged():
+    bufs, data = fifo_shards(2, 20)  # 200 items over 2 shards
+    assert all(b.size for b in bufs)
+    first = data.sample("job-1", batch_size=50, num_batches=2, timeout_s=1.0, task_id="learn-1")
+    second = data.sample(
+        "job-1",
+        batch_size=100,
+        num_batches=1,
+        timeout_s=1.0,
+        task_id="learn-1",
+        acknowledge=[first.hold_id],
+    )
+    drawn = places(first) + places(second)
+    # Every item once, none twice; the first request's held until acknowledged.
+    assert len(drawn) == len(set(drawn)) == 200
+    assert first.hold_id.startswith("shards-") and second.hold_id != first.hold_id
+    assert sum(b.stats().held_items for b in bufs) == 100
+    with pytest.raises(ApiError, match="had not 1 items"):
+        data.sample("job-1", batch_size=1, num_batches=1, timeout_s=0.1, task_id="learn-1")
+    seq = 20  # one segment more, and a request that acknowledges the second hold
+    bufs[segment_shard(ref(seq).path, 2)].insert([ref(seq)])
+    third = data.sample(
+        "job-1",
+        batch_size=1,
+        num_batches=1,
+        timeout_s=1.0,
+        task_id="learn-1",
+        acknowledge=[second.hold_id],
+    )
+    assert places(third)[0][0] == ref(seq).path
+    assert sum(b.stats().held_items for b in bufs) == 1
+    assert sum(b.stats().evictions.get("max_use", 0) for b in bufs) == 200
+
+
+def test_a_fifo_draw_waits_until_the_shards_queue_the_whole_request():
+    bufs, data = fifo_shards(2, 4)  # 40 items
+    with pytest.raises(ApiError, match="had not 60 items"):
+        data.sample("job-1", batch_size=60, num_batches=1, timeout_s=0.2, task_id="learn-1")
+    for seq in range(4, 8):
+        bufs[segment_shard(ref(seq).path, 2)].insert([ref(seq)])
+    reply = data.sample("job-1", batch_size=60, num_batches=1, timeout_s=1.0, task_id="learn-1")
+    assert len(places(reply)) == 60
+
+    def seq_of(path):
+        return int(path.rsplit("/", 1)[1].split(".")[0])
+
+    # Each shard handed out its oldest: what it still queues is newer than all of it.
+    for b in bufs:
+        left = {b._segments[s].path for s in b.table.segment[b.table.live_slots()].tolist()}
+        taken = {p for p, _ in places(reply) if b.owns(p)}
+        assert not left or not taken or min(map(seq_of, left)) >= max(map(seq_of, taken))
+
+
+def test_a_fifo_draw_that_fails_on_one_shard_gives_the_others_parts_back():
+    bufs, data = fifo_shards(2, 20)
+    data.sample("job-1", batch_size=1, num_batches=1, timeout_s=1.0, task_id="learn-1")
+    data.shards[1].fail = True
+    with pytest.raises(ServiceUnavailable):
+        data.sample("job-1", batch_size=100, num_batches=1, timeout_s=1.0, task_id="learn-1")
+    held = bufs[0].stats().held_items
+    assert held > 1  # shard 0 drew its part and holds it for the task
+    data.shards[1].fail = False
+    reply = data.sample("job-1", batch_size=199, num_batches=1, timeout_s=1.0, task_id="learn-1")
+    # Shard 0's part went back before the draw: the job's 199 other items, each once.
+    drawn = places(reply)
+    assert len(drawn) == len(set(drawn)) == 199
+    assert [b.size for b in bufs] == [0, 0]

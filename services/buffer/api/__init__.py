@@ -3,7 +3,8 @@
 The routes reach the job's buffer through a `BufferHost` that the hosting app puts in
 `app.extensions[HOST]`: the coordinator, which also counts env steps and episodes, or a
 buffer process (services/buffer/host.py). A coordinator whose job's buffer runs in a
-process of its own passes an operator's request on to it (forward.py).
+process of its own passes an operator's request on to it, or to each of its shards
+(forward.py).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from services.buffer.core import BufferClosed, BufferStats, RateLimited, SampleT
 HOST = "drover.buffer_host"
 
 
-class BufferHost(Protocol):
+class DataHost(Protocol):
+    """What answers the data routes of a job."""
+
     def insert_segments(
         self, job_id: str, insert: SegmentInsert, *, caller: str | None = None
     ) -> InsertReply: ...
@@ -34,11 +37,13 @@ class BufferHost(Protocol):
         self, job_id: str, update: PriorityUpdate, *, caller: str | None = None
     ) -> int: ...
 
+
+class BufferHost(DataHost, Protocol):
     def buffer_stats(self, job_id: str) -> BufferStats: ...
 
-    def data_url(self, job_id: str) -> str | None:
-        """Where the job's data is served when not by this host (its buffer process);
-        None: here."""
+    def data_urls(self, job_id: str) -> list[str]:
+        """Where the job's data is served when not by this host: its buffer process,
+        or each of its shards; empty: here."""
         ...
 
 

@@ -1,16 +1,30 @@
 """An operator's data request to a coordinator whose job's buffer runs in a process of
 its own: passed on as it came, body and all, and its answer passed back, without being
-parsed here (the coordinator's interpreter stays out of the data plane). A worker's is
-refused: its task says where its data goes."""
+parsed here (the coordinator's interpreter stays out of the data plane); a job split
+over shards gets it as a learner or collector would send it, each part to its shard
+(sharded_client.py: a draw over all of them, each segment and priority to the shard
+that holds it). A worker's is refused: its task says where its data goes."""
 
 from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
 
 import urllib3
 from flask import Response, request
 
-from common.errors import ApiError
-from common.http import caller
-from common.messages import MAX_WAIT_S
+from common.array_bodies import SampledItems
+from common.errors import ApiError, bad_request
+from common.http import caller, extension
+from common.messages import (
+    MAX_WAIT_S,
+    InsertReply,
+    PriorityUpdate,
+    SampleRequest,
+    SegmentInsert,
+)
+from services.buffer.api import HOST, DataHost
+from services.buffer.sharded_client import ShardedData
 
 #: The longest a passed-on request may take: a sample's long-poll, and a margin.
 FORWARD_TIMEOUT_S = MAX_WAIT_S + 10.0
@@ -30,8 +44,18 @@ _CONNECT_RETRIES = urllib3.Retry(
 _POOL = urllib3.PoolManager(maxsize=8, retries=_CONNECT_RETRIES)
 
 
-def forward(job_id: str, url: str) -> Response:
-    """The request, sent to `url` (the buffer process of `job_id`) as it came."""
+#: How long each shard may take to answer an operator's request, past its long-poll.
+SHARD_TIMEOUT_S = 10.0
+
+
+def serving(job_id: str) -> DataHost | Response:
+    """What answers a data request for `job_id` here: this app's host; for a job whose
+    buffer runs in one process elsewhere, the request passed on as it came (the answer,
+    a Response); for one split over shards, its shards as one host."""
+    host = extension(HOST)
+    urls = host.data_urls(job_id)
+    if not urls:
+        return host
     if caller() is not None:
         raise ApiError(
             409,
@@ -39,6 +63,63 @@ def forward(job_id: str, url: str) -> Response:
             f"job {job_id}'s data is served by its buffer process: send it where your "
             "task's data access says",
         )
+    if len(urls) == 1:
+        return forward(job_id, urls[0])
+    bearer = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+    return Shards(urls, bearer)
+
+
+class Shards:
+    """A sharded job's data routes for an operator's request, over a client of its
+    shards made for the request."""
+
+    def __init__(self, urls: list[str], bearer: str) -> None:
+        self.urls, self.bearer = urls, bearer
+
+    @contextlib.contextmanager
+    def _client(self) -> Iterator[ShardedData]:
+        data = ShardedData(self.urls, self.bearer, timeout_s=SHARD_TIMEOUT_S)
+        try:
+            yield data
+        finally:
+            data.close()
+
+    def insert_segments(
+        self, job_id: str, insert: SegmentInsert, *, caller: str | None = None
+    ) -> InsertReply:
+        with self._client() as data:
+            return data.insert_segments(
+                job_id, insert.segments, timeout_s=insert.timeout_s, task_id=insert.task_id
+            )
+
+    def sample(
+        self, job_id: str, request: SampleRequest, *, caller: str | None = None
+    ) -> SampledItems:
+        if request.items is not None:
+            raise bad_request("items", "a shard's part of a draw is asked of that shard")
+        with self._client() as data:
+            return data.sample_items(
+                job_id,
+                batch_size=request.batch_size,
+                num_batches=request.num_batches,
+                timeout_s=request.timeout_s,
+                task_id=request.task_id,
+                acknowledge=list(request.acknowledge),
+                priority_keys=list(request.priority_keys),
+                priorities=list(request.priorities),
+            )
+
+    def update_priorities(
+        self, job_id: str, update: PriorityUpdate, *, caller: str | None = None
+    ) -> int:
+        with self._client() as data:
+            return data.update_priorities(
+                job_id, list(update.keys), list(update.priorities), task_id=update.task_id
+            )
+
+
+def forward(job_id: str, url: str) -> Response:
+    """The request, sent to `url` (the buffer process of `job_id`) as it came."""
     headers = {"Authorization": request.headers.get("Authorization", "")}
     if request.content_type:
         headers["Content-Type"] = request.content_type

@@ -2,14 +2,13 @@
 
 from typing import Any
 
-from flask import Blueprint
+from flask import Blueprint, Response
 
 from common.errors import bad_request
-from common.http import allow, body, caller, extension, reply
+from common.http import allow, body, caller, reply
 from common.messages import PrioritiesUpdated, PriorityUpdate
 from common.openapi import documented
-from services.buffer.api import HOST
-from services.buffer.api.forward import forward
+from services.buffer.api.forward import serving
 
 bp = Blueprint("priorities", __name__, url_prefix="/api/v1/jobs/<job_id>/priorities")
 
@@ -18,12 +17,13 @@ bp = Blueprint("priorities", __name__, url_prefix="/api/v1/jobs/<job_id>/priorit
 @allow("learner")
 @documented(summary="New priorities by key", body=PriorityUpdate, reply=PrioritiesUpdated)
 def update(job_id: str) -> Any:
-    if url := extension(HOST).data_url(job_id):
-        return forward(job_id, url)
+    host = serving(job_id)
+    if isinstance(host, Response):
+        return host  # passed on as it came
     update = body(PriorityUpdate)
     if len(update.keys) != len(update.priorities):
         raise bad_request(
             "priorities", f"{len(update.priorities)} values for {len(update.keys)} keys"
         )
-    updated = extension(HOST).update_priorities(job_id, update, caller=caller())
+    updated = host.update_priorities(job_id, update, caller=caller())
     return reply(PrioritiesUpdated(updated=updated))

@@ -10,11 +10,10 @@ from common.array_bodies import (
     SAMPLED_ARRAYS,
     wants_arrays,
 )
-from common.http import allow, body, caller, extension, reply
+from common.http import allow, body, caller, reply
 from common.messages import SampleReply, SampleRequest
 from common.openapi import documented
-from services.buffer.api import HOST
-from services.buffer.api.forward import forward
+from services.buffer.api.forward import serving
 
 bp = Blueprint("samples", __name__, url_prefix="/api/v1/jobs/<job_id>/samples")
 
@@ -29,10 +28,11 @@ bp = Blueprint("samples", __name__, url_prefix="/api/v1/jobs/<job_id>/samples")
     reply_arrays=SAMPLED_ARRAYS,
 )
 def sample(job_id: str) -> Any:
-    if url := extension(HOST).data_url(job_id):
-        return forward(job_id, url)
+    host = serving(job_id)
+    if isinstance(host, Response):
+        return host  # passed on as it came
     request_ = body(SampleRequest, SAMPLE_REQUEST_ARRAYS)
-    items = extension(HOST).sample(job_id, request_, caller=caller())
+    items = host.sample(job_id, request_, caller=caller())
     if wants_arrays(request.headers.get("Accept")):
         return Response(items.frame(), content_type=CONTENT_TYPE)
     return reply(items.reply())

@@ -2,13 +2,12 @@
 
 from typing import Any
 
-from flask import Blueprint
+from flask import Blueprint, Response
 
-from common.http import allow, body, caller, extension, reply
+from common.http import allow, body, caller, reply
 from common.messages import InsertReply, SegmentInsert
 from common.openapi import documented
-from services.buffer.api import HOST
-from services.buffer.api.forward import forward
+from services.buffer.api.forward import serving
 
 bp = Blueprint("segments", __name__, url_prefix="/api/v1/jobs/<job_id>/segments")
 
@@ -21,6 +20,7 @@ bp = Blueprint("segments", __name__, url_prefix="/api/v1/jobs/<job_id>/segments"
     reply=InsertReply,
 )
 def insert(job_id: str) -> Any:
-    if url := extension(HOST).data_url(job_id):
-        return forward(job_id, url)
-    return reply(extension(HOST).insert_segments(job_id, body(SegmentInsert), caller=caller()))
+    host = serving(job_id)
+    if isinstance(host, Response):
+        return host  # passed on as it came
+    return reply(host.insert_segments(job_id, body(SegmentInsert), caller=caller()))
