@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= examples/cartpole_dqn.yaml
 
-.PHONY: install install-browser run test test-fast test-full test-engine lint format bench bench-learning bench-selfplay bench-chaos bench-learner bench-atari bench-atari-collect bench-atari-learner bench-fleet bench-soak bench-fairness up down clean
+.PHONY: install install-browser run test test-fast test-full test-engine lint format bench bench-learning bench-selfplay bench-chaos bench-learner bench-atari bench-atari-collect bench-atari-learner bench-fleet bench-headline bench-soak bench-fairness up down clean
 
 # The stamp is refreshed whenever pyproject.toml changes, so `make test` on a fresh
 # clone installs once and later runs start at once.
@@ -108,6 +108,11 @@ bench-atari-learner: install
 # then the 64-collector row again under py-spy.
 bench-fleet: install
 	$(BIN)/python bench/fleet.py
+
+# The README's performance table, from the benches themselves (about 12 minutes).
+bench-headline: install
+	$(BIN)/python bench/headline.py run
+	$(BIN)/python bench/headline.py render
 
 # The coordinator for 10 minutes under collectors, learners, job churn and two kill -9s.
 bench-soak: install

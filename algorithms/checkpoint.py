@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import torch
+from torch.optim import Optimizer
 
-from algorithms.adam import Optimizer
 from algorithms.sync import LOCAL, GradientSync
 from common.models import load_numpy_state
 

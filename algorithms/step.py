@@ -25,22 +25,51 @@ reads its norm with everything else it reports in one transfer (`to_host`)::
 from __future__ import annotations
 
 import math
+import threading
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
 import torch
+from torch.optim import Optimizer
 
-from algorithms.adam import FusedAdam, Optimizer
 from algorithms.sync import LOCAL, GradientSync
 
+#: Devices whose torch.optim.Adam has the fused implementation drover uses.
+FUSED_DEVICES = frozenset({"cpu", "cuda"})
 
-def adam(parameters: Iterable[torch.Tensor], lr: float, eps: float = 1e-8) -> FusedAdam:
-    """The Adam every learner uses: the fused implementation (one kernel over all the
-    weights, CPU and CUDA), several times faster than the per-tensor loop on CPU; the
-    optimizer step is work every rank of a learner group does in full. torch.optim's
-    own would import torch's compiler module first (algorithms/adam.py)."""
-    return FusedAdam(parameters, lr=lr, eps=eps)
+
+def adam(parameters: Iterable[torch.Tensor], lr: float, eps: float = 1e-8) -> torch.optim.Adam:
+    """The Adam every learner uses: torch's fused implementation where the weights'
+    device has one (one kernel over all the weights: several times faster than the
+    per-tensor loop on the CPU, and the optimizer step is work every rank of a learner
+    group does in full), torch's default elsewhere.
+
+    torch.optim imports torch's compiler module with an optimizer's first parameter
+    group (about 1.3 s of CPU on a 2-vCPU machine): a learner's process does that on a
+    thread of its own as it starts (`warm_up_soon`), while it registers and waits for
+    its first task, not on the way to its first update."""
+    params = list(parameters)
+    fused = all(p.device.type in FUSED_DEVICES for p in params) or None
+    return torch.optim.Adam(params, lr=lr, eps=eps, fused=fused)
+
+
+def warm_up_soon() -> threading.Thread:
+    """`warm_up` on a daemon thread, started now."""
+    thread = threading.Thread(target=warm_up, name="optimizer-warm-up", daemon=True)
+    thread.start()
+    return thread
+
+
+def warm_up() -> None:
+    """Make an optimizer and step it once, so that what torch.optim imports lazily (at
+    the first parameter group, and at the first step) is imported. On a parameter of
+    no element: no operator starts torch's thread pools."""
+    parameter = torch.nn.Parameter(torch.empty(0))
+    optimizer = adam([parameter], lr=0.0)
+    parameter.grad = torch.zeros_like(parameter)
+    optimizer.step()
 
 
 def finite_step(
@@ -96,29 +125,45 @@ def device_step(
     not finite), for the caller to read with its other values in one transfer
     (`to_host`).
 
-    In one process, with a fused optimizer (`adam`), the step is skipped on the device
-    itself: the optimizer's `found_inf` flag makes its kernel leave every weight and
-    moment as they were (GradScaler's mechanism), so nothing is read here. A non-finite
-    loss is then backpropagated, but its gradients are never applied, and the next
-    step's `zero_grad` drops them. In a learner group the ranks decide together on the
-    host (`finite_step`), so this reads what `finite_step` reads.
+    On an accelerator, in one process, the step is skipped on the device itself
+    (`scaled_step`). On the CPU, where reading a value waits for nothing, and in a
+    learner group, whose ranks decide together on the host, this is `finite_step`.
     """
-    if sync is not LOCAL or not optimizer.defaults.get("fused"):
-        norm = finite_step(loss, optimizer, parameters, max_grad_norm, sync=sync)
-        return torch.tensor(math.nan if norm is None else norm, device=loss.device)
+    if sync is LOCAL and loss.device.type != "cpu":
+        return scaled_step(loss, optimizer, parameters, max_grad_norm)
+    norm = finite_step(loss, optimizer, parameters, max_grad_norm, sync=sync)
+    return torch.tensor(math.nan if norm is None else norm, device=loss.device)
+
+
+#: Each optimizer's GradScaler (`scaled_step`), made with its first step.
+_SCALERS: weakref.WeakKeyDictionary[Optimizer, torch.amp.GradScaler] = weakref.WeakKeyDictionary()
+
+
+def scaled_step(
+    loss: torch.Tensor,
+    optimizer: Optimizer,
+    parameters: Iterable[torch.Tensor] = (),
+    max_grad_norm: float | None = None,
+) -> torch.Tensor:
+    """`device_step` through torch's GradScaler, kept at a scale of 1: it checks the
+    gradients on the device and, when one is not finite, has the optimizer skip the
+    step there (a fused optimizer takes the flag into its kernel), so nothing is read
+    on the host. A non-finite loss is backpropagated, but its gradients are never
+    applied, and the next step's `zero_grad` drops them."""
+    scaler = _SCALERS.get(optimizer)
+    if scaler is None:
+        scaler = _SCALERS[optimizer] = torch.amp.GradScaler(loss.device.type, init_scale=1.0)
     optimizer.zero_grad(set_to_none=True)
-    loss.backward()
+    scaler.scale(loss).backward()
+    scaler.unscale_(optimizer)
     owned = [p for group in optimizer.param_groups for p in group["params"]]
     if max_grad_norm is not None:
         norm = torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm)
     else:
         norm = torch.nn.utils.get_total_norm([p.grad for p in owned if p.grad is not None])
+    scaler.step(optimizer)
+    scaler.update(new_scale=1.0)  # no loss scaling: only the check and the skip
     finite = torch.isfinite(loss.detach()) & torch.isfinite(norm)
-    optimizer.found_inf = (~finite).float()  # type: ignore[attr-defined]
-    try:
-        optimizer.step()
-    finally:
-        del optimizer.found_inf  # type: ignore[attr-defined]
     return torch.where(finite, norm.detach(), torch.full_like(norm, math.nan))
 
 

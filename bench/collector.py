@@ -98,6 +98,7 @@ sys.path.insert(0, str(ROOT))
 from algorithms.registry import ALGORITHMS  # noqa: E402
 from bench.learner_scaling import cpu_line  # noqa: E402
 from bench.procfs import shares_text, thread_sched_s, threads_of, window_shares  # noqa: E402
+from bench.results import write_figures  # noqa: E402
 from common.config import JobConfig, deep_merge  # noqa: E402
 from common.envs import make_env  # noqa: E402
 from common.http_client import ServiceClient  # noqa: E402
@@ -634,6 +635,7 @@ def main() -> None:
     parser.add_argument("--algos", default="dqn,ppo")
     parser.add_argument("--profile-s", type=float, default=0.0)
     parser.add_argument("--profile-out", type=Path, default=None)
+    parser.add_argument("--json", type=Path, help="also write each algo's ratio here")
     args = parser.parse_args()
     console = Console(width=160)
     rows: list[Row] = []
@@ -679,6 +681,18 @@ def main() -> None:
             r.what,
         )
     console.print(table)
+    write_figures(
+        args.json,
+        "collector",
+        {
+            r.algo: {
+                "reference_steps_per_s": r.reference,
+                "measured_steps_per_s": r.measured,
+                "ratio": r.ratio if r.ratio is not None else r.measured / r.reference,
+            }
+            for r in rows
+        },
+    )
     if "dqn" in args.algos.split(","):
         work_us, step_us, per_take = step_data_cost(windows=10, window_s=0.5)
         table = Table(

@@ -96,7 +96,7 @@ sys.path.insert(0, str(ROOT))
 from bench.procfs import cpu_s  # noqa: E402
 from common.array_bodies import CONTENT_TYPE as ARRAYS_TYPE  # noqa: E402
 from common.array_bodies import SAMPLE_REQUEST_ARRAYS, SampledItems, encode  # noqa: E402
-from common.messages import SampleRequest, SegmentRef, dump, dump_json  # noqa: E402
+from common.messages import SampleRequest, SegmentRef, dump  # noqa: E402
 from common.storage import SharedStore  # noqa: E402
 from services.buffer.core import segment_shard  # noqa: E402
 from services.buffer.sharding import split as split_draw  # noqa: E402
@@ -573,7 +573,7 @@ class SimLearner(SimWorker):
             )
             if len(self.shards) == 1:
                 bodies = {
-                    0: encode(request, SAMPLE_REQUEST_ARRAYS) if arrays else dump_json(request)
+                    0: encode(request, SAMPLE_REQUEST_ARRAYS) if arrays else json_body(request)
                 }
             else:
                 # A draw over the shards, as a real learner's (services/buffer/sharding.py).
@@ -632,6 +632,14 @@ class SimLearner(SimWorker):
                 iters += len(reply["batches"])
             holds = [hold_id] if hold_id else []
             self.progress["train_iter"] = iters
+
+
+def json_body(request: SampleRequest) -> bytes:
+    """A sample request as JSON without the fields left at their defaults, as an
+    operator's tool writes it: a coordinator from before a field was added (what
+    `--coordinator-from` runs) refuses a field it does not know."""
+    fields = {k: v for k, v in dump(request).items() if v is not None and v != []}
+    return json.dumps(fields).encode()
 
 
 def task_columns(store: SharedStore, job_id: str, task_id: str) -> dict[str, np.ndarray]:

@@ -115,6 +115,7 @@ sys.path.insert(0, str(ROOT))
 from bench.buffer import NoFiles  # noqa: E402
 from bench.learner_scaling import BUSY_SHARE, CpuMeter, cpu_line, print_load_before  # noqa: E402
 from bench.procfs import cpu_s, shares_text, thread_sched_s, threads_of, window_shares  # noqa: E402
+from bench.results import write_figures  # noqa: E402
 from common.config import JobConfig  # noqa: E402
 from common.envs import usable_cpus  # noqa: E402
 from common.errors import ApiError  # noqa: E402
@@ -942,6 +943,7 @@ def main() -> None:
     parser.add_argument("--collectors", choices=sorted(COLUMNS), help=argparse.SUPPRESS)
     parser.add_argument("--frame-peer", choices=("send", "receive"), help=argparse.SUPPRESS)
     parser.add_argument("--fd", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--json", type=Path, help="also write each row's ratio here")
     args = parser.parse_args()
     if args.collectors:
         collect(args.collectors)
@@ -1055,6 +1057,18 @@ def main() -> None:
             verdicts.append(f"{row.algo} {ratio:.2f} {verdict}")
     lost = meter.shares()  # the coordinator and the feeders have ended: counted as ours
     console.print(table)
+    write_figures(
+        args.json,
+        "learner_feed",
+        {
+            row.algo: {
+                "in_memory_iters_per_s": max(row.in_memory),
+                "fed_iters_per_s": max(row.fed),
+                "ratio": max(row.fed) / max(row.in_memory),
+            }
+            for row in rows
+        },
+    )
     console.print(
         f"The fastest of {args.repeats} repeats of each; a repeat is one window of each, "
         f"in alternating order. Target: fed >= {TARGET_RATIO} x in memory: " + "; ".join(verdicts)

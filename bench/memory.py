@@ -33,6 +33,7 @@ from rich.console import Console
 from rich.table import Table
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 EXAMPLE = ROOT / "examples" / "cartpole_dqn.yaml"
 
 #: A service's stdout is its log file, `<run dir>/logs/<service name>.log`.
@@ -185,6 +186,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=1)
     parser.add_argument("--interval-s", type=float, default=0.1)
     parser.add_argument("--config", type=Path, default=EXAMPLE)
+    parser.add_argument("--json", type=Path, help="also write the peak total PSS here")
     args = parser.parse_args()
     console = Console(width=150)
     runs = []
@@ -219,6 +221,13 @@ def main() -> None:
     console.print(
         "each run: its roles' own peaks, then the sample whose total was the peak "
         "(seconds after the command started)"
+    )
+    from bench.results import write_figures
+
+    write_figures(
+        args.json,
+        "memory",
+        {"peak_pss_mb": [sampler.peak_total_kb / 1024 for sampler, *_ in runs]},
     )
 
 

@@ -64,6 +64,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.learner_scaling import cpu_line  # noqa: E402
 from bench.memory import PssSampler  # noqa: E402
+from bench.results import write_figures  # noqa: E402
 from common.config import deep_merge  # noqa: E402
 from jobconfig import load_config_file  # noqa: E402
 
@@ -251,6 +252,7 @@ def main() -> None:
     parser.add_argument("--timeline", action="store_true")
     parser.add_argument("--sb3-torch-threads", type=int, default=None)
     parser.add_argument("--learn-feed", choices=("process", "thread"), default=None)
+    parser.add_argument("--json", type=Path, help="also write the medians and their ratio here")
     args = parser.parse_args()
     global LEARN_FEED
     LEARN_FEED = args.learn_feed
@@ -305,6 +307,17 @@ def main() -> None:
     console.print(table)
     if ours_s is not None and theirs_s is not None:
         console.print(f"drover / SB3 (medians): [bold]{ours_s / theirs_s:.2f}[/]")
+        write_figures(
+            args.json,
+            "whole_run",
+            {
+                "seeds": args.seeds,
+                "drover_s": ours_s,
+                "sb3_s": theirs_s,
+                "ratio": ours_s / theirs_s,
+                "reached": sum(o.reached for o in drover_runs),
+            },
+        )
     threads = args.sb3_torch_threads or "torch's default number of"
     console.print(f"SB3 with {threads} torch threads; {cpu_line()}")
     for o in sb3_runs:

@@ -49,11 +49,11 @@ from common.settings import without_secrets
 #: What the collectors and learners import at start or at their first task, but for
 #: the modules that start threads when imported (the learner's segment reads): a fork
 #: keeps only the thread that forked, so those are imported in each child. torch's
-#: compiler module is not here, and no service imports it: torch.optim would with an
-#: optimizer's first parameter group, and learners use their own Adam on torch's fused
-#: kernel instead (algorithms/adam.py). Everything is
-#: imported before the first fork: what the server imports after one copies the pages
-#: it shares with the children forked before (bench/memory.py).
+#: compiler module is not here (1.2-1.4 s of CPU that every service would wait for):
+#: only a learner needs it, for torch.optim, and imports it on a thread of its own as
+#: it starts (algorithms.step.warm_up_soon). Everything is imported before the first
+#: fork: what the server imports after one copies the pages it shares with the
+#: children forked before (bench/memory.py).
 PRELOAD = (
     "services.collector.app",
     "services.slave.main",

@@ -11,6 +11,9 @@ from services.learner.group import RankEnv
 from services.learner.settings import DEFAULT_PORT
 
 if __name__ == "__main__":
+    from algorithms.step import warm_up_soon
+
+    warm_up_soon()  # torch.optim's lazy imports, while the learner starts and registers
     ranks = RankEnv.from_env()
     if ranks is not None:
         from services.learner.aggregator import run_rank

@@ -1,5 +1,7 @@
 """The optimizer step that reads nothing from the device: the same step and norm as
-`finite_step`, a non-finite loss skipped on the device, one read for what it reports."""
+`finite_step`, a non-finite loss skipped on the device, one read for what it reports.
+`scaled_step` is the path an accelerator takes; torch's GradScaler runs it on the CPU
+too, so it is tested here."""
 
 import copy
 import math
@@ -8,7 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from algorithms.step import adam, device_step, finite_step, to_device, to_host
+from algorithms.step import (
+    adam,
+    device_step,
+    finite_step,
+    scaled_step,
+    to_device,
+    to_host,
+)
 
 
 def model_and_loss(scale=1.0):
@@ -17,13 +26,14 @@ def model_and_loss(scale=1.0):
     return layer, lambda: layer(torch.ones(4, 3)).pow(2).sum() * scale
 
 
+@pytest.mark.parametrize("step", [device_step, scaled_step])
 @pytest.mark.parametrize("max_grad_norm", [None, 0.01])
-def test_the_same_step_and_norm_as_finite_step(max_grad_norm):
+def test_the_same_step_and_norm_as_finite_step(step, max_grad_norm):
     layer, loss = model_and_loss()
     twin = copy.deepcopy(layer)
     optimizer, twin_optimizer = adam(layer.parameters(), 0.1), adam(twin.parameters(), 0.1)
     for _ in range(3):
-        norm = device_step(loss(), optimizer, layer.parameters(), max_grad_norm)
+        norm = step(loss(), optimizer, layer.parameters(), max_grad_norm)
         twin_loss = twin(torch.ones(4, 3)).pow(2).sum()
         expected = finite_step(twin_loss, twin_optimizer, twin.parameters(), max_grad_norm)
         assert float(norm) == pytest.approx(expected)
@@ -31,20 +41,30 @@ def test_the_same_step_and_norm_as_finite_step(max_grad_norm):
         assert torch.allclose(a, b)
 
 
-def test_a_non_finite_loss_changes_no_weight_and_no_moment():
+@pytest.mark.parametrize("step", [device_step, scaled_step])
+def test_a_non_finite_loss_changes_no_weight_and_no_moment(step):
     layer, loss = model_and_loss()
     optimizer = adam(layer.parameters(), 0.1)
-    device_step(loss(), optimizer, layer.parameters())  # moments exist
+    step(loss(), optimizer, layer.parameters())  # moments exist
     weights = [p.clone() for p in layer.parameters()]
     moments = copy.deepcopy(optimizer.state_dict()["state"])
-    norm = device_step(loss() * float("inf"), optimizer, layer.parameters(), 1.0)
+    norm = step(loss() * float("inf"), optimizer, layer.parameters(), 1.0)
     assert math.isnan(float(norm))
     assert all(torch.equal(a, b) for a, b in zip(weights, layer.parameters(), strict=True))
     for key, state in optimizer.state_dict()["state"].items():
         for name, value in state.items():
             assert torch.equal(value, moments[key][name]), name
-    assert not hasattr(optimizer, "found_inf")
-    assert not math.isnan(float(device_step(loss(), optimizer, layer.parameters())))
+    # The step count too: the skipped step did not count.
+    assert int(optimizer.state_dict()["state"][0]["step"]) == 1
+    assert not math.isnan(float(step(loss(), optimizer, layer.parameters())))
+    assert int(optimizer.state_dict()["state"][0]["step"]) == 2
+
+
+def test_learners_use_torchs_fused_adam_where_the_device_has_it():
+    layer, _ = model_and_loss()
+    optimizer = adam(layer.parameters(), 0.1, eps=1e-5)
+    assert type(optimizer) is torch.optim.Adam
+    assert optimizer.defaults["fused"] is True and optimizer.defaults["eps"] == 1e-5
 
 
 def test_an_optimizer_that_cannot_skip_on_the_device_steps_as_finite_step_does():

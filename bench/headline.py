@@ -1,0 +1,184 @@
+"""The README's performance table, made by the benches themselves.
+
+    python bench/headline.py run       # the headline benches, about 12 minutes
+    python bench/headline.py render    # README.md's table from their last run
+    make bench-headline                # both
+
+`run` runs each headline bench with `--json` (each writes its figures and the machine
+it ran on: bench/results.py) and keeps what they wrote, with the commit and the date,
+in bench/results/headline.json. `render` writes the table between README.md's
+headline markers from that file alone. tests/unit/test_headline.py fails when the
+README's table is not the rendering of bench/results/headline.json, so a figure there
+cannot drift from the run that made it; docs/benchmarks.md has each bench's section.
+
+The fleet row compares with the coordinator that hosted every job's buffer in its own
+interpreter (commit `FLEET_BEFORE`), checked out for the run in a git worktree.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+RESULTS = ROOT / "bench" / "results" / "headline.json"
+START = "<!-- headline: made by `python bench/headline.py render`; edit bench/headline.py -->"
+END = "<!-- headline end -->"
+#: The coordinator before buffer processes: the fleet row's reference.
+FLEET_BEFORE = "46d88ad"
+
+
+@dataclass(frozen=True)
+class Headline:
+    """One bench of the table: its command (its `--json PATH` is added)."""
+
+    name: str
+    command: tuple[str, ...]
+
+
+HEADLINES = (
+    Headline("collector", ("bench/collector.py", "--algos", "dqn")),
+    Headline("learner_feed", ("bench/learner_feed.py", "--algos", "dqn")),
+    Headline("whole_run", ("bench/whole_run.py", "--seeds", "5")),
+    Headline("memory", ("bench/memory.py",)),
+    Headline("fleet", ("bench/fleet_targets.py", "--rows", "fleet", "--before", "{before}")),
+)
+
+
+def git(*args: str) -> str:
+    return subprocess.run(
+        ["git", *args], cwd=ROOT, capture_output=True, text=True, check=True, timeout=60
+    ).stdout.strip()
+
+
+def run(only: list[str] | None) -> dict[str, Any]:
+    """Each headline bench (those named in `only`, or all), with the figures each wrote."""
+    chosen = [h for h in HEADLINES if not only or h.name in only]
+    benches: dict[str, Any] = {}
+    machine = ""
+    with tempfile.TemporaryDirectory(prefix="headline-") as tmp:
+        before = Path(tmp) / "before"
+        if any("{before}" in h.command for h in chosen):
+            git("worktree", "add", "--detach", str(before), FLEET_BEFORE)
+        try:
+            for headline in chosen:
+                out = Path(tmp) / f"{headline.name}.json"
+                command = [part.format(before=before) for part in headline.command]
+                print(f"== {' '.join(command)}", flush=True)
+                subprocess.run([sys.executable, *command, "--json", str(out)], cwd=ROOT, check=True)
+                record = json.loads(out.read_text())
+                benches[headline.name] = record["figures"]
+                machine = record["machine"]
+        finally:
+            if before.exists():
+                git("worktree", "remove", "--force", str(before))
+    return {
+        "machine": machine,
+        "commit": git("rev-parse", "--short", "HEAD"),
+        "date": datetime.date.today().isoformat(),
+        "benches": benches,
+    }
+
+
+def table(results: dict[str, Any]) -> str:
+    """The README's table (Markdown) from `results`."""
+    b = results["benches"]
+    collector, feed = b["collector"]["dqn"], b["learner_feed"]["dqn"]
+    whole, memory, fleet = b["whole_run"], b["memory"], b["fleet"]
+    fleet_now, fleet_before = fleet["fleet"]["now"], fleet["fleet"]["before"]
+    fleet_ratio = fleet_now["transitions_per_s"] / fleet_before["transitions_per_s"]
+    rows = [
+        (
+            "`bench/collector.py`",
+            "one DQN collector on CartPole-v1 (8 envs), its step data written and "
+            "inserted, against the same envs and inference with nothing written",
+            f"{collector['measured_steps_per_s']:,.0f} vs "
+            f"{collector['reference_steps_per_s']:,.0f} env steps/s",
+            f"**{collector['ratio']:.2f}**",
+            ">= 0.8",
+        ),
+        (
+            "`bench/learner_feed.py`",
+            "a DQN learner (8 batches of 64 a request) fed through its job's buffer "
+            "process and the shared store, against the same batches in memory",
+            f"{feed['fed_iters_per_s']:,.0f} vs {feed['in_memory_iters_per_s']:,.0f} iterations/s",
+            f"**{feed['ratio']:.2f}**",
+            ">= 0.9",
+        ),
+        (
+            "`bench/whole_run.py`",
+            "`drover run examples/cartpole_dqn.yaml`, start to exit, against one "
+            "stable-baselines3 DQN process to the same goal, medians of "
+            f"{whole['seeds']} seeds",
+            f"{whole['drover_s']:.2f} s vs {whole['sb3_s']:.2f} s",
+            f"**{whole['ratio']:.2f}**",
+            "<= 1.0",
+        ),
+        (
+            "`bench/memory.py`",
+            "peak PSS of every process of that run, summed",
+            f"{max(memory['peak_pss_mb']):,.0f} MB",
+            "-",
+            "<= 600 MB",
+        ),
+        (
+            "`bench/fleet_targets.py`",
+            "64 simulated collectors and 4 learners on one coordinator, transitions "
+            f"indexed a second, against the coordinator of {FLEET_BEFORE} (every job's "
+            "buffer in its own interpreter)",
+            f"{fleet_now['transitions_per_s']:,.0f} vs {fleet_before['transitions_per_s']:,.0f}",
+            f"**{fleet_ratio:.1f}x**",
+            ">= 5x",
+        ),
+    ]
+    lines = [
+        "| bench | what is compared | measured | ratio | target |",
+        "|---|---|---|---|---|",
+        *("| " + " | ".join(row) + " |" for row in rows),
+        "",
+        f"One run of each on {results['machine']}, no GPU, at commit {results['commit']} "
+        f"({results['date']}).",
+    ]
+    return "\n".join(lines)
+
+
+def render(readme: str, results: dict[str, Any]) -> str:
+    """`readme` with the text between its headline markers made from `results`."""
+    head, start, rest = readme.partition(START)
+    _, end, tail = rest.partition(END)
+    if not start or not end:
+        raise ValueError(f"README.md has no headline markers ({START} ... {END})")
+    return f"{head}{START}\n{table(results)}\n{END}{tail}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("step", choices=("run", "render"))
+    parser.add_argument("--only", help="run: these benches, comma-separated (keeps the others')")
+    args = parser.parse_args(argv)
+    if args.step == "run":
+        only = [name for name in (args.only or "").split(",") if name]
+        results = run(only)
+        if only and RESULTS.exists():
+            kept = json.loads(RESULTS.read_text())
+            results["benches"] = {**kept["benches"], **results["benches"]}
+        RESULTS.parent.mkdir(exist_ok=True)
+        RESULTS.write_text(json.dumps(results, indent=1) + "\n")
+        print(f"wrote {RESULTS.relative_to(ROOT)}")
+        return 0
+    results = json.loads(RESULTS.read_text())
+    README.write_text(render(README.read_text(), results))
+    print(f"rewrote the table in {README.relative_to(ROOT)}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
