@@ -91,7 +91,7 @@ def run(only: list[str] | None) -> dict[str, Any]:
 def table(results: dict[str, Any]) -> str:
     """The README's table (Markdown) from `results`."""
     b = results["benches"]
-    collector, feed = b["collector"]["dqn"], b["learner_feed"]["dqn"]
+    collector, feed = b["collector"]["DQN"], b["learner_feed"]["dqn"]
     whole, memory, fleet = b["whole_run"], b["memory"], b["fleet"]
     fleet_now, fleet_before = fleet["fleet"]["now"], fleet["fleet"]["before"]
     fleet_ratio = fleet_now["transitions_per_s"] / fleet_before["transitions_per_s"]
