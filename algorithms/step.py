@@ -125,11 +125,12 @@ def device_step(
     not finite), for the caller to read with its other values in one transfer
     (`to_host`).
 
-    On an accelerator, in one process, the step is skipped on the device itself
-    (`scaled_step`). On the CPU, where reading a value waits for nothing, and in a
-    learner group, whose ranks decide together on the host, this is `finite_step`.
+    On an accelerator, in one process, with a fused optimizer, the step is skipped on
+    the device itself (`scaled_step`). On the CPU, where reading a value waits for
+    nothing, in a learner group, whose ranks decide together on the host, and with an
+    optimizer that cannot skip on the device, this is `finite_step`.
     """
-    if sync is LOCAL and loss.device.type != "cpu":
+    if sync is LOCAL and loss.device.type != "cpu" and optimizer.defaults.get("fused"):
         return scaled_step(loss, optimizer, parameters, max_grad_norm)
     norm = finite_step(loss, optimizer, parameters, max_grad_norm, sync=sync)
     return torch.tensor(math.nan if norm is None else norm, device=loss.device)
@@ -145,25 +146,35 @@ def scaled_step(
     parameters: Iterable[torch.Tensor] = (),
     max_grad_norm: float | None = None,
 ) -> torch.Tensor:
-    """`device_step` through torch's GradScaler, kept at a scale of 1: it checks the
-    gradients on the device and, when one is not finite, has the optimizer skip the
-    step there (a fused optimizer takes the flag into its kernel), so nothing is read
-    on the host. A non-finite loss is backpropagated, but its gradients are never
-    applied, and the next step's `zero_grad` drops them."""
+    """`device_step` through torch's GradScaler, kept at a scale of 1 (so the
+    gradients are never scaled): when the loss or the gradient norm is not finite, the
+    gradients are made NaN on the device, GradScaler finds them so, and a fused
+    optimizer skips the step in its kernel (weights, moments and step count as they
+    were), so nothing is read on the host. A non-finite loss is backpropagated, but
+    its gradients are never applied, and the next step's `zero_grad` drops them."""
     scaler = _SCALERS.get(optimizer)
     if scaler is None:
         scaler = _SCALERS[optimizer] = torch.amp.GradScaler(loss.device.type, init_scale=1.0)
     optimizer.zero_grad(set_to_none=True)
     scaler.scale(loss).backward()
-    scaler.unscale_(optimizer)
     owned = [p for group in optimizer.param_groups for p in group["params"]]
+    grads = [p.grad for p in owned if p.grad is not None]
     if max_grad_norm is not None:
         norm = torch.nn.utils.clip_grad_norm_(parameters, max_grad_norm)
     else:
-        norm = torch.nn.utils.get_total_norm([p.grad for p in owned if p.grad is not None])
-    scaler.step(optimizer)
-    scaler.update(new_scale=1.0)  # no loss scaling: only the check and the skip
+        norm = torch.nn.utils.get_total_norm(grads)
     finite = torch.isfinite(loss.detach()) & torch.isfinite(norm)
+    # A loss or norm that is not finite with finite gradients (an infinite norm the
+    # clipping scaled to zero, a NaN term that no weight depends on) skips too.
+    poison = torch.where(finite, 1.0, math.nan).to(norm.dtype)
+    for grad in grads:
+        grad.mul_(poison)
+    try:
+        scaler.step(optimizer)
+    except BaseException:
+        del _SCALERS[optimizer]  # its state is mid-step: the next step starts a new one
+        raise
+    scaler.update(new_scale=1.0)  # no loss scaling: only the check and the skip
     return torch.where(finite, norm.detach(), torch.full_like(norm, math.nan))
 
 

@@ -1,6 +1,6 @@
 """The README's performance table, made by the benches themselves.
 
-    python bench/headline.py run       # the headline benches, about 12 minutes
+    python bench/headline.py run       # every headline bench, about 12 minutes
     python bench/headline.py render    # README.md's table from their last run
     make bench-headline                # both
 
@@ -59,9 +59,9 @@ def git(*args: str) -> str:
     ).stdout.strip()
 
 
-def run(only: list[str] | None) -> dict[str, Any]:
-    """Each headline bench (those named in `only`, or all), with the figures each wrote."""
-    chosen = [h for h in HEADLINES if not only or h.name in only]
+def run() -> dict[str, Any]:
+    """Every headline bench, one after the other, with the figures each wrote."""
+    chosen = HEADLINES
     benches: dict[str, Any] = {}
     machine = ""
     with tempfile.TemporaryDirectory(prefix="headline-") as tmp:
@@ -80,8 +80,11 @@ def run(only: list[str] | None) -> dict[str, Any]:
         finally:
             if before.exists():
                 git("worktree", "remove", "--force", str(before))
+    import torch
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     return {
-        "machine": machine,
+        "machine": f"{machine}, {gpu}",
         "commit": git("rev-parse", "--short", "HEAD"),
         "date": datetime.date.today().isoformat(),
         "benches": benches,
@@ -144,8 +147,8 @@ def table(results: dict[str, Any]) -> str:
         "|---|---|---|---|---|",
         *("| " + " | ".join(row) + " |" for row in rows),
         "",
-        f"One run of each on {results['machine']}, no GPU, at commit {results['commit']} "
-        f"({results['date']}).",
+        f"One run of each, one after the other, on {results['machine']}, at commit "
+        f"{results['commit']} ({results['date']}).",
     ]
     return "\n".join(lines)
 
@@ -162,14 +165,9 @@ def render(readme: str, results: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("step", choices=("run", "render"))
-    parser.add_argument("--only", help="run: these benches, comma-separated (keeps the others')")
     args = parser.parse_args(argv)
     if args.step == "run":
-        only = [name for name in (args.only or "").split(",") if name]
-        results = run(only)
-        if only and RESULTS.exists():
-            kept = json.loads(RESULTS.read_text())
-            results["benches"] = {**kept["benches"], **results["benches"]}
+        results = run()
         RESULTS.parent.mkdir(exist_ok=True)
         RESULTS.write_text(json.dumps(results, indent=1) + "\n")
         print(f"wrote {RESULTS.relative_to(ROOT)}")

@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 import numpy as np
 
 from common.array_bodies import SampledItems
-from common.errors import ApiError
+from common.errors import ApiError, bad_request
 from common.http_client import ServiceUnavailable
 from common.messages import InsertReply, SampleReply, SegmentRef
 from services.buffer.core import segment_shard
@@ -137,12 +137,20 @@ class ShardedData:
         wait_s = STATE_POLL_S
         while True:
             counts = self._counts(count)
+            if sum(counts) and self._consumes and task_id is None:
+                # Parts drawn from some shards when another failed could not be held,
+                # nor given back: they would be lost.
+                raise bad_request(
+                    "task_id",
+                    f"job {job_id}'s fifo items are split over shards: a draw holds them "
+                    "for a learn task until it acknowledges them, so it names one",
+                )
             parts = self._draw(
                 job_id,
                 counts,
                 batch_size,
                 num_batches,
-                timeout_s,
+                max(0.0, deadline - time.monotonic()),
                 task_id,
                 (keys, values, owner),
                 trained,

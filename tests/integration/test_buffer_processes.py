@@ -17,6 +17,7 @@ import requests
 import yaml
 
 from common.config import deep_merge
+from common.errors import ApiError
 from drover.local import LocalCluster
 from services.buffer.table import shard_of
 from tests.helpers import (
@@ -147,6 +148,11 @@ def test_a_buffer_split_over_two_shards_trains_and_rides_through_a_shard_kill(tm
         keys = [k for batch in reply.batches for k in batch.keys]
         assert len(keys) == 256 and set(shard_of(keys, 2).tolist()) == {0, 1}
         assert cluster.client.update_priorities(job_id, keys, [1.0] * len(keys)) > 0
+        # Holds are a learner's, kept by its own client of the shards: not here.
+        with pytest.raises(ApiError, match="task_id"):
+            cluster.client.sample(
+                job_id, batch_size=8, num_batches=1, timeout_s=1, task_id="learn-x"
+            )
         os.kill(pids[1], signal.SIGKILL)
         wait_until(
             lambda: (

@@ -60,6 +60,62 @@ def test_a_non_finite_loss_changes_no_weight_and_no_moment(step):
     assert int(optimizer.state_dict()["state"][0]["step"]) == 2
 
 
+@pytest.mark.parametrize("step", [device_step, scaled_step])
+@pytest.mark.parametrize("case", ["a NaN term no weight depends on", "an infinite norm"])
+def test_a_non_finite_loss_or_norm_with_finite_gradients_skips_too(step, case):
+    layer, loss = model_and_loss()
+    optimizer = adam(layer.parameters(), 0.1)
+    step(loss(), optimizer, layer.parameters())
+    weights = [p.clone() for p in layer.parameters()]
+    if case == "an infinite norm":
+        # Finite gradients of about 1e37 each: their squares overflow the norm.
+        bad = sum(p.sum() for p in layer.parameters()) * 1e37
+    else:
+        bad = loss() + torch.tensor(float("nan"))
+    norm = step(bad, optimizer, layer.parameters(), 1.0)
+    assert math.isnan(float(norm))
+    assert all(torch.equal(a, b) for a, b in zip(weights, layer.parameters(), strict=True))
+    assert int(optimizer.state_dict()["state"][0]["step"]) == 1
+
+
+def test_an_optimizer_state_of_drovers_earlier_adam_loads_and_steps():
+    """Checkpoints written before learners stepped torch.optim.Adam held the state of
+    drover's own fused Adam, in torch's layout: it loads, and training goes on."""
+    layer, loss = model_and_loss()
+    shapes = [p.shape for p in layer.parameters()]
+    earlier = {
+        "state": {
+            i: {
+                "step": torch.tensor(7.0, dtype=torch.float32),
+                "exp_avg": torch.full(shape, 0.01),
+                "exp_avg_sq": torch.full(shape, 0.001),
+            }
+            for i, shape in enumerate(shapes)
+        },
+        "param_groups": [
+            {
+                "lr": 0.05,
+                "betas": (0.9, 0.999),
+                "eps": 1e-8,
+                "weight_decay": 0,
+                "amsgrad": False,
+                "maximize": False,
+                "foreach": None,
+                "capturable": False,
+                "differentiable": False,
+                "fused": True,
+                "decoupled_weight_decay": False,
+                "params": list(range(len(shapes))),
+            }
+        ],
+    }
+    optimizer = adam(layer.parameters(), 0.1)
+    optimizer.load_state_dict(earlier)
+    assert optimizer.param_groups[0]["lr"] == 0.05
+    assert float(device_step(loss(), optimizer, layer.parameters())) > 0
+    assert int(optimizer.state_dict()["state"][0]["step"]) == 8
+
+
 def test_learners_use_torchs_fused_adam_where_the_device_has_it():
     layer, _ = model_and_loss()
     optimizer = adam(layer.parameters(), 0.1, eps=1e-5)

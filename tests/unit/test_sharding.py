@@ -335,3 +335,12 @@ def test_a_fifo_draw_that_fails_on_one_shard_gives_the_others_parts_back():
     drawn = places(reply)
     assert len(drawn) == len(set(drawn)) == 199
     assert [b.size for b in bufs] == [0, 0]
+
+
+def test_a_fifo_draw_over_shards_names_its_learn_task():
+    """Without a task to hold them for, the parts of shards that drew when another
+    failed could be neither held nor given back: such a draw is refused."""
+    bufs, data = fifo_shards(2, 20)
+    with pytest.raises(ApiError, match="task_id"):
+        data.sample("job-1", batch_size=10, num_batches=1, timeout_s=1.0)
+    assert sum(b.size for b in bufs) == 200  # nothing drawn

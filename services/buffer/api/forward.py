@@ -16,6 +16,7 @@ from flask import Response, request
 from common.array_bodies import SampledItems
 from common.errors import ApiError, bad_request
 from common.http import caller, extension
+from common.http_client import ServiceUnavailable
 from common.messages import (
     MAX_WAIT_S,
     InsertReply,
@@ -81,6 +82,10 @@ class Shards:
         data = ShardedData(self.urls, self.bearer, timeout_s=SHARD_TIMEOUT_S)
         try:
             yield data
+        except ServiceUnavailable as exc:
+            raise ApiError(
+                503, "buffer_unavailable", f"a shard of the job's buffer: {exc}", retry_after_s=1.0
+            ) from None
         finally:
             data.close()
 
@@ -97,6 +102,12 @@ class Shards:
     ) -> SampledItems:
         if request.items is not None:
             raise bad_request("items", "a shard's part of a draw is asked of that shard")
+        if request.task_id is not None or request.acknowledge or request.give_back:
+            # Holds are kept by the learner's own client of the shards, not by one made
+            # for a request here.
+            raise bad_request(
+                "task_id", "a learn task draws from its job's shards where its data access says"
+            )
         with self._client() as data:
             return data.sample_items(
                 job_id,
