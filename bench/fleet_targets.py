@@ -189,25 +189,17 @@ def main(argv: list[str] | None = None) -> int:
         lambda r: r["samples_per_s"],
         lambda now, then: now >= 1_000 or (then is not None and now / then >= 8),
     )
-    for side in ("insert", "sample"):
-        add(
-            f"64 + 4: {side} p99 (ms)",
-            "< 50",
-            "fleet",
-            lambda r, side=side: p99(r, side),
-            lambda now, then: now < 50,
-        )
-    add("64 + 4: errors", "0", "fleet", errors, lambda now, then: now == 0)
+    for prefix, name, bound_ms in (("64 + 4", "fleet", 50), ("256 + 4", "256", 100)):
+        for side in ("insert", "sample"):
+            add(
+                f"{prefix}: {side} p99 (ms)",
+                f"< {bound_ms}",
+                name,
+                lambda r, side=side: p99(r, side),
+                lambda now, then, bound_ms=bound_ms: now < bound_ms,
+            )
+        add(f"{prefix}: errors", "0", name, errors, lambda now, then: now == 0)
     add("64 + 4: busy answers", "0", "fleet", busy, lambda now, then: now == 0)
-    add("256 + 4: errors", "0", "256", errors, lambda now, then: now == 0)
-    for side in ("insert", "sample"):
-        add(
-            f"256 + 4: {side} p99 (ms)",
-            "< 100",
-            "256",
-            lambda r, side=side: p99(r, side),
-            lambda now, then: now < 100,
-        )
     if "shards" in names:
         one, two = results["shards 1", False], results["shards 2", False]
         gain = two["transitions_per_s"] / max(one["transitions_per_s"], 1.0)

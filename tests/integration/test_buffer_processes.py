@@ -129,6 +129,16 @@ def shard_pids(cluster, job_id) -> list[int]:
     return sorted(pids)
 
 
+def kill_and_wait_for_restart(cluster, job_id, pid):
+    """SIGKILL one of a job's two shard processes; wait for the coordinator's new one."""
+    os.kill(pid, signal.SIGKILL)
+    wait_until(
+        lambda: len(shard_pids(cluster, job_id)) == 2 and pid not in shard_pids(cluster, job_id),
+        30,
+        "the shard restarted",
+    )
+
+
 def test_a_buffer_split_over_two_shards_trains_and_rides_through_a_shard_kill(tmp_path):
     """`replay_buffer.shards: 2`: two processes, each indexing its half of the segments
     (and snapshotting into its own folder); the learner draws over both, its
@@ -161,14 +171,7 @@ def test_a_buffer_split_over_two_shards_trains_and_rides_through_a_shard_kill(tm
             cluster.client.sample(
                 job_id, batch_size=8, num_batches=1, timeout_s=1, task_id="learn-x"
             )
-        os.kill(pids[1], signal.SIGKILL)
-        wait_until(
-            lambda: (
-                len(shard_pids(cluster, job_id)) == 2 and pids[1] not in shard_pids(cluster, job_id)
-            ),
-            30,
-            "the shard restarted",
-        )
+        kill_and_wait_for_restart(cluster, job_id, pids[1])
         # Each shard indexes its share of the segments: read each one's own stats (at
         # the addresses the coordinator logged) until the job ends.
         logged = re.search(
@@ -232,14 +235,7 @@ def test_a_sync_job_over_two_fifo_shards_trains_on_whole_rounds_through_a_shard_
         assert histogram[0] == buffer["samples"] > 0 and sum(histogram[1:]) == 0, buffer
         pids = shard_pids(cluster, job_id)
         assert len(pids) == 2, pids
-        os.kill(pids[1], signal.SIGKILL)
-        wait_until(
-            lambda: (
-                len(shard_pids(cluster, job_id)) == 2 and pids[1] not in shard_pids(cluster, job_id)
-            ),
-            30,
-            "the shard restarted",
-        )
+        kill_and_wait_for_restart(cluster, job_id, pids[1])
         wait_for_end(cluster, job_id, DEADLINE_S)
         assert_nothing_lost(cluster, job_id)
         status = cluster.client.job(job_id)

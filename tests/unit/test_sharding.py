@@ -255,6 +255,13 @@ def fifo_shards(shards, segments):
     return bufs, data
 
 
+def draw(data, count, **request):
+    """A learn task's draw of `count` items, as one batch."""
+    return data.sample(
+        "job-1", batch_size=count, num_batches=1, timeout_s=1.0, task_id="learn-1", **request
+    )
+
+
 def places(reply):
     return [(s.path, row) for batch in reply.batches for s in batch.segments for row in s.rows]
 
@@ -272,14 +279,7 @@ def test_a_fifo_draw_over_shards_hands_each_item_out_once_and_holds_it_until_ack
     bufs, data = fifo_shards(2, 20)  # 200 items over 2 shards
     assert all(b.size for b in bufs)
     first = data.sample("job-1", batch_size=50, num_batches=2, timeout_s=1.0, task_id="learn-1")
-    second = data.sample(
-        "job-1",
-        batch_size=100,
-        num_batches=1,
-        timeout_s=1.0,
-        task_id="learn-1",
-        acknowledge=[first.hold_id],
-    )
+    second = draw(data, 100, acknowledge=[first.hold_id])
     drawn = places(first) + places(second)
     # Every item once, none twice; the first request's held until acknowledged.
     assert len(drawn) == len(set(drawn)) == 200
@@ -289,14 +289,7 @@ def test_a_fifo_draw_over_shards_hands_each_item_out_once_and_holds_it_until_ack
         data.sample("job-1", batch_size=1, num_batches=1, timeout_s=0.1, task_id="learn-1")
     seq = 20  # one segment more, and a request that acknowledges the second hold
     bufs[segment_shard(ref(seq).path, 2)].insert([ref(seq)])
-    third = data.sample(
-        "job-1",
-        batch_size=1,
-        num_batches=1,
-        timeout_s=1.0,
-        task_id="learn-1",
-        acknowledge=[second.hold_id],
-    )
+    third = draw(data, 1, acknowledge=[second.hold_id])
     assert places(third)[0][0] == ref(seq).path
     assert sum(b.stats().held_items for b in bufs) == 1
     assert sum(b.stats().evictions.get("max_use", 0) for b in bufs) == 200
