@@ -79,22 +79,28 @@ def pss_kb(pid: int) -> int | None:
     return None
 
 
+#: Processes a service starts that write to its log, shown as roles of their own.
+HELPERS = ("services.buffer", "services.learner.feeder")
+
+
 def role_of(pid: int, root_pid: int) -> str:
-    """The service a process belongs to (its log file), else what its command says."""
+    """The service a process belongs to (its log file), else what its command says; a
+    service's helper processes (`HELPERS`) by their module."""
     if pid == root_pid:
         return "launcher"
-    with contextlib.suppress(OSError):
-        match = _LOG_RE.search(os.readlink(f"/proc/{pid}/fd/1"))
-        if match:
-            return match.group(1)
+    module = None
     with contextlib.suppress(OSError):
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         command = " ".join(a.decode(errors="replace") for a in argv if a)
         match = re.search(r"-m (\S+)", command)
+        module = match.group(1) if match else Path(argv[0].decode(errors="replace")).name
+    if module in HELPERS:
+        return module
+    with contextlib.suppress(OSError):
+        match = _LOG_RE.search(os.readlink(f"/proc/{pid}/fd/1"))
         if match:
             return match.group(1)
-        return Path(argv[0].decode(errors="replace")).name
-    return "?"
+    return module or "?"
 
 
 @dataclass
