@@ -191,6 +191,7 @@ class CollectorRunner:
             max_rows=MAX_UPLOAD_ROWS if bound is None else min(bound, MAX_UPLOAD_ROWS),
             wait_s=wait_s,
             metrics=self.metrics,
+            storage_grace_s=config.system.storage_grace_s,
         )
 
     def _sampling_rig(

@@ -36,3 +36,8 @@ class CollectorMetrics:
         )
         for reason in ("rate_limited", "transient"):
             self.insert_retries.labels(reason)  # shown at 0 before the first retry
+        self.storage_full_retries = Counter(
+            "drover_storage_full_retries",
+            "Segment writes tried again because the shared volume had no room (ENOSPC, EDQUOT)",
+            registry=registry,
+        )

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import functools
 import itertools
 import logging
 import threading
@@ -34,6 +35,7 @@ from common.frames import pack_frames
 from common.http_client import is_transient, retry_wait_s
 from common.messages import MAX_EPISODES_PER_SEGMENT, SegmentRef, dump
 from common.storage import SharedStore
+from common.storage_full import retry_while_full
 from services.collector.metrics import CollectorMetrics
 from services.slave.core import TaskContext
 
@@ -127,6 +129,9 @@ class SegmentUploader:
         wait_s: how long the oldest chunk waits for others before its upload starts
             (sooner once `max_rows` rows are queued); 0 for loops whose next chunk
             waits on this one being inserted (a round the learner trains on).
+        storage_grace_s: how long a segment write finding the shared volume full is
+            tried again (the queue fills meanwhile, and the loop waits) before the
+            task fails with it (`system.storage_grace_s`).
     """
 
     def __init__(
@@ -138,6 +143,7 @@ class SegmentUploader:
         max_rows: int = MAX_UPLOAD_ROWS,
         wait_s: float = UPLOAD_WAIT_S,
         metrics: CollectorMetrics | None = None,
+        storage_grace_s: float = 300.0,
     ) -> None:
         self.ctx = ctx
         self.store = store
@@ -145,6 +151,7 @@ class SegmentUploader:
         self.insert_timeout_s = insert_timeout_s
         self.max_rows = max_rows
         self.wait_s = wait_s
+        self.storage_grace_s = storage_grace_s
         self.job_env_steps = 0
         self.segments_sent = 0
         self.rows_acknowledged = 0
@@ -244,11 +251,23 @@ class SegmentUploader:
                     # Images are written with each frame once (common/frames.py); here,
                     # off the env loop's thread.
                     columns = pack_frames(item.columns)
-                    size = self.store.write_segment(item.ref.path, columns, header=dump(item.ref))
+                    size = retry_while_full(
+                        functools.partial(
+                            self.store.write_segment,
+                            item.ref.path,
+                            columns,
+                            header=dump(item.ref),
+                        ),
+                        grace_s=self.storage_grace_s,
+                        what=f"segment {item.ref.path}",
+                        stopped=self.ctx.dropping,
+                        sleep=self.ctx.pause,
+                        on_full=self.metrics.storage_full_retries.inc,
+                    )
                     self.metrics.segments_written.inc()
                     self.metrics.segment_bytes.inc(size)
                 self._insert([item.ref for item in segments])
-            except Exception as exc:  # a full disk, a refusal no retry can fix
+            except Exception as exc:  # a disk full past the grace, a refusal no retry fixes
                 paths = ", ".join(item.ref.path for item in segments)
                 log.exception("uploading %s failed", paths)
                 with self._changed:

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from prometheus_client import CollectorRegistry
@@ -29,6 +30,7 @@ from common.config import JobConfig
 from common.errors import ApiError
 from common.messages import PolicyRef, SampleReply, dump
 from common.storage import SharedStore
+from common.storage_full import retry_while_full
 from jobconfig import algorithm_of, sequence_length_of
 from services.learner.background import BackgroundWrites, copy_state
 from services.learner.feeder import ProcessFeed, feeder_start
@@ -42,6 +44,7 @@ from services.learner.training import Trainer
 from services.slave.core import TaskContext, patiently
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 KEEP_CHECKPOINTS = 2
 #: Train iterations between two points of the learner's TensorBoard scalars (a round of
@@ -257,9 +260,23 @@ class BatchSession:
         self.version += 1
         return self.version, learner.train_iter, tensors
 
+    def while_full(self, write: Callable[[], T], what: str) -> T:
+        """`write()`, tried again while the shared volume is full, up to the job's
+        `system.storage_grace_s` (common/storage_full.py)."""
+        return retry_while_full(
+            write,
+            grace_s=self.config.system.storage_grace_s,
+            what=what,
+            stopped=self.ctx.dropping,
+            sleep=self.ctx.pause,
+        )
+
     def write_policy(self, version: int, train_iter: int, tensors: dict[str, np.ndarray]) -> None:
-        path, sha = self.store.write_policy(
-            self.job_id, version, train_iter, self.config.policy.type, tensors
+        path, sha = self.while_full(
+            lambda: self.store.write_policy(
+                self.job_id, version, train_iter, self.config.policy.type, tensors
+            ),
+            f"policy version {version}",
         )
         ref = PolicyRef(version=version, path=path, sha256=sha, train_iter=train_iter)
         try:
@@ -304,7 +321,10 @@ class BatchSession:
         return self.learner.train_iter, checkpoint
 
     def write_checkpoint(self, train_iter: int, checkpoint: Checkpoint) -> None:
-        _, size = write_checkpoint(self.store, self.job_id, train_iter, checkpoint)
+        _, size = self.while_full(
+            lambda: write_checkpoint(self.store, self.job_id, train_iter, checkpoint),
+            f"the checkpoint of train_iter {train_iter}",
+        )
         folder = f"{self.job_id}/checkpoints"
         self.metrics.checkpoints.inc()
         self.metrics.checkpoint_bytes.inc(size)

@@ -1,6 +1,8 @@
 """A collector's uploader: a thread that stops on an error fails its task, never hangs
 it; the chunks queued during an upload go as one segment in the next."""
 
+import contextlib
+import subprocess
 import threading
 import time
 
@@ -9,6 +11,7 @@ import pytest
 
 from common.errors import ApiError
 from common.messages import InsertReply, SegmentRef
+from common.storage import SharedStore
 from services.collector.uploader import PendingSegment, SegmentUploader, UploadFailed
 from tests.fakes import CollectTaskContext
 from tests.helpers import wait_until
@@ -59,8 +62,9 @@ def pending(seq, version=0):
     ids=["full disk", "insert refused for good"],
 )
 def test_a_dead_uploader_fails_the_task_with_its_reason(store, coordinator, reason):
+    """(A full disk fails the task once `storage_grace_s` has passed without room.)"""
     ctx = CollectTaskContext(coordinator)
-    uploader = SegmentUploader(ctx, store, insert_timeout_s=0.0, max_rows=8)
+    uploader = SegmentUploader(ctx, store, insert_timeout_s=0.0, max_rows=8, storage_grace_s=1.0)
     started = time.monotonic()
     with pytest.raises(UploadFailed, match=reason):
         for seq in range(100):  # the queue would fill and block forever before
@@ -147,3 +151,48 @@ def test_a_full_queue_starts_the_upload_without_waiting_for_the_oldest_chunk():
     assert time.monotonic() - started < 5  # not the 30 s the oldest chunk may wait
     uploader.close()
     assert uploader.rows_acknowledged == 24
+
+
+@pytest.fixture
+def small_volume(tmp_path):
+    """A 1 MiB tmpfs (mounting one needs root: skipped without it)."""
+    root = tmp_path / "volume"
+    root.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(root)],
+        capture_output=True,
+        timeout=10,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield root
+    finally:
+        subprocess.run(["umount", "-l", str(root)], capture_output=True, timeout=10)
+
+
+@pytest.mark.timeout(60)
+def test_a_full_volume_pauses_the_uploader_and_room_again_resumes_it(small_volume):
+    """A real ENOSPC: the uploader tries again (the queue fills, `put` waits: stepping
+    pauses), nothing is inserted or lost meanwhile, and once there is room every
+    segment is written and acknowledged."""
+    filler = small_volume / "filler"
+    # Unbuffered: nothing is left to flush (and fail) at close.
+    with open(filler, "wb", buffering=0) as f, contextlib.suppress(OSError):
+        while True:  # written until the volume is full
+            f.write(b"x" * 65536)
+    ctx = CollectTaskContext(Accepting())
+    uploader = SegmentUploader(
+        ctx, SharedStore(small_volume), insert_timeout_s=0.0, max_rows=8, storage_grace_s=30.0
+    )
+    put = threading.Thread(target=lambda: [uploader.put(pending(seq)) for seq in range(6)])
+    put.start()
+    wait_until(lambda: uploader.metrics.storage_full_retries._value.get() >= 2, 20, "retries")
+    assert uploader.rows_acknowledged == 0 and uploader.error is None
+    assert put.is_alive()  # the queue is full: the loop waits, nothing is dropped
+    filler.unlink()  # room again
+    put.join(20)
+    uploader.close(timeout_s=20)
+    assert uploader.error is None and uploader.rows_acknowledged == 6 * 8
+    written = sorted(p.name for p in (small_volume / "job-1/segments/w.collect-1").iterdir())
+    assert written == [f"{seq:08d}.safetensors" for seq in range(6)]  # no temp file left

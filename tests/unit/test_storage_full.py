@@ -1,0 +1,53 @@
+"""A write to a full volume is tried again until there is room, for up to its grace;
+any other error is raised at once."""
+
+import errno
+import logging
+
+import pytest
+
+from common.storage_full import retry_while_full
+
+
+class Flaky:
+    """Fails with `error` `times` times, then writes."""
+
+    def __init__(self, error, times):
+        self.error, self.times, self.calls = error, times, 0
+
+    def __call__(self):
+        self.calls += 1
+        if self.calls <= self.times:
+            raise OSError(self.error, "no")
+        return "written"
+
+
+@pytest.mark.parametrize("error", [errno.ENOSPC, errno.EDQUOT])
+def test_a_full_volume_is_waited_out_and_said_once_a_minute(error, caplog):
+    write, sleeps, full = Flaky(error, 5), [], []
+    with caplog.at_level(logging.WARNING, logger="common.storage_full"):
+        result = retry_while_full(
+            write, grace_s=60, what="segment s", sleep=sleeps.append, on_full=lambda: full.append(1)
+        )
+    assert result == "written" and write.calls == 6 and len(full) == 5
+    assert all(0 <= s <= 10 for s in sleeps) and len(sleeps) == 5
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2  # the first wait, and the write once it went through
+    assert "no room for segment s" in said[0] and "written after" in said[1]
+
+
+def test_another_error_is_raised_at_once():
+    write = Flaky(errno.EACCES, 1)
+    with pytest.raises(PermissionError):
+        retry_while_full(write, grace_s=60, what="x", sleep=lambda s: None)
+    assert write.calls == 1
+
+
+def test_past_its_grace_or_once_stopped_the_full_volume_error_is_raised():
+    with pytest.raises(OSError, match="no") as raised:
+        retry_while_full(Flaky(errno.ENOSPC, 10**6), grace_s=0.05, what="x", sleep=lambda s: None)
+    assert raised.value.errno == errno.ENOSPC
+    write = Flaky(errno.ENOSPC, 10**6)
+    with pytest.raises(OSError):
+        retry_while_full(write, grace_s=60, what="x", stopped=lambda: True, sleep=lambda s: None)
+    assert write.calls == 1
