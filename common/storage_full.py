@@ -96,3 +96,41 @@ def retry_while_full(
     if last_log > -math.inf:
         log.warning("%s written after %.0f s without room", what, time.monotonic() - started)
     return result
+
+
+class WriteFailures:
+    """How a loop that writes state now and then (a snapshot, a record) reports a write
+    that failed: a full volume once a minute, with how many failed since (each attempt
+    would say the same thing); any other error each time, with its traceback.
+
+    Usage::
+
+        failures = WriteFailures(log, "snapshot failed; the previous one stays in place")
+        try:
+            snapshot()
+        except Exception as exc:
+            failures.report(exc)
+    """
+
+    def __init__(self, logger: logging.Logger, message: str) -> None:
+        self.log, self.message = logger, message
+        self._last_s = -math.inf
+        self._since = 0
+        #: Writes that found the volume full, all told (a metric may read it).
+        self.full = 0
+
+    def report(self, exc: BaseException) -> None:
+        if not volume_full(exc):
+            self.log.error(self.message, exc_info=exc)
+            return
+        self.full += 1
+        self._since += 1
+        now = time.monotonic()
+        if now - self._last_s >= LOG_EVERY_S:
+            self.log.warning(
+                "%s: the shared volume has no room (%s; %d such failure(s) since the last line)",
+                self.message,
+                exc,
+                self._since,
+            )
+            self._last_s, self._since = now, 0

@@ -15,6 +15,7 @@ from common.logs import setup_logging
 from common.process import exit_without_teardown, yield_to_requests
 from common.settings import SettingsError
 from common.storage import SharedStore
+from common.storage_full import WriteFailures
 from services.buffer.app import create_app
 from services.buffer.credentials import TaskGrants, credential_key
 from services.buffer.host import ShardHost
@@ -60,6 +61,7 @@ def main() -> int:
         """Snapshots every period; now and then, the orphan sweep."""
         yield_to_requests()
         sweeps = 0
+        failures = WriteFailures(log, "buffer upkeep failed; the previous snapshot stays in place")
         while not stop.wait(settings.snapshot_period_s):
             try:
                 host.snapshot()
@@ -68,8 +70,8 @@ def main() -> int:
                 if sweeps * settings.snapshot_period_s >= settings.limits.orphan_grace_s / 3:
                     sweeps = 0
                     host.sweep()
-            except Exception:
-                log.exception("buffer upkeep failed; the previous snapshot stays in place")
+            except Exception as exc:
+                failures.report(exc)
 
     thread = threading.Thread(target=upkeep, name="upkeep", daemon=True)
     thread.start()

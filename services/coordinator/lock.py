@@ -14,6 +14,8 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from common.storage_full import WriteFailures
+
 log = logging.getLogger(__name__)
 
 
@@ -24,6 +26,7 @@ class ChangeLock:
         self._dirty = False
         #: Per thread: how deep in `changing` it is, and the disk work it deferred.
         self._local = threading.local()
+        self._failures = WriteFailures(log, "deferred disk work failed")
 
     @contextlib.contextmanager
     def changing(self) -> Iterator[None]:
@@ -44,8 +47,8 @@ class ChangeLock:
                 for effect in effects:
                     try:
                         effect()
-                    except Exception:
-                        log.exception("deferred disk work failed")
+                    except Exception as exc:
+                        self._failures.report(exc)
 
     def defer(self, effect: Callable[[], Any]) -> None:
         """Run `effect` once the current change releases the lock (now, outside one)."""

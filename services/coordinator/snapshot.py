@@ -33,6 +33,7 @@ from typing import Any
 from common.messages import EvalSummary, PolicyRef, dump, parse
 from common.process import yield_to_requests
 from common.storage import SharedStore
+from common.storage_full import WriteFailures
 from services.buffer import chain
 
 log = logging.getLogger(__name__)
@@ -113,8 +114,9 @@ class Snapshotter:
 
     def _loop(self) -> None:
         yield_to_requests()
+        failures = WriteFailures(log, "snapshot failed; the previous one stays in place")
         while not self._stop.wait(self.period_s):
             try:
                 self.core.snapshot_jobs()
-            except Exception:
-                log.exception("snapshot failed; the previous one stays in place")
+            except Exception as exc:
+                failures.report(exc)

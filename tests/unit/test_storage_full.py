@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from common.storage_full import retry_while_full
+from common.storage_full import WriteFailures, retry_while_full
 
 
 class Flaky:
@@ -51,3 +51,15 @@ def test_past_its_grace_or_once_stopped_the_full_volume_error_is_raised():
     with pytest.raises(OSError):
         retry_while_full(write, grace_s=60, what="x", stopped=lambda: True, sleep=lambda s: None)
     assert write.calls == 1
+
+
+def test_state_writes_that_find_the_volume_full_are_said_once_a_minute(caplog):
+    failures = WriteFailures(logging.getLogger("t"), "snapshot failed")
+    with caplog.at_level(logging.WARNING, logger="t"):
+        for _ in range(30):  # a snapshot every 2 s for a minute
+            failures.report(OSError(errno.ENOSPC, "No space left on device"))
+        failures.report(ValueError("a bug"))
+    said = [(r.levelname, r.getMessage()) for r in caplog.records]
+    assert said[0][0] == "WARNING" and "no room" in said[0][1]
+    assert said[1][0] == "ERROR" and said[1][1] == "snapshot failed"  # with its traceback
+    assert len(said) == 2 and failures.full == 30
