@@ -13,12 +13,13 @@ of tests/), never from one another: tests/unit/test_test_layout.py checks it.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import textwrap
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -310,3 +311,31 @@ DI_ENGINE_FILE = textwrap.dedent(
         raise SystemExit("only DI-engine's entry runs this")
     """
 )
+
+
+@contextlib.contextmanager
+def tmpfs(root: Path, size: str) -> Iterator[Path]:
+    """A tmpfs of `size` (`mount`'s, "1m") mounted at `root` for the block; the test
+    is skipped where one cannot be mounted (it needs root)."""
+    import pytest
+
+    root.mkdir(parents=True, exist_ok=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(root)],
+        capture_output=True,
+        timeout=10,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
+    try:
+        yield root
+    finally:
+        subprocess.run(["umount", "-l", str(root)], capture_output=True, timeout=10)
+
+
+def fill(path: Path) -> None:
+    """Write zeros to `path` until its volume has no room left (unbuffered: nothing is
+    left to flush, and fail, at close)."""
+    with open(path, "wb", buffering=0) as f, contextlib.suppress(OSError):
+        while True:
+            f.write(bytes(1 << 16))

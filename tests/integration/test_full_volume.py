@@ -4,8 +4,6 @@ coordinator and the buffer process keep their last good snapshots, and the job
 succeeds with every acknowledged insert counted (a real tmpfs as the shared root;
 mounting one needs root)."""
 
-import contextlib
-import subprocess
 import time
 
 import pytest
@@ -13,7 +11,7 @@ import yaml
 
 from common.config import deep_merge
 from drover.local import LocalCluster
-from tests.helpers import EXAMPLES, wait_for_end, wait_until
+from tests.helpers import EXAMPLES, fill, tmpfs, wait_for_end, wait_until
 
 pytestmark = [pytest.mark.processes, pytest.mark.chaos]
 
@@ -32,26 +30,8 @@ FULL_FOR_S = 20
 
 @pytest.fixture
 def volume(tmp_path):
-    root = tmp_path / "volume"
-    root.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=300m", "tmpfs", str(root)],
-        capture_output=True,
-        timeout=10,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
+    with tmpfs(tmp_path / "volume", "300m") as root:
         yield root
-    finally:
-        subprocess.run(["umount", "-l", str(root)], capture_output=True, timeout=10)
-
-
-def fill(path):
-    """Write zeros to `path` until the volume has no room left."""
-    with open(path, "wb", buffering=0) as f, contextlib.suppress(OSError):
-        while True:
-            f.write(bytes(1 << 20))
 
 
 def test_a_volume_full_for_a_while_pauses_the_job_and_it_succeeds(volume):

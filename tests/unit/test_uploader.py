@@ -1,8 +1,6 @@
 """A collector's uploader: a thread that stops on an error fails its task, never hangs
 it; the chunks queued during an upload go as one segment in the next."""
 
-import contextlib
-import subprocess
 import threading
 import time
 
@@ -14,7 +12,7 @@ from common.messages import InsertReply, SegmentRef
 from common.storage import SharedStore
 from services.collector.uploader import PendingSegment, SegmentUploader, UploadFailed
 from tests.fakes import CollectTaskContext
-from tests.helpers import wait_until
+from tests.helpers import fill, tmpfs, wait_until
 
 
 class FullDisk:
@@ -155,20 +153,8 @@ def test_a_full_queue_starts_the_upload_without_waiting_for_the_oldest_chunk():
 
 @pytest.fixture
 def small_volume(tmp_path):
-    """A 1 MiB tmpfs (mounting one needs root: skipped without it)."""
-    root = tmp_path / "volume"
-    root.mkdir()
-    mounted = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(root)],
-        capture_output=True,
-        timeout=10,
-    )
-    if mounted.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.decode().strip()}")
-    try:
+    with tmpfs(tmp_path / "volume", "1m") as root:
         yield root
-    finally:
-        subprocess.run(["umount", "-l", str(root)], capture_output=True, timeout=10)
 
 
 @pytest.mark.timeout(60)
@@ -177,10 +163,7 @@ def test_a_full_volume_pauses_the_uploader_and_room_again_resumes_it(small_volum
     pauses), nothing is inserted or lost meanwhile, and once there is room every
     segment is written and acknowledged."""
     filler = small_volume / "filler"
-    # Unbuffered: nothing is left to flush (and fail) at close.
-    with open(filler, "wb", buffering=0) as f, contextlib.suppress(OSError):
-        while True:  # written until the volume is full
-            f.write(b"x" * 65536)
+    fill(filler)
     ctx = CollectTaskContext(Accepting())
     uploader = SegmentUploader(
         ctx, SharedStore(small_volume), insert_timeout_s=0.0, max_rows=8, storage_grace_s=30.0
