@@ -209,28 +209,10 @@ class CoordinatorClient(ServiceClient):
             timeout_s=self.timeout_s + timeout_s,
         )
 
-    def sample(
-        self,
-        job_id: str,
-        *,
-        batch_size: int,
-        num_batches: int,
-        timeout_s: float,
-        task_id: str | None = None,
-        acknowledge: list[str] | None = None,
-        priority_keys: list[int] | None = None,
-        priorities: list[float] | None = None,
-    ) -> SampleReply:
-        return self.sample_items(
-            job_id,
-            batch_size=batch_size,
-            num_batches=num_batches,
-            timeout_s=timeout_s,
-            task_id=task_id,
-            acknowledge=acknowledge,
-            priority_keys=priority_keys,
-            priorities=priorities,
-        ).reply()
+    def sample(self, job_id: str, **request: Any) -> SampleReply:
+        """`sample_items` (its keyword arguments), as a reply: what a sharded job's
+        client (`ShardedData.sample`) answers too."""
+        return self.sample_items(job_id, **request).reply()
 
     def sample_items(
         self,

@@ -114,8 +114,6 @@ class Shards:
                 batch_size=request.batch_size,
                 num_batches=request.num_batches,
                 timeout_s=request.timeout_s,
-                task_id=request.task_id,
-                acknowledge=list(request.acknowledge),
                 priority_keys=list(request.priority_keys),
                 priorities=list(request.priorities),
             )
