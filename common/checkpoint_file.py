@@ -50,15 +50,16 @@ class Checkpoint:
 
 
 def write_checkpoint(
-    store: SharedStore, job_id: str, train_iter: int, checkpoint: Checkpoint
+    store: SharedStore, job_id: str, train_iter: int, checkpoint: Checkpoint, *, epoch: int = 0
 ) -> tuple[str, int]:
-    """Write the job's checkpoint at `train_iter`; returns (path, size in bytes).
+    """Write the job's checkpoint at `train_iter` by the learner of lease `epoch` (its
+    name says both: common/storage.py); returns (path, size in bytes).
 
     Raises:
         TypeError: the state holds a value JSON and safetensors cannot represent.
     """
     data = encode_checkpoint(checkpoint)
-    path = store.checkpoint_path(job_id, train_iter)
+    path = store.checkpoint_path(job_id, train_iter, epoch)
     store.write_bytes(path, data)
     return path, len(data)
 

@@ -327,6 +327,10 @@ class LearnSpec:
     mode: Literal["batches", "rounds"] = "batches"
     #: Where it samples and sends priorities (None: the coordinator's routes).
     data: DataAccess | None = None
+    #: The learn lease's epoch: each learn task of a job gets a higher one, its files
+    #: and announcements carry it, and the coordinator refuses one below the job's
+    #: newest (docs/architecture.md, "Fencing").
+    epoch: Count = 0
 
 
 #: What a task runs, told apart by its `kind`.
@@ -610,18 +614,21 @@ class PolicyRef:
     path: RelPath
     sha256: Annotated[str, MinLen(64), MaxLen(64)]
     train_iter: Count = 0
+    #: The learn lease's epoch of the learner that wrote it.
+    epoch: Count = 0
 
 
 @message
 class PolicyAnnounce:
-    """A learner announces a version it wrote (`task_id`: its learn task, so a learner
-    whose task was reassigned cannot publish)."""
+    """A learner announces a version it wrote (`task_id`: its learn task, and `epoch`
+    its lease's, so a learner whose task was reassigned cannot publish)."""
 
     version: Version
     path: RelPath
     sha256: Annotated[str, MinLen(64), MaxLen(64)]
     train_iter: Count = 0
     task_id: Ident | None = None
+    epoch: Count = 0
 
     #: Every field at its bound in ASCII is about 1.3 KiB.
     body_limit: ClassVar[BodyLimit] = BodyLimit(
@@ -630,7 +637,11 @@ class PolicyAnnounce:
 
     def ref(self) -> PolicyRef:
         return PolicyRef(
-            version=self.version, path=self.path, sha256=self.sha256, train_iter=self.train_iter
+            version=self.version,
+            path=self.path,
+            sha256=self.sha256,
+            train_iter=self.train_iter,
+            epoch=self.epoch,
         )
 
 

@@ -5,18 +5,22 @@ Layout under the root (docs/architecture.md)::
     <job_id>/job.json
     <job_id>/segments/<worker_id>.<task_id>/<seq>.safetensors   (a folder per collect task)
     <job_id>/policies/<version>.safetensors, latest.json, best.json
-    <job_id>/checkpoints/learner-<iter>.safetensors
+    <job_id>/checkpoints/learner-e<epoch>-<iter>.safetensors
     <job_id>/eval/
 
 Every path in a message is relative to the root and goes through `resolve`, which
 refuses absolute paths, `..`, and symlinks that lead outside the root. Every write is
 atomic (temp file in the same folder, fsync, `os.replace`), so a reader sees a whole
-file or none. Arrays are stored with safetensors and records as JSON (a learner
-checkpoint is both: common/checkpoint_file.py): no pickle.
+file or none. Policy versions are written once (`write_bytes(..., once=True)`: linked
+into place, never replacing a file): a learner whose lease was taken over cannot
+overwrite a version its successor wrote (the fencing scheme: docs/architecture.md).
+Arrays are stored with safetensors and records as JSON (a learner checkpoint is both:
+common/checkpoint_file.py): no pickle.
 
 Every read goes through one open that takes regular files only (a FIFO or a device
 put in a file's place would block or never end, and a symbolic link is refused
-without being followed: files here are written by `os.replace`, never linked) and
+without being followed: files here are written by `os.replace` or hard-linked, never
+symbolically linked) and
 refuses a file over a size limit before reading a byte of it (a sparse file can
 claim any size).
 """
@@ -63,6 +67,10 @@ MAX_HEADER_BYTES = 16 << 20
 
 #: A learner checkpoint's file name ends with this (common/checkpoint_file.py).
 CHECKPOINT_SUFFIX = ".safetensors"
+#: A checkpoint's name: the learn lease's epoch, then the train iteration, both
+#: zero-padded so names sort as (epoch, train_iter). Names of before epochs
+#: (`learner-<iter>`) read as epoch 0.
+_CHECKPOINT_NAME = re.compile(r"^learner-(?:e(\d{1,12})-)?(\d{1,12})\.safetensors$")
 
 #: Bytes per element of the safetensors dtypes a segment may hold.
 _DTYPE_BYTES = {
@@ -103,6 +111,16 @@ class PolicyFile:
     train_iter: int
     algo: str
     tensors: dict[str, np.ndarray]
+    #: The learn lease's epoch of the learner that wrote it (0: written before epochs).
+    epoch: int = 0
+
+
+def checkpoint_key(name: str) -> tuple[int, int] | None:
+    """(epoch, train_iter) of a checkpoint file's name; None for any other name."""
+    match = _CHECKPOINT_NAME.match(name)
+    if match is None:
+        return None
+    return int(match.group(1) or 0), int(match.group(2))
 
 
 def check_name(name: str, what: str) -> str:
@@ -167,14 +185,30 @@ class SharedStore:
         return f"{check_name(job_id, 'job id')}/policies/{version:08d}.safetensors"
 
     @staticmethod
-    def checkpoint_path(job_id: str, train_iter: int) -> str:
-        name = f"learner-{train_iter:010d}{CHECKPOINT_SUFFIX}"
+    def checkpoint_path(job_id: str, train_iter: int, epoch: int = 0) -> str:
+        name = f"learner-e{epoch:08d}-{train_iter:010d}{CHECKPOINT_SUFFIX}"
         return f"{check_name(job_id, 'job id')}/checkpoints/{name}"
+
+    def checkpoints(self, job_id: str) -> list[str]:
+        """The job's checkpoint file names, oldest first: by lease epoch, then train
+        iteration, so a stale learner's late checkpoint never sorts past one its
+        successor wrote."""
+        names = self.list_dir(f"{check_name(job_id, 'job id')}/checkpoints")
+        keyed = [(key, name) for name in names if (key := checkpoint_key(name)) is not None]
+        return [name for _, name in sorted(keyed)]
 
     # --- bytes and JSON -------------------------------------------------------------
 
-    def write_bytes(self, rel: str, data: bytes) -> Path:
-        """Write atomically: a temp file in the same folder, fsync, then rename."""
+    def write_bytes(self, rel: str, data: bytes, *, once: bool = False) -> Path:
+        """Write atomically: a temp file in the same folder, fsync, then rename.
+
+        `once`: the file is never replaced: the temp file is hard-linked into place,
+        which fails when a file of that name exists (POSIX link(2) is atomic, NFS
+        included), so of two writers of one name the first wins whole.
+
+        Raises:
+            FileExistsError: `once`, and `rel` exists.
+        """
         target = self.resolve(rel)
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
@@ -183,7 +217,11 @@ class SharedStore:
                 f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(tmp, target)
+            if once:
+                os.link(tmp, target)
+                os.unlink(tmp)
+            else:
+                os.replace(tmp, target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
@@ -338,13 +376,30 @@ class SharedStore:
     # --- policies -------------------------------------------------------------------
 
     def write_policy(
-        self, job_id: str, version: int, train_iter: int, algo: str, tensors: dict[str, np.ndarray]
+        self,
+        job_id: str,
+        version: int,
+        train_iter: int,
+        algo: str,
+        tensors: dict[str, np.ndarray],
+        *,
+        epoch: int = 0,
     ) -> tuple[str, str]:
-        """Write an immutable policy version; returns (path, sha256 of the file)."""
+        """Write a policy version once (`epoch`: the writing learner's lease epoch);
+        returns (path, sha256 of the file).
+
+        Raises:
+            FileExistsError: the version's file exists (another learner wrote it).
+        """
         rel = self.policy_path(job_id, version)
-        meta = {"version": str(version), "train_iter": str(train_iter), "algo": algo}
+        meta = {
+            "version": str(version),
+            "train_iter": str(train_iter),
+            "algo": algo,
+            "epoch": str(epoch),
+        }
         data = st_save({k: np.ascontiguousarray(v) for k, v in tensors.items()}, metadata=meta)
-        self.write_bytes(rel, data)
+        self.write_bytes(rel, data, once=True)
         return rel, sha256_hex(data)
 
     def read_policy(
@@ -369,6 +424,7 @@ class SharedStore:
                 train_iter=int(meta["train_iter"]),
                 algo=str(meta["algo"]),
                 tensors=tensors,
+                epoch=int(meta.get("epoch", 0)),
             )
         except (SafetensorError, ValueError, KeyError, TypeError, AttributeError) as exc:
             raise CorruptFileError(f"{rel}: not a valid policy file ({exc!r})") from None

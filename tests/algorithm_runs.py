@@ -5,7 +5,6 @@ with a fresh policy, a task's context, synthetic columns and one update on them.
 from __future__ import annotations
 
 import threading
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -19,9 +18,11 @@ from common.config import JobConfig, deep_merge
 from common.messages import (
     CollectSpec,
     InsertReply,
+    LearnSpec,
     PolicyRef,
     SampledBatch,
     SampleReply,
+    TaskAssignment,
 )
 from common.models import state_to_numpy
 from common.storage import SharedStore
@@ -133,7 +134,7 @@ class FakeCoordinator:
 def Ctx(coordinator: Any, stop: threading.Event) -> TaskContext:  # noqa: N802
     """What a running task is given: a `TaskContext` of a task of `JOB`, with `stop`."""
     return TaskContext(
-        task=SimpleNamespace(task_id="task-1", job_id=JOB),  # type: ignore[arg-type]
+        task=TaskAssignment(task_id="task-1", job_id=JOB, spec=LearnSpec(seed=0)),
         worker_id="worker-1",
         coordinator=coordinator,
         metrics=CollectorRegistry(),

@@ -268,6 +268,7 @@ class CoordinatorClient(ServiceClient):
             sha256=ref.sha256,
             train_iter=ref.train_iter,
             task_id=task_id,
+            epoch=ref.epoch,
         )
         self.call("POST", f"{API}/jobs/{job_id}/policies", announce)
 

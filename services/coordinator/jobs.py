@@ -195,6 +195,7 @@ class JobBook:
             evals=[parse(EvalSummary, e) for e in record["evals"]],
             best_eval=eval_from(record["best_eval"]),
             tasks_created=int(record["tasks_created"]),
+            learner_epoch=int(record.get("learner_epoch", 0)),  # older records lack it
             task_failures=int(record["task_failures"]),
             last_task_error=str(record.get("last_task_error", "")),
             tasks_reassigned=int(record.get("tasks_reassigned", 0)),  # older records lack it
@@ -554,6 +555,7 @@ def job_record(job: Job) -> dict[str, Any]:
         "evals": [dump(e) for e in job.evals],
         "best_eval": as_record(job.best_eval),
         "tasks_created": job.tasks_created,
+        "learner_epoch": job.learner_epoch,
         "task_failures": job.task_failures,
         "last_task_error": job.last_task_error,
         "tasks_reassigned": job.tasks_reassigned,

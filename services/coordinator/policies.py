@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from common.errors import ApiError, bad_request, conflict, not_found
-from common.messages import EvaluateSpec, PolicyRef, dump
+from common.messages import EvaluateSpec, LearnSpec, PolicyRef, dump
 from common.storage import CorruptFileError, WrongAlgorithm, sha256_hex
 from services.coordinator.jobs import JobBook
 from services.coordinator.lock import BoundedWaits
@@ -16,6 +16,9 @@ from services.coordinator.workers import WorkerRegistry
 from services.coordinator.workflows import workflow_of
 
 log = logging.getLogger(__name__)
+
+#: Learn lease epochs a restarted coordinator skips (`PolicyPointer.recover`).
+RESTART_EPOCH_GAP = 1000
 
 
 class PolicyPointer:
@@ -41,6 +44,15 @@ class PolicyPointer:
         with guard.changing():
             job = self.jobs.running(job_id)
             self.tasks.check_sender(job_id, task_id, "learn", caller)
+            if task_id is not None:
+                spec = self.tasks.active(task_id).spec
+                epoch = spec.epoch if isinstance(spec, LearnSpec) else 0
+                if ref.epoch != epoch or epoch < job.learner_epoch:
+                    raise conflict(
+                        "stale_epoch",
+                        f"epoch {ref.epoch} is not the job's learn lease "
+                        f"(epoch {job.learner_epoch})",
+                    )
             if job.policy is not None and ref.version <= job.policy.version:
                 raise conflict(
                     "stale_version",
@@ -115,10 +127,17 @@ class PolicyPointer:
 
     def recover(self, job: Job) -> None:
         """Point a restored job at its newest valid policy file (whole, and written by
-        the job's algorithm), also one written after its snapshot (policy files are
-        immutable and written atomically: a file is a whole version). Disk work: call
-        before the job is published."""
+        the job's algorithm and its newest learn lease the snapshot knew, or a later
+        one), also one written after its snapshot (policy files are immutable and
+        written atomically: a file is a whole version). Disk work: call before the
+        job is published.
+
+        Its learn lease epochs go on past every one handed out before, also those
+        handed out after its last snapshot (far fewer than `RESTART_EPOCH_GAP`): a
+        learner of before the restart keeps an epoch no later learner gets."""
         store = self.state.store
+        stale_below = job.learner_epoch
+        job.learner_epoch += RESTART_EPOCH_GAP
         folder = f"{job.job_id}/policies"
         current = job.policy.version if job.policy else 0
         versions = sorted(
@@ -137,8 +156,15 @@ class PolicyPointer:
             except (OSError, CorruptFileError, WrongAlgorithm) as exc:
                 log.warning("policy file %s unusable: %s", path, exc)
                 continue
+            if policy.epoch < stale_below:
+                log.warning("policy file %s is of a stale learn lease: passed over", path)
+                continue
             job.policy = PolicyRef(
-                version=version, path=path, sha256=sha256_hex(data), train_iter=policy.train_iter
+                version=version,
+                path=path,
+                sha256=sha256_hex(data),
+                train_iter=policy.train_iter,
+                epoch=policy.epoch,
             )
             job.policy_versions.extend(v for v in sorted(versions) if v > current)
             self.jobs.count_train_iters(job, policy.train_iter)  # settled at the next pass

@@ -242,6 +242,9 @@ class Job:
     evals: list[EvalSummary] = field(default_factory=list)
     best_eval: EvalSummary | None = None
     tasks_created: int = 0
+    #: The newest learn lease's epoch (`LearnSpec.epoch`): a learn task's writes with
+    #: an older one are refused (docs/architecture.md, "Fencing").
+    learner_epoch: int = 0
     task_failures: int = 0
     #: The last failed task's error (the job's reason if failures end it).
     last_task_error: str = ""

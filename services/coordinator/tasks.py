@@ -126,6 +126,10 @@ class TaskBoard:
 
     def create(self, job: Job, worker: Worker, spec: TaskSpec) -> Dispatch:
         task_id = new_id(spec.kind)
+        if isinstance(spec, LearnSpec):
+            # A new lease: its writes fence off those of every learner before it.
+            job.learner_epoch += 1
+            spec = dataclasses.replace(spec, epoch=job.learner_epoch)
         remote = job.remote
         if remote is not None and isinstance(spec, CollectSpec | LearnSpec):
             # Its data goes to the job's buffer process, with a credential for it alone.

@@ -17,7 +17,7 @@ from common.checkpoint_file import read_checkpoint
 from common.errors import ApiError
 from common.http_client import ServiceUnavailable
 from common.messages import PolicyRef
-from common.storage import CHECKPOINT_SUFFIX, CorruptFileError, SharedStore, WrongAlgorithm
+from common.storage import CorruptFileError, SharedStore, WrongAlgorithm
 from services.learner.guards import NonFiniteWeights, finite
 from services.learner.sampling import JobOver
 from services.slave.core import TaskContext, patiently
@@ -79,8 +79,7 @@ def resume(
     version = 0
     checkpoint: str | None = None
     folder = f"{job_id}/checkpoints"
-    names = [n for n in store.list_dir(folder) if n.endswith(CHECKPOINT_SUFFIX)]
-    for name in reversed(names):
+    for name in reversed(store.checkpoints(job_id)):  # the newest lease's newest first
         try:
             version = load_checkpoint(store, learner, f"{folder}/{name}", algo)
             checkpoint = f"{folder}/{name}"
@@ -102,8 +101,9 @@ def resume(
             )
         except (OSError, CorruptFileError, WrongAlgorithm, RuntimeError) as exc:
             log.warning("newest policy %d unusable: %s", latest.version, exc)
-    # A version written but never announced (the coordinator restarted) still owns
-    # its file name: never write that version again.
+    # A version written but never announced (the coordinator restarted, or a learner
+    # whose lease was taken over) still owns its file name: the next publish goes past
+    # it (and one written after this look is passed over at the write: write_policy).
     on_disk = [
         int(name.split(".")[0])
         for name in store.list_dir(f"{job_id}/policies")

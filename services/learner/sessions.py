@@ -4,9 +4,13 @@ on one whole on-policy round per policy version (rounds: the sync workflow).
 
 A session asks the coordinator for data, trains on it through its `Trainer`, publishes
 a policy version every `publish_every_iters` (a round: after each) and writes a
-checkpoint every `checkpoint_every_iters`, keeping the newest `KEEP_CHECKPOINTS`. In a
-learner group it runs on rank 0, which sends the other ranks each batch or round just
-before training on it (services/learner/aggregator.py).
+checkpoint every `checkpoint_every_iters`, keeping the newest `KEEP_CHECKPOINTS`. Its
+files carry its learn lease's epoch (`LearnSpec.epoch`): policy versions are written
+once, and checkpoints are named by epoch and never deleted by an older epoch, so a
+learner whose lease was taken over, waking late, cannot spoil its successor's files
+(docs/architecture.md, "Fencing"). In a learner group it runs on rank 0, which sends
+the other ranks each batch or round just before training on it
+(services/learner/aggregator.py).
 
 Usage (what `LearnerRunner` does)::
 
@@ -16,6 +20,7 @@ Usage (what `LearnerRunner` does)::
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -28,8 +33,8 @@ from algorithms.base import Learner
 from common.checkpoint_file import Checkpoint, write_checkpoint
 from common.config import JobConfig
 from common.errors import ApiError
-from common.messages import PolicyRef, SampleReply, dump
-from common.storage import SharedStore
+from common.messages import LearnSpec, PolicyRef, SampleReply, dump
+from common.storage import SharedStore, checkpoint_key
 from common.storage_full import retry_while_full
 from jobconfig import algorithm_of, sequence_length_of
 from services.learner.background import BackgroundWrites, copy_state
@@ -77,9 +82,16 @@ class BatchSession:
         self.config = config
         self.store = store
         self.learner = learner
+        #: The newest policy version taken (by `_policy_snapshot`, or a write that
+        #: found its number taken); `_versions` guards it between the two threads.
         self.version = version
+        self._versions = threading.Lock()
+        #: The newest version this session wrote (the writes thread's).
+        self.written_version = version
         self.group = group
         self.job_id = ctx.task.job_id
+        #: This learn lease's epoch: in every file this session writes.
+        self.epoch = ctx.task.spec.epoch if isinstance(ctx.task.spec, LearnSpec) else 0
         schema = SegmentSchema.for_policy(
             config.policy, algorithm_of(config).column_names_for(config.policy)
         )
@@ -257,8 +269,9 @@ class BatchSession:
         tensors = {k: v.numpy() for k, v in copy_state(learner.online.state_dict()).items()}
         if not finite(tensors):
             raise NonFiniteWeights(f"non-finite weights after train_iter {learner.train_iter}")
-        self.version += 1
-        return self.version, learner.train_iter, tensors
+        with self._versions:
+            self.version += 1
+            return self.version, learner.train_iter, tensors
 
     def while_full(self, write: Callable[[], T], what: str) -> T:
         """`write()`, tried again while the shared volume is full, up to the job's
@@ -272,13 +285,34 @@ class BatchSession:
         )
 
     def write_policy(self, version: int, train_iter: int, tensors: dict[str, np.ndarray]) -> None:
-        path, sha = self.while_full(
-            lambda: self.store.write_policy(
-                self.job_id, version, train_iter, self.config.policy.type, tensors
-            ),
-            f"policy version {version}",
+        """Write `version` (or the first free number past it) and announce it."""
+        while True:
+            version = max(version, self.written_version + 1)
+            try:
+                path, sha = self.while_full(
+                    lambda version=version: self.store.write_policy(
+                        self.job_id,
+                        version,
+                        train_iter,
+                        self.config.policy.type,
+                        tensors,
+                        epoch=self.epoch,
+                    ),
+                    f"policy version {version}",
+                )
+                break
+            except FileExistsError:
+                # Written by another learner: one whose lease this one took over and
+                # that woke late (its announce is refused), or one whose announce
+                # never arrived. Its file stays as it is; this one goes past it.
+                log.warning("policy version %d exists: publishing a later one", version)
+                self.written_version = version
+        self.written_version = version
+        with self._versions:
+            self.version = max(self.version, version)
+        ref = PolicyRef(
+            version=version, path=path, sha256=sha, train_iter=train_iter, epoch=self.epoch
         )
-        ref = PolicyRef(version=version, path=path, sha256=sha, train_iter=train_iter)
         try:
             # Patient: a coordinator restarting must not cost this task (the version is
             # on disk either way, and a restored coordinator adopts it).
@@ -322,14 +356,22 @@ class BatchSession:
 
     def write_checkpoint(self, train_iter: int, checkpoint: Checkpoint) -> None:
         _, size = self.while_full(
-            lambda: write_checkpoint(self.store, self.job_id, train_iter, checkpoint),
+            lambda: write_checkpoint(
+                self.store, self.job_id, train_iter, checkpoint, epoch=self.epoch
+            ),
             f"the checkpoint of train_iter {train_iter}",
         )
-        folder = f"{self.job_id}/checkpoints"
         self.metrics.checkpoints.inc()
         self.metrics.checkpoint_bytes.inc(size)
-        for old in self.store.list_dir(folder)[:-KEEP_CHECKPOINTS]:
-            self.store.delete(f"{folder}/{old}")
+        # The newest few of this lease and those before it: a later lease's files are
+        # its successor's, never this learner's to delete.
+        ours = [
+            name
+            for name in self.store.checkpoints(self.job_id)
+            if (checkpoint_key(name) or (0, 0))[0] <= self.epoch
+        ]
+        for old in ours[:-KEEP_CHECKPOINTS]:
+            self.store.delete(f"{self.job_id}/checkpoints/{old}")
 
 
 class RoundSession(BatchSession):

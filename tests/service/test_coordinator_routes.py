@@ -565,7 +565,9 @@ def test_each_worker_has_its_own_credential_and_acts_only_as_itself(client, core
     )
     # a learner announces only for its own learn task
     path, sha = core.store.write_policy(job_id, 1, 0, "dqn", {"w": np.ones(2)})
-    announce = {"version": 1, "path": path, "sha256": sha, "task_id": tasks["http://l"].task_id}
+    learn = tasks["http://l"]
+    announce = {"version": 1, "path": path, "sha256": sha, "task_id": learn.task_id}
+    announce["epoch"] = learn.spec.epoch  # its lease's
     assert (
         client.post(f"/api/v1/jobs/{job_id}/policies", json=announce, headers=as_a).status_code
         == 403

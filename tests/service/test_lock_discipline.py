@@ -77,6 +77,7 @@ def test_a_jobs_whole_life_does_no_disk_work_under_the_lock(tmp_path):
     as_collector = {"Authorization": f"Bearer {collector['credential']}"}
     as_learner = {"Authorization": f"Bearer {learner['credential']}"}
     collect, learn = tasks[collector["worker_id"]].task_id, tasks[learner["worker_id"]].task_id
+    epoch = tasks[learner["worker_id"]].spec.epoch
 
     # inserts, an orphan the sweep indexes, samples, priorities
     folder = f"{collector['worker_id']}.{collect}"
@@ -102,7 +103,7 @@ def test_a_jobs_whole_life_does_no_disk_work_under_the_lock(tmp_path):
         ok(
             client.post(
                 f"/api/v1/jobs/{job_id}/policies",
-                json={**body, "task_id": learn},
+                json={**body, "task_id": learn, "epoch": epoch},
                 headers=as_learner,
             ),
             201,

@@ -345,9 +345,10 @@ def test_a_collector_waits_for_a_newer_policy_instead_of_polling(client, core):
     job_id, collector, learner, tasks = running_job(client, core)
     latest = f"/api/v1/jobs/{job_id}/policies/latest"
     as_collector = bearer(collector["credential"])
-    learn_task = tasks[learner["worker_id"]].task_id
+    learn = tasks[learner["worker_id"]]
     path, sha = core.store.write_policy(job_id, 1, 10, "dqn", {"w": np.ones(2, np.float32)})
-    announce = {"version": 1, "path": path, "sha256": sha, "train_iter": 10, "task_id": learn_task}
+    announce = {"version": 1, "path": path, "sha256": sha, "train_iter": 10}
+    announce |= {"task_id": learn.task_id, "epoch": learn.spec.epoch}
 
     def publish_soon():
         time.sleep(0.3)

@@ -57,7 +57,7 @@ def test_every_algorithms_checkpoint_reads_back_exactly(tmp_path, name, space):
     state = learner.state_dict()
     store = SharedStore(tmp_path)
     path, size = write_checkpoint(store, JOB, 7, Checkpoint(state, policy_version=3, algo=name))
-    assert path == f"{JOB}/checkpoints/learner-0000000007.safetensors"
+    assert path == f"{JOB}/checkpoints/learner-e00000000-0000000007.safetensors"
     assert size == len(store.read_bytes(path))
     back = read_checkpoint(store, path, algo=name)
     assert (back.policy_version, back.algo) == (3, name)

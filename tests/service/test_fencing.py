@@ -1,0 +1,77 @@
+"""The coordinator's side of fencing (docs/architecture.md, "Fencing"): each learn task
+gets a higher lease epoch, an announcement of another epoch than its task's is
+refused, a lost learner's task cannot publish, and a restarted coordinator passes over
+a policy file of a stale lease and hands out epochs past every one of before."""
+
+import numpy as np
+
+from common.storage import SharedStore
+from services.coordinator.core import Coordinator, CoordinatorLimits
+from services.coordinator.policies import RESTART_EPOCH_GAP
+from tests.coordinator_app import AUTH, register, submit
+
+
+def job_with_learner(client, core, url="http://127.0.0.1:8201"):
+    """A submitted job and a learner holding its learn task: (job id, credential
+    header, the task's assignment)."""
+    job_id = submit(client)
+    learner = register(client, "learner", url).json
+    (task,) = [d.task for d in core.plan() if d.task is not None and d.task.kind == "learn"]
+    core.dispatched(task.task_id)
+    return job_id, {"Authorization": f"Bearer {learner['credential']}"}, task
+
+
+def announce(client, core, job_id, headers, version, **fields):
+    path, sha = core.store.write_policy(job_id, version, 10 * version, "dqn", {"w": np.ones(2)})
+    body = {"version": version, "path": path, "sha256": sha, "train_iter": 10 * version}
+    return client.post(f"/api/v1/jobs/{job_id}/policies", json=body | fields, headers=headers)
+
+
+def test_an_announcement_of_another_epoch_than_its_tasks_is_refused(client, core):
+    job_id, as_learner, task = job_with_learner(client, core)
+    assert task.spec.epoch == core.jobs[job_id].learner_epoch == 1
+    stale = announce(client, core, job_id, as_learner, 1, task_id=task.task_id, epoch=0)
+    assert (stale.status_code, stale.json["error"]) == (409, "stale_epoch"), stale.json
+    assert "epoch" in stale.json["message"]
+    fresh = announce(client, core, job_id, as_learner, 2, task_id=task.task_id, epoch=1)
+    assert fresh.status_code == 201, fresh.json
+    assert (core.jobs[job_id].policy.version, core.jobs[job_id].policy.epoch) == (2, 1)
+
+
+def test_a_lost_learners_task_cannot_publish_and_its_successor_has_a_higher_epoch(client, core):
+    job_id, as_old, old = job_with_learner(client, core)
+    # Its worker leaves (as at lease expiry): the task is lost, a new learner takes over.
+    worker = core.tasks[old.task_id].worker_id
+    assert client.delete(f"/api/v1/workers/{worker}", headers=AUTH).status_code == 202
+    new_learner = register(client, "learner", "http://127.0.0.1:8202").json
+    (new,) = [d.task for d in core.plan() if d.task is not None and d.task.kind == "learn"]
+    core.dispatched(new.task_id)
+    assert new.spec.epoch == 2 and core.jobs[job_id].learner_epoch == 2
+    as_new = {"Authorization": f"Bearer {new_learner['credential']}"}
+    assert (
+        announce(client, core, job_id, as_new, 1, task_id=new.task_id, epoch=2).status_code == 201
+    )
+    late = announce(client, core, job_id, as_new, 2, task_id=old.task_id, epoch=1)
+    assert late.status_code in (403, 409), late.json
+    assert core.jobs[job_id].policy.version == 1
+
+
+def test_a_restart_passes_over_a_stale_leases_file_and_skips_epochs(tmp_path, client, core):
+    job_id, _, task = job_with_learner(client, core)
+    epoch = task.spec.epoch
+    core.snapshot_jobs()
+    store = core.store
+    # Written after the snapshot: version 1 by the lease the snapshot knows, version 2
+    # by an older one that woke late (never announced).
+    store.write_policy(job_id, 1, 10, "dqn", {"w": np.ones(2)}, epoch=epoch)
+    store.write_policy(job_id, 2, 20, "dqn", {"w": np.ones(2)}, epoch=epoch - 1)
+    core.close()
+
+    again = Coordinator(SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000))
+    try:
+        again.restore_jobs()
+        job = again.jobs[job_id]
+        assert (job.policy.version, job.policy.epoch) == (1, epoch)
+        assert job.learner_epoch == epoch + RESTART_EPOCH_GAP
+    finally:
+        again.close()
