@@ -414,9 +414,10 @@ class SystemConfig:
     #: torch threads per process; 1 keeps many processes from fighting over cores.
     torch_num_threads: Annotated[int, Gt(0), Le(256)] = 1
     #: How long a task's write to a full shared volume (no space, or over a quota) is
-    #: tried again before the task fails with it: a volume that fills for a while
-    #: pauses the job (its collectors stop stepping once their queue is full), it does
-    #: not end it (common/storage_full.py).
+    #: tried again before the task fails with it, and how long the job may wait for
+    #: room without progress before it fails: a volume that fills for a while pauses
+    #: the job (its collectors stop stepping once their queue is full), it does not end
+    #: it (common/storage_full.py).
     storage_grace_s: Annotated[float, Gt(0), Le(86_400)] = 300.0
 
 

@@ -746,6 +746,9 @@ class JobStatus:
     queue_position: int | None = None
     #: Tasks of its ended at a safe point so that their worker went to another job.
     tasks_preempted: int = 0
+    #: Seconds its writes have waited for room on the shared volume without progress
+    #: (None: they have room); it fails at `system.storage_grace_s`.
+    storage_full_s: float | None = None
 
 
 # --- small answers -------------------------------------------------------------------

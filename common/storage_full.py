@@ -2,7 +2,9 @@
 (ENOSPC, or EDQUOT: a quota) is tried again, with jittered backoff, until there is room
 again or the job's `system.storage_grace_s` has passed without one succeeding, when the
 last error is raised as it would have been at once. Meanwhile one log line a minute
-says so, not one an attempt.
+says so, not one an attempt, and the task's progress (which its heartbeats carry)
+holds how long it has waited (`ROOM_WAIT_KEY`): the coordinator shows the condition
+and fails the job only when it lasts `storage_grace_s` with no progress.
 
 Usage::
 
@@ -42,6 +44,8 @@ FULL_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT})
 RETRY_BASE_S, RETRY_MAX_S = 0.5, 10.0
 #: How often a write waiting for room says so.
 LOG_EVERY_S = 60.0
+#: The progress entry (seconds) of a task whose write waits for room.
+ROOM_WAIT_KEY = "storage_full_s"
 
 
 def volume_full(exc: BaseException) -> bool:
@@ -57,6 +61,7 @@ def retry_while_full(
     stopped: Callable[[], bool] = lambda: False,
     sleep: Callable[[float], object] = time.sleep,
     on_full: Callable[[], None] | None = None,
+    progress: dict[str, float] | None = None,
 ) -> T:
     """`write()`, tried again while the volume is full, for up to `grace_s` seconds (or
     until `stopped()`); any other error is raised at once.
@@ -65,6 +70,8 @@ def retry_while_full(
         what: what is written, for the log.
         sleep: waits between attempts (a task's own wait, which a stop ends early).
         on_full: called at each attempt that found the volume full (a metric).
+        progress: the task's progress: `ROOM_WAIT_KEY` is the seconds waited so far,
+            while it waits.
     """
     last_log = -math.inf
 
@@ -72,6 +79,8 @@ def retry_while_full(
         nonlocal last_log
         if on_full is not None:
             on_full()
+        if progress is not None:
+            progress[ROOM_WAIT_KEY] = round(state.seconds_since_start, 1)
         now = time.monotonic()
         if now - last_log >= LOG_EVERY_S:
             last_log = now
@@ -92,7 +101,11 @@ def retry_while_full(
         reraise=True,
     )
     started = time.monotonic()
-    result = retrying(write)
+    try:
+        result = retrying(write)
+    finally:
+        if progress is not None:
+            progress.pop(ROOM_WAIT_KEY, None)
     if last_log > -math.inf:
         log.warning("%s written after %.0f s without room", what, time.monotonic() - started)
     return result

@@ -396,6 +396,11 @@ def progress_table(
         f"{elapsed_s:.1f}s",
     )
     captions = []
+    if status.storage_full_s is not None:
+        captions.append(
+            f"[bold red]the shared volume is full[/]: writes have waited "
+            f"{status.storage_full_s:.0f} s for room (the job fails at system.storage_grace_s)"
+        )
     if rates:
         per = ", ".join(f"{k}: {v:,.0f}/s" for k, v in sorted(rates.items()))
         captions.append(f"collectors {per}")

@@ -67,6 +67,12 @@ def status_table(job: JobStatus) -> Table:
         f"{job.task_failures} failed, {job.tasks_reassigned} reassigned, "
         f"{job.tasks_preempted} released for other jobs",
     )
+    if job.storage_full_s is not None:
+        table.add_row(
+            "storage",
+            f"[bold red]the shared volume is full[/]: writes have waited "
+            f"{job.storage_full_s:.0f} s (the job fails at system.storage_grace_s)",
+        )
     return table
 
 

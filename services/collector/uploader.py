@@ -263,6 +263,7 @@ class SegmentUploader:
                         stopped=self.ctx.dropping,
                         sleep=self.ctx.pause,
                         on_full=self.metrics.storage_full_retries.inc,
+                        progress=self.ctx.progress,
                     )
                     self.metrics.segments_written.inc()
                     self.metrics.segment_bytes.inc(size)

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Gauge
 
 from common.array_bodies import SampledItems
 from common.http import Caller
@@ -119,6 +119,12 @@ class Coordinator:
         self.persistence = Persistence(self.state, self.job_book, self.data, self.policies)
         self.matches = MatchDesk(self.state, self.job_book, self.tasks_board)
         self.metrics.registry.register(JobGauges(self._gauge_values))
+        Gauge(
+            "drover_state_writes_waiting_for_room",
+            "The coordinator's pointer and record writes kept for want of room on the "
+            "shared volume (tried again every snapshot period)",
+            registry=self.metrics.registry,
+        ).set_function(lambda: self.state.guard.latest.kept)
         if buffers is not None and buffers.enabled:
             self.state.buffers = BufferProcesses(buffers, on_report=self.data.count_report)
 

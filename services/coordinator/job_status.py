@@ -117,6 +117,11 @@ def status_of(
         learner_share=_share_view(job, "learner", held) if job.running else None,
         queue_position=job.queue_position if job.queued else None,
         tasks_preempted=job.tasks_preempted,
+        storage_full_s=(
+            round(job.room_wait.seen_s - job.room_wait.since_s, 1)
+            if job.room_wait is not None and job.running and phase is None
+            else None
+        ),
     )
 
 

@@ -50,7 +50,13 @@ from services.coordinator.snapshot import (
     read_job_record,
     write_job_record,
 )
-from services.coordinator.state import CoordinatorState, Job, Share, raise_if_closing
+from services.coordinator.state import (
+    CoordinatorState,
+    Job,
+    RoomWait,
+    Share,
+    raise_if_closing,
+)
 from services.coordinator.tasks import TaskBoard
 from services.coordinator.tensorboard import JobBoards
 from services.coordinator.workflows import Planner, check_workflow, workflow_of
@@ -265,6 +271,7 @@ class JobBook:
         result) and at every scheduling pass: it ends the job when `verdict` says so."""
         if not job.running:
             return
+        self._follow_room_wait(job)
         outcome = self.verdict(job)
         if outcome is not None:
             self.finish(job, outcome.phase, outcome.reason)
@@ -275,6 +282,13 @@ class JobBook:
         if job.task_failures >= self.state.limits.max_task_failures:
             return Outcome(
                 "failed", f"{job.task_failures} tasks failed; last: {job.last_task_error}"
+            )
+        grace_s, wait = job.config.system.storage_grace_s, job.room_wait
+        if wait is not None and self.state.clock() - wait.since_s >= grace_s:
+            return Outcome(
+                "failed",
+                f"the shared volume has had no room for its writes for {grace_s:g} s "
+                f"without progress (system.storage_grace_s)",
             )
         outcome = workflow_of(job.config).outcome(job)
         if outcome is not None:
@@ -290,6 +304,32 @@ class JobBook:
                     return Outcome("succeeded", f"{key} {budget} reached")
                 return Outcome("failed", f"{key} {budget} reached before stop_value {stop_value}")
         return None
+
+    def note_no_room(self, job: Job, waited_s: float) -> None:
+        """A task of the job says a write of its has waited `waited_s` for room on the
+        shared volume (its heartbeat)."""
+        now = self.state.clock()
+        if job.room_wait is None:
+            job.room_wait = RoomWait(since_s=now - waited_s, env_steps=job.env_steps, seen_s=now)
+            log.warning(
+                "job %s: the shared volume has no room for its writes; it waits (and fails "
+                "after %g s of that without progress)",
+                job.job_id,
+                job.config.system.storage_grace_s,
+            )
+        job.room_wait.seen_s = now
+
+    def _follow_room_wait(self, job: Job) -> None:
+        """A wait for room ends when no task has spoken of it for a lease's time, and
+        starts again when the job made progress (env steps) meanwhile."""
+        wait, now = job.room_wait, self.state.clock()
+        if wait is None:
+            return
+        if now - wait.seen_s > self.state.limits.lease_timeout_s:
+            job.room_wait = None
+            log.info("job %s: its writes have room again", job.job_id)
+        elif job.env_steps > wait.env_steps:
+            wait.since_s, wait.env_steps = now, job.env_steps
 
     @staticmethod
     def count_train_iters(job: Job, train_iter: int) -> None:

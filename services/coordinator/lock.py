@@ -4,17 +4,25 @@ memory under the lock; the disk work a change needs runs after the lock is let g
     with guard.changing():
         job.phase = "..."                      # memory, under the lock
         guard.defer(lambda: store.write(...))  # disk, once the lock is released
+        guard.defer(lambda: store.write_json(path, record), latest_of=path)
+
+A file written whole whose newest content is what counts (a pointer, a record) is
+deferred `latest_of` it: its writes land in the order their changes were made, and
+one that finds the shared volume full is kept and tried again (`retry_kept`, from the
+snapshot thread) until it, or a newer one, lands.
 """
 
 from __future__ import annotations
 
+import collections
 import contextlib
+import itertools
 import logging
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from common.storage_full import WriteFailures
+from common.storage_full import WriteFailures, volume_full
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +35,7 @@ class ChangeLock:
         #: Per thread: how deep in `changing` it is, and the disk work it deferred.
         self._local = threading.local()
         self._failures = WriteFailures(log, "deferred disk work failed")
+        self.latest = LatestWrites()
 
     @contextlib.contextmanager
     def changing(self) -> Iterator[None]:
@@ -50,12 +59,25 @@ class ChangeLock:
                     except Exception as exc:
                         self._failures.report(exc)
 
-    def defer(self, effect: Callable[[], Any]) -> None:
-        """Run `effect` once the current change releases the lock (now, outside one)."""
+    def defer(self, effect: Callable[[], Any], *, latest_of: str | None = None) -> None:
+        """Run `effect` once the current change releases the lock (now, outside one).
+
+        `latest_of`: the file `effect` writes whole (module doc): an older write of it
+        never lands after a newer one, and one that finds no room is kept."""
+        if latest_of is not None:
+            write, number = effect, self.latest.number()
+            effect = lambda: self.latest.run(latest_of, number, write)  # noqa: E731
         if getattr(self._local, "depth", 0):
             self._local.effects.append(effect)
         else:
             effect()
+
+    def retry_kept(self) -> None:
+        """Try again the writes kept for want of room (call without the lock)."""
+        try:
+            self.latest.retry()
+        except Exception as exc:
+            self._failures.report(exc)
 
     def notify(self) -> None:
         """Something the scheduler or a waiting request cares about changed (call
@@ -73,6 +95,55 @@ class ChangeLock:
             if not self._dirty:
                 self._changed.wait(timeout_s)
             self._dirty = False
+
+
+class LatestWrites:
+    """Writes of whole files whose newest content is what counts, numbered in the order
+    their changes were made (`number`, under the coordinator's lock): one older than a
+    write that landed is dropped, and one that found the volume full is kept, the
+    newest of each file, until it or a newer one lands (`retry`)."""
+
+    #: Files whose last landed write is remembered (the oldest forgotten past it).
+    REMEMBERED = 10_000
+
+    def __init__(self) -> None:
+        #: One write at a time: the check of what landed and the write go together.
+        self._lock = threading.Lock()
+        self._numbers = itertools.count(1)
+        self._landed: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._kept: dict[str, tuple[int, Callable[[], Any]]] = {}
+
+    def number(self) -> int:
+        return next(self._numbers)
+
+    @property
+    def kept(self) -> int:
+        """Writes waiting for room."""
+        return len(self._kept)
+
+    def run(self, path: str, number: int, write: Callable[[], Any]) -> None:
+        with self._lock:
+            if self._landed.get(path, 0) > number:
+                return  # a newer write of the file landed
+            try:
+                write()
+            except Exception as exc:
+                if volume_full(exc) and self._kept.get(path, (0, None))[0] < number:
+                    self._kept[path] = (number, write)
+                raise
+            self._landed[path] = number
+            self._landed.move_to_end(path)
+            while len(self._landed) > self.REMEMBERED:
+                self._landed.popitem(last=False)
+            kept = self._kept.get(path)
+            if kept is not None and kept[0] <= number:
+                del self._kept[path]
+
+    def retry(self) -> None:
+        """Each kept write again, oldest first; raises the first that fails (the rest
+        wait for the next try: the volume is still full)."""
+        for path, (number, write) in sorted(self._kept.items(), key=lambda kv: kv[1][0]):
+            self.run(path, number, write)
 
 
 class BoundedWaits:

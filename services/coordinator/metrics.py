@@ -119,6 +119,11 @@ class JobGauges(Collector):
                 ("queue_position", "A queued job's place in the queue (1: next to run)"),
                 ("priority", "A running or queued job's system.priority"),
                 ("tasks_preempted", "Tasks of a job released so their worker went to another"),
+                (
+                    "storage_full_seconds",
+                    "Seconds a running job's writes have waited for room on the shared "
+                    "volume without progress (0: they have room)",
+                ),
             )
         }
         for status in jobs:
@@ -128,6 +133,8 @@ class JobGauges(Collector):
             gauges["policy_version"].add_metric(job_id, status.policy_version)
             gauges["buffer_size"].add_metric(job_id, sizes.get(status.job_id, 0))
             gauges["tasks_preempted"].add_metric(job_id, status.tasks_preempted)
+            if status.phase == "running":
+                gauges["storage_full_seconds"].add_metric(job_id, status.storage_full_s or 0.0)
             if status.phase in ("running", "queued"):
                 gauges["priority"].add_metric(job_id, status.priority)
             if status.queue_position is not None:

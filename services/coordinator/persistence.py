@@ -56,6 +56,8 @@ class Persistence:
         """Write every running job's state (and each finished job's once). Returns, by
         job, the longest the locks were held for it and its whole time, in seconds."""
         with self._one_at_a_time:
+            # Pointer and record writes that found no room before: their turn first.
+            self.state.guard.retry_kept()
             return self._snapshot_jobs()
 
     def _snapshot_jobs(self) -> dict[str, tuple[float, float]]:

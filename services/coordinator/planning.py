@@ -81,8 +81,8 @@ class Planning:
         job.tasks_created += 1
         return job.config.system.seed * 100_003 + job.tasks_created
 
-    def defer(self, effect: Callable[[], Any]) -> None:
-        self.state.guard.defer(effect)
+    def defer(self, effect: Callable[[], Any], *, latest_of: str | None = None) -> None:
+        self.state.guard.defer(effect, latest_of=latest_of)
 
     # --- each pass -------------------------------------------------------------------
 
@@ -230,5 +230,5 @@ class JobPlanning:
     def seed(self, job: Job) -> int:
         return self._planning.seed(job)
 
-    def defer(self, effect: Callable[[], Any]) -> None:
-        self._planning.defer(effect)
+    def defer(self, effect: Callable[[], Any], *, latest_of: str | None = None) -> None:
+        self._planning.defer(effect, latest_of=latest_of)

@@ -63,7 +63,8 @@ class PolicyPointer:
             if job.replay is not None:
                 job.replay.set_learner_version(ref.version)
             self.jobs.count_train_iters(job, ref.train_iter)
-            guard.defer(lambda: store.write_json(f"{job_id}/policies/latest.json", dump(ref)))
+            latest = f"{job_id}/policies/latest.json"
+            guard.defer(lambda: store.write_json(latest, dump(ref)), latest_of=latest)
             self._prune(job)
             self.jobs.settle(job)
             guard.notify()

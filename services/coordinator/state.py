@@ -205,6 +205,20 @@ class Share:
 
 
 @dataclass
+class RoomWait:
+    """A running job whose writes find the shared volume full (its tasks say so in
+    their heartbeats: common/storage_full.py). Times are the coordinator's clock."""
+
+    #: Since when it has made no progress for want of room.
+    since_s: float
+    #: Its env steps then: any more is progress, and the wait starts again.
+    env_steps: int
+    #: When a task last said it waits (a wait no task has spoken of for a lease's time
+    #: is over).
+    seen_s: float
+
+
+@dataclass
 class Job:
     job_id: str
     name: str
@@ -242,6 +256,8 @@ class Job:
     evals: list[EvalSummary] = field(default_factory=list)
     best_eval: EvalSummary | None = None
     tasks_created: int = 0
+    #: Its writes waiting for room on the shared volume (None: they have room).
+    room_wait: RoomWait | None = None
     #: The newest learn lease's epoch (`LearnSpec.epoch`): a learn task's writes with
     #: an older one are refused (docs/architecture.md, "Fencing").
     learner_epoch: int = 0

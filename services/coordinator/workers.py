@@ -18,6 +18,7 @@ from common.messages import (
     WorkerRegistration,
     new_id,
 )
+from common.storage_full import ROOM_WAIT_KEY
 from services.coordinator.jobs import JobBook
 from services.coordinator.state import CoordinatorState, TaskState, Worker, must_be
 from services.coordinator.tasks import TaskBoard
@@ -100,6 +101,9 @@ class WorkerRegistry:
                 job = self.state.jobs[task.job_id]
                 if len(job.unusable_segments) < 1000:
                     job.unusable_segments.update(report.unusable_segments)
+                waited_s = report.progress.get(ROOM_WAIT_KEY)
+                if waited_s is not None:
+                    self.jobs.note_no_room(job, float(waited_s))
                 train_iter = report.progress.get("train_iter")
                 # Only the job's learner counts training; the number is a report, not
                 # a budget a collector could spend.

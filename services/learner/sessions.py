@@ -282,6 +282,7 @@ class BatchSession:
             what=what,
             stopped=self.ctx.dropping,
             sleep=self.ctx.pause,
+            progress=self.ctx.progress,
         )
 
     def write_policy(self, version: int, train_iter: int, tensors: dict[str, np.ndarray]) -> None:

@@ -4,6 +4,7 @@ coordinator and the buffer process keep their last good snapshots, and the job
 succeeds with every acknowledged insert counted (a real tmpfs as the shared root;
 mounting one needs root)."""
 
+import json
 import time
 
 import pytest
@@ -41,11 +42,23 @@ def test_a_volume_full_for_a_while_pauses_the_job_and_it_succeeds(volume):
         wait_until(lambda: cluster.client.job(job_id).train_iters > 0, 90, "training")
         filler = volume / "filler"
         fill(filler)
-        time.sleep(FULL_FOR_S)
+        full_at = time.monotonic()
+        # The coordinator shows the condition: its tasks' heartbeats say they wait.
+        wait_until(
+            lambda: cluster.client.job(job_id).storage_full_s is not None,
+            FULL_FOR_S,
+            "the job's status to say it waits for room",
+        )
+        time.sleep(max(0.0, FULL_FOR_S - (time.monotonic() - full_at)))
         assert cluster.client.job(job_id).phase == "running"
         filler.unlink()  # room again
         status = wait_for_end(cluster, job_id, 240)
         assert status.phase == "succeeded", status
+        assert status.storage_full_s is None
+        # The pointer writes that found no room were kept and landed: it names the
+        # newest version.
+        (pointer,) = (volume / "run").rglob(f"{job_id}/policies/latest.json")
+        assert json.loads(pointer.read_text())["version"] == status.policy_version
         buffer = cluster.client.buffer_stats(job_id)
         assert buffer["inserts"] == status.env_steps, (buffer, status)
         logs = "".join(p.read_text(errors="replace") for p in cluster.log_dir.glob("*.log"))

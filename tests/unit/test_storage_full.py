@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from common.storage_full import WriteFailures, retry_while_full
+from common.storage_full import ROOM_WAIT_KEY, WriteFailures, retry_while_full
 
 
 class Flaky:
@@ -63,3 +63,56 @@ def test_state_writes_that_find_the_volume_full_are_said_once_a_minute(caplog):
     assert said[0][0] == "WARNING" and "no room" in said[0][1]
     assert said[1][0] == "ERROR" and said[1][1] == "snapshot failed"  # with its traceback
     assert len(said) == 2 and failures.full == 30
+
+
+def test_a_task_waiting_for_room_says_so_in_its_progress_until_the_write_lands():
+    progress: dict[str, float] = {}
+    seen = []
+
+    def write():
+        seen.append(dict(progress))
+        if len(seen) <= 3:
+            raise OSError(errno.ENOSPC, "no")
+        return "written"
+
+    assert retry_while_full(write, grace_s=60, what="x", sleep=lambda s: None, progress=progress)
+    assert ROOM_WAIT_KEY not in seen[0] and all(ROOM_WAIT_KEY in p for p in seen[1:])
+    assert progress == {}  # said no more once written
+    with pytest.raises(OSError):
+        retry_while_full(
+            Flaky(errno.ENOSPC, 10**6),
+            grace_s=0.05,
+            what="x",
+            sleep=lambda s: None,
+            progress=progress,
+        )
+    assert progress == {}  # nor once given up
+
+
+def test_pointer_writes_land_newest_last_and_one_without_room_is_kept_until_one_lands(tmp_path):
+    from services.coordinator.lock import ChangeLock
+
+    guard, landed, full = ChangeLock(), [], [True]
+
+    def writer(content):
+        def write():
+            if full[0]:
+                raise OSError(errno.ENOSPC, "no room")
+            landed.append(content)
+
+        return write
+
+    with guard.changing():
+        guard.defer(writer("v1"), latest_of="latest.json")
+    assert guard.latest.kept == 1 and landed == []  # no room: kept, not lost
+    with guard.changing():
+        guard.defer(writer("v2"), latest_of="latest.json")
+    assert guard.latest.kept == 1  # the newest of the file, not both
+    full[0] = False
+    guard.retry_kept()
+    assert landed == ["v2"] and guard.latest.kept == 0
+    # An older write that comes late (its thread was slower) never lands after a newer.
+    older, newer = guard.latest.number(), guard.latest.number()
+    guard.latest.run("latest.json", newer, writer("v4"))
+    guard.latest.run("latest.json", older, writer("v3"))
+    assert landed == ["v2", "v4"]

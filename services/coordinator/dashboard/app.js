@@ -279,6 +279,14 @@ async function jobView(jobId) {
       card("tasks released for other jobs", String(job.tasks_preempted)),
     ),
     job.reason ? el("p", { class: "muted" }, job.reason) : null,
+    job.storage_full_s === null || job.storage_full_s === undefined
+      ? null
+      : el(
+          "p",
+          { class: "error", id: "storage-full" },
+          `The shared volume is full: this job's writes have waited ${fmt(job.storage_full_s)} s for room ` +
+            "(it fails at system.storage_grace_s without progress).",
+        ),
     el(
       "div",
       { class: "charts" },

@@ -47,8 +47,10 @@ class Planner(Protocol):
         """A fresh seed for one of the job's tasks."""
         ...
 
-    def defer(self, effect: Callable[[], Any]) -> None:
-        """Run disk work once the coordinator's lock is released (never under it)."""
+    def defer(self, effect: Callable[[], Any], *, latest_of: str | None = None) -> None:
+        """Run disk work once the coordinator's lock is released (never under it);
+        `latest_of`: the file it writes whole, whose newest content counts (kept and
+        tried again while the volume is full: services/coordinator/lock.py)."""
         ...
 
 

@@ -131,8 +131,11 @@ class Evaluate:
             for i, e in enumerate(episodes)
         ]
         csv = ("\n".join(rows) + "\n").encode()
-        planner.defer(lambda: planner.store.write_json(f"{job.job_id}/eval/results.json", results))
-        planner.defer(lambda: planner.store.write_bytes(f"{job.job_id}/eval/results.csv", csv))
+        for path, write in (
+            (f"{job.job_id}/eval/results.json", lambda p: planner.store.write_json(p, results)),
+            (f"{job.job_id}/eval/results.csv", lambda p: planner.store.write_bytes(p, csv)),
+        ):
+            planner.defer(lambda path=path, write=write: write(path), latest_of=path)
 
     def task_ended(self, job: Job, task: Task, state: TaskState) -> None:
         if isinstance(task.spec, EvaluateSpec):

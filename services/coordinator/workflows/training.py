@@ -167,9 +167,8 @@ class AsyncTraining:
                 "path": planner.store.policy_path(job.job_id, summary.policy_version),
                 "return_mean": summary.return_mean,
             }
-            planner.defer(
-                lambda: planner.store.write_json(f"{job.job_id}/policies/best.json", best)
-            )
+            path = f"{job.job_id}/policies/best.json"
+            planner.defer(lambda: planner.store.write_json(path, best), latest_of=path)
 
     def task_ended(self, job: Job, task: Task, state: TaskState) -> None:
         if task.kind == "evaluate":
