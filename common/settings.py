@@ -92,11 +92,15 @@ def read_token(env: Mapping[str, str] | None = None) -> str:
     return token
 
 
+#: Binds on every interface.
+WILDCARD_HOSTS = ("0.0.0.0", "::")
+
+
 def default_advertise_url(host: str, port: int) -> str:
     """Where others reach a service bound to `host`: a wildcard bind (containers,
     pods) advertises this machine's own address, which compose networks and
     Kubernetes pod networks route to."""
-    if host in ("0.0.0.0", "::"):
+    if host in WILDCARD_HOSTS:
         host = socket.gethostbyname(socket.gethostname())
     return f"http://{host}:{port}"
 
@@ -119,6 +123,16 @@ class SlaveSettings:
     #: A secret that may only read `/metrics` (`DROVER_METRICS_TOKEN`, a Prometheus
     #: server's); empty: only the cluster token reads them.
     metrics_token: str = ""
+    #: `advertise_url` was given (`DROVER_ADVERTISE_URL`), not looked up.
+    advertise_given: bool = False
+
+    def address_now(self) -> str:
+        """The URL to register with now: for a wildcard bind advertising no URL of
+        its own, this machine's address looked up again (a container reconnected to
+        its network may have another); else `advertise_url`."""
+        if self.advertise_given or self.host not in WILDCARD_HOSTS:
+            return self.advertise_url
+        return default_advertise_url(self.host, self.port)
 
     @classmethod
     def from_env(cls, default_port: int, env: Mapping[str, str] | None = None) -> SlaveSettings:
@@ -135,4 +149,5 @@ class SlaveSettings:
             token=read_secret(env, "DROVER_TOKEN") if registration else read_token(env),
             registration_token=registration,
             metrics_token=read_secret(env, "DROVER_METRICS_TOKEN"),
+            advertise_given=bool(env.get("DROVER_ADVERTISE_URL")),
         )

@@ -33,6 +33,8 @@ class WorkerRegistry:
         self.tasks = tasks
         #: Heartbeats report a learner's train iterations: counted, and settled, there.
         self.jobs = jobs
+        #: When leases were last checked (`expire_leases`, each scheduling pass).
+        self._checked_s: float | None = None
 
     def register(self, reg: WorkerRegistration) -> Registered:
         limits = self.state.limits
@@ -127,8 +129,24 @@ class WorkerRegistry:
         self.state.guard.notify()
 
     def expire_leases(self) -> None:
-        timeout_s = self.state.limits.lease_timeout_s
-        deadline = self.state.clock() - timeout_s
+        """Drop the workers whose heartbeats stopped for `lease_timeout_s`.
+
+        A coordinator that was stalled itself (its container paused, its machine
+        starved or suspended: passes far apart) heard nobody meanwhile, so it cannot
+        tell a silent worker from its own deafness: every lease is extended by the
+        stall, and workers that are truly gone expire a lease later."""
+        timeout_s, now = self.state.limits.lease_timeout_s, self.state.clock()
+        stalled_s = 0.0 if self._checked_s is None else now - self._checked_s
+        self._checked_s = now
+        if stalled_s > timeout_s / 2:
+            log.warning(
+                "the coordinator was stalled for %.1f s (paused or starved): every lease is "
+                "extended by as much",
+                stalled_s,
+            )
+            for worker in self.state.workers.values():
+                worker.last_heartbeat_s = min(now, worker.last_heartbeat_s + stalled_s)
+        deadline = now - timeout_s
         for worker in [w for w in self.state.workers.values() if w.last_heartbeat_s < deadline]:
             self.state.metrics.lease_expiries.labels(worker.role).inc()
             self.drop(worker.worker_id, f"missed heartbeats for {timeout_s}s")

@@ -134,13 +134,14 @@ class Slave:
         role: str,
         runner: TaskRunner,
         coordinator: CoordinatorClient,
-        advertise_url: str,
+        advertise_url: str | Callable[[], str],
         shared_root: Path,
         resources: dict[str, Any] | None = None,
         metrics: CollectorRegistry | None = None,
     ) -> None:
-        """`metrics`: the service's registry, which its runner counts in too (a fresh
-        `service_registry()` when None)."""
+        """`advertise_url`: where the coordinator reaches this slave, or a function
+        that looks it up at each registration; `metrics`: the service's registry, which
+        its runner counts in too (a fresh `service_registry()` when None)."""
         self.role = role
         self.runner = runner
         self.coordinator = coordinator
@@ -338,8 +339,9 @@ class Slave:
             self._heartbeat()
 
     def _register(self) -> None:
+        url = self.advertise_url() if callable(self.advertise_url) else self.advertise_url
         reg = self.coordinator.register(
-            self.role, self.advertise_url, self.resources, slave_token=self.slave_token
+            self.role, url, self.resources, slave_token=self.slave_token
         )
         self._heartbeat_interval_s = reg.heartbeat_interval_s
         self.coordinator.credential = reg.credential
@@ -436,7 +438,7 @@ def build_slave(
             settings.token,
             registration_token=settings.registration_token,
         ),
-        advertise_url=settings.advertise_url,
+        advertise_url=settings.address_now,
         shared_root=Path(settings.shared_dir).resolve(),
         resources=resources,
         metrics=metrics,

@@ -163,3 +163,24 @@ def test_keys_of_other_algorithms_are_named_as_ignored():
         {"policy": {"type": "ppo", "learn": {"clip_ratio": 0.1, "batch_size": 32}}}
     )
     assert warnings == []
+
+
+def test_a_wildcard_bound_slave_looks_its_address_up_again_at_each_registration(monkeypatch):
+    import socket
+
+    from common.settings import SlaveSettings
+
+    addresses = iter(["172.18.0.5", "172.18.0.9"])  # reconnected: another address
+    monkeypatch.setattr(socket, "gethostbyname", lambda name: next(addresses))
+    settings = SlaveSettings.from_env(8100, {"DROVER_HOST": "0.0.0.0", "DROVER_TOKEN": "t" * 32})
+    assert settings.advertise_url == "http://172.18.0.5:8100"
+    assert settings.address_now() == "http://172.18.0.9:8100"
+    given = SlaveSettings.from_env(
+        8100,
+        {
+            "DROVER_HOST": "0.0.0.0",
+            "DROVER_TOKEN": "t" * 32,
+            "DROVER_ADVERTISE_URL": "http://collector-0:8100",
+        },
+    )
+    assert given.address_now() == "http://collector-0:8100"  # as given, never looked up
