@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= examples/cartpole_dqn.yaml
 
-.PHONY: install install-browser run test test-fast test-full test-engine lint format bench bench-learning bench-selfplay bench-chaos bench-learner bench-atari bench-atari-collect bench-atari-learner bench-fleet bench-headline bench-soak bench-fairness up down clean
+.PHONY: install install-browser install-fuse run test test-fast test-full test-engine lint format bench bench-learning bench-selfplay bench-chaos bench-learner bench-atari bench-atari-collect bench-atari-learner bench-fleet bench-headline bench-soak bench-fairness up down clean
 
 # The stamp is refreshed whenever pyproject.toml changes, so `make test` on a fresh
 # clone installs once and later runs start at once.
@@ -33,8 +33,23 @@ install-browser:
 			|| echo "install-browser: chromium could not be installed; the browser test will be skipped"; \
 	fi
 
+# The slow-volume tests (tests/slow_volume.py) mount a FUSE pass-through through fusepy,
+# which loads libfuse 2. This installs the distribution's libfuse2 package with apt-get
+# when the library is missing (root on Debian or Ubuntu), saying so; where it cannot,
+# it says that instead, and those tests are skipped. (Mounting needs root too.)
+FUSE_PACKAGE ?= libfuse2
+install-fuse:
+	@if PATH="$$PATH:/sbin:/usr/sbin" ldconfig -p 2>/dev/null | grep -q 'libfuse\.so\.2 '; then \
+		echo "install-fuse: libfuse2 is installed (the slow-volume tests mount through it)"; \
+	else \
+		echo "install-fuse: installing $(FUSE_PACKAGE) (apt-get) for the slow-volume tests"; \
+		apt-get install -y -q --no-install-recommends $(FUSE_PACKAGE) \
+			|| (apt-get update -q && apt-get install -y -q --no-install-recommends $(FUSE_PACKAGE)) \
+			|| echo "install-fuse: $(FUSE_PACKAGE) could not be installed; the slow-volume tests will be skipped"; \
+	fi
+
 # The whole suite, as CI runs it (.ci/run), but the soak (long) and tests/engine.
-test: install install-browser
+test: install install-browser install-fuse
 	$(BIN)/pytest -q
 
 # A few minutes (markers in pyproject.toml): every test that starts no real process,
@@ -55,7 +70,7 @@ test-engine: install
 	$(BIN)/pytest -q -s --durations=0 -m engine tests/engine
 
 # Everything, the tests marked long included (the 10-minute soak).
-test-full: install install-browser
+test-full: install install-browser install-fuse
 	$(BIN)/pytest -q -m 'not engine'
 
 lint: install

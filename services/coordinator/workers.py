@@ -31,7 +31,8 @@ class WorkerRegistry:
     def __init__(self, state: CoordinatorState, tasks: TaskBoard, jobs: JobBook) -> None:
         self.state = state
         self.tasks = tasks
-        #: Heartbeats report a learner's train iterations: counted, and settled, there.
+        #: Heartbeats report a learner's train iterations: counted there; a count that
+        #: ends the job wakes the scheduler, whose pass ends it (`heartbeat`).
         self.jobs = jobs
         #: When leases were last checked (`expire_leases`, each scheduling pass).
         self._checked_s: float | None = None
@@ -111,7 +112,13 @@ class WorkerRegistry:
                 # a budget a collector could spend.
                 if task.kind == "learn" and train_iter is not None:
                     self.jobs.count_train_iters(job, int(train_iter))
-                    self.jobs.settle(job)
+                    # Not settled here: a job's end writes its record and summary
+                    # (fsync'd) before the call that ended it is answered, and a
+                    # heartbeat's answer must never wait on the disk (its worker's
+                    # lease would run out on a slow volume). The scheduler's pass,
+                    # woken now, ends the job in its own thread.
+                    if self.jobs.verdict(job) is not None:
+                        self.state.guard.notify()
             return HeartbeatReply(cancel=cancel, release=release)
 
     def leave(self, worker_id: str, *, caller: str | None = None) -> None:
