@@ -4,10 +4,12 @@ Each round starts a coordinator, 3 collectors and a learner on 127.0.0.1, submit
 DQN CartPole job, kills the coordinator right after the submission, injects random
 faults into every role and the job's buffer process until the job ends (kill -9,
 SIGTERM, SIGSTOP past the 3 s lease, coordinator and learner killed together; the
-buffer process killed with SIGKILL or SIGTERM), and kills the coordinator again right
-after the end.
+buffer process killed with SIGKILL or SIGTERM; the shared volume full for 3-8 s or
+slow for 5 s: its root is a tmpfs served through a FUSE pass-through, which needs root
+and libfuse2), and kills the coordinator again right after the end.
 
     python bench/chaos.py --seeds 10
+    python bench/chaos.py --seeds 10 --no-volume-faults   # a plain folder as the root
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from rich.table import Table
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.chaos import chaos_round  # noqa: E402
+from tests.chaos import chaos_round, fault_volume  # noqa: E402
 
 
 def main() -> int:
@@ -31,6 +33,12 @@ def main() -> int:
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--first-seed", type=int, default=1)
     parser.add_argument("--faults", type=int, default=8, help="random faults per round")
+    parser.add_argument(
+        "--no-volume-faults",
+        dest="volume_faults",
+        action="store_false",
+        help="a plain folder as the shared root: no full or slow volume",
+    )
     args = parser.parse_args()
     table = Table(title="drover under random faults")
     for column in (
@@ -42,6 +50,7 @@ def main() -> int:
         "inserts lost",
         "env steps lost",
         "500s",
+        "stale accepted",
         "summary kept",
         "wall s",
     ):
@@ -49,7 +58,13 @@ def main() -> int:
     results = []
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         with tempfile.TemporaryDirectory() as tmp:
-            result = chaos_round(Path(tmp) / "run", seed, max_faults=args.faults)
+            if args.volume_faults:
+                with fault_volume(Path(tmp) / "volume") as volume:
+                    result = chaos_round(
+                        Path(tmp) / "run", seed, max_faults=args.faults, volume=volume
+                    )
+            else:
+                result = chaos_round(Path(tmp) / "run", seed, max_faults=args.faults)
         results.append(result)
         table.add_row(
             str(seed),
@@ -60,6 +75,7 @@ def main() -> int:
             str(result.inserts_lost),
             str(result.env_steps_lost),
             str(result.server_errors),
+            str(result.stale_accepted),
             "yes" if result.summary_unchanged else "NO",
             f"{result.wall_s:.0f}",
         )
@@ -73,6 +89,7 @@ def main() -> int:
         str(sum(r.inserts_lost for r in results)),
         str(sum(r.env_steps_lost for r in results)),
         str(sum(r.server_errors for r in results)),
+        str(sum(r.stale_accepted for r in results)),
         f"{sum(r.summary_unchanged for r in results)}/{len(results)}",
         f"{sum(r.wall_s for r in results):.0f}",
     )
@@ -80,7 +97,7 @@ def main() -> int:
     ok = all(
         r.phase == "succeeded"
         and r.successes == 1
-        and r.inserts_lost == r.env_steps_lost == r.server_errors == 0
+        and r.inserts_lost == r.env_steps_lost == r.server_errors == r.stale_accepted == 0
         and r.summary_unchanged
         for r in results
     )

@@ -180,11 +180,14 @@ class LocalCluster:
     #: drover/__main__.py), used when `fork_server` is set; stopped by `stop`.
     started_fork_server: ForkServer | None = None
     services: list[Service] = field(default_factory=list)
+    #: Where the services' logs go (None: `run_dir`/logs); elsewhere, they outlive a
+    #: shared volume that is full or slow (the fault tests').
+    logs_at: Path | None = None
 
     def __post_init__(self) -> None:
         self.run_dir = self.run_dir.resolve()
         self.shared_dir = self.run_dir
-        self.log_dir = self.run_dir / "logs"
+        self.log_dir = (self.logs_at or self.run_dir / "logs").resolve()
         coordinator_port = free_port()
         self.coordinator_url = f"http://127.0.0.1:{coordinator_port}"
         self.coordinator = self._service("coordinator", "services.coordinator", coordinator_port)
@@ -234,6 +237,7 @@ class LocalCluster:
         return service
 
     def start(self, *, ready_timeout_s: float = 60.0) -> None:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         # Start everything at once: slaves retry registration until the coordinator
         # answers, and their torch import (or the fork server's) overlaps the

@@ -6,10 +6,13 @@ the coordinator at once; then, until the job ends, inject a fault every 0.5-1.5 
 each role in turn, the job's buffer process among them (kill -9, SIGTERM, SIGSTOP past
 the lease, or the coordinator and the learner killed together; the buffer process is
 killed with SIGKILL or SIGTERM and its coordinator restarts it), restarting whatever
-died; kill the coordinator again right
-after the job ends. Throughout, the acknowledged counters read from the REST API must
-never go down; at the end the job must have succeeded exactly once, its summary must
-be unchanged by the last restart, and no service may have answered a 500.
+died; kill the coordinator again right after the job ends. With a `FaultVolume` as the
+shared root (a tmpfs served through the slow volume: root and FUSE), the volume is a
+role too: full for 3-8 s, or slow (50-200 ms a call) for 5 s. Throughout, the
+acknowledged counters read from the REST API must never go down, and the policy
+pointer must never take a version of an older learn lease than the one before (a
+stale write accepted); at the end the job must have succeeded exactly once, its
+summary must be unchanged by the last restart, and no service may have answered a 500.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import re
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -29,7 +33,8 @@ from common.errors import ApiError
 from common.http_client import ServiceUnavailable
 from drover.local import LocalCluster, Service
 from jobconfig import load_config_file
-from tests.helpers import buffer_processes
+from tests.helpers import buffer_processes, fill, tmpfs
+from tests.slow_volume import set_latency, slow_volume
 
 ROOT = Path(__file__).resolve().parents[1]
 # A goal above the example's 195, so the job outlasts a round of faults in every role.
@@ -59,8 +64,41 @@ class ChaosResult:
     inserts_lost: int = 0
     env_steps_lost: int = 0
     server_errors: int = 0
+    #: Policy versions the pointer took from an older learn lease than its previous
+    #: version's (a write of a learner whose lease was taken over).
+    stale_accepted: int = 0
     summary_unchanged: bool = False
     wall_s: float = 0.0
+
+
+@dataclass
+class FaultVolume:
+    """A shared root that faults fill and slow: `root` serves `backing`, a tmpfs."""
+
+    root: Path
+    backing: Path
+
+    def full_for(self, seconds: float) -> None:
+        """No room on the volume from now, for `seconds`."""
+        filler = self.backing / "filler"
+        fill(filler)
+        threading.Timer(seconds, filler.unlink, kwargs={"missing_ok": True}).start()
+
+    def slow_for(self, seconds: float, latency_s: float) -> None:
+        """Every fsync and read waits `latency_s` from now, for `seconds`."""
+        set_latency(self.root, latency_s)
+        threading.Timer(seconds, set_latency, (self.root, 0.0)).start()
+
+
+@contextlib.contextmanager
+def fault_volume(folder: Path, size: str = "256m") -> Iterator[FaultVolume]:
+    """A `FaultVolume` of `size` under `folder` for the block (skipped where a tmpfs or
+    FUSE cannot be mounted: they need root)."""
+    with (
+        tmpfs(folder / "backing", size) as backing,
+        slow_volume(folder / "root", backing, 0.0) as root,
+    ):
+        yield FaultVolume(root=root, backing=backing)
 
 
 class _Watch:
@@ -70,6 +108,8 @@ class _Watch:
         self.cluster, self.job_id, self.result = cluster, job_id, result
         self.inserts = self.env_steps = 0
         self.phase = "running"
+        #: The newest (version, epoch) the policy pointer named.
+        self.pointer = (0, 0)
 
     def read(self) -> None:
         try:
@@ -86,6 +126,14 @@ class _Watch:
         )
         self.inserts = max(self.inserts, inserts)
         self.env_steps = max(self.env_steps, status.env_steps)
+        try:
+            ref = self.cluster.client.latest_policy(self.job_id)
+        except (ApiError, ServiceUnavailable):
+            return
+        if ref is not None and ref.version > self.pointer[0]:
+            if ref.epoch < self.pointer[1]:
+                self.result.stale_accepted += 1
+            self.pointer = (ref.version, ref.epoch)
 
 
 def _kill(service: Service, signum: int) -> None:
@@ -100,8 +148,20 @@ def _restart_dead(cluster: LocalCluster) -> None:
         cluster.wait_ready(30)
 
 
-#: Stands for the job's buffer process among the roles hit in turn.
+#: Stand for the job's buffer process and the shared volume among the roles hit in turn.
 BUFFER = "buffer"
+VOLUME = "volume"
+
+
+def _volume_fault(volume: FaultVolume, rng: random.Random, result: ChaosResult) -> None:
+    if rng.random() < 0.5:
+        seconds = rng.uniform(3.0, 8.0)
+        volume.full_for(seconds)
+        result.faults.append(f"volume full {seconds:.0f}s")
+    else:
+        latency_s = rng.choice([0.05, 0.1, 0.2])
+        volume.slow_for(5.0, latency_s)
+        result.faults.append(f"volume slow ({latency_s * 1000:.0f} ms a call) 5s")
 
 
 def _buffer_fault(cluster: LocalCluster, rng: random.Random, result: ChaosResult) -> None:
@@ -119,10 +179,18 @@ def _buffer_fault(cluster: LocalCluster, rng: random.Random, result: ChaosResult
 
 
 def _fault(
-    cluster: LocalCluster, victim: Service | str, rng: random.Random, result: ChaosResult
+    cluster: LocalCluster,
+    victim: Service | str,
+    rng: random.Random,
+    result: ChaosResult,
+    volume: FaultVolume | None = None,
 ) -> None:
     if victim == BUFFER:
         _buffer_fault(cluster, rng, result)
+        return
+    if victim == VOLUME:
+        assert volume is not None
+        _volume_fault(volume, rng, result)
         return
     assert isinstance(victim, Service)
     kind = rng.choice(["kill", "kill", "term", "stop", "coordinator+learner"])
@@ -147,13 +215,22 @@ def _fault(
         result.faults.append(f"SIGSTOP {victim.name} {LEASE_S + 1.0:.0f}s")
 
 
-def chaos_round(run_dir: Path, seed: int, *, max_faults: int = 8, deadline_s: float = 300.0):
-    """One seeded round (see the module's docstring); returns what it measured."""
+def chaos_round(
+    run_dir: Path,
+    seed: int,
+    *,
+    max_faults: int = 8,
+    deadline_s: float = 300.0,
+    volume: FaultVolume | None = None,
+):
+    """One seeded round (see the module's docstring); returns what it measured. With
+    `volume`, the job's shared root is on it (the logs stay in `run_dir`)."""
     rng = random.Random(seed)
     result = ChaosResult(seed=seed)
     started = time.monotonic()
     config = deep_merge(CONFIG, {"system": {"seed": seed}})
-    with LocalCluster(run_dir, num_collectors=3, extra_env=ENV) as cluster:
+    shared = run_dir if volume is None else volume.root / run_dir.name
+    with LocalCluster(shared, num_collectors=3, extra_env=ENV, logs_at=run_dir / "logs") as cluster:
         cluster.wait_for_workers()
         job_id = cluster.client.submit_job(config).job_id
         _kill(cluster.coordinator, signal.SIGKILL)  # right after the 201
@@ -167,6 +244,7 @@ def chaos_round(run_dir: Path, seed: int, *, max_faults: int = 8, deadline_s: fl
             *cluster.collectors,
             *cluster.learners,
             BUFFER,
+            *([VOLUME] if volume is not None else []),
         ]
         rng.shuffle(roles)
         next_fault_s = time.monotonic() + rng.uniform(0.5, 1.5)
@@ -175,7 +253,7 @@ def chaos_round(run_dir: Path, seed: int, *, max_faults: int = 8, deadline_s: fl
                 raise TimeoutError(f"seed {seed}: the job did not end in {deadline_s}s")
             injected = len(result.faults) - 1
             if injected < max_faults and time.monotonic() >= next_fault_s:
-                _fault(cluster, roles[injected % len(roles)], rng, result)
+                _fault(cluster, roles[injected % len(roles)], rng, result, volume)
                 next_fault_s = time.monotonic() + rng.uniform(0.5, 1.5)
             _restart_dead(cluster)
             watch.read()

@@ -11,9 +11,11 @@ and not the whole volume (a slow NFS server also answers many calls at once).
 
 The child unmounts the volume and exits when its standard input closes: when the
 context manager ends, and also when the test process dies without ending it, so no
-mount outlives the test run. It needs /dev/fuse, libfuse 2 (Debian's libfuse2,
-`make install-fuse`) and fusepy; the test is skipped where one is missing. Mounting
-without fusermount needs root, as the tests that mount a tmpfs do.
+mount outlives the test run. A line `latency <seconds>` on its standard input changes
+the latency while it serves (`set_latency`: a volume slow for a while). It needs
+/dev/fuse, libfuse 2 (Debian's libfuse2, `make install-fuse`) and fusepy; the test is
+skipped where one is missing. Mounting without fusermount needs root, as the tests
+that mount a tmpfs do.
 """
 
 from __future__ import annotations
@@ -88,9 +90,23 @@ def slow_volume(
         )
     try:
         _wait_for_mount(mount, child, log_path, pytest)
+        _SERVING[mount.resolve()] = child
         yield mount
     finally:
+        _SERVING.pop(mount.resolve(), None)
         _unmount(mount, child)
+
+
+#: The child serving each mounted slow volume.
+_SERVING: dict[Path, subprocess.Popen] = {}
+
+
+def set_latency(mount: Path, latency_s: float) -> None:
+    """Change the latency of the slow volume mounted at `mount`, from now on."""
+    child = _SERVING[mount.resolve()]
+    assert child.stdin is not None
+    child.stdin.write(f"latency {latency_s}\n".encode())
+    child.stdin.flush()
 
 
 def fuse_unusable() -> str | None:
@@ -326,10 +342,15 @@ def _operations_class() -> type:
     return SlowPassthrough
 
 
-def _unmount_when_stdin_closes(mount: str) -> None:
-    """The parent closed our stdin, or died: unmount and exit (os._exit: the FUSE loop
-    in the main thread would not end while a process still holds a file there)."""
-    sys.stdin.buffer.read()
+def _follow_stdin(mount: str, operations: Any) -> None:
+    """Take `latency <seconds>` lines from the parent; once it closed our stdin, or
+    died, unmount and exit (os._exit: the FUSE loop in the main thread would not end
+    while a process still holds a file there)."""
+    for line in sys.stdin.buffer:
+        command, _, value = line.decode().partition(" ")
+        if command == "latency":
+            operations.latency_s = float(value)
+            print(f"latency now {operations.latency_s}s", flush=True)
     subprocess.run(["umount", "-l", mount], capture_output=True, timeout=10)
     os._exit(0)
 
@@ -350,10 +371,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"--slow: unknown calls {sorted(slowed - SLOWABLE_CALLS)}")
     from fuse import FUSE
 
-    threading.Thread(
-        target=_unmount_when_stdin_closes, args=(str(args.mount),), daemon=True
-    ).start()
     operations = _operations_class()(args.backing.resolve(), args.latency_s, slowed)
+    threading.Thread(target=_follow_stdin, args=(str(args.mount), operations), daemon=True).start()
     print(f"serving {args.backing} at {args.mount}, {args.latency_s}s on {sorted(slowed)}")
     sys.stdout.flush()
     # Foreground (no daemon fork: the parent watches this process); nothreads off: one

@@ -9,6 +9,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -288,3 +289,202 @@ def test_drover_run_with_the_docker_backend_trains_and_tears_down(engine, images
     assert proc.returncode == 0, out[-3000:]
     assert docker(engine, "ps", "-aq", "--filter", "name=drover-").stdout.split() == []
     assert set(docker(engine, "network", "ls", "-q").stdout.split()) <= before
+
+
+#: The faults' job: the example's DQN without a goal, so it ends at its budget whatever
+#: the faults cost; 1-step transitions (a segment's rows are its env steps) and a
+#: checkpoint every 100 iterations (a new learner resumes from one).
+FAULTS_JOB = {
+    **yaml.safe_load((ROOT / "examples" / "cartpole_dqn.yaml").read_text()),
+    "exp_name": "faults",
+}
+FAULTS_JOB["env"] = {**FAULTS_JOB["env"], "stop_value": None, "n_evaluator_episode": 2}
+FAULTS_JOB["policy"] = {
+    **FAULTS_JOB["policy"],
+    "nstep": 1,
+    "learn": {**FAULTS_JOB["policy"]["learn"], "checkpoint_every_iters": 100},
+}
+FAULTS_JOB["system"] = {**FAULTS_JOB["system"], "max_env_step": 40_000}
+#: The coordinator's default lease; each partition or pause outlasts it.
+LEASE_S = 10.0
+NETWORK = f"{PROJECT}_default"
+
+
+def api(method: str, path: str, timeout_s: float = 10, **kw) -> requests.Response:
+    return requests.request(
+        method,
+        f"http://127.0.0.1:8000{path}",
+        headers={"Authorization": f"Bearer {TOKEN}"},
+        timeout=timeout_s,
+        **kw,
+    )
+
+
+def job_status(job_id: str) -> dict | None:
+    try:
+        return api("GET", f"/api/v1/jobs/{job_id}").json()
+    except (requests.RequestException, ValueError):
+        return None
+
+
+def lease_expiries(role: str) -> float:
+    text = api("GET", "/metrics").text
+    prefix = f'drover_lease_expiries_total{{role="{role}"}} '
+    return sum(float(line[len(prefix) :]) for line in text.splitlines() if line.startswith(prefix))
+
+
+def address(engine: dict[str, str], container: str) -> str:
+    template = "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}"
+    return docker(engine, "inspect", "-f", template, container).stdout.strip()
+
+
+def busy_workers(role: str) -> dict[str, dict]:
+    """The `role` workers holding a task, by the host of their URL."""
+    workers = api("GET", "/api/v1/workers").json()["workers"]
+    return {
+        w["url"].split("//")[1].split(":")[0]: w
+        for w in workers
+        if w["role"] == role and w["task_ids"]
+    }
+
+
+def progressed(job_id: str, past: dict, timeout_s: float, what: str) -> dict:
+    """The job's status once its env steps and train iterations are past `past`'s."""
+
+    def moved() -> dict | None:
+        status = job_status(job_id)
+        if status is not None and status["phase"] != "running":
+            raise AssertionError(f"the job ended early: {status}")
+        if status and status["env_steps"] > past["env_steps"]:
+            return status if status["train_iters"] > past["train_iters"] else None
+        return None
+
+    return wait_until(moved, timeout_s, what, max_interval_s=1.0)
+
+
+def in_volume(engine: dict[str, str], script: str) -> str:
+    """`script` run by Python in a container holding the compose volume at /shared."""
+    return docker(
+        engine,
+        *("run", "--rm", "-v", f"{PROJECT}_shared:/shared", "--entrypoint", "python"),
+        *("drover:latest", "-c", script),
+        timeout_s=120,
+    ).stdout
+
+
+#: Each policy file's (version, epoch), and latest.json's, of the only job.
+POLICY_EPOCHS = """
+import glob, json, os
+from common.storage import SharedStore
+store = SharedStore("/shared")
+(job,) = [d for d in os.listdir("/shared") if os.path.isdir(f"/shared/{d}/policies")]
+files = sorted(glob.glob(f"/shared/{job}/policies/*.safetensors"))
+epochs = [
+    [int(os.path.basename(f)[:8]), store.read_policy(f[len("/shared/") :]).epoch] for f in files
+]
+latest = json.load(open(f"/shared/{job}/policies/latest.json"))
+print(json.dumps({"files": epochs, "latest": latest}))
+"""
+
+
+def test_partitions_and_pauses_on_the_real_engine_lose_nothing(engine, images):
+    """A collector cut off from the coordinator's network past its lease, the learner
+    frozen past its lease while a second one takes over (then thawed), and the
+    coordinator frozen for 30 s: the job succeeds, every acknowledged insert counted,
+    and the thawed learner's writes are fenced off (docs/architecture.md)."""
+    compose(engine, "down", "-v", check=False)
+    try:
+        up = compose(
+            engine,
+            *("up", "-d", "--no-build", "--scale", "learner=2", "--scale", "submit=0"),
+            timeout_s=600,
+        )
+        assert up.returncode == 0, up.stderr
+        wait_until(
+            lambda: len(api("GET", "/api/v1/workers").json()["workers"]) == 4,
+            120,
+            "2 collectors and 2 learners to register",
+            max_interval_s=1.0,
+        )
+        submitted = api("POST", "/api/v1/jobs", json={"config": FAULTS_JOB, "name": "faults"})
+        assert submitted.status_code == 201, submitted.text
+        job_id = submitted.json()["job_id"]
+        status = progressed(
+            job_id, {"env_steps": 0, "train_iters": 100}, 240, "the job to train 100 iterations"
+        )
+
+        # 1. A collector cut off from the network past its lease, then back.
+        collectors = compose(engine, "ps", "-q", "collector").stdout.split()
+        cut = collectors[0]
+        docker(engine, "network", "disconnect", NETWORK, cut)
+        expired = lease_expiries("collector")
+        wait_until(
+            lambda: lease_expiries("collector") > expired,
+            3 * LEASE_S,
+            "the cut-off collector's lease to expire",
+        )
+        docker(engine, "network", "connect", NETWORK, cut)
+        wait_until(
+            lambda: address(engine, cut) in busy_workers("collector"),
+            60,
+            "the reconnected collector to register again and take a task",
+            max_interval_s=1.0,
+        )
+        logs = docker(engine, "logs", cut).stderr
+        assert "coordinator forgot worker" in logs, logs[-3000:]
+        status = progressed(job_id, status, 120, "the job to go on after the partition")
+
+        # 2. The learner frozen past its lease; the other takes the job over; thawed.
+        learners = compose(engine, "ps", "-q", "learner").stdout.split()
+        (busy,) = busy_workers("learner")
+        (frozen,) = [c for c in learners if address(engine, c) == busy]
+        (other,) = [c for c in learners if c != frozen]
+        docker(engine, "pause", frozen)
+        try:
+            wait_until(
+                lambda: address(engine, other) in busy_workers("learner"),
+                4 * LEASE_S,
+                "the other learner to take the learn task over",
+                max_interval_s=1.0,
+            )
+            status = progressed(job_id, status, 120, "the new learner to train")
+        finally:
+            docker(engine, "unpause", frozen)
+        wait_until(
+            lambda: "coordinator forgot worker" in docker(engine, "logs", frozen).stderr,
+            60,
+            "the thawed learner to hear its task is over",
+        )
+        status = progressed(job_id, status, 120, "the job to go on after the thaw")
+
+        # 3. The coordinator frozen for 30 s under load: nobody's lease is lost for it.
+        (coordinator,) = compose(engine, "ps", "-q", "coordinator").stdout.split()
+        before = {role: lease_expiries(role) for role in ("collector", "learner")}
+        docker(engine, "pause", coordinator)
+        try:
+            time.sleep(30)
+        finally:
+            docker(engine, "unpause", coordinator)
+        status = progressed(job_id, status, 120, "the job to go on after the coordinator's pause")
+        assert {role: lease_expiries(role) for role in before} == before
+        assert "was stalled" in docker(engine, "logs", coordinator).stderr
+
+        final = wait_until(
+            lambda: (s := job_status(job_id)) and s["phase"] != "running" and s,
+            900,
+            "the job to end at its budget",
+            max_interval_s=2.0,
+        )
+        assert final["phase"] == "succeeded", final
+        buffer = api("GET", f"/api/v1/jobs/{job_id}/buffer").json()
+        assert buffer["inserts"] == final["env_steps"], (buffer, final)
+        # Fencing: the pointer names a version of the newest lease; the thawed learner
+        # (epoch 1) wrote nothing the coordinator took after the takeover.
+        layout = json.loads(in_volume(engine, POLICY_EPOCHS))
+        newest = max(epoch for _, epoch in layout["files"])
+        assert newest >= 2 and layout["latest"]["epoch"] == newest, layout
+        print(f"\nfaults job: {final}, policy files {layout['files'][-6:]}")
+    finally:
+        down = compose(engine, "down", check=False)
+        assert project_containers(engine) == [], down.stderr
+        compose(engine, "down", "-v", check=False)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from common.storage import CorruptFileError, SharedStore
-from tests.slow_volume import slow_volume
+from tests.slow_volume import set_latency, slow_volume
 
 LATENCY_S = 0.05
 
@@ -66,3 +66,15 @@ def test_its_fsync_and_read_calls_wait_the_latency(volume):
     assert store.read_bytes("f") == b"x"  # at least one read call
     read_s = time.monotonic() - started
     assert written_s >= LATENCY_S and read_s >= LATENCY_S
+
+
+def test_its_latency_changes_while_it_serves_and_a_version_is_written_once(volume):
+    store = SharedStore(volume)
+    set_latency(volume, 0.3)
+    started = time.monotonic()
+    store.write_bytes("f", b"x", once=True)  # linked into place, as policy versions are
+    assert time.monotonic() - started >= 0.3
+    with pytest.raises(FileExistsError):
+        store.write_bytes("f", b"y", once=True)
+    set_latency(volume, 0.0)
+    assert store.read_bytes("f") == b"x" and os.listdir(volume) == ["f"]
