@@ -450,6 +450,8 @@ def test_partitions_and_pauses_on_the_real_engine_lose_nothing(engine, images):
             status = progressed(job_id, status, 120, "the new learner to train")
         finally:
             docker(engine, "unpause", frozen)
+        # It went on from the frozen one's newest checkpoint.
+        assert "resumed from learner-e" in docker(engine, "logs", other).stderr
         wait_until(
             lambda: "coordinator forgot worker" in docker(engine, "logs", frozen).stderr,
             60,
