@@ -3,10 +3,11 @@ job with room throughout, as a table.
 
 The job is `make run`'s (examples/cartpole_dqn.yaml) without its goal, so that it
 ends at its env-step budget whatever the wait cost (with its goal it could succeed
-before the volume has room again); its shared root is a tmpfs (root only), and the
-services' logs are kept off it. Once the job has trained, the volume is filled for
-`--full-s` seconds; then the filler goes and the job must go on and succeed, every
-acknowledged insert counted.
+before the volume has room again), and with 1-step transitions, so that a segment's
+rows are its env steps and acknowledged inserts must equal the counted env steps; its
+shared root is a tmpfs (root only), and the services' logs are kept off it. Once the
+job has trained, the volume is filled for `--full-s` seconds; then the filler goes and
+the job must go on and succeed, every acknowledged insert counted.
 
     python bench/full_volume.py --full-s 60
 """
@@ -33,7 +34,7 @@ from tests.helpers import fill, tmpfs, wait_for_end, wait_until  # noqa: E402
 
 JOB = deep_merge(
     yaml.safe_load((ROOT / "examples" / "cartpole_dqn.yaml").read_text()),
-    {"env": {"stop_value": None}, "system": {"max_env_step": 15_000}},
+    {"env": {"stop_value": None}, "policy": {"nstep": 1}, "system": {"max_env_step": 15_000}},
 )
 
 
