@@ -667,6 +667,60 @@ class JobCreated:
     warnings: list[str]
 
 
+# --- experiments: many jobs from one config's sweep (jobconfig/sweep.py) --------------
+
+
+@message
+class ExperimentSubmit:
+    """A config with a `sweep:` section; every job it expands to is checked first."""
+
+    config: dict[str, Any]
+    name: Annotated[str, MaxLen(128)] | None = None
+
+    body_limit: ClassVar[BodyLimit] = JobSubmit.body_limit
+
+
+@message
+class ExperimentCreated:
+    experiment_id: str
+    #: Its jobs, in the sweep's order.
+    job_ids: list[str]
+    warnings: list[str]
+
+
+@message
+class ExperimentMember:
+    """One job of an experiment: its point of the sweep and where it stands."""
+
+    job_id: str
+    #: The sweep's axis values of this job, by dotted config key.
+    values: dict[str, Any]
+    seed: int
+    #: The job's phase; "forgotten" once the coordinator no longer keeps the job.
+    phase: str
+    env_steps: int = 0
+    last_eval_return: float | None = None
+    best_eval_return: float | None = None
+    reason: str = ""
+
+
+@message
+class ExperimentStatus:
+    experiment_id: str
+    name: str
+    #: running while any of its jobs is queued or running; then ended (or stopped).
+    phase: Literal["running", "ended", "stopped"]
+    created_at: float
+    #: At most this many of its jobs run at once (`sweep.parallel`; None: no limit).
+    parallel: int | None
+    members: list[ExperimentMember]
+
+
+@message
+class ExperimentList:
+    experiments: list[ExperimentStatus]
+
+
 @message
 class EvalSummary:
     return_mean: float
@@ -749,6 +803,8 @@ class JobStatus:
     #: Seconds its writes have waited for room on the shared volume without progress
     #: (None: they have room); it fails at `system.storage_grace_s`.
     storage_full_s: float | None = None
+    #: The experiment it is a job of (None: submitted alone).
+    experiment_id: str | None = None
 
 
 # --- small answers -------------------------------------------------------------------

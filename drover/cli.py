@@ -8,6 +8,10 @@ drover collector | learner   serve one slave (drover learner --nproc N: a learne
 drover jobs | status JOB | stop JOB | workers | logs ROLE
                              look at a running cluster (drover/verbs.py)
 drover plot RUN [RUN ...]    evaluation return vs env steps, as a PNG (drover/plot.py)
+drover sweep CONFIG          an experiment: the jobs of a config's sweep section
+                             (drover/sweep.py); drover experiment ID, stop ID
+drover report RUN            each config over its seeds, with confidence intervals
+                             (drover/report.py)
 """
 
 from __future__ import annotations
@@ -33,7 +37,7 @@ from common.http_client import ServiceUnavailable
 from common.messages import TERMINAL_PHASES, JobStatus, LeagueView
 from common.process import Terminated, exit_without_teardown, stop_on_terminate
 from common.settings import SettingsError, read_token
-from drover import plot, verbs
+from drover import plot, report, sweep, verbs
 from drover.devices import fit_local_device, local_learner_ranks
 from drover.docker_backend import DockerUnavailable, run_in_docker
 from drover.forkserver import ForkServer
@@ -104,6 +108,8 @@ def _main(argv: list[str] | None, fork_server: ForkServer | None) -> int:
     )
     verbs.add_verbs(sub)
     plot.add_parser(sub)
+    sweep.add_parser(sub)
+    report.add_parser(sub)
     show = sub.add_parser("config", help="print a job config resolved; starts nothing")
     show.add_argument("action", choices=["show"], help="show: the resolved config")
     show.add_argument("config", help="job config: .yaml, .yml, .json or .py (DI-engine's)")
@@ -134,6 +140,10 @@ def _main(argv: list[str] | None, fork_server: ForkServer | None) -> int:
         return verbs.run(args)
     if args.command == "plot":
         return plot.run(args)
+    if args.command == "sweep":
+        return sweep.run(args)
+    if args.command == "report":
+        return report.run(args)
     if args.command == "learner" and args.nproc != 1:
         return serve_learner_group(args.nproc, args.max_restarts)
     sys.argv = [f"drover {args.command}"]

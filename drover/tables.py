@@ -13,7 +13,8 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
-from common.messages import JobStatus, LeagueView, WorkerShare
+from common.messages import ExperimentStatus, JobStatus, LeagueView, WorkerShare
+from jobconfig.sweep import short
 
 PHASE_COLORS = {
     "queued": "yellow",
@@ -234,3 +235,28 @@ def number(value: Any) -> str:
 
 def yes_no(value: Any) -> str:
     return "yes" if value else "no"
+
+
+def experiment_table(status: ExperimentStatus, took_s: float | None = None) -> Table:
+    """Each job of the experiment: its point, seed, phase, env steps and evaluations."""
+    title = f"{status.name} · {status.experiment_id} · {status.phase}"
+    if took_s is not None:
+        title += f" · {took_s:.0f}s"
+    table = Table(title=title)
+    keys = list(status.members[0].values) if status.members else []
+    table.add_column("job")
+    for key in keys:
+        table.add_column(key.rsplit(".", 1)[-1], justify="right")
+    for column in ("seed", "phase", "env steps", "last eval", "best eval"):
+        table.add_column(column, justify="right")
+    for member in status.members:
+        table.add_row(
+            member.job_id,
+            *(short(member.values.get(key)) for key in keys),
+            str(member.seed),
+            phase_text(member.phase),
+            f"{member.env_steps:,}",
+            "-" if member.last_eval_return is None else f"{member.last_eval_return:.1f}",
+            "-" if member.best_eval_return is None else f"{member.best_eval_return:.1f}",
+        )
+    return table

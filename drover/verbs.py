@@ -42,6 +42,7 @@ from drover.tables import (
     buffer_table,
     duration,
     elapsed_s,
+    experiment_table,
     league_table,
     learners_table,
     phase_text,
@@ -54,7 +55,7 @@ from services.coordinator.client import CoordinatorClient
 #: Where a coordinator listens by default (`CoordinatorSettings`: 127.0.0.1:8000).
 DEFAULT_COORDINATOR_URL = "http://127.0.0.1:8000"
 #: The verbs `add_verbs` adds, which `run` runs.
-NAMES = frozenset({"jobs", "status", "stop", "workers", "logs"})
+NAMES = frozenset({"jobs", "status", "stop", "workers", "logs", "experiment"})
 ROLE_PATTERN = re.compile(r"^(coordinator|collector|learner)(-\d+)?$")
 #: A log file is looked at this often while following it.
 FOLLOW_POLL_S = 0.5
@@ -95,8 +96,12 @@ def add_verbs(sub: argparse._SubParsersAction) -> None:
     sub.add_parser("jobs", parents=[remote], help="list a running coordinator's jobs")
     status = sub.add_parser("status", parents=[remote], help="one job's status and buffer")
     status.add_argument("job", help="the job id (job-...)")
-    stop = sub.add_parser("stop", parents=[remote], help="stop a job")
-    stop.add_argument("job", help="the job id (job-...)")
+    stop = sub.add_parser("stop", parents=[remote], help="stop a job, or an experiment")
+    stop.add_argument("job", help="the job id (job-...), or an experiment's (exp-...)")
+    experiment = sub.add_parser(
+        "experiment", parents=[remote], help="an experiment's jobs, points and results"
+    )
+    experiment.add_argument("experiment", help="the experiment id (exp-...)")
     sub.add_parser("workers", parents=[remote], help="list the registered workers")
     logs = sub.add_parser("logs", help="print the logs of a local run (`drover run`)")
     logs.add_argument(
@@ -283,6 +288,13 @@ def buffer_stats(remote: Remote, job_id: str) -> dict[str, Any] | None:
 
 
 def stop_job(remote: Remote, args: argparse.Namespace) -> int:
+    if args.job.startswith("exp-"):
+        stopped = remote.ask(lambda c: c.stop_experiment(args.job))
+        if args.json:
+            print_json(dump(stopped))
+        else:
+            output().print(experiment_table(stopped))
+        return 0
     remote.ask(lambda c: c.stop_job(args.job))
     job: JobStatus = remote.ask(lambda c: c.job(args.job))
     if args.json:
@@ -432,7 +444,18 @@ def follow(files: list[Path], follow_s: float | None, *, prefix: bool) -> None:
         return
 
 
+def show_experiment(remote: Remote, args: argparse.Namespace) -> int:
+    """`drover experiment ID`: its jobs, as `drover sweep` shows them."""
+    status = remote.ask(lambda client: client.experiment(args.experiment))
+    if args.json:
+        print_json(dump(status))
+    else:
+        output().print(experiment_table(status))
+    return 0
+
+
 REMOTE_VERBS: dict[str, Callable[[Remote, argparse.Namespace], int]] = {
+    "experiment": show_experiment,
     "jobs": list_jobs,
     "status": job_status,
     "stop": stop_job,

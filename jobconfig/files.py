@@ -1,5 +1,13 @@
 """Config files: YAML, JSON, or DI-engine's Python files (`main_config` and
-`create_config`, translated by `jobconfig.di_engine`)."""
+`create_config`, translated by `jobconfig.di_engine`).
+
+A YAML or JSON file may build on another: `base: PATH` (relative to the file) is read
+first and the file's own keys are merged over it, so a sweep or a variant names only
+what it changes:
+
+    base: ../cartpole_dqn.yaml
+    policy: {learn: {learning_rate: 0.001}}
+"""
 
 from __future__ import annotations
 
@@ -10,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from common.config import ConfigError
+from common.config import ConfigError, deep_merge
 from jobconfig.di_engine import from_di_engine
 
 
@@ -49,8 +57,36 @@ def load_config(path: str | Path) -> tuple[dict[str, Any], list[str]]:
     if create is not None and not isinstance(create, dict):
         raise ConfigError("create_config", f"{path}: create_config is not a mapping")
     if suffix != ".py":
-        return plain(data), []
+        return _with_base(plain(data), path, seen=(path.resolve(),))
     return from_di_engine(plain(data), plain(create) if create is not None else None)
+
+
+#: Files a chain of `base:` may go through.
+MAX_BASES = 8
+
+
+def _with_base(
+    data: dict[str, Any], path: Path, seen: tuple[Path, ...]
+) -> tuple[dict[str, Any], list[str]]:
+    """`data` merged over its `base:` file (and that one's, in turn)."""
+    if "base" not in data:
+        return data, []
+    base = data.pop("base")
+    if not isinstance(base, str) or not base:
+        raise ConfigError("base", f"{path}: base names a config file, relative to this one")
+    base_path = (path.parent / base).resolve()
+    if base_path in seen or len(seen) >= MAX_BASES:
+        raise ConfigError("base", f"{path}: base files go round in a circle or too deep")
+    if base_path.suffix.lower() not in (".yaml", ".yml", ".json"):
+        raise ConfigError("base", f"{path}: a base is a .yaml, .yml or .json file")
+    if not base_path.is_file():
+        raise ConfigError("base", f"{path}: no such file: {base_path}")
+    text = base_path.read_text()
+    below = json.loads(text) if base_path.suffix.lower() == ".json" else yaml.safe_load(text)
+    if not isinstance(below, dict):
+        raise ConfigError("base", f"{base_path} does not hold a mapping")
+    below, notes = _with_base(plain(below), base_path, (*seen, base_path))
+    return deep_merge(below, data), notes
 
 
 def plain(value: Any) -> Any:

@@ -187,6 +187,22 @@ def _split_unknown(
     return known, unknown, ignored
 
 
+def unknown_key(path: str, algo: str) -> str | None:
+    """Why the dotted `path` is no key of an `algo` job's config (with what it may be a
+    typo of), or None when it is one."""
+    schema = _job_schema(_policy_class(algo))
+    if _has_path(schema, path):
+        return None
+    node: _Schema = schema
+    *parents, name = path.split(".")
+    for part in parents:
+        sub = node.keys.get(part)
+        if sub is None:
+            break
+        node = sub
+    return f"no such key in a {algo} job's config{_did_you_mean(name, node)}"
+
+
 def _other_users(path: str, algo: str) -> list[str]:
     """The other algorithms whose schema has `path`."""
     return sorted(

@@ -15,6 +15,10 @@ from common.array_bodies import SAMPLE_REQUEST_ARRAYS, SampledItems, encode
 from common.http_client import ServiceClient, ServiceUnavailable
 from common.messages import (
     TERMINAL_PHASES,
+    ExperimentCreated,
+    ExperimentList,
+    ExperimentStatus,
+    ExperimentSubmit,
     GameResult,
     GameResults,
     Heartbeat,
@@ -127,6 +131,22 @@ class CoordinatorClient(ServiceClient):
 
     def stop_job(self, job_id: str) -> None:
         self.call("DELETE", f"{API}/jobs/{job_id}")
+
+    def submit_experiment(
+        self, config: dict[str, Any], name: str | None = None
+    ) -> ExperimentCreated:
+        """Submit a config with a `sweep:` section: its jobs, every one checked first."""
+        body = ExperimentSubmit(config=config, name=name)
+        return self.call_as(ExperimentCreated, "POST", f"{API}/experiments", body)
+
+    def experiment(self, experiment_id: str) -> ExperimentStatus:
+        return self.call_as(ExperimentStatus, "GET", f"{API}/experiments/{experiment_id}")
+
+    def experiments(self) -> list[ExperimentStatus]:
+        return self.call_as(ExperimentList, "GET", f"{API}/experiments").experiments
+
+    def stop_experiment(self, experiment_id: str) -> ExperimentStatus:
+        return self.call_as(ExperimentStatus, "DELETE", f"{API}/experiments/{experiment_id}")
 
     def metrics(self, job_id: str) -> dict[str, Any]:
         return self.call("GET", f"{API}/jobs/{job_id}/metrics")

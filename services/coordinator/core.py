@@ -7,6 +7,7 @@ work it needs runs once the lock is let go.
 
     state.py        jobs, workers, tasks (TaskState), limits: plain data
     jobs.py         admission, phases and the durable end, status, metrics
+    experiments.py  the jobs of one config's sweep, together
     tasks.py        creating and ending tasks
     workers.py      registration, credentials, leases, dispatch health
     policies.py     the policy pointer and which versions stay on disk
@@ -30,6 +31,10 @@ from common.array_bodies import SampledItems
 from common.http import Caller
 from common.messages import (
     BufferStats,
+    ExperimentCreated,
+    ExperimentList,
+    ExperimentStatus,
+    ExperimentSubmit,
     GameResults,
     Heartbeat,
     HeartbeatReply,
@@ -54,6 +59,7 @@ from common.metrics import service_registry
 from common.storage import SharedStore
 from services.coordinator.buffers import BufferProcesses, BufferProcessSettings
 from services.coordinator.data import DataPlane
+from services.coordinator.experiments import ExperimentBook
 from services.coordinator.jobs import MAX_PAGE, JobBook
 from services.coordinator.matches import MatchDesk
 from services.coordinator.metrics import CoordinatorMetrics, JobGauges
@@ -118,6 +124,7 @@ class Coordinator:
         )
         self.persistence = Persistence(self.state, self.job_book, self.data, self.policies)
         self.matches = MatchDesk(self.state, self.job_book, self.tasks_board)
+        self.experiment_book = ExperimentBook(self.state, self.job_book)
         self.metrics.registry.register(JobGauges(self._gauge_values))
         Gauge(
             "drover_state_writes_waiting_for_room",
@@ -170,6 +177,18 @@ class Coordinator:
 
     def stop_job(self, job_id: str) -> JobStatus:
         return self.job_book.stop(job_id)
+
+    def submit_experiment(self, submit: ExperimentSubmit) -> ExperimentCreated:
+        return self.experiment_book.submit(submit, self.planning)
+
+    def experiment_status(self, experiment_id: str) -> ExperimentStatus:
+        return self.experiment_book.status(experiment_id)
+
+    def list_experiments(self) -> ExperimentList:
+        return self.experiment_book.listing()
+
+    def stop_experiment(self, experiment_id: str) -> ExperimentStatus:
+        return self.experiment_book.stop(experiment_id)
 
     def job_status(self, job_id: str, *, wait_s: float = 0.0) -> JobStatus:
         return self.job_book.status(job_id, wait_s=wait_s)
@@ -296,6 +315,8 @@ class Coordinator:
         return self.persistence.snapshot_jobs()
 
     def restore_jobs(self) -> list[str]:
+        # Experiments first: their jobs' places in the queue depend on them.
+        self.experiment_book.restore()
         return self.persistence.restore_jobs()
 
     def begin_shutdown(self) -> None:

@@ -122,6 +122,7 @@ def status_of(
             if job.room_wait is not None and job.running and phase is None
             else None
         ),
+        experiment_id=job.experiment_id,
     )
 
 

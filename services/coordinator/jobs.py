@@ -79,9 +79,23 @@ class JobBook:
 
     # --- admission -------------------------------------------------------------------
 
-    def submit(self, submit: JobSubmit, planner: Planner) -> JobCreated:
+    def submit(
+        self, submit: JobSubmit, planner: Planner, *, experiment_id: str | None = None
+    ) -> JobCreated:
+        """Admit the job (`admissible`) and create it; `experiment_id`: the experiment
+        it is a job of."""
+        config, warnings = self.admissible(submit.config, planner)
+        return self.create(config, warnings, submit.name, planner, experiment_id=experiment_id)
+
+    def admissible(self, raw: dict[str, Any], planner: Planner) -> tuple[JobConfig, list[str]]:
+        """The resolved config of a job this coordinator would take, and its warnings.
+
+        Raises:
+            ApiError: 400 naming the config's field that is refused, or 409 for a job
+                the registered workers cannot run.
+        """
         try:
-            config, warnings = resolve_job_config(submit.config)
+            config, warnings = resolve_job_config(raw)
             workflow = check_workflow(config)
             config = fit_to_env(config)
         except ConfigError as exc:
@@ -94,6 +108,21 @@ class JobBook:
         # reason; with no such worker registered yet, it waits for one (planning.py),
         # and says so from the start.
         refuse_unless_fits(config, workflow.roles, workers)
+        return config, warnings
+
+    def create(
+        self,
+        config: JobConfig,
+        warnings: list[str],
+        name: str | None,
+        planner: Planner,
+        *,
+        experiment_id: str | None = None,
+    ) -> JobCreated:
+        """Create a job of an `admissible` config: durable before it is answered."""
+        workflow = workflow_of(config)
+        with self.state.guard.changing():
+            workers = list(self.state.workers.values())
         waiting = waiting_reason(config, workflow.roles, workers)
         if waiting:
             warnings = [*warnings, waiting]
@@ -101,16 +130,17 @@ class JobBook:
         store = self.state.store
         store.write_json(f"{job_id}/job.json", to_dict(config))
         with self.state.guard.changing():
-            phase = self._entry_phase()
+            phase = self._entry_phase(experiment_id)
         job = Job(
             job_id=job_id,
-            name=submit.name or config.exp_name,
+            name=name or config.exp_name,
             config=config,
             replay=self.new_buffer(job_id, config),
             started_at=self.state.wall(),
             phase=phase,
             waiting=waiting,
             workflow_state=workflow.new_state(config),
+            experiment_id=experiment_id,
         )
         for warning in warnings:
             log.warning("job %s config: %s", job_id, warning)
@@ -121,7 +151,7 @@ class JobBook:
             # Decided again with the lock held, so that jobs submitted at once cannot
             # all take the last place; a record that says otherwise is written anew (a
             # restart before that only queues the job again).
-            job.phase = self._entry_phase()
+            job.phase = self._entry_phase(experiment_id)
             if job.phase != phase:
                 record = job_record(job)
                 self.state.guard.defer(lambda: write_job_record(store, job_id, record))
@@ -130,12 +160,20 @@ class JobBook:
         log.info("job %s (%s) submitted (%s): %s", job_id, job.name, job.phase, config.env.env_id)
         return JobCreated(job_id=job_id, phase=job.phase, warnings=warnings)
 
-    def _entry_phase(self) -> str:
+    def _entry_phase(self, experiment_id: str | None = None) -> str:
         """The phase a job submitted now starts in: queued when the running jobs and
-        the queue already fill `max_running_jobs` (the queue goes first)."""
+        the queue already fill `max_running_jobs` (the queue goes first), or its
+        experiment's running and queued jobs its `parallel`."""
         limit = self.state.limits.max_running_jobs
         busy = sum(j.running or j.queued for j in self.state.jobs.values())
-        return "queued" if limit and busy >= limit else "running"
+        if limit and busy >= limit:
+            return "queued"
+        experiment = self.state.experiments.get(experiment_id or "")
+        if experiment is not None and experiment.parallel is not None:
+            mine = [j for j in self.state.jobs.values() if j.experiment_id == experiment_id]
+            if sum(j.running or j.queued for j in mine) >= experiment.parallel:
+                return "queued"
+        return "running"
 
     def new_buffer(
         self, job_id: str, config: JobConfig, *, here: bool = False
@@ -202,6 +240,7 @@ class JobBook:
             best_eval=eval_from(record["best_eval"]),
             tasks_created=int(record["tasks_created"]),
             learner_epoch=int(record.get("learner_epoch", 0)),  # older records lack it
+            experiment_id=record.get("experiment_id"),
             task_failures=int(record["task_failures"]),
             last_task_error=str(record.get("last_task_error", "")),
             tasks_reassigned=int(record.get("tasks_reassigned", 0)),  # older records lack it
@@ -596,6 +635,7 @@ def job_record(job: Job) -> dict[str, Any]:
         "best_eval": as_record(job.best_eval),
         "tasks_created": job.tasks_created,
         "learner_epoch": job.learner_epoch,
+        "experiment_id": job.experiment_id,
         "task_failures": job.task_failures,
         "last_task_error": job.last_task_error,
         "tasks_reassigned": job.tasks_reassigned,

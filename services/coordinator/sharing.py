@@ -62,18 +62,36 @@ class Sharing:
             j.running or (j.ending is not None and not j.terminal_durable)
             for j in state.jobs.values()
         )
+        # An experiment's jobs past its `parallel` wait for one of its own places.
+        places = {
+            e.experiment_id: e.parallel
+            - sum(j.running for j in state.jobs.values() if j.experiment_id == e.experiment_id)
+            for e in state.experiments.values()
+            if e.parallel is not None
+        }
         for job in list(queue):
             if limit and running >= limit:
                 break
+            if places.get(job.experiment_id or "", 1) <= 0:
+                continue
             queue.remove(job)
             running += 1
+            if job.experiment_id in places:
+                places[job.experiment_id] -= 1
             self.start(job)
         for position, job in enumerate(queue, start=1):
             job.queue_position = position
-            job.waiting = (
-                f"queued: {ordinal(position)} of {len(queue)} waiting for one of the "
-                f"{limit} places among running jobs (DROVER_MAX_RUNNING_JOBS)"
-            )
+            experiment = state.experiments.get(job.experiment_id or "")
+            if places.get(job.experiment_id or "", 1) <= 0 and experiment is not None:
+                job.waiting = (
+                    f"queued: its experiment {experiment.experiment_id} runs {experiment.parallel} "
+                    "of its jobs at once (sweep.parallel)"
+                )
+            else:
+                job.waiting = (
+                    f"queued: {ordinal(position)} of {len(queue)} waiting for one of the "
+                    f"{limit} places among running jobs (DROVER_MAX_RUNNING_JOBS)"
+                )
 
     def start(self, job: Job) -> None:
         """A queued job runs from now on; its record says so before it gets a task."""

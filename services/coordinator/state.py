@@ -219,6 +219,29 @@ class RoomWait:
 
 
 @dataclass
+class ExperimentJob:
+    """A job of an experiment: its point of the sweep."""
+
+    job_id: str
+    #: The sweep's axis values of the job, by dotted config key.
+    values: dict[str, Any]
+    seed: int
+
+
+@dataclass
+class Experiment:
+    """Jobs submitted together from one config's sweep (jobconfig/sweep.py)."""
+
+    experiment_id: str
+    name: str
+    created_at: float
+    #: At most this many of its jobs run at once (None: as the cluster allows).
+    parallel: int | None
+    jobs: list[ExperimentJob]
+    stopped: bool = False
+
+
+@dataclass
 class Job:
     job_id: str
     name: str
@@ -258,6 +281,8 @@ class Job:
     tasks_created: int = 0
     #: Its writes waiting for room on the shared volume (None: they have room).
     room_wait: RoomWait | None = None
+    #: The experiment it is a job of (None: submitted alone).
+    experiment_id: str | None = None
     #: The newest learn lease's epoch (`LearnSpec.epoch`): a learn task's writes with
     #: an older one are refused (docs/architecture.md, "Fencing").
     learner_epoch: int = 0
@@ -340,6 +365,7 @@ class CoordinatorState:
     wall: Callable[[], float]
     guard: ChangeLock = field(default_factory=ChangeLock)
     jobs: dict[str, Job] = field(default_factory=dict)
+    experiments: dict[str, Experiment] = field(default_factory=dict)
     workers: dict[str, Worker] = field(default_factory=dict)
     #: Tasks assigned or running; an ended task leaves for `ended_tasks`.
     tasks: dict[str, Task] = field(default_factory=dict)

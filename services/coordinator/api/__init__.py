@@ -45,6 +45,24 @@ def seconds_query(name: str) -> float:
 
 
 def blueprints() -> list[Blueprint]:
-    from services.coordinator.api import dashboard, health, jobs, league, policies, tasks, workers
+    from services.coordinator.api import (
+        dashboard,
+        experiments,
+        health,
+        jobs,
+        league,
+        policies,
+        tasks,
+        workers,
+    )
 
-    return [health.bp, jobs.bp, workers.bp, tasks.bp, policies.bp, league.bp, dashboard.bp]
+    return [
+        health.bp,
+        jobs.bp,
+        experiments.bp,
+        workers.bp,
+        tasks.bp,
+        policies.bp,
+        league.bp,
+        dashboard.bp,
+    ]

@@ -1,0 +1,279 @@
+"""`drover report`: how each config of an experiment did over its seeds, with 95%
+confidence intervals (drover/stats.py), as Markdown and PNG.
+
+    drover report runs/cartpole_dqn_lr-20261129-171500     # -> <run folder>/report/
+    drover report RUN --experiment exp-... --out DIR
+
+The runs are the jobs in a run folder (what `drover run` or `drover sweep` makes, or a
+cluster's shared root). Jobs of an experiment (its record, `experiments/<id>.json`) are
+grouped by their point of the sweep, every seed of a point one config; other jobs by
+their name. Per config:
+
+- runs, and how many succeeded (the job ended `succeeded`);
+- the final evaluation return (the last evaluation's mean): median and IQM;
+- env steps, and wall seconds, to the stop value (the first evaluation at or above
+  it; over the runs that reached it): median and IQM.
+
+`report.md` holds the table; `curves.png` each config's mean evaluation return over
+env steps with its 95% band; `profile.png` the performance profile of the final
+returns (the fraction of runs above each return) with its band.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+
+from common.messages import EvalSummary, parse
+from common.storage import CorruptFileError, SharedStore
+from drover import stats
+from drover.plot import PlotError, curve_of, job_dirs, read_record, wall_seconds
+from jobconfig.sweep import Point
+from services.coordinator.experiments import FOLDER, experiment_from
+
+console = Console(stderr=True, soft_wrap=True)
+
+#: Points of the curves' common env-step grid, and of the profile's thresholds.
+GRID_POINTS = 100
+
+
+class ReportError(Exception):
+    """What makes the report impossible, said in one line."""
+
+
+@dataclass
+class Run:
+    job_id: str
+    phase: str
+    #: The last evaluation's mean return (None: never evaluated).
+    final_return: float | None
+    #: Env steps and wall seconds at its first evaluation at or above the stop value.
+    steps_to_goal: float | None
+    wall_s_to_goal: float | None
+    #: Its evaluations: env steps, mean returns.
+    x: np.ndarray
+    y: np.ndarray
+
+
+@dataclass
+class Config:
+    """The runs of one config: an experiment's point over its seeds, or one name."""
+
+    label: str
+    stop_value: float | None
+    runs: list[Run] = field(default_factory=list)
+
+
+def add_parser(sub: Any) -> None:
+    parser = sub.add_parser(
+        "report",
+        help="each config's results over its seeds, with confidence intervals (Markdown, PNG)",
+    )
+    parser.add_argument("run", type=Path, help="a run folder (drover run, drover sweep)")
+    parser.add_argument(
+        "--experiment", help="only this experiment's jobs (exp-...; default: every job)"
+    )
+    parser.add_argument(
+        "--out", type=Path, default=None, help="the report's folder (default: <run>/report)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        configs = read_configs(args.run, args.experiment)
+        out = args.out or args.run / "report"
+        written = write_report(configs, out, title=args.run.resolve().name)
+    except (ReportError, PlotError) as exc:
+        console.print(f"[bold red]drover: error:[/] {exc}", highlight=False)
+        return 2
+    print(written.read_text(), end="")
+    console.print(f"drover: report in {out} (report.md, curves.png, profile.png)")
+    return 0
+
+
+# --- reading the runs ------------------------------------------------------------------
+
+
+def read_configs(folder: Path, experiment_id: str | None = None) -> list[Config]:
+    """The runs under `folder`, grouped into configs (the module's docstring)."""
+    labels = experiment_labels(folder, experiment_id)
+    configs: dict[str, Config] = {}
+    for job_dir in job_dirs(folder):
+        if experiment_id is not None and job_dir.name not in labels:
+            continue
+        record = read_record(job_dir)
+        label = labels.get(job_dir.name) or str(record.get("name") or job_dir.name)
+        stop_value = record["config"]["env"].get("stop_value")
+        config = configs.setdefault(label, Config(label, stop_value))
+        config.runs.append(run_of(record, job_dir))
+    if not configs:
+        raise ReportError(f"{folder}: no jobs of experiment {experiment_id}")
+    return list(configs.values())
+
+
+def experiment_labels(folder: Path, experiment_id: str | None) -> dict[str, str]:
+    """Each experiment job's config label (its point of the sweep), by job id."""
+    store = SharedStore(folder)
+    labels: dict[str, str] = {}
+    found = False
+    for name in store.list_dir(FOLDER):
+        if not name.endswith(".json"):
+            continue
+        try:
+            experiment = experiment_from(store.read_json(f"{FOLDER}/{name}"))
+        except (OSError, CorruptFileError, KeyError, TypeError, ValueError) as exc:
+            raise ReportError(f"{folder}/{FOLDER}/{name}: unreadable ({exc})") from None
+        if experiment_id is not None and experiment.experiment_id != experiment_id:
+            continue
+        found = True
+        for member in experiment.jobs:
+            labels[member.job_id] = Point(member.values, member.seed).label() or experiment.name
+    if experiment_id is not None and not found:
+        raise ReportError(f"{folder}: no experiment {experiment_id} in it")
+    return labels
+
+
+def run_of(record: dict[str, Any], job_dir: Path) -> Run:
+    phase = str(record["phase"])
+    try:
+        curve = curve_of(record, job_dir, "", "env_steps")
+    except PlotError:  # never evaluated
+        return Run(job_dir.name, phase, None, None, None, np.zeros(0), np.zeros(0))
+    stop_value = record["config"]["env"].get("stop_value")
+    steps_to_goal = wall_to_goal = None
+    if stop_value is not None:
+        reached = np.nonzero(curve.y >= stop_value)[0]
+        if reached.size:
+            steps_to_goal = float(curve.x[reached[0]])
+            evals = sorted(
+                (parse(EvalSummary, e) for e in record["evals"]), key=lambda e: e.env_steps
+            )
+            wall_to_goal = float(wall_seconds(record, evals)[reached[0]])
+    return Run(
+        job_dir.name, phase, float(curve.y[-1]), steps_to_goal, wall_to_goal, curve.x, curve.y
+    )
+
+
+# --- writing it ------------------------------------------------------------------------
+
+
+def rows(configs: list[Config]) -> list[dict[str, str]]:
+    """The report's table: one row a config."""
+    table = []
+    for config in configs:
+        finals = [r.final_return for r in config.runs if r.final_return is not None]
+        steps = [r.steps_to_goal for r in config.runs if r.steps_to_goal is not None]
+        walls = [r.wall_s_to_goal for r in config.runs if r.wall_s_to_goal is not None]
+        n = len(config.runs)
+        row = {
+            "config": config.label,
+            "runs": str(n),
+            "succeeded": f"{sum(r.phase == 'succeeded' for r in config.runs)}/{n}",
+            "final return, median": _est(finals, stats.median),
+            "final return, IQM": _est(finals, stats.iqm),
+        }
+        if config.stop_value is not None:
+            row |= {
+                "reached the stop value": f"{len(steps)}/{n}",
+                "env steps to it, median": _est(steps, stats.median, 0),
+                "env steps to it, IQM": _est(steps, stats.iqm, 0),
+                "wall s to it, IQM": _est(walls, stats.iqm, 1),
+            }
+        table.append(row)
+    return table
+
+
+def _est(values: list[float], statistic: Any, digits: int = 1) -> str:
+    return stats.estimate(values, statistic).text(digits) if values else "-"
+
+
+def write_report(configs: list[Config], out: Path, *, title: str) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    table = rows(configs)
+    columns = list(dict.fromkeys(key for row in table for key in row))
+    stop_values = {c.stop_value for c in configs}
+    lines = [
+        f"# {title}",
+        "",
+        f"{sum(len(c.runs) for c in configs)} runs of {len(configs)} configs. Each figure: "
+        f"the statistic over the config's runs [its {stats.CONFIDENCE:.0%} bootstrap "
+        f"confidence interval, {stats.RESAMPLES} resamples]; IQM: the mean of the middle "
+        "50% of runs. Intervals that do not overlap say a difference is real; overlapping "
+        "ones say these runs cannot tell.",
+        "",
+    ]
+    if stop_values != {None}:
+        lines += [f"Stop value: {', '.join(str(v) for v in sorted(stop_values, key=str))}.", ""]
+    lines += [
+        "| " + " | ".join(columns) + " |",
+        "|" + "---|" * len(columns),
+        *("| " + " | ".join(row.get(c, "-") for c in columns) + " |" for row in table),
+        "",
+        "![curves](curves.png)",
+        "",
+        "![profile](profile.png)",
+        "",
+    ]
+    report = out / "report.md"
+    report.write_text("\n".join(lines) + "\n")
+    draw(configs, out)
+    return report
+
+
+def draw(configs: list[Config], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    colors = plt.get_cmap("tab10")
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
+    for i, config in enumerate(configs):
+        runs = [r for r in config.runs if r.x.size > 1]
+        if not runs:
+            continue
+        start, stop = max(r.x[0] for r in runs), min(r.x[-1] for r in runs)
+        if stop <= start:
+            continue
+        grid = np.linspace(start, stop, GRID_POINTS)
+        curves = np.stack([np.interp(grid, r.x, r.y) for r in runs])
+        mean, low, high = stats.mean_band(curves)
+        ax.plot(grid, mean, color=colors(i % 10), label=f"{config.label} ({len(runs)} runs)")
+        ax.fill_between(grid, low, high, color=colors(i % 10), alpha=0.2)
+    stop_values = {c.stop_value for c in configs if c.stop_value is not None}
+    for value in stop_values:
+        ax.axhline(value, color="grey", linestyle="--", linewidth=1)
+    ax.set_xlabel("env steps")
+    ax.set_ylabel("evaluation return (mean over episodes)")
+    ax.set_title("mean evaluation return, 95% bootstrap band over runs")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(out / "curves.png")
+    plt.close(fig)
+
+    finals = {
+        c.label: [r.final_return for r in c.runs if r.final_return is not None] for c in configs
+    }
+    every = [v for values in finals.values() for v in values]
+    fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
+    if every:
+        thresholds = np.linspace(min(every), max(every), GRID_POINTS)
+        for i, (label, values) in enumerate(finals.items()):
+            if not values:
+                continue
+            fraction, low, high = stats.profile(values, thresholds)
+            ax.step(thresholds, fraction, where="post", color=colors(i % 10), label=label)
+            ax.fill_between(thresholds, low, high, step="post", color=colors(i % 10), alpha=0.2)
+    ax.set_xlabel("final evaluation return (tau)")
+    ax.set_ylabel("fraction of runs above tau")
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_title("performance profile, 95% bootstrap band over runs")
+    ax.legend(fontsize="small")
+    fig.tight_layout()
+    fig.savefig(out / "profile.png")
+    plt.close(fig)

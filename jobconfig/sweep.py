@@ -1,0 +1,245 @@
+"""An experiment's `sweep:` section: axes over config keys, expanded into its jobs.
+
+    sweep:
+      seeds: 5                  # each point run with system.seed 0..4 (or a list of seeds)
+      samples: 4                # draws of the range axes (1 by default)
+      draw_seed: 0              # the seed of those draws
+      parallel: 2               # at most this many of its jobs run at once (None: no limit)
+      axes:
+        policy.learn.learning_rate: [0.001, 0.0023]        # a list: a grid axis
+        policy.other.eps.decay: {uniform: [1000, 5000]}    # a range, drawn `samples` times
+        policy.learn.batch_size: {log_uniform: [32, 256]}
+
+The points are every combination of the list axes, crossed with `samples` draws of the
+range axes (one value of each range axis a draw), and each point runs once a seed: the
+example is 2 x 4 points x 5 seeds = 40 jobs. A range over an integer key draws integers.
+
+Everything is checked before any job exists (`plan_sweep`): an axis over a key the
+job's config does not have, a range over a key that is not a number, bounds that are
+not numbers, and every expanded config resolved as a job's would be; the first fault
+is a `ConfigError` naming it (`sweep.axes.<key>`, or the point and its key).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from common.config import ConfigError, deep_merge, to_dict
+from jobconfig.resolve import resolve_job_config, unknown_key
+
+#: Jobs one experiment may hold.
+MAX_EXPERIMENT_JOBS = 1000
+#: The range kinds an axis may be.
+RANGES = ("uniform", "log_uniform")
+
+
+@dataclass(frozen=True)
+class Axis:
+    key: str
+    #: A grid axis's values (None: a range).
+    values: tuple[Any, ...] | None = None
+    #: A range's kind (`RANGES`) and bounds.
+    kind: str | None = None
+    low: float = 0.0
+    high: float = 0.0
+    #: Draws are rounded to integers (the key's value is an integer).
+    integer: bool = False
+
+
+@dataclass(frozen=True)
+class Sweep:
+    axes: tuple[Axis, ...]
+    seeds: tuple[int, ...]
+    samples: int = 1
+    draw_seed: int = 0
+    parallel: int | None = None
+
+
+@dataclass(frozen=True)
+class Point:
+    """One job of the experiment: its axes' values (by dotted key) and its seed."""
+
+    values: dict[str, Any]
+    seed: int
+
+    def label(self) -> str:
+        """The point's axis values, short: what a report's row is named by."""
+        return ", ".join(f"{key.rsplit('.', 1)[-1]}={short(v)}" for key, v in self.values.items())
+
+
+def short(value: Any) -> str:
+    """A value as a label shows it: a float in 4 significant digits."""
+    return f"{value:.4g}" if isinstance(value, float) else str(value)
+
+
+def split_sweep(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(the config without its `sweep` section, the section or None)."""
+    base = {k: v for k, v in raw.items() if k != "sweep"}
+    return base, raw.get("sweep")
+
+
+def plan_sweep(raw: dict[str, Any]) -> tuple[Sweep, list[tuple[Point, dict[str, Any]]]]:
+    """The experiment a config with a `sweep:` section asks for: the sweep, and each
+    job's point and config (the base config with the point's values and seed).
+
+    Raises:
+        ConfigError: the section, an axis or an expanded config is invalid.
+    """
+    base, section = split_sweep(raw)
+    if section is None:
+        raise ConfigError("sweep", "an experiment's config needs a sweep section (axes, seeds)")
+    sweep = parse_sweep(section)
+    resolved, _ = resolve_job_config(base)  # the base alone first: its faults are its own
+    sweep = dataclasses.replace(sweep, axes=_checked_axes(sweep, to_dict(resolved)))
+    points = expand(sweep)
+    jobs = []
+    for point in points:
+        config = member_config(base, point)
+        try:
+            resolve_job_config(config)
+        except ConfigError as exc:
+            raise ConfigError(
+                exc.field, f"{exc.message} (in the sweep's point {point.label() or 'base'})"
+            ) from None
+        jobs.append((point, config))
+    return sweep, jobs
+
+
+def parse_sweep(section: Any) -> Sweep:
+    if not isinstance(section, dict):
+        raise ConfigError("sweep", "must be a mapping (axes, seeds, samples, parallel)")
+    known = {"axes", "seeds", "samples", "draw_seed", "parallel"}
+    for key in section:
+        if key not in known:
+            raise ConfigError(f"sweep.{key}", f"unknown key (the keys: {', '.join(sorted(known))})")
+    seeds = section.get("seeds", 1)
+    if isinstance(seeds, bool) or not isinstance(seeds, int | list):
+        raise ConfigError("sweep.seeds", "a count of seeds (0..N-1) or a list of seeds")
+    if isinstance(seeds, int):
+        if not 1 <= seeds <= MAX_EXPERIMENT_JOBS:
+            raise ConfigError("sweep.seeds", f"between 1 and {MAX_EXPERIMENT_JOBS}")
+        seed_list = tuple(range(seeds))
+    else:
+        whole = [isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds]
+        if not seeds or not all(whole):
+            raise ConfigError("sweep.seeds", "a list of seeds must hold integers >= 0")
+        if len(set(seeds)) != len(seeds):
+            raise ConfigError("sweep.seeds", "a seed is listed twice")
+        seed_list = tuple(seeds)
+    samples = _count(section, "samples", 1)
+    draw_seed = _count(section, "draw_seed", 0, low=0)
+    parallel = section.get("parallel")
+    if parallel is not None:
+        parallel = _count(section, "parallel", 1)
+    axes_raw = section.get("axes", {})
+    if not isinstance(axes_raw, dict):
+        raise ConfigError("sweep.axes", "a mapping of dotted config keys to values or ranges")
+    axes = tuple(_axis(str(key), value) for key, value in axes_raw.items())
+    sweep = Sweep(axes, seed_list, samples, draw_seed, parallel)
+    count = len(expand_points(sweep)) * len(seed_list)
+    if count > MAX_EXPERIMENT_JOBS:
+        raise ConfigError("sweep", f"{count} jobs: at most {MAX_EXPERIMENT_JOBS}")
+    return sweep
+
+
+def _count(section: dict[str, Any], key: str, default: int, *, low: int = 1) -> int:
+    value = section.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ConfigError(f"sweep.{key}", f"an integer of at least {low}")
+    return value
+
+
+def _axis(key: str, value: Any) -> Axis:
+    where = f"sweep.axes.{key}"
+    if isinstance(value, list):
+        if not value:
+            raise ConfigError(where, "a list axis needs at least one value")
+        return Axis(key, values=tuple(value))
+    if isinstance(value, dict) and len(value) == 1 and next(iter(value)) in RANGES:
+        kind, bounds = next(iter(value.items()))
+        if (
+            not isinstance(bounds, list)
+            or len(bounds) != 2
+            or not all(isinstance(b, int | float) and not isinstance(b, bool) for b in bounds)
+            or not all(math.isfinite(b) for b in bounds)
+        ):
+            raise ConfigError(where, f"{kind}: two finite numbers, [low, high]")
+        low, high = float(bounds[0]), float(bounds[1])
+        if low >= high:
+            raise ConfigError(where, f"{kind}: low {low:g} must be below high {high:g}")
+        if kind == "log_uniform" and low <= 0:
+            raise ConfigError(where, f"log_uniform: the bounds must be above 0, not {low:g}")
+        return Axis(key, kind=kind, low=low, high=high)
+    raise ConfigError(
+        where, "a list of values, or a range: {uniform: [low, high]} or {log_uniform: [low, high]}"
+    )
+
+
+def _checked_axes(sweep: Sweep, resolved: dict[str, Any]) -> tuple[Axis, ...]:
+    """The sweep's axes, each checked against the job's resolved config: it names one
+    of its keys, and a range names a number (drawn as an integer for an integer)."""
+    algo = resolved["policy"]["type"]
+    axes = []
+    for axis in sweep.axes:
+        where = f"sweep.axes.{axis.key}"
+        if axis.key == "system.seed":
+            raise ConfigError(where, "the seeds are the sweep's own: sweep.seeds")
+        why = unknown_key(axis.key, algo)
+        if why is not None:
+            raise ConfigError(where, why)
+        if axis.kind is not None:
+            current: Any = resolved
+            for part in axis.key.split("."):
+                current = current.get(part) if isinstance(current, dict) else None
+            if isinstance(current, bool) or (
+                current is not None and not isinstance(current, int | float)
+            ):
+                raise ConfigError(where, f"a {axis.kind} range over a key that is not a number")
+            axis = dataclasses.replace(axis, integer=isinstance(current, int))
+        axes.append(axis)
+    return tuple(axes)
+
+
+def expand_points(sweep: Sweep) -> list[dict[str, Any]]:
+    """Each point's axis values: the list axes' combinations, crossed with `samples`
+    draws of the range axes."""
+    grid = [axis for axis in sweep.axes if axis.values is not None]
+    ranges = [axis for axis in sweep.axes if axis.kind is not None]
+    combos = list(itertools.product(*(axis.values or () for axis in grid)))
+    rng = random.Random(sweep.draw_seed)
+    draws = [{a.key: _draw(a, rng) for a in ranges} for _ in range(sweep.samples if ranges else 1)]
+    return [
+        {**{axis.key: value for axis, value in zip(grid, combo, strict=True)}, **draw}
+        for combo in combos
+        for draw in draws
+    ]
+
+
+def expand(sweep: Sweep) -> list[Point]:
+    """Every job's point: each point's values, once a seed."""
+    return [Point(values, seed) for values in expand_points(sweep) for seed in sweep.seeds]
+
+
+def _draw(axis: Axis, rng: random.Random) -> float | int:
+    if axis.kind == "log_uniform":
+        value = math.exp(rng.uniform(math.log(axis.low), math.log(axis.high)))
+    else:
+        value = rng.uniform(axis.low, axis.high)
+    return int(round(value)) if axis.integer else value
+
+
+def member_config(base: dict[str, Any], point: Point) -> dict[str, Any]:
+    """The base config with the point's values and seed."""
+    override: dict[str, Any] = {"system": {"seed": point.seed}}
+    for key, value in point.values.items():
+        *parents, name = key.split(".")
+        node = override
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[name] = value
+    return deep_merge(base, override)

@@ -1,0 +1,191 @@
+"""Experiments: the jobs of one config's sweep (jobconfig/sweep.py), submitted together.
+
+Every job the sweep expands to is checked as a job of its own would be (its config
+resolved, its workflow's and the limits' refusals) before any is created, so a bad
+axis or value is one 400 naming it and nothing starts. Then its jobs are created in
+the sweep's order; past `sweep.parallel` running at once they wait in the queue for
+one of the experiment's places (sharing.py). The experiment's record
+(`experiments/<id>.json` under the shared root) is written before it is answered and
+again when it is stopped, so a restarted coordinator has it back, its jobs with it.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from common.config import ConfigError
+from common.errors import bad_request, not_found
+from common.messages import (
+    ExperimentCreated,
+    ExperimentList,
+    ExperimentMember,
+    ExperimentStatus,
+    ExperimentSubmit,
+    new_id,
+)
+from common.storage import CorruptFileError
+from jobconfig.sweep import plan_sweep
+from services.coordinator.jobs import JobBook
+from services.coordinator.state import CoordinatorState, Experiment, ExperimentJob
+from services.coordinator.workflows import Planner
+
+log = logging.getLogger(__name__)
+
+#: Where experiments' records live under the shared root (a folder no job has).
+FOLDER = "experiments"
+
+
+class ExperimentBook:
+    def __init__(self, state: CoordinatorState, jobs: JobBook) -> None:
+        self.state = state
+        self.jobs = jobs
+
+    def submit(self, submit: ExperimentSubmit, planner: Planner) -> ExperimentCreated:
+        try:
+            sweep, points = plan_sweep(submit.config)
+        except ConfigError as exc:
+            field = exc.field if exc.field.startswith("sweep") else f"config.{exc.field}"
+            raise bad_request(field, exc.message) from None
+        # Every job checked before any exists.
+        admitted = [self.jobs.admissible(config, planner) for _, config in points]
+        experiment_id = new_id("exp")
+        name = submit.name or admitted[0][0].exp_name
+        experiment = Experiment(
+            experiment_id=experiment_id,
+            name=name,
+            created_at=self.state.wall(),
+            parallel=sweep.parallel,
+            jobs=[],
+        )
+        with self.state.guard.changing():
+            self.state.experiments[experiment_id] = experiment
+        self._write(experiment)  # before its jobs: a restart finds what they belong to
+        warnings: list[str] = []
+        for (point, _), (config, job_warnings) in zip(points, admitted, strict=True):
+            label = point.label()
+            created = self.jobs.create(
+                config,
+                job_warnings,
+                f"{name} {label} seed={point.seed}".strip(),
+                planner,
+                experiment_id=experiment_id,
+            )
+            with self.state.guard.changing():
+                experiment.jobs.append(ExperimentJob(created.job_id, point.values, point.seed))
+            warnings.extend(w for w in created.warnings if w not in warnings)
+        self._write(experiment)
+        log.info("experiment %s (%s): %d jobs", experiment_id, name, len(experiment.jobs))
+        return ExperimentCreated(
+            experiment_id=experiment_id,
+            job_ids=[j.job_id for j in experiment.jobs],
+            warnings=warnings,
+        )
+
+    def get(self, experiment_id: str) -> Experiment:
+        experiment = self.state.experiments.get(experiment_id)
+        if experiment is None:
+            raise not_found(f"experiment {experiment_id}")
+        return experiment
+
+    def status(self, experiment_id: str) -> ExperimentStatus:
+        with self.state.guard.changing():
+            return self._status(self.get(experiment_id))
+
+    def listing(self) -> ExperimentList:
+        with self.state.guard.changing():
+            experiments = sorted(self.state.experiments.values(), key=lambda e: -e.created_at)
+            return ExperimentList(experiments=[self._status(e) for e in experiments])
+
+    def stop(self, experiment_id: str) -> ExperimentStatus:
+        """Stop every job of the experiment that has not ended."""
+        with self.state.guard.changing():
+            experiment = self.get(experiment_id)
+            experiment.stopped = True
+            for member in experiment.jobs:
+                job = self.state.jobs.get(member.job_id)
+                if job is not None and (job.running or job.queued):
+                    self.jobs.finish(job, "stopped", f"its experiment {experiment_id} was stopped")
+        self._write(experiment)
+        return self.status(experiment_id)
+
+    def _status(self, experiment: Experiment) -> ExperimentStatus:
+        members = []
+        for member in experiment.jobs:
+            job = self.state.jobs.get(member.job_id)
+            if job is None:
+                members.append(
+                    ExperimentMember(member.job_id, member.values, member.seed, "forgotten")
+                )
+                continue
+            phase = job.ending[0] if job.ending is not None else job.phase
+            members.append(
+                ExperimentMember(
+                    job_id=member.job_id,
+                    values=member.values,
+                    seed=member.seed,
+                    phase=phase,
+                    env_steps=job.env_steps,
+                    last_eval_return=job.evals[-1].return_mean if job.evals else None,
+                    best_eval_return=job.best_eval.return_mean if job.best_eval else None,
+                    reason=job.reason,
+                )
+            )
+        running = any(m.phase in ("queued", "running") for m in members)
+        phase = "running" if running else ("stopped" if experiment.stopped else "ended")
+        return ExperimentStatus(
+            experiment_id=experiment.experiment_id,
+            name=experiment.name,
+            phase=phase,  # type: ignore[arg-type]
+            created_at=experiment.created_at,
+            parallel=experiment.parallel,
+            members=members,
+        )
+
+    # --- on disk -------------------------------------------------------------------------
+
+    def _write(self, experiment: Experiment) -> None:
+        with self.state.guard.changing():
+            record = experiment_record(experiment)
+        self.state.store.write_json(f"{FOLDER}/{experiment.experiment_id}.json", record)
+
+    def restore(self) -> list[str]:
+        """Load every experiment's record (at start, before its jobs are planned)."""
+        store, restored = self.state.store, []
+        for name in store.list_dir(FOLDER):
+            if not name.endswith(".json"):
+                continue
+            try:
+                experiment = experiment_from(store.read_json(f"{FOLDER}/{name}"))
+            except (OSError, CorruptFileError, KeyError, TypeError, ValueError) as exc:
+                log.error("cannot restore experiment %s: %s", name, exc)
+                continue
+            with self.state.guard.changing():
+                self.state.experiments[experiment.experiment_id] = experiment
+            restored.append(experiment.experiment_id)
+        return restored
+
+
+def experiment_record(experiment: Experiment) -> dict[str, Any]:
+    return {
+        "experiment_id": experiment.experiment_id,
+        "name": experiment.name,
+        "created_at": experiment.created_at,
+        "parallel": experiment.parallel,
+        "stopped": experiment.stopped,
+        "jobs": [{"job_id": j.job_id, "values": j.values, "seed": j.seed} for j in experiment.jobs],
+    }
+
+
+def experiment_from(record: dict[str, Any]) -> Experiment:
+    return Experiment(
+        experiment_id=str(record["experiment_id"]),
+        name=str(record["name"]),
+        created_at=float(record["created_at"]),
+        parallel=None if record["parallel"] is None else int(record["parallel"]),
+        stopped=bool(record["stopped"]),
+        jobs=[
+            ExperimentJob(str(j["job_id"]), dict(j["values"]), int(j["seed"]))
+            for j in record["jobs"]
+        ],
+    )

@@ -1,0 +1,89 @@
+"""Experiments through the coordinator's routes: a sweep's jobs created together (at
+most `parallel` running), shown with their points, stopped together, refused whole for
+a bad axis or value before any job exists, and back after a restart."""
+
+from common.storage import SharedStore
+from services.coordinator.core import Coordinator, CoordinatorLimits
+from tests.coordinator_app import AUTH, CONFIG, get, post
+
+LRS = [0.001, 0.002]
+
+
+def sweep(**section):
+    return {**CONFIG, "sweep": {"seeds": 2, "axes": {"policy.learn.learning_rate": LRS}, **section}}
+
+
+def submit(client, config):
+    return post(client, "/api/v1/experiments", {"config": config, "name": "lr"})
+
+
+def test_a_sweeps_jobs_are_created_together_and_run_parallel_at_a_time(client, core):
+    created = submit(client, sweep(parallel=1))
+    assert created.status_code == 201, created.json
+    experiment_id, job_ids = created.json["experiment_id"], created.json["job_ids"]
+    assert len(job_ids) == 4
+    core.plan()
+    shown = get(client, f"/api/v1/experiments/{experiment_id}").json
+    assert shown["phase"] == "running" and shown["parallel"] == 1
+    points = {(m["values"]["policy.learn.learning_rate"], m["seed"]) for m in shown["members"]}
+    assert points == {(lr, seed) for lr in LRS for seed in (0, 1)}
+    phases = [m["phase"] for m in shown["members"]]
+    assert phases.count("running") == 1 and phases.count("queued") == 3
+    waiting = get(client, f"/api/v1/jobs/{job_ids[1]}").json
+    assert "sweep.parallel" in waiting["reason"] and waiting["experiment_id"] == experiment_id
+    config = core.store.read_json(f"{job_ids[2]}/job.json")
+    assert config["policy"]["learn"]["learning_rate"] == LRS[1] and config["system"]["seed"] == 0
+    # The running one ends: the next takes its place at the next pass.
+    client.delete(f"/api/v1/jobs/{job_ids[0]}", headers=AUTH)
+    core.plan()
+    phases = [
+        m["phase"] for m in get(client, f"/api/v1/experiments/{experiment_id}").json["members"]
+    ]
+    assert phases == ["stopped", "running", "queued", "queued"]
+    listed = get(client, "/api/v1/experiments").json["experiments"]
+    assert [e["experiment_id"] for e in listed] == [experiment_id]
+
+
+def test_stopping_an_experiment_stops_every_job_of_it(client, core):
+    experiment_id = submit(client, sweep()).json["experiment_id"]
+    core.plan()
+    stopped = client.delete(f"/api/v1/experiments/{experiment_id}", headers=AUTH)
+    assert stopped.status_code == 202, stopped.json
+    shown = get(client, f"/api/v1/experiments/{experiment_id}").json
+    assert shown["phase"] == "stopped"
+    assert {m["phase"] for m in shown["members"]} == {"stopped"}
+
+
+def test_a_bad_axis_or_value_is_refused_before_any_job_exists(client, core):
+    for config, field in (
+        (sweep(axes={"policy.learn.learning_rat": LRS}), "sweep.axes.policy.learn.learning_rat"),
+        (
+            sweep(axes={"policy.learn.learning_rate": [0.001, -1.0]}),
+            "config.policy.learn.learning_rate",
+        ),
+        (sweep(axes={"env.env_id": {"uniform": [0, 1]}}), "sweep.axes.env.env_id"),
+        ({**CONFIG}, "sweep"),
+    ):
+        refused = submit(client, config)
+        assert refused.status_code == 400, refused.json
+        assert refused.json["message"].startswith(f"{field}:"), refused.json
+    assert get(client, "/api/v1/jobs").json["jobs"] == []
+    assert get(client, "/api/v1/experiments").json["experiments"] == []
+    assert get(client, "/api/v1/experiments/exp-nope").status_code == 404
+
+
+def test_an_experiment_is_back_after_a_restart(tmp_path, client, core):
+    created = submit(client, sweep(parallel=1)).json
+    core.plan()
+    core.snapshot_jobs()
+    core.close()
+    again = Coordinator(SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000))
+    try:
+        again.restore_jobs()
+        again.plan()
+        shown = again.experiment_status(created["experiment_id"])
+        assert [m.job_id for m in shown.members] == created["job_ids"]
+        assert [m.phase for m in shown.members].count("running") == 1  # still one at a time
+        assert shown.parallel == 1
+    finally:
+        again.close()
