@@ -24,7 +24,11 @@ def cluster(tmp_path_factory):
         yield running
 
 
-def saved_models(store: SharedStore) -> tuple[str, str]:
+@pytest.fixture(scope="module")
+def models(cluster) -> tuple[str, str]:
+    """A policy version and a checkpoint of an untrained DQN, written once (a version
+    is written once)."""
+    store = SharedStore(cluster.shared_dir)
     config, _ = resolve_job_config({})
     dqn = DQN(with_spaces(config, 4, 2).policy)
     policy_path, _ = store.write_policy("models", 7, 0, "dqn", state_to_numpy(dqn.online))
@@ -34,9 +38,9 @@ def saved_models(store: SharedStore) -> tuple[str, str]:
 
 
 @pytest.mark.parametrize("source", ["random", "policy", "checkpoint"])
-def test_evaluate_workflow_runs_the_episodes_and_writes_results(cluster, source):
+def test_evaluate_workflow_runs_the_episodes_and_writes_results(cluster, models, source):
     store = SharedStore(cluster.shared_dir)
-    policy_path, checkpoint_path = saved_models(store)
+    policy_path, checkpoint_path = models
     path = {"random": None, "policy": policy_path, "checkpoint": checkpoint_path}[source]
     config = {
         "env": {"env_id": "CartPole-v1", "evaluator_env_num": 3},
