@@ -125,3 +125,18 @@ def test_a_bad_sweep_is_refused_naming_what_is_wrong(sweep, field, says):
 def test_a_config_without_a_sweep_is_no_experiment():
     with pytest.raises(ConfigError, match="sweep section"):
         plan_sweep(BASE)
+
+
+def test_drover_sweep_refuses_a_bad_axis_before_it_starts_anything(tmp_path, capsys):
+    from drover.cli import main
+
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(
+        f"base: {EXAMPLE}\n"
+        "sweep: {seeds: 2, axes: {policy.learn.learning_rat: [0.001, 0.01]}}\n"
+    )
+    runs = tmp_path / "runs"
+    assert main(["sweep", str(bad), "--runs-dir", str(runs)]) == 2
+    said = capsys.readouterr().err
+    assert "sweep.axes.policy.learn.learning_rat" in said and "learning_rate" in said
+    assert not runs.exists()  # no run folder: nothing started
