@@ -12,6 +12,7 @@ drover sweep CONFIG          an experiment: the jobs of a config's sweep section
                              (drover/sweep.py); drover experiment ID, stop ID
 drover report RUN            each config over its seeds, with confidence intervals
                              (drover/report.py)
+drover tune CONFIG           an Optuna study whose trials are jobs (drover/tune.py)
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from common.http_client import ServiceUnavailable
 from common.messages import TERMINAL_PHASES, JobStatus, LeagueView
 from common.process import Terminated, exit_without_teardown, stop_on_terminate
 from common.settings import SettingsError, read_token
-from drover import plot, report, sweep, verbs
+from drover import plot, report, sweep, tune, verbs
 from drover.devices import fit_local_device, local_learner_ranks
 from drover.docker_backend import DockerUnavailable, run_in_docker
 from drover.forkserver import ForkServer
@@ -110,6 +111,7 @@ def _main(argv: list[str] | None, fork_server: ForkServer | None) -> int:
     plot.add_parser(sub)
     sweep.add_parser(sub)
     report.add_parser(sub)
+    tune.add_parser(sub)
     show = sub.add_parser("config", help="print a job config resolved; starts nothing")
     show.add_argument("action", choices=["show"], help="show: the resolved config")
     show.add_argument("config", help="job config: .yaml, .yml, .json or .py (DI-engine's)")
@@ -144,6 +146,8 @@ def _main(argv: list[str] | None, fork_server: ForkServer | None) -> int:
         return sweep.run(args)
     if args.command == "report":
         return report.run(args)
+    if args.command == "tune":
+        return tune.run(args)
     if args.command == "learner" and args.nproc != 1:
         return serve_learner_group(args.nproc, args.max_restarts)
     sys.argv = [f"drover {args.command}"]

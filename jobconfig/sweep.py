@@ -95,7 +95,7 @@ def plan_sweep(raw: dict[str, Any]) -> tuple[Sweep, list[tuple[Point, dict[str, 
         raise ConfigError("sweep", "an experiment's config needs a sweep section (axes, seeds)")
     sweep = parse_sweep(section)
     resolved, _ = resolve_job_config(base)  # the base alone first: its faults are its own
-    sweep = dataclasses.replace(sweep, axes=_checked_axes(sweep, to_dict(resolved)))
+    sweep = dataclasses.replace(sweep, axes=checked_axes(sweep.axes, to_dict(resolved)))
     points = expand(sweep)
     jobs = []
     for point in points:
@@ -139,7 +139,7 @@ def parse_sweep(section: Any) -> Sweep:
     axes_raw = section.get("axes", {})
     if not isinstance(axes_raw, dict):
         raise ConfigError("sweep.axes", "a mapping of dotted config keys to values or ranges")
-    axes = tuple(_axis(str(key), value) for key, value in axes_raw.items())
+    axes = tuple(parse_axis(str(key), value) for key, value in axes_raw.items())
     sweep = Sweep(axes, seed_list, samples, draw_seed, parallel)
     count = len(expand_points(sweep)) * len(seed_list)
     if count > MAX_EXPERIMENT_JOBS:
@@ -154,8 +154,9 @@ def _count(section: dict[str, Any], key: str, default: int, *, low: int = 1) -> 
     return value
 
 
-def _axis(key: str, value: Any) -> Axis:
-    where = f"sweep.axes.{key}"
+def parse_axis(key: str, value: Any, section: str = "sweep.axes") -> Axis:
+    """An axis (or a tuning's parameter) over `key`: a list, or a range."""
+    where = f"{section}.{key}"
     if isinstance(value, list):
         if not value:
             raise ConfigError(where, "a list axis needs at least one value")
@@ -180,13 +181,15 @@ def _axis(key: str, value: Any) -> Axis:
     )
 
 
-def _checked_axes(sweep: Sweep, resolved: dict[str, Any]) -> tuple[Axis, ...]:
-    """The sweep's axes, each checked against the job's resolved config: it names one
-    of its keys, and a range names a number (drawn as an integer for an integer)."""
+def checked_axes(
+    axes: tuple[Axis, ...], resolved: dict[str, Any], section: str = "sweep.axes"
+) -> tuple[Axis, ...]:
+    """The axes, each checked against the job's resolved config: it names one of its
+    keys, and a range names a number (drawn as an integer for an integer)."""
     algo = resolved["policy"]["type"]
-    axes = []
-    for axis in sweep.axes:
-        where = f"sweep.axes.{axis.key}"
+    checked = []
+    for axis in axes:
+        where = f"{section}.{axis.key}"
         if axis.key == "system.seed":
             raise ConfigError(where, "the seeds are the sweep's own: sweep.seeds")
         why = unknown_key(axis.key, algo)
@@ -201,8 +204,8 @@ def _checked_axes(sweep: Sweep, resolved: dict[str, Any]) -> tuple[Axis, ...]:
             ):
                 raise ConfigError(where, f"a {axis.kind} range over a key that is not a number")
             axis = dataclasses.replace(axis, integer=isinstance(current, int))
-        axes.append(axis)
-    return tuple(axes)
+        checked.append(axis)
+    return tuple(checked)
 
 
 def expand_points(sweep: Sweep) -> list[dict[str, Any]]:

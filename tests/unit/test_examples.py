@@ -57,3 +57,15 @@ def test_a_config_file_builds_on_its_base_and_a_circle_of_bases_is_refused(tmp_p
     (tmp_path / "d.yaml").write_text("base: nowhere.yaml\n")
     with pytest.raises(ConfigError, match="no such file"):
         load_config(tmp_path / "d.yaml")
+
+
+@pytest.mark.parametrize(
+    "path", sorted((ROOT / "examples" / "tuning").glob("*.yaml")), ids=lambda p: p.name
+)
+def test_every_tuning_example_is_a_valid_tuning(path):
+    from jobconfig.tuning import plan_tuning
+
+    raw, _ = load_config(path)
+    tuning, base = plan_tuning(raw)
+    assert tuning.params and "tune" not in base
+    resolve_job_config(base)

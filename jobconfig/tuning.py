@@ -1,0 +1,115 @@
+"""A tuning's `tune:` section: which keys an Optuna study searches, what it optimizes,
+and how (drover/tune.py runs it).
+
+    tune:
+      n_trials: 24              # trials, each a drover job
+      n_parallel: 2             # jobs running at once
+      objective: env_steps_to_stop   # or final_return, best_return
+      sampler: tpe              # or random
+      pruner: median            # or successive_halving, none
+      seed: 0                   # the sampler's seed; every trial's job runs system.seed
+      storage: null             # an Optuna storage URL (default: study.db in the run folder)
+      params:
+        policy.learn.learning_rate: {log_uniform: [0.0001, 0.01]}
+        policy.learn.entropy_weight: {uniform: [0.0, 0.05]}
+        policy.collect.n_sample: [256, 512, 1024]          # a choice
+
+The parameters are checked as a sweep's axes are (jobconfig/sweep.py): keys of the
+job's config, ranges over numbers (an integer key draws integers); the objective
+`env_steps_to_stop` needs the config's `env.stop_value`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+from common.config import ConfigError, to_dict
+from jobconfig.resolve import resolve_job_config
+from jobconfig.sweep import MAX_EXPERIMENT_JOBS, Axis, checked_axes, parse_axis
+
+#: What a trial's job is scored by, and whether more is better.
+OBJECTIVES = {
+    "env_steps_to_stop": "minimize",
+    "final_return": "maximize",
+    "best_return": "maximize",
+}
+SAMPLERS = ("tpe", "random")
+PRUNERS = ("median", "successive_halving", "none")
+
+
+@dataclass(frozen=True)
+class Tuning:
+    params: tuple[Axis, ...]
+    n_trials: int = 20
+    n_parallel: int = 1
+    objective: str = "env_steps_to_stop"
+    sampler: str = "tpe"
+    pruner: str = "median"
+    seed: int = 0
+    storage: str | None = None
+
+    @property
+    def direction(self) -> str:
+        return OBJECTIVES[self.objective]
+
+
+def split_tuning(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """(the config without its `tune` section, the section or None)."""
+    return {k: v for k, v in raw.items() if k != "tune"}, raw.get("tune")
+
+
+def plan_tuning(raw: dict[str, Any]) -> tuple[Tuning, dict[str, Any]]:
+    """The tuning a config with a `tune:` section asks for, and its base config.
+
+    Raises:
+        ConfigError: the section or a parameter is invalid, or the base config is.
+    """
+    base, section = split_tuning(raw)
+    if not isinstance(section, dict):
+        raise ConfigError("tune", "a tuning's config needs a tune section (params, n_trials)")
+    known = {f.name for f in dataclasses.fields(Tuning)}
+    for key in section:
+        if key not in known:
+            raise ConfigError(f"tune.{key}", f"unknown key (the keys: {', '.join(sorted(known))})")
+    params_raw = section.get("params")
+    if not isinstance(params_raw, dict) or not params_raw:
+        raise ConfigError("tune.params", "a mapping of dotted config keys to ranges or choices")
+    resolved, _ = resolve_job_config(base)
+    params = tuple(parse_axis(str(k), v, "tune.params") for k, v in params_raw.items())
+    tuning = Tuning(
+        params=checked_axes(params, to_dict(resolved), "tune.params"),
+        n_trials=_count(section, "n_trials", 20, MAX_EXPERIMENT_JOBS),
+        n_parallel=_count(section, "n_parallel", 1, 64),
+        objective=_choice(section, "objective", "env_steps_to_stop", tuple(OBJECTIVES)),
+        sampler=_choice(section, "sampler", "tpe", SAMPLERS),
+        pruner=_choice(section, "pruner", "median", PRUNERS),
+        seed=_count(section, "seed", 0, 2**31 - 1, low=0),
+        storage=_storage(section.get("storage")),
+    )
+    if tuning.objective == "env_steps_to_stop" and resolved.env.stop_value is None:
+        raise ConfigError(
+            "tune.objective", "env_steps_to_stop needs env.stop_value (or final_return)"
+        )
+    return tuning, base
+
+
+def _count(section: dict[str, Any], key: str, default: int, high: int, *, low: int = 1) -> int:
+    value = section.get(key, default)
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise ConfigError(f"tune.{key}", f"an integer from {low} to {high}")
+    return value
+
+
+def _choice(section: dict[str, Any], key: str, default: str, choices: tuple[str, ...]) -> str:
+    value = section.get(key, default)
+    if value not in choices:
+        raise ConfigError(f"tune.{key}", f"one of {', '.join(choices)}")
+    return value
+
+
+def _storage(value: Any) -> str | None:
+    if value is not None and (not isinstance(value, str) or "://" not in value):
+        raise ConfigError("tune.storage", "an Optuna storage URL (sqlite:///study.db, ...)")
+    return value
