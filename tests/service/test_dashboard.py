@@ -170,6 +170,19 @@ def test_the_dashboard_in_a_browser(tmp_path):
             assert page.locator("tr.worker").count() == 2
             assert page.locator("#error").is_hidden()
 
+            # An experiment: its points over their seeds, and its jobs.
+            sweep = {"seeds": 1, "parallel": 1, "axes": {"policy.nstep": [1, 3]}}
+            experiment = cluster.client.submit_experiment({**config, "sweep": sweep}, name="exp")
+            page.click("#nav-experiments")
+            page.wait_for_selector("tr.experiment", timeout=30_000)
+            assert experiment.experiment_id in page.inner_text("#experiments")
+            page.locator("tr.experiment").first.click()
+            page.wait_for_selector("#points tr.point", timeout=30_000)
+            assert page.locator("#points tr.point").count() == 2
+            assert page.locator("#members tr.member").count() == 2
+            assert "nstep=1" in page.inner_text("#points")
+            cluster.client.stop_experiment(experiment.experiment_id)
+
             # An answer that never comes: the page says so instead of waiting for good,
             # and redraws once answers come again.
             held = []

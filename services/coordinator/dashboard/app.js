@@ -376,6 +376,98 @@ async function workersView() {
   ];
 }
 
+// --- experiments ----------------------------------------------------------------------------
+
+function pointLabel(values) {
+  const parts = Object.entries(values).map(([key, value]) => {
+    const shown = typeof value === "number" && !Number.isInteger(value) ? value.toPrecision(4) : String(value);
+    return `${key.split(".").pop()}=${shown}`;
+  });
+  return parts.join(", ") || "–";
+}
+
+function median(values) {
+  const sorted = values.slice().sort((a, b) => a - b);
+  const mid = Math.floor(sorted.length / 2);
+  return sorted.length % 2 ? sorted[mid] : (sorted[mid - 1] + sorted[mid]) / 2;
+}
+
+async function experimentsView() {
+  const data = await api("/experiments");
+  const rows = data.experiments.map((e) => {
+    const ended = e.members.filter((m) => !["queued", "running"].includes(m.phase)).length;
+    return el(
+      "tr",
+      { class: "experiment", onclick: () => (location.hash = `#/experiments/${e.experiment_id}`) },
+      el("td", {}, el("a", { href: `#/experiments/${e.experiment_id}` }, e.experiment_id)),
+      el("td", {}, e.name),
+      el("td", {}, phase(e.phase)),
+      el("td", {}, `${ended} of ${e.members.length}`),
+      el("td", {}, e.parallel === null ? "–" : String(e.parallel)),
+    );
+  });
+  return [
+    el("h1", {}, "Experiments"),
+    rows.length
+      ? el(
+          "table",
+          { id: "experiments" },
+          el("thead", {}, el("tr", {}, ["id", "name", "phase", "jobs ended", "at once"].map((h) => el("th", {}, h)))),
+          el("tbody", {}, rows),
+        )
+      : el("p", { class: "muted" }, "No experiments yet: run one with `drover sweep`."),
+  ];
+}
+
+async function experimentView(experimentId) {
+  const e = await api(`/experiments/${encodeURIComponent(experimentId)}`);
+  // Each point of the sweep over its seeds: the final returns' median and range.
+  const points = new Map();
+  for (const m of e.members) {
+    const label = pointLabel(m.values);
+    if (!points.has(label)) points.set(label, []);
+    points.get(label).push(m);
+  }
+  const summary = [...points.entries()].map(([label, members]) => {
+    const finals = members.filter((m) => m.last_eval_return !== null).map((m) => m.last_eval_return);
+    const succeeded = members.filter((m) => m.phase === "succeeded").length;
+    return el(
+      "tr",
+      { class: "point" },
+      el("td", {}, label),
+      el("td", {}, String(members.length)),
+      el("td", {}, `${succeeded}/${members.length}`),
+      el("td", {}, finals.length ? fmt(median(finals), 1) : "–"),
+      el("td", {}, finals.length ? `${fmt(Math.min(...finals), 1)} – ${fmt(Math.max(...finals), 1)}` : "–"),
+    );
+  });
+  const jobs = e.members.map((m) =>
+    el(
+      "tr",
+      { class: "member", onclick: () => (location.hash = `#/jobs/${m.job_id}`) },
+      el("td", {}, el("a", { href: `#/jobs/${m.job_id}` }, m.job_id)),
+      el("td", {}, pointLabel(m.values)),
+      el("td", {}, String(m.seed)),
+      el("td", {}, phase(m.phase)),
+      el("td", {}, fmt(m.env_steps)),
+      el("td", {}, m.last_eval_return === null ? "–" : fmt(m.last_eval_return, 1)),
+      el("td", {}, m.best_eval_return === null ? "–" : fmt(m.best_eval_return, 1)),
+    ),
+  );
+  const table = (id, headers, rows) =>
+    el("table", { id }, el("thead", {}, el("tr", {}, headers.map((h) => el("th", {}, h)))), el("tbody", {}, rows));
+  return [
+    el("h1", {}, el("a", { href: "#/experiments" }, "Experiments"), " / ", e.name, " ", el("span", { class: "muted" }, e.experiment_id)),
+    el("div", { class: "cards" }, card("phase", phase(e.phase)), card("jobs", String(e.members.length)),
+      card("at once", e.parallel === null ? "–" : String(e.parallel))),
+    el("h2", {}, "Points"),
+    table("points", ["point", "runs", "succeeded", "final return, median", "final return, range"], summary),
+    el("p", { class: "muted" }, "Medians and IQMs with 95% confidence intervals, curves and a performance profile: drover report <run folder>."),
+    el("h2", {}, "Jobs"),
+    table("members", ["job", "point", "seed", "phase", "env steps", "last eval", "best eval"], jobs),
+  ];
+}
+
 // --- routing and refresh -----------------------------------------------------------------
 
 function route() {
@@ -383,6 +475,9 @@ function route() {
   const job = hash.match(/^#\/jobs\/(.+)$/);
   if (job) return { nav: "nav-jobs", render: () => jobView(decodeURIComponent(job[1])) };
   if (hash === "#/workers") return { nav: "nav-workers", render: workersView };
+  const experiment = hash.match(/^#\/experiments\/(.+)$/);
+  if (experiment) return { nav: "nav-experiments", render: () => experimentView(decodeURIComponent(experiment[1])) };
+  if (hash === "#/experiments") return { nav: "nav-experiments", render: experimentsView };
   return { nav: "nav-jobs", render: jobsView };
 }
 
