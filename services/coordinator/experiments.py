@@ -62,19 +62,21 @@ class ExperimentBook:
             self.state.experiments[experiment_id] = experiment
         self._write(experiment)  # before its jobs: a restart finds what they belong to
         warnings: list[str] = []
-        for (point, _), (config, job_warnings) in zip(points, admitted, strict=True):
-            label = point.label()
-            created = self.jobs.create(
-                config,
-                job_warnings,
-                f"{name} {label} seed={point.seed}".strip(),
-                planner,
-                experiment_id=experiment_id,
-            )
-            with self.state.guard.changing():
-                experiment.jobs.append(ExperimentJob(created.job_id, point.values, point.seed))
-            warnings.extend(w for w in created.warnings if w not in warnings)
-        self._write(experiment)
+        try:
+            for (point, _), (config, job_warnings) in zip(points, admitted, strict=True):
+                label = point.label()
+                created = self.jobs.create(
+                    config,
+                    job_warnings,
+                    f"{name} {label} seed={point.seed}".strip(),
+                    planner,
+                    experiment_id=experiment_id,
+                )
+                with self.state.guard.changing():
+                    experiment.jobs.append(ExperimentJob(created.job_id, point.values, point.seed))
+                warnings.extend(w for w in created.warnings if w not in warnings)
+        finally:
+            self._write(experiment)  # with every job made, even if one could not be
         log.info("experiment %s (%s): %d jobs", experiment_id, name, len(experiment.jobs))
         return ExperimentCreated(
             experiment_id=experiment_id,

@@ -490,3 +490,38 @@ def test_partitions_and_pauses_on_the_real_engine_lose_nothing(engine, images):
         down = compose(engine, "down", check=False)
         assert project_containers(engine) == [], down.stderr
         compose(engine, "down", "-v", check=False)
+
+
+def test_a_sweep_on_the_compose_cluster_runs_every_job(engine, images):
+    """An experiment submitted to the compose coordinator (`POST /api/v1/experiments`,
+    what `drover sweep --url` sends): its jobs run one at a time on the compose workers
+    and every one ends."""
+    compose(engine, "down", "-v", check=False)
+    try:
+        up = compose(engine, "up", "-d", "--no-build", "--scale", "submit=0", timeout_s=600)
+        assert up.returncode == 0, up.stderr
+        sweep = {
+            **yaml.safe_load((ROOT / "examples" / "cartpole_dqn.yaml").read_text()),
+            "exp_name": "sweep",
+            "env": {"env_id": "CartPole-v1", "stop_value": None, "n_evaluator_episode": 2},
+            "system": {"max_env_step": 3000},
+            "sweep": {"seeds": 2, "parallel": 1, "axes": {"policy.learn.learning_rate": [0.001]}},
+        }
+        submitted = api("POST", "/api/v1/experiments", json={"config": sweep})
+        assert submitted.status_code == 201, submitted.text
+        experiment_id = submitted.json()["experiment_id"]
+        shown = wait_until(
+            lambda: (
+                (e := api("GET", f"/api/v1/experiments/{experiment_id}").json())["phase"]
+                != "running"
+                and e
+            ),
+            600,
+            "the experiment's jobs to end",
+            max_interval_s=2.0,
+        )
+        assert shown["phase"] == "ended", shown
+        assert [m["phase"] for m in shown["members"]] == ["succeeded", "succeeded"], shown
+    finally:
+        compose(engine, "down", "-v", check=False)
+        assert project_containers(engine) == []
