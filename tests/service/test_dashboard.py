@@ -163,13 +163,6 @@ def test_the_dashboard_in_a_browser(tmp_path):
             assert "collectors held / owed" in page.inner_text("main")
             save_screenshot(page, tmp_path)
 
-            # Workers: the collector and the learner, with their heartbeats.
-            page.click("#nav-workers")
-            page.wait_for_selector('tr.worker[data-role="collector"]', timeout=30_000)
-            page.wait_for_selector('tr.worker[data-role="learner"]', timeout=30_000)
-            assert page.locator("tr.worker").count() == 2
-            assert page.locator("#error").is_hidden()
-
             # An experiment: its points over their seeds, and its jobs.
             sweep = {"seeds": 1, "parallel": 1, "axes": {"policy.nstep": [1, 3]}}
             experiment = cluster.client.submit_experiment({**config, "sweep": sweep}, name="exp")
@@ -182,6 +175,13 @@ def test_the_dashboard_in_a_browser(tmp_path):
             assert page.locator("#members tr.member").count() == 2
             assert "nstep=1" in page.inner_text("#points")
             cluster.client.stop_experiment(experiment.experiment_id)
+
+            # Workers: the collector and the learner, with their heartbeats.
+            page.click("#nav-workers")
+            page.wait_for_selector('tr.worker[data-role="collector"]', timeout=30_000)
+            page.wait_for_selector('tr.worker[data-role="learner"]', timeout=30_000)
+            assert page.locator("tr.worker").count() == 2
+            assert page.locator("#error").is_hidden()
 
             # An answer that never comes: the page says so instead of waiting for good,
             # and redraws once answers come again.
