@@ -323,14 +323,15 @@ def x_values(evals: list[EvalSummary], x_axis: str) -> np.ndarray:
 
 
 def wall_seconds(record: dict[str, Any], evals: list[EvalSummary]) -> np.ndarray:
-    """When each evaluation was counted, in seconds since the job started.
+    """When each evaluation was counted, in seconds since the job started to run (past
+    any wait in the queue; records of before it was kept: since its submission).
 
     Evaluations carry env steps, not times: each is placed at the time the job's
     metrics points (one a second) first show its env steps. A record keeps the newest
     600 points, so in a longer job an evaluation before the first kept point is placed
     on the straight line from the job's start to that point.
     """
-    started = float(record["started_at"])
+    started = float(record.get("running_since") or record["started_at"])
     points = [parse(MetricsPoint, p) for p in record["metrics"]]
     steps = [0, *(p.env_steps for p in points)]
     times = [0.0, *(p.t - started for p in points)]

@@ -152,6 +152,8 @@ class JobBook:
             # all take the last place; a record that says otherwise is written anew (a
             # restart before that only queues the job again).
             job.phase = self._entry_phase(experiment_id)
+            if job.phase == "running":
+                job.running_since = job.started_at
             if job.phase != phase:
                 record = job_record(job)
                 self.state.guard.defer(lambda: write_job_record(store, job_id, record))
@@ -229,6 +231,7 @@ class JobBook:
             config=config,
             replay=None if ended else self.new_buffer(record["job_id"], config),
             started_at=float(record["started_at"]),
+            running_since=record.get("running_since"),
             phase=record["phase"],
             reason=record["reason"],
             finished_at=record["finished_at"],
@@ -624,6 +627,7 @@ def job_record(job: Job) -> dict[str, Any]:
         "name": job.name,
         "config": to_dict(job.config),
         "started_at": job.started_at,
+        "running_since": job.running_since,
         "phase": job.phase,
         "reason": job.reason,
         "finished_at": job.finished_at,

@@ -96,6 +96,7 @@ class Sharing:
     def start(self, job: Job) -> None:
         """A queued job runs from now on; its record says so before it gets a task."""
         job.phase, job.queue_position, job.waiting = "running", None, ""
+        job.running_since = self.state.wall()
         log.info("job %s leaves the queue and runs", job.job_id)
         record = job_record(job)
         store = self.state.store

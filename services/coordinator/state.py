@@ -250,8 +250,11 @@ class Job:
     #: None once the job ended and released it (what it held at the end is
     #: `final_buffer`).
     replay: ReplayBuffer | BufferProcess | None
+    #: When it was submitted (wall time).
     started_at: float
     phase: str = "running"
+    #: When it began to run, past any wait in the queue (wall time; None: queued).
+    running_since: float | None = None
     reason: str = ""
     #: Why a running job gets no tasks (no worker with its device), shown as its
     #: status's reason while it runs; set each scheduling pass, never saved.

@@ -40,6 +40,9 @@ def test_a_sweeps_jobs_are_created_together_and_run_parallel_at_a_time(client, c
         m["phase"] for m in get(client, f"/api/v1/experiments/{experiment_id}").json["members"]
     ]
     assert phases == ["stopped", "running", "queued", "queued"]
+    # Its time runs from when it left the queue (what a report's wall times count).
+    assert core.jobs[job_ids[1]].running_since >= core.jobs[job_ids[1]].started_at
+    assert core.jobs[job_ids[2]].running_since is None
     listed = get(client, "/api/v1/experiments").json["experiments"]
     assert [e["experiment_id"] for e in listed] == [experiment_id]
 
