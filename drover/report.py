@@ -15,8 +15,9 @@ their name. Per config:
   it; over the runs that reached it): median and IQM.
 
 `report.md` holds the table; `curves.png` each config's mean evaluation return over
-env steps with its 95% band; `profile.png` the performance profile of the final
-returns (the fraction of runs above each return) with its band.
+env steps with its 95% band (a run that ended held at its last evaluation);
+`profile.png` the performance profile of the final returns (the fraction of runs above
+each return) with its band.
 """
 
 from __future__ import annotations
@@ -234,10 +235,12 @@ def draw(configs: list[Config], out: Path) -> None:
     colors = plt.get_cmap("tab10")
     fig, ax = plt.subplots(figsize=(8, 5), dpi=100)
     for i, config in enumerate(configs):
-        runs = [r for r in config.runs if r.x.size > 1]
+        # Over every run's span, a run that ended held at its last evaluation (and each
+        # before its first at its first): a run that reached its goal early still counts.
+        runs = [r for r in config.runs if r.x.size]
         if not runs:
             continue
-        start, stop = max(r.x[0] for r in runs), min(r.x[-1] for r in runs)
+        start, stop = min(r.x[0] for r in runs), max(r.x[-1] for r in runs)
         if stop <= start:
             continue
         grid = np.linspace(start, stop, GRID_POINTS)
