@@ -31,11 +31,11 @@ import numpy as np
 from rich.console import Console
 
 from common.messages import EvalSummary, parse
-from common.storage import CorruptFileError, SharedStore
+from common.storage import SharedStore
 from drover import stats
 from drover.plot import PlotError, curve_of, job_dirs, read_record, wall_seconds
 from jobconfig.sweep import Point
-from services.coordinator.experiments import FOLDER, experiment_from
+from services.coordinator.experiments import read_experiments
 
 console = Console(stderr=True, soft_wrap=True)
 
@@ -119,16 +119,12 @@ def read_configs(folder: Path, experiment_id: str | None = None) -> list[Config]
 
 def experiment_labels(folder: Path, experiment_id: str | None) -> dict[str, str]:
     """Each experiment job's config label (its point of the sweep), by job id."""
-    store = SharedStore(folder)
+    experiments, unreadable = read_experiments(SharedStore(folder))
+    if unreadable:
+        raise ReportError(f"{folder}: an experiment's record is unreadable ({unreadable[0]})")
     labels: dict[str, str] = {}
     found = False
-    for name in store.list_dir(FOLDER):
-        if not name.endswith(".json"):
-            continue
-        try:
-            experiment = experiment_from(store.read_json(f"{FOLDER}/{name}"))
-        except (OSError, CorruptFileError, KeyError, TypeError, ValueError) as exc:
-            raise ReportError(f"{folder}/{FOLDER}/{name}: unreadable ({exc})") from None
+    for experiment in experiments:
         if experiment_id is not None and experiment.experiment_id != experiment_id:
             continue
         found = True

@@ -24,7 +24,7 @@ from common.messages import (
     ExperimentSubmit,
     new_id,
 )
-from common.storage import CorruptFileError
+from common.storage import CorruptFileError, SharedStore
 from jobconfig.sweep import plan_sweep
 from services.coordinator.jobs import JobBook
 from services.coordinator.state import CoordinatorState, Experiment, ExperimentJob
@@ -153,19 +153,27 @@ class ExperimentBook:
 
     def restore(self) -> list[str]:
         """Load every experiment's record (at start, before its jobs are planned)."""
-        store, restored = self.state.store, []
-        for name in store.list_dir(FOLDER):
-            if not name.endswith(".json"):
-                continue
-            try:
-                experiment = experiment_from(store.read_json(f"{FOLDER}/{name}"))
-            except (OSError, CorruptFileError, KeyError, TypeError, ValueError) as exc:
-                log.error("cannot restore experiment %s: %s", name, exc)
-                continue
-            with self.state.guard.changing():
+        experiments, unreadable = read_experiments(self.state.store)
+        for why in unreadable:
+            log.error("cannot restore an experiment: %s", why)
+        with self.state.guard.changing():
+            for experiment in experiments:
                 self.state.experiments[experiment.experiment_id] = experiment
-            restored.append(experiment.experiment_id)
-        return restored
+        return [e.experiment_id for e in experiments]
+
+
+def read_experiments(store: SharedStore) -> tuple[list[Experiment], list[str]]:
+    """Every experiment's record under the shared root, and why each one that cannot be
+    read cannot."""
+    experiments, unreadable = [], []
+    for name in store.list_dir(FOLDER):
+        if not name.endswith(".json"):
+            continue
+        try:
+            experiments.append(experiment_from(store.read_json(f"{FOLDER}/{name}")))
+        except (OSError, CorruptFileError, KeyError, TypeError, ValueError) as exc:
+            unreadable.append(f"{FOLDER}/{name}: {exc}")
+    return experiments, unreadable
 
 
 def experiment_record(experiment: Experiment) -> dict[str, Any]:
