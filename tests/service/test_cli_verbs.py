@@ -317,3 +317,24 @@ def test_a_coordinator_that_never_answers_is_bounded_by_the_timeout(capsys, monk
     assert status == 1 and out == ""
     assert f"no coordinator at {url}: no answer within 0.5s" in err, err
     assert time.monotonic() - started < 3.0
+
+
+def test_sweep_url_experiment_and_stop_an_experiment(capsys, coordinator, tmp_path):
+    url, client = coordinator
+    config = tmp_path / "sweep.yaml"
+    sweep = {"seeds": 2, "axes": {"policy.learn.learning_rate": [0.001, 0.002]}}
+    config.write_text(json.dumps({**CARTPOLE_DQN, "sweep": sweep}))
+    assert main(["sweep", str(config), "--url", url]) == 0
+    experiment_id = capsys.readouterr().out.strip()
+    assert experiment_id.startswith("exp-")
+    assert main(["experiment", experiment_id, "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert len(shown["members"]) == 4 and shown["phase"] == "running"
+    assert main(["experiment", experiment_id]) == 0
+    assert "learning_rate" in capsys.readouterr().out
+    assert main(["stop", experiment_id, "--json"]) == 0
+    stopped = json.loads(capsys.readouterr().out)
+    assert stopped["phase"] == "stopped"
+    assert {m["phase"] for m in stopped["members"]} == {"stopped"}
+    assert main(["experiment", "exp-nope"]) == 1
+    assert "exp-nope does not exist" in capsys.readouterr().err
