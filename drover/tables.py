@@ -244,7 +244,7 @@ def experiment_table(status: ExperimentStatus, took_s: float | None = None) -> T
         title += f" · {took_s:.0f}s"
     table = Table(title=title)
     keys = list(status.members[0].values) if status.members else []
-    table.add_column("job")
+    table.add_column("job", no_wrap=True, min_width=16)  # ids whole: they are what to type
     for key in keys:
         table.add_column(key.rsplit(".", 1)[-1], justify="right")
     for column in ("seed", "phase", "env steps", "last eval", "best eval"):

@@ -117,7 +117,12 @@ class ExperimentBook:
             job = self.state.jobs.get(member.job_id)
             if job is None:
                 members.append(
-                    ExperimentMember(member.job_id, member.values, member.seed, "forgotten")
+                    ExperimentMember(
+                        job_id=member.job_id,
+                        values=member.values,
+                        seed=member.seed,
+                        phase="forgotten",
+                    )
                 )
                 continue
             phase = job.ending[0] if job.ending is not None else job.phase

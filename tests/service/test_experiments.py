@@ -45,6 +45,10 @@ def test_a_sweeps_jobs_are_created_together_and_run_parallel_at_a_time(client, c
     assert core.jobs[job_ids[2]].running_since is None
     listed = get(client, "/api/v1/experiments").json["experiments"]
     assert [e["experiment_id"] for e in listed] == [experiment_id]
+    # A job the coordinator no longer keeps (ended past the count kept) is shown so.
+    del core.jobs[job_ids[0]]
+    member = get(client, f"/api/v1/experiments/{experiment_id}").json["members"][0]
+    assert (member["job_id"], member["phase"]) == (job_ids[0], "forgotten")
 
 
 def test_stopping_an_experiment_stops_every_job_of_it(client, core):
