@@ -227,7 +227,7 @@ class Tuner:
         trial = watched.trial
         for summary in evals[watched.reported :]:
             trial.report(self._intermediate(summary), step=summary.env_steps)
-        watched.reported = len(evals)
+        watched.reported = max(watched.reported, len(evals))  # none read: none new
         trial.set_user_attr("env_steps", status.env_steps)
         if status.phase in TERMINAL_PHASES:
             value = self.objective(status, evals)
