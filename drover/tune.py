@@ -224,10 +224,12 @@ class Tuner:
         if status is None:
             return False  # the coordinator did not answer: look again later
         evals = self._evals(watched.job_id)
+        if evals is None:
+            return False  # its evaluations could not be read: look again later
         trial = watched.trial
         for summary in evals[watched.reported :]:
             trial.report(self._intermediate(summary), step=summary.env_steps)
-        watched.reported = max(watched.reported, len(evals))  # none read: none new
+        watched.reported = len(evals)
         trial.set_user_attr("env_steps", status.env_steps)
         if status.phase in TERMINAL_PHASES:
             value = self.objective(status, evals)
@@ -278,11 +280,12 @@ class Tuner:
                 return None
             raise
 
-    def _evals(self, job_id: str) -> list[EvalSummary]:
+    def _evals(self, job_id: str) -> list[EvalSummary] | None:
+        """The job's evaluations by env steps; None when they cannot be read now."""
         try:
             metrics = self.client.metrics(job_id)
         except (ApiError, ServiceUnavailable):
-            return []
+            return None
         return sorted((parse(EvalSummary, e) for e in metrics["evals"]), key=lambda e: e.env_steps)
 
     def _stop(self, job_id: str) -> None:
