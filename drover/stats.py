@@ -15,7 +15,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
 
 #: Bootstrap resamples per interval, and the interval's level.
 RESAMPLES = 2000
@@ -38,6 +37,8 @@ class Estimate:
 def iqm(values: np.ndarray, axis: int = -1) -> np.ndarray | float:
     """The interquartile mean: the mean of the runs left once the lowest and the
     highest quarter are cut (scipy's `trim_mean`, as rliable computes it)."""
+    from scipy import stats  # drover report's extra (`report`): not in every image
+
     return stats.trim_mean(values, 0.25, axis=axis)
 
 
@@ -53,6 +54,8 @@ def estimate(values: list[float] | np.ndarray, statistic: Callable = iqm) -> Est
     value = float(statistic(data))
     if data.size == 1 or np.all(data == data[0]):
         return Estimate(value, value, value)  # nothing varies: no interval to draw
+    from scipy import stats
+
     result = stats.bootstrap(
         (data,),
         statistic,

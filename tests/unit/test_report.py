@@ -94,3 +94,24 @@ def test_a_folder_without_jobs_or_that_experiment_is_a_clear_error(tmp_path, cap
     assert main(["report", str(tmp_path), "--experiment", "exp-nope"]) == 2
     said = capsys.readouterr()
     assert "no experiment exp-nope" in said.err + said.out
+
+
+def test_the_cli_loads_without_the_report_and_tune_extras():
+    """The images carry neither scipy nor optuna: `drover` must start without them (only
+    `drover report` and `drover tune` need them, and import them when they run)."""
+    import subprocess
+    import sys
+
+    from tests.helpers import ROOT
+
+    blocked = (
+        "import sys\nfor name in ('scipy', 'optuna', 'matplotlib'):\n    sys.modules[name] = None\n"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", blocked + "import drover.cli, drover.report, drover.tune"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert loaded.returncode == 0, loaded.stderr
