@@ -36,7 +36,15 @@ from rich.table import Table
 
 from common.errors import ApiError
 from common.http_client import ServiceUnavailable
-from common.messages import JobList, JobStatus, LeagueView, WorkerInfo, WorkerList, dump
+from common.messages import (
+    ExperimentStatus,
+    JobList,
+    JobStatus,
+    LeagueView,
+    WorkerInfo,
+    WorkerList,
+    dump,
+)
 from common.settings import SettingsError, read_token
 from drover.tables import (
     buffer_table,
@@ -289,12 +297,7 @@ def buffer_stats(remote: Remote, job_id: str) -> dict[str, Any] | None:
 
 def stop_job(remote: Remote, args: argparse.Namespace) -> int:
     if args.job.startswith("exp-"):
-        stopped = remote.ask(lambda c: c.stop_experiment(args.job))
-        if args.json:
-            print_json(dump(stopped))
-        else:
-            output().print(experiment_table(stopped))
-        return 0
+        return print_experiment(remote.ask(lambda c: c.stop_experiment(args.job)), args)
     remote.ask(lambda c: c.stop_job(args.job))
     job: JobStatus = remote.ask(lambda c: c.job(args.job))
     if args.json:
@@ -446,7 +449,10 @@ def follow(files: list[Path], follow_s: float | None, *, prefix: bool) -> None:
 
 def show_experiment(remote: Remote, args: argparse.Namespace) -> int:
     """`drover experiment ID`: its jobs, as `drover sweep` shows them."""
-    status = remote.ask(lambda client: client.experiment(args.experiment))
+    return print_experiment(remote.ask(lambda c: c.experiment(args.experiment)), args)
+
+
+def print_experiment(status: ExperimentStatus, args: argparse.Namespace) -> int:
     if args.json:
         print_json(dump(status))
     else:
