@@ -125,13 +125,13 @@ class ExperimentBook:
                     )
                 )
                 continue
-            phase = job.ending[0] if job.ending is not None else job.phase
             members.append(
                 ExperimentMember(
                     job_id=member.job_id,
                     values=member.values,
                     seed=member.seed,
-                    phase=phase,
+                    # As its own status shows it: an end only once it is on disk.
+                    phase=job.phase,
                     env_steps=job.env_steps,
                     last_eval_return=job.evals[-1].return_mean if job.evals else None,
                     best_eval_return=job.best_eval.return_mean if job.best_eval else None,
