@@ -189,12 +189,14 @@ class SharedStore:
         name = f"learner-e{epoch:08d}-{train_iter:010d}{CHECKPOINT_SUFFIX}"
         return f"{check_name(job_id, 'job id')}/checkpoints/{name}"
 
-    def checkpoints(self, job_id: str) -> list[str]:
+    def checkpoints(self, job_id: str, *, up_to_epoch: int | None = None) -> list[str]:
         """The job's checkpoint file names, oldest first: by lease epoch, then train
         iteration, so a stale learner's late checkpoint never sorts past one its
-        successor wrote."""
+        successor wrote; with `up_to_epoch`, those of that lease and earlier ones only."""
         names = self.list_dir(f"{check_name(job_id, 'job id')}/checkpoints")
         keyed = [(key, name) for name in names if (key := checkpoint_key(name)) is not None]
+        if up_to_epoch is not None:
+            keyed = [(key, name) for key, name in keyed if key[0] <= up_to_epoch]
         return [name for _, name in sorted(keyed)]
 
     # --- bytes and JSON -------------------------------------------------------------

@@ -34,7 +34,7 @@ from common.checkpoint_file import Checkpoint, write_checkpoint
 from common.config import JobConfig
 from common.errors import ApiError
 from common.messages import LearnSpec, PolicyRef, SampleReply, dump
-from common.storage import SharedStore, checkpoint_key
+from common.storage import SharedStore
 from common.storage_full import retry_while_full
 from jobconfig import algorithm_of, sequence_length_of
 from services.learner.background import BackgroundWrites, copy_state
@@ -366,11 +366,7 @@ class BatchSession:
         self.metrics.checkpoint_bytes.inc(size)
         # The newest few of this lease and those before it: a later lease's files are
         # its successor's, never this learner's to delete.
-        ours = [
-            name
-            for name in self.store.checkpoints(self.job_id)
-            if (checkpoint_key(name) or (0, 0))[0] <= self.epoch
-        ]
+        ours = self.store.checkpoints(self.job_id, up_to_epoch=self.epoch)
         for old in ours[:-KEEP_CHECKPOINTS]:
             self.store.delete(f"{self.job_id}/checkpoints/{old}")
 
