@@ -77,10 +77,39 @@ def short(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def split_sweep(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """(the config without its `sweep` section, the section or None)."""
-    base = {k: v for k, v in raw.items() if k != "sweep"}
-    return base, raw.get("sweep")
+def split_section(raw: dict[str, Any], name: str) -> tuple[dict[str, Any], Any]:
+    """(the config without its section `name` (`sweep`, `tune`), the section or None)."""
+    return {k: v for k, v in raw.items() if k != name}, raw.get(name)
+
+
+def check_keys(section: dict[str, Any], known: set[str], name: str) -> None:
+    """Refuse a key of the section `name` that is not one of `known`."""
+    for key in section:
+        if key not in known:
+            keys = ", ".join(sorted(known))
+            raise ConfigError(f"{name}.{key}", f"unknown key (the keys: {keys})")
+
+
+def whole_number(
+    section: dict[str, Any],
+    name: str,
+    key: str,
+    default: int,
+    *,
+    low: int = 1,
+    high: int | None = None,
+) -> int:
+    """The integer `key` of the section `name`, from `low` (to `high`)."""
+    value = section.get(key, default)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < low
+        or (high is not None and value > high)
+    ):
+        bounds = f"of at least {low}" if high is None else f"from {low} to {high}"
+        raise ConfigError(f"{name}.{key}", f"an integer {bounds}")
+    return value
 
 
 def plan_sweep(raw: dict[str, Any]) -> tuple[Sweep, list[tuple[Point, dict[str, Any]]]]:
@@ -90,7 +119,7 @@ def plan_sweep(raw: dict[str, Any]) -> tuple[Sweep, list[tuple[Point, dict[str, 
     Raises:
         ConfigError: the section, an axis or an expanded config is invalid.
     """
-    base, section = split_sweep(raw)
+    base, section = split_section(raw, "sweep")
     if section is None:
         raise ConfigError("sweep", "an experiment's config needs a sweep section (axes, seeds)")
     sweep = parse_sweep(section)
@@ -113,10 +142,7 @@ def plan_sweep(raw: dict[str, Any]) -> tuple[Sweep, list[tuple[Point, dict[str, 
 def parse_sweep(section: Any) -> Sweep:
     if not isinstance(section, dict):
         raise ConfigError("sweep", "must be a mapping (axes, seeds, samples, parallel)")
-    known = {"axes", "seeds", "samples", "draw_seed", "parallel"}
-    for key in section:
-        if key not in known:
-            raise ConfigError(f"sweep.{key}", f"unknown key (the keys: {', '.join(sorted(known))})")
+    check_keys(section, {"axes", "seeds", "samples", "draw_seed", "parallel"}, "sweep")
     seeds = section.get("seeds", 1)
     if isinstance(seeds, bool) or not isinstance(seeds, int | list):
         raise ConfigError("sweep.seeds", "a count of seeds (0..N-1) or a list of seeds")
@@ -131,11 +157,11 @@ def parse_sweep(section: Any) -> Sweep:
         if len(set(seeds)) != len(seeds):
             raise ConfigError("sweep.seeds", "a seed is listed twice")
         seed_list = tuple(seeds)
-    samples = _count(section, "samples", 1)
-    draw_seed = _count(section, "draw_seed", 0, low=0)
+    samples = whole_number(section, "sweep", "samples", 1)
+    draw_seed = whole_number(section, "sweep", "draw_seed", 0, low=0)
     parallel = section.get("parallel")
     if parallel is not None:
-        parallel = _count(section, "parallel", 1)
+        parallel = whole_number(section, "sweep", "parallel", 1)
     axes_raw = section.get("axes", {})
     if not isinstance(axes_raw, dict):
         raise ConfigError("sweep.axes", "a mapping of dotted config keys to values or ranges")
@@ -145,13 +171,6 @@ def parse_sweep(section: Any) -> Sweep:
     if count > MAX_EXPERIMENT_JOBS:
         raise ConfigError("sweep", f"{count} jobs: at most {MAX_EXPERIMENT_JOBS}")
     return sweep
-
-
-def _count(section: dict[str, Any], key: str, default: int, *, low: int = 1) -> int:
-    value = section.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise ConfigError(f"sweep.{key}", f"an integer of at least {low}")
-    return value
 
 
 def parse_axis(key: str, value: Any, section: str = "sweep.axes") -> Axis:

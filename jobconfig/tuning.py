@@ -27,7 +27,15 @@ from typing import Any
 
 from common.config import ConfigError, to_dict
 from jobconfig.resolve import resolve_job_config
-from jobconfig.sweep import MAX_EXPERIMENT_JOBS, Axis, checked_axes, parse_axis
+from jobconfig.sweep import (
+    MAX_EXPERIMENT_JOBS,
+    Axis,
+    check_keys,
+    checked_axes,
+    parse_axis,
+    split_section,
+    whole_number,
+)
 
 #: What a trial's job is scored by, and whether more is better.
 OBJECTIVES = {
@@ -55,24 +63,16 @@ class Tuning:
         return OBJECTIVES[self.objective]
 
 
-def split_tuning(raw: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """(the config without its `tune` section, the section or None)."""
-    return {k: v for k, v in raw.items() if k != "tune"}, raw.get("tune")
-
-
 def plan_tuning(raw: dict[str, Any]) -> tuple[Tuning, dict[str, Any]]:
     """The tuning a config with a `tune:` section asks for, and its base config.
 
     Raises:
         ConfigError: the section or a parameter is invalid, or the base config is.
     """
-    base, section = split_tuning(raw)
+    base, section = split_section(raw, "tune")
     if not isinstance(section, dict):
         raise ConfigError("tune", "a tuning's config needs a tune section (params, n_trials)")
-    known = {f.name for f in dataclasses.fields(Tuning)}
-    for key in section:
-        if key not in known:
-            raise ConfigError(f"tune.{key}", f"unknown key (the keys: {', '.join(sorted(known))})")
+    check_keys(section, {f.name for f in dataclasses.fields(Tuning)}, "tune")
     params_raw = section.get("params")
     if not isinstance(params_raw, dict) or not params_raw:
         raise ConfigError("tune.params", "a mapping of dotted config keys to ranges or choices")
@@ -80,12 +80,12 @@ def plan_tuning(raw: dict[str, Any]) -> tuple[Tuning, dict[str, Any]]:
     params = tuple(parse_axis(str(k), v, "tune.params") for k, v in params_raw.items())
     tuning = Tuning(
         params=checked_axes(params, to_dict(resolved), "tune.params"),
-        n_trials=_count(section, "n_trials", 20, MAX_EXPERIMENT_JOBS),
-        n_parallel=_count(section, "n_parallel", 1, 64),
+        n_trials=whole_number(section, "tune", "n_trials", 20, high=MAX_EXPERIMENT_JOBS),
+        n_parallel=whole_number(section, "tune", "n_parallel", 1, high=64),
         objective=_choice(section, "objective", "env_steps_to_stop", tuple(OBJECTIVES)),
         sampler=_choice(section, "sampler", "tpe", SAMPLERS),
         pruner=_choice(section, "pruner", "median", PRUNERS),
-        seed=_count(section, "seed", 0, 2**31 - 1, low=0),
+        seed=whole_number(section, "tune", "seed", 0, low=0, high=2**31 - 1),
         storage=_storage(section.get("storage")),
     )
     if tuning.objective == "env_steps_to_stop" and resolved.env.stop_value is None:
@@ -93,13 +93,6 @@ def plan_tuning(raw: dict[str, Any]) -> tuple[Tuning, dict[str, Any]]:
             "tune.objective", "env_steps_to_stop needs env.stop_value (or final_return)"
         )
     return tuning, base
-
-
-def _count(section: dict[str, Any], key: str, default: int, high: int, *, low: int = 1) -> int:
-    value = section.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ConfigError(f"tune.{key}", f"an integer from {low} to {high}")
-    return value
 
 
 def _choice(section: dict[str, Any], key: str, default: str, choices: tuple[str, ...]) -> str:
