@@ -22,8 +22,6 @@ import os
 import runpy
 import sys
 import time
-from datetime import datetime
-from pathlib import Path
 from typing import NoReturn
 
 import yaml
@@ -42,7 +40,7 @@ from drover import plot, report, sweep, tune, verbs
 from drover.devices import fit_local_device, local_learner_ranks
 from drover.docker_backend import DockerUnavailable, run_in_docker
 from drover.forkserver import ForkServer
-from drover.local import LocalCluster, torchrun_args
+from drover.local import LocalCluster, new_run_dir, torchrun_args
 from drover.tables import league_line
 from jobconfig import fit_to_env, load_config, resolve_job_config
 from services.coordinator.client import CoordinatorClient
@@ -222,10 +220,8 @@ def run_local(args: argparse.Namespace, fork_server: ForkServer | None = None) -
     print_notes(notes, warnings)
     if args.backend == "docker":
         return run_docker(args, raw, config.exp_name, ranks, started)
-    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
-    run_dir = Path(args.runs_dir) / f"{config.exp_name}-{stamp}"
     cluster = LocalCluster(
-        run_dir,
+        new_run_dir(args.runs_dir, config.exp_name),
         num_collectors=args.collectors,
         learner_ranks=ranks,
         fork_server=True,

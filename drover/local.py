@@ -18,6 +18,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import IO
 
@@ -44,6 +45,12 @@ def ephemeral_ports() -> tuple[int, int]:
         return int(low), int(high)
     except (OSError, ValueError):
         return EPHEMERAL_PORTS
+
+
+def new_run_dir(runs_dir: str | Path, name: str) -> Path:
+    """A run folder of its own for a run named `name`: `<runs_dir>/<name>-<date-time>`
+    (what `drover run`, `sweep` and `tune` make, and `drover logs` finds the newest of)."""
+    return Path(runs_dir) / f"{name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
 def free_port() -> int:

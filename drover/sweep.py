@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import time
-from datetime import datetime
-from pathlib import Path
 
 from rich.console import Console
 from rich.live import Live
@@ -24,7 +22,7 @@ from common.errors import ApiError
 from common.http_client import ServiceUnavailable
 from common.messages import ExperimentStatus
 from common.settings import SettingsError, read_token
-from drover.local import LocalCluster
+from drover.local import LocalCluster, new_run_dir
 from drover.tables import experiment_table
 from jobconfig import load_config
 from jobconfig.sweep import plan_sweep
@@ -68,8 +66,9 @@ def run(args: argparse.Namespace) -> int:
     if args.collectors < 1:
         return error("--collectors must be at least 1")
     name = raw.get("exp_name", "sweep")
-    run_dir = Path(args.runs_dir) / f"{name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
-    cluster = LocalCluster(run_dir, num_collectors=args.collectors, fork_server=True)
+    cluster = LocalCluster(
+        new_run_dir(args.runs_dir, name), num_collectors=args.collectors, fork_server=True
+    )
     console.print(f"drover: run folder [bold]{cluster.run_dir}[/]", highlight=False)
     status: ExperimentStatus | None = None
     started = time.monotonic()

@@ -36,7 +36,6 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +47,7 @@ from common.errors import ApiError
 from common.http_client import ServiceUnavailable
 from common.messages import TERMINAL_PHASES, EvalSummary, JobStatus, parse
 from common.settings import SettingsError, read_token
-from drover.local import LocalCluster
+from drover.local import LocalCluster, new_run_dir
 from jobconfig import load_config
 from jobconfig.sweep import Axis, Point, member_config
 from jobconfig.tuning import Tuning, plan_tuning
@@ -85,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         if not run_dir.is_dir():
             return error(f"--resume {run_dir}: no such run folder")
     else:
-        run_dir = Path(args.runs_dir) / f"{name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+        run_dir = new_run_dir(args.runs_dir, name)
     run_dir.mkdir(parents=True, exist_ok=True)
     storage = tuning.storage or f"sqlite:///{run_dir.resolve() / 'study.db'}"
     study = open_study(tuning, name, storage)
