@@ -30,10 +30,9 @@ from typing import Any
 import numpy as np
 from rich.console import Console
 
-from common.messages import EvalSummary, parse
 from common.storage import SharedStore
 from drover import stats
-from drover.plot import PlotError, curve_of, job_dirs, read_record, wall_seconds
+from drover.plot import PlotError, curve_of, job_dirs, read_record
 from jobconfig.sweep import Point
 from services.coordinator.experiments import read_experiments
 
@@ -147,10 +146,9 @@ def run_of(record: dict[str, Any], job_dir: Path) -> Run:
         reached = np.nonzero(curve.y >= stop_value)[0]
         if reached.size:
             steps_to_goal = float(curve.x[reached[0]])
-            evals = sorted(
-                (parse(EvalSummary, e) for e in record["evals"]), key=lambda e: e.env_steps
-            )
-            wall_to_goal = float(wall_seconds(record, evals)[reached[0]])
+            # The same evaluations against wall time (which only grows with env steps).
+            wall = curve_of(record, job_dir, "", "wall_s")
+            wall_to_goal = float(wall.x[np.nonzero(wall.y >= stop_value)[0][0]])
     return Run(
         job_dir.name, phase, float(curve.y[-1]), steps_to_goal, wall_to_goal, curve.x, curve.y
     )
