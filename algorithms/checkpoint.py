@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from torch.optim import Optimizer
 
+from algorithms.step import load_optimizer_state
 from algorithms.sync import LOCAL, GradientSync
 from common.models import load_numpy_state
 
@@ -28,7 +29,7 @@ class OneModelState:
 
     def load_state_dict(self, state: dict) -> None:
         self.model.load_state_dict(state["online"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])
         self.train_iter = int(state["train_iter"])
 
     def load_policy(self, tensors: dict[str, np.ndarray]) -> None:
@@ -67,7 +68,7 @@ class TargetNetworkState:
     def load_state_dict(self, state: dict) -> None:
         self.online.load_state_dict(state["online"])
         self.target.load_state_dict(state["target"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        load_optimizer_state(self.optimizer, state["optimizer"])
         self.train_iter = int(state["train_iter"])
 
     def load_policy(self, tensors: dict[str, np.ndarray]) -> None:

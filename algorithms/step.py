@@ -55,6 +55,17 @@ def adam(parameters: Iterable[torch.Tensor], lr: float, eps: float = 1e-8) -> to
     return torch.optim.Adam(params, lr=lr, eps=eps, fused=fused)
 
 
+def load_optimizer_state(optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """A checkpoint's optimizer state (moments, step counts), at the learning rates
+    the optimizer was made with: the job's config, not the checkpoint's, says how fast
+    to learn (a member of population-based training resumes a better member's
+    checkpoint with learning rates of its own)."""
+    rates = [group["lr"] for group in optimizer.param_groups]
+    optimizer.load_state_dict(state)
+    for group, lr in zip(optimizer.param_groups, rates, strict=True):
+        group["lr"] = lr
+
+
 def warm_up_soon() -> threading.Thread:
     """`warm_up` on a daemon thread, started now."""
     thread = threading.Thread(target=warm_up, name="optimizer-warm-up", daemon=True)

@@ -22,7 +22,7 @@ import torch
 
 from algorithms.dqn.learner import TransitionBatch
 from algorithms.sac.networks import SquashedGaussianActor, TwinQ
-from algorithms.step import adam, finite_step, learning_rate, to_floats
+from algorithms.step import adam, finite_step, learning_rate, load_optimizer_state, to_floats
 from algorithms.sync import LOCAL, GradientSync
 from common.config import PolicyConfig
 from common.models import load_numpy_state
@@ -137,7 +137,7 @@ class SAC:
             self.log_alpha.copy_(state["log_alpha"])
         optimizers = (self.actor_optimizer, self.critic_optimizer, self.alpha_optimizer)
         for optimizer, saved in zip(optimizers, state["optimizers"], strict=True):
-            optimizer.load_state_dict(saved)
+            load_optimizer_state(optimizer, saved)
         self.train_iter = int(state["train_iter"])
 
     def load_policy(self, tensors: dict[str, np.ndarray]) -> None:

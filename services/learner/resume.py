@@ -17,7 +17,7 @@ from common.checkpoint_file import read_checkpoint
 from common.errors import ApiError
 from common.http_client import ServiceUnavailable
 from common.messages import PolicyRef
-from common.storage import CorruptFileError, SharedStore, WrongAlgorithm
+from common.storage import CorruptFileError, SharedStore, WrongAlgorithm, checkpoint_key
 from services.learner.guards import NonFiniteWeights, finite
 from services.learner.sampling import JobOver
 from services.slave.core import TaskContext, patiently
@@ -73,16 +73,21 @@ def resume(
 
     The newest readable checkpoint gives networks, optimizer and counters. When a
     newer policy was published after it, its weights and train iteration are taken
-    too (the target network restarts from them), so little training is repeated.
+    too (the target network restarts from them), so little training is repeated:
+    newer means further in training, by a lease no older than the checkpoint's. (A
+    checkpoint of a newer lease that another job's learner wrote, population-based
+    training's exploit, starts a new line: the job's own older versions are not it.)
     A file another algorithm than the job's `algo` wrote is passed over.
     """
     version = 0
     checkpoint: str | None = None
+    checkpoint_epoch = 0
     folder = f"{job_id}/checkpoints"
     for name in reversed(store.checkpoints(job_id)):  # the newest lease's newest first
         try:
             version = load_checkpoint(store, learner, f"{folder}/{name}", algo)
             checkpoint = f"{folder}/{name}"
+            checkpoint_epoch = (checkpoint_key(name) or (0, 0))[0]
             log.info("resumed from %s at train_iter %d", name, learner.train_iter)
             break
         except Exception as exc:  # a damaged checkpoint: try the one before it
@@ -92,7 +97,11 @@ def resume(
     except (ApiError, ServiceUnavailable) as exc:
         raise JobOver(f"cannot read the newest policy version: {exc}") from exc
     taken: PolicyRef | None = None
-    if latest is not None and latest.train_iter > learner.train_iter:
+    if (
+        latest is not None
+        and latest.train_iter > learner.train_iter
+        and latest.epoch >= checkpoint_epoch
+    ):
         try:
             load_policy(store, learner, latest, algo)
             taken = latest
