@@ -705,6 +705,28 @@ class ExperimentMember:
 
 
 @message
+class PopulationStep:
+    """A step of population-based training (jobconfig/population.py): a member took a
+    better member's checkpoint (exploit) and perturbed its hyperparameters (explore)."""
+
+    #: When it was decided (wall time).
+    at: float
+    #: The member that took the checkpoint, and its env steps and last eval return then.
+    job_id: str
+    env_steps: int
+    eval_return: float
+    #: The member it was taken from, and its env steps and last eval return then.
+    donor_id: str
+    donor_env_steps: int
+    donor_return: float
+    #: The donor's checkpoint file copied (None: the donor had none yet; only explored).
+    checkpoint: str | None
+    #: The member's perturbed hyperparameters, by dotted config key: before and after.
+    before: dict[str, Any]
+    after: dict[str, Any]
+
+
+@message
 class ExperimentStatus:
     experiment_id: str
     name: str
@@ -714,6 +736,9 @@ class ExperimentStatus:
     #: At most this many of its jobs run at once (`sweep.parallel`; None: no limit).
     parallel: int | None
     members: list[ExperimentMember]
+    #: Its `pbt:` section (None: its jobs train each on its own), and its steps so far.
+    population: dict[str, Any] | None = None
+    lineage: list[PopulationStep] = field(default_factory=list)
 
 
 @message

@@ -38,7 +38,7 @@ import shutil
 import stat
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -211,12 +211,26 @@ class SharedStore:
         Raises:
             FileExistsError: `once`, and `rel` exists.
         """
+        return self._write_with(rel, lambda f: f.write(data), once=once)
+
+    def copy(self, src: str, dst: str, *, once: bool = False) -> Path:
+        """Copy the regular file `src` to `dst` as `write_bytes` writes (streamed, not
+        read whole: a checkpoint can be large).
+
+        Raises:
+            CorruptFileError: `src` is not a regular file.
+            FileExistsError: `once`, and `dst` exists.
+        """
+        with self._open_regular(src, MAX_READ_BYTES) as (source, _):
+            return self._write_with(dst, lambda f: shutil.copyfileobj(source, f), once=once)
+
+    def _write_with(self, rel: str, write: Callable[[BinaryIO], Any], *, once: bool) -> Path:
         target = self.resolve(rel)
         target.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(data)
+                write(f)
                 f.flush()
                 os.fsync(f.fileno())
             if once:

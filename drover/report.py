@@ -3,6 +3,7 @@ confidence intervals (drover/stats.py), as Markdown and PNG.
 
     drover report runs/cartpole_dqn_lr-20261129-171500     # -> <run folder>/report/
     drover report RUN --experiment exp-... --out DIR
+    drover report RUN_A RUN_B --out DIR       # configs of several run folders side by side
 
 The runs are the jobs in a run folder (what `drover run` or `drover sweep` makes, or a
 cluster's shared root). Jobs of an experiment (its record, `experiments/<id>.json`) are
@@ -17,7 +18,10 @@ their name. Per config:
 `report.md` holds the table; `curves.png` each config's mean evaluation return over
 env steps with its 95% band (a run that ended held at its last evaluation);
 `profile.png` the performance profile of the final returns (the fraction of runs above
-each return) with its band.
+each return) with its band. An experiment with population-based training adds its
+lineage: a table of its steps (who took whose checkpoint, at which env steps, the
+hyperparameters before and after) and `lineage.png` (each member's curve with its
+steps, and its hyperparameters over env steps).
 """
 
 from __future__ import annotations
@@ -33,8 +37,9 @@ from rich.console import Console
 from common.storage import SharedStore
 from drover import stats
 from drover.plot import PlotError, curve_of, job_dirs, read_record
-from jobconfig.sweep import Point
+from jobconfig.sweep import Point, short
 from services.coordinator.experiments import read_experiments
+from services.coordinator.state import Experiment
 
 console = Console(stderr=True, soft_wrap=True)
 
@@ -74,20 +79,29 @@ def add_parser(sub: Any) -> None:
         "report",
         help="each config's results over its seeds, with confidence intervals (Markdown, PNG)",
     )
-    parser.add_argument("run", type=Path, help="a run folder (drover run, drover sweep)")
+    parser.add_argument(
+        "runs", type=Path, nargs="+", metavar="RUN", help="run folders (drover run, drover sweep)"
+    )
     parser.add_argument(
         "--experiment", help="only this experiment's jobs (exp-...; default: every job)"
     )
     parser.add_argument(
-        "--out", type=Path, default=None, help="the report's folder (default: <run>/report)"
+        "--out",
+        type=Path,
+        default=None,
+        help="the report's folder (default: the first RUN's report/)",
     )
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        configs = read_configs(args.run, args.experiment)
-        out = args.out or args.run / "report"
-        written = write_report(configs, out, title=args.run.resolve().name)
+        configs = merged([read_configs(run, args.experiment) for run in args.runs])
+        populations = [
+            e for run in args.runs for e in experiments_of(run, args.experiment) if e.population
+        ]
+        out = args.out or args.runs[0] / "report"
+        title = ", ".join(run.resolve().name for run in args.runs)
+        written = write_report(configs, out, title=title, populations=populations)
     except (ReportError, PlotError) as exc:
         console.print(f"[bold red]drover: error:[/] {exc}", highlight=False)
         return 2
@@ -116,22 +130,36 @@ def read_configs(folder: Path, experiment_id: str | None = None) -> list[Config]
     return list(configs.values())
 
 
-def experiment_labels(folder: Path, experiment_id: str | None) -> dict[str, str]:
-    """Each experiment job's config label (its point of the sweep), by job id."""
+def merged(groups: list[list[Config]]) -> list[Config]:
+    """Several folders' configs as one list; a label in two folders is one config."""
+    configs: dict[str, Config] = {}
+    for group in groups:
+        for config in group:
+            if config.label in configs:
+                configs[config.label].runs.extend(config.runs)
+            else:
+                configs[config.label] = config
+    return list(configs.values())
+
+
+def experiments_of(folder: Path, experiment_id: str | None) -> list[Experiment]:
+    """The experiments under `folder` (only `experiment_id`, when given)."""
     experiments, unreadable = read_experiments(SharedStore(folder))
     if unreadable:
         raise ReportError(f"{folder}: an experiment's record is unreadable ({unreadable[0]})")
-    labels: dict[str, str] = {}
-    found = False
-    for experiment in experiments:
-        if experiment_id is not None and experiment.experiment_id != experiment_id:
-            continue
-        found = True
-        for member in experiment.jobs:
-            labels[member.job_id] = Point(member.values, member.seed).label() or experiment.name
-    if experiment_id is not None and not found:
+    chosen = [e for e in experiments if experiment_id in (None, e.experiment_id)]
+    if experiment_id is not None and not chosen:
         raise ReportError(f"{folder}: no experiment {experiment_id} in it")
-    return labels
+    return chosen
+
+
+def experiment_labels(folder: Path, experiment_id: str | None) -> dict[str, str]:
+    """Each experiment job's config label (its point of the sweep), by job id."""
+    return {
+        member.job_id: Point(member.values, member.seed).label() or experiment.name
+        for experiment in experiments_of(folder, experiment_id)
+        for member in experiment.jobs
+    }
 
 
 def run_of(record: dict[str, Any], job_dir: Path) -> Run:
@@ -187,7 +215,13 @@ def _est(values: list[float], statistic: Any, digits: int = 1) -> str:
     return stats.estimate(values, statistic).text(digits) if values else "-"
 
 
-def write_report(configs: list[Config], out: Path, *, title: str) -> Path:
+def write_report(
+    configs: list[Config],
+    out: Path,
+    *,
+    title: str,
+    populations: list[Experiment] | None = None,
+) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     table = rows(configs)
     columns = list(dict.fromkeys(key for row in table for key in row))
@@ -214,10 +248,108 @@ def write_report(configs: list[Config], out: Path, *, title: str) -> Path:
         "![profile](profile.png)",
         "",
     ]
+    runs = {run.job_id: run for config in configs for run in config.runs}
+    for experiment in populations or []:
+        image = lineage_image(experiment, populations or [])
+        lines += lineage_lines(experiment, image)
+        draw_lineage(experiment, runs, out / image)
     report = out / "report.md"
     report.write_text("\n".join(lines) + "\n")
     draw(configs, out)
     return report
+
+
+# --- population-based training -----------------------------------------------------------
+
+
+def lineage_image(experiment: Experiment, populations: list[Experiment]) -> str:
+    only = len(populations) == 1
+    return "lineage.png" if only else f"lineage-{experiment.experiment_id}.png"
+
+
+def lineage_lines(experiment: Experiment, image: str) -> list[str]:
+    """The Markdown of an experiment's population steps."""
+    lines = [
+        f"## Population-based training: {experiment.name} ({experiment.experiment_id})",
+        "",
+        f"{len(experiment.lineage)} steps: each, a member behind took a better member's "
+        "newest checkpoint and perturbed its hyperparameters.",
+        "",
+    ]
+    if experiment.lineage:
+        lines += [
+            "| env steps | member (return) | took from (return) | checkpoint | hyperparameters |",
+            "|---|---|---|---|---|",
+        ]
+        for step in experiment.lineage:
+            changes = ", ".join(
+                f"{key.rsplit('.', 1)[-1]} {short(step.before[key])} -> {short(value)}"
+                for key, value in step.after.items()
+            )
+            lines.append(
+                f"| {step.env_steps:,} | {step.job_id} ({step.eval_return:.1f}) | "
+                f"{step.donor_id} ({step.donor_return:.1f}) | {step.checkpoint or '-'} | "
+                f"{changes} |"
+            )
+        lines.append("")
+    return [*lines, f"![lineage]({image})", ""]
+
+
+def draw_lineage(experiment: Experiment, runs: dict[str, Run], path: Path) -> None:
+    """Each member's curve with the steps it took (a dashed line from the donor's
+    point, where it took its checkpoint), and each perturbed hyperparameter over env
+    steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    assert experiment.population is not None
+    params = experiment.population.params
+    colors = plt.get_cmap("tab10")
+    color = {m.job_id: colors(i % 10) for i, m in enumerate(experiment.jobs)}
+    fig, axes = plt.subplots(
+        1 + len(params), 1, figsize=(8, 4 + 2.5 * len(params)), dpi=100, sharex=True
+    )
+    curves = axes[0]
+    for member in experiment.jobs:
+        run = runs.get(member.job_id)
+        if run is not None and run.x.size:
+            curves.plot(run.x, run.y, color=color[member.job_id], label=member.job_id)
+    for step in experiment.lineage:
+        # From where the donor was, to where the member goes on from.
+        curves.plot(
+            [step.donor_env_steps, step.env_steps],
+            [step.donor_return, step.donor_return],
+            color=color.get(step.donor_id, "grey"),
+            linestyle="--",
+            linewidth=1,
+        )
+        member = color.get(step.job_id, "grey")
+        curves.plot(step.env_steps, step.eval_return, "v", color=member)
+        curves.vlines(step.env_steps, step.eval_return, step.donor_return, colors=member, lw=0.5)
+    curves.set_ylabel("evaluation return")
+    curves.set_title(f"{experiment.name}: members, and the checkpoints they took (dashed)")
+    curves.legend(fontsize="small")
+    for ax, key in zip(axes[1:], params, strict=True):
+        for member in experiment.jobs:
+            xs, ys = [0.0], [member.values.get(key)]
+            for step in experiment.lineage:
+                if step.job_id == member.job_id:
+                    xs.append(step.env_steps)
+                    ys.append(step.after[key])
+            run = runs.get(member.job_id)
+            xs.append(float(run.x[-1]) if run is not None and run.x.size else xs[-1])
+            ys.append(ys[-1])
+            if ys[0] is not None:
+                ax.step(xs, ys, where="post", color=color[member.job_id])
+        ax.set_ylabel(key.rsplit(".", 1)[-1])
+        if key.endswith("learning_rate"):
+            ax.set_yscale("log")
+    axes[-1].set_xlabel("env steps")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
 
 
 def draw(configs: list[Config], out: Path) -> None:

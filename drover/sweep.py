@@ -38,6 +38,9 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     sweep = sub.add_parser("sweep", help="run an experiment: the jobs of a config's sweep section")
     sweep.add_argument("config", help="a job config with a sweep: section (.yaml, .json)")
     sweep.add_argument("--collectors", type=int, default=2, help="collector processes (2)")
+    sweep.add_argument(
+        "--learners", type=int, default=1, help="learner processes (1; a population: one a member)"
+    )
     sweep.add_argument("--runs-dir", default="runs", help="where run folders go (runs/)")
     sweep.add_argument(
         "--timeout-s", type=float, default=3 * 3600.0, help="stop the experiment after this long"
@@ -63,11 +66,14 @@ def run(args: argparse.Namespace) -> int:
     )
     if args.url:
         return submit_remote(args, raw)
-    if args.collectors < 1:
-        return error("--collectors must be at least 1")
+    if args.collectors < 1 or args.learners < 1:
+        return error("--collectors and --learners must be at least 1")
     name = raw.get("exp_name", "sweep")
     cluster = LocalCluster(
-        new_run_dir(args.runs_dir, name), num_collectors=args.collectors, fork_server=True
+        new_run_dir(args.runs_dir, name),
+        num_collectors=args.collectors,
+        num_learners=args.learners,
+        fork_server=True,
     )
     console.print(f"drover: run folder [bold]{cluster.run_dir}[/]", highlight=False)
     status: ExperimentStatus | None = None

@@ -242,6 +242,8 @@ def experiment_table(status: ExperimentStatus, took_s: float | None = None) -> T
     title = f"{status.name} · {status.experiment_id} · {status.phase}"
     if took_s is not None:
         title += f" · {took_s:.0f}s"
+    if status.population is not None:
+        title += f" · {len(status.lineage)} population steps"
     table = Table(title=title)
     keys = list(status.members[0].values) if status.members else []
     table.add_column("job", no_wrap=True, min_width=16)  # ids whole: they are what to type

@@ -18,6 +18,9 @@ Everything is checked before any job exists (`plan_sweep`): an axis over a key t
 job's config does not have, a range over a key that is not a number, bounds that are
 not numbers, and every expanded config resolved as a job's would be; the first fault
 is a `ConfigError` naming it (`sweep.axes.<key>`, or the point and its key).
+
+A `pbt:` section beside it makes the jobs one population that trains together
+(jobconfig/population.py).
 """
 
 from __future__ import annotations
@@ -30,7 +33,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from common.config import ConfigError, deep_merge, to_dict
+from jobconfig.population import Population, parse_population
 from jobconfig.resolve import resolve_job_config, unknown_key
+from jobconfig.sections import check_keys, split_section, whole_number
 
 #: Jobs one experiment may hold.
 MAX_EXPERIMENT_JOBS = 1000
@@ -58,6 +63,8 @@ class Sweep:
     samples: int = 1
     draw_seed: int = 0
     parallel: int | None = None
+    #: Population-based training over its jobs (its `pbt:` section; None: none).
+    population: Population | None = None
 
 
 @dataclass(frozen=True)
@@ -77,41 +84,6 @@ def short(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def split_section(raw: dict[str, Any], name: str) -> tuple[dict[str, Any], Any]:
-    """(the config without its section `name` (`sweep`, `tune`), the section or None)."""
-    return {k: v for k, v in raw.items() if k != name}, raw.get(name)
-
-
-def check_keys(section: dict[str, Any], known: set[str], name: str) -> None:
-    """Refuse a key of the section `name` that is not one of `known`."""
-    for key in section:
-        if key not in known:
-            keys = ", ".join(sorted(known))
-            raise ConfigError(f"{name}.{key}", f"unknown key (the keys: {keys})")
-
-
-def whole_number(
-    section: dict[str, Any],
-    name: str,
-    key: str,
-    default: int,
-    *,
-    low: int = 1,
-    high: int | None = None,
-) -> int:
-    """The integer `key` of the section `name`, from `low` (to `high`)."""
-    value = section.get(key, default)
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or value < low
-        or (high is not None and value > high)
-    ):
-        bounds = f"of at least {low}" if high is None else f"from {low} to {high}"
-        raise ConfigError(f"{name}.{key}", f"an integer {bounds}")
-    return value
-
-
 def plan_sweep(raw: dict[str, Any]) -> tuple[Sweep, list[tuple[Point, dict[str, Any]]]]:
     """The experiment a config with a `sweep:` section asks for: the sweep, and each
     job's point and config (the base config with the point's values and seed).
@@ -122,10 +94,26 @@ def plan_sweep(raw: dict[str, Any]) -> tuple[Sweep, list[tuple[Point, dict[str, 
     base, section = split_section(raw, "sweep")
     if section is None:
         raise ConfigError("sweep", "an experiment's config needs a sweep section (axes, seeds)")
+    base, pbt = split_section(base, "pbt")
     sweep = parse_sweep(section)
     resolved, _ = resolve_job_config(base)  # the base alone first: its faults are its own
     sweep = dataclasses.replace(sweep, axes=checked_axes(sweep.axes, to_dict(resolved)))
     points = expand(sweep)
+    if pbt is not None:
+        population = parse_population(pbt, to_dict(resolved), len(points))
+        if sweep.parallel is not None and sweep.parallel < len(points):
+            raise ConfigError(
+                "sweep.parallel",
+                f"population-based training runs its {len(points)} jobs at once: "
+                "leave parallel unset or make it at least that",
+            )
+        shaped = [a.key for a in sweep.axes if a.key.startswith("policy.model.")]
+        if shaped:
+            raise ConfigError(
+                f"sweep.axes.{shaped[0]}",
+                "a population's members take each other's checkpoints: one model for all",
+            )
+        sweep = dataclasses.replace(sweep, population=population)
     jobs = []
     for point in points:
         config = member_config(base, point)

@@ -27,15 +27,8 @@ from typing import Any
 
 from common.config import ConfigError, to_dict
 from jobconfig.resolve import resolve_job_config
-from jobconfig.sweep import (
-    MAX_EXPERIMENT_JOBS,
-    Axis,
-    check_keys,
-    checked_axes,
-    parse_axis,
-    split_section,
-    whole_number,
-)
+from jobconfig.sections import check_keys, split_section, whole_number
+from jobconfig.sweep import MAX_EXPERIMENT_JOBS, Axis, checked_axes, parse_axis
 
 #: What a trial's job is scored by, and whether more is better.
 OBJECTIVES = {

@@ -22,9 +22,13 @@ from common.messages import (
     ExperimentMember,
     ExperimentStatus,
     ExperimentSubmit,
+    PopulationStep,
+    dump,
     new_id,
+    parse,
 )
 from common.storage import CorruptFileError, SharedStore
+from jobconfig.population import Population
 from jobconfig.sweep import plan_sweep
 from services.coordinator.jobs import JobBook
 from services.coordinator.state import CoordinatorState, Experiment, ExperimentJob
@@ -45,7 +49,8 @@ class ExperimentBook:
         try:
             sweep, points = plan_sweep(submit.config)
         except ConfigError as exc:
-            field = exc.field if exc.field.startswith("sweep") else f"config.{exc.field}"
+            own = exc.field.startswith(("sweep", "pbt"))
+            field = exc.field if own else f"config.{exc.field}"
             raise bad_request(field, exc.message) from None
         # Every job checked before any exists.
         admitted = [self.jobs.admissible(config, planner) for _, config in points]
@@ -57,6 +62,7 @@ class ExperimentBook:
             created_at=self.state.wall(),
             parallel=sweep.parallel,
             jobs=[],
+            population=sweep.population,
         )
         with self.state.guard.changing():
             self.state.experiments[experiment_id] = experiment
@@ -147,14 +153,14 @@ class ExperimentBook:
             created_at=experiment.created_at,
             parallel=experiment.parallel,
             members=members,
+            population=None if experiment.population is None else experiment.population.record(),
+            lineage=list(experiment.lineage),
         )
 
     # --- on disk -------------------------------------------------------------------------
 
     def _write(self, experiment: Experiment) -> None:
-        with self.state.guard.changing():
-            record = experiment_record(experiment)
-        self.state.store.write_json(f"{FOLDER}/{experiment.experiment_id}.json", record)
+        write_experiment(self.state, experiment)
 
     def restore(self) -> list[str]:
         """Load every experiment's record (at start, before its jobs are planned)."""
@@ -165,6 +171,13 @@ class ExperimentBook:
             for experiment in experiments:
                 self.state.experiments[experiment.experiment_id] = experiment
         return [e.experiment_id for e in experiments]
+
+
+def write_experiment(state: CoordinatorState, experiment: Experiment) -> None:
+    """Write the experiment's record (outside the coordinator's lock)."""
+    with state.guard.changing():
+        record = experiment_record(experiment)
+    state.store.write_json(f"{FOLDER}/{experiment.experiment_id}.json", record)
 
 
 def read_experiments(store: SharedStore) -> tuple[list[Experiment], list[str]]:
@@ -189,6 +202,9 @@ def experiment_record(experiment: Experiment) -> dict[str, Any]:
         "parallel": experiment.parallel,
         "stopped": experiment.stopped,
         "jobs": [{"job_id": j.job_id, "values": j.values, "seed": j.seed} for j in experiment.jobs],
+        "population": None if experiment.population is None else experiment.population.record(),
+        "lineage": [dump(step) for step in experiment.lineage],
+        "ranked_at_evals": experiment.ranked_at_evals,
     }
 
 
@@ -203,4 +219,12 @@ def experiment_from(record: dict[str, Any]) -> Experiment:
             ExperimentJob(str(j["job_id"]), dict(j["values"]), int(j["seed"]))
             for j in record["jobs"]
         ],
+        # Records of before population-based training lack the three.
+        population=(
+            None
+            if record.get("population") is None
+            else Population.from_record(record["population"])
+        ),
+        lineage=[parse(PopulationStep, step) for step in record.get("lineage", [])],
+        ranked_at_evals={str(k): int(v) for k, v in record.get("ranked_at_evals", {}).items()},
     )

@@ -17,6 +17,7 @@ from common.storage import SharedStore
 from services.coordinator.data import DataPlane
 from services.coordinator.devices import can_run, waiting_reason
 from services.coordinator.jobs import JobBook
+from services.coordinator.population import PopulationTraining
 from services.coordinator.sharing import KIND_OF_ROLE, Sharing
 from services.coordinator.state import (
     CoordinatorLimits,
@@ -49,6 +50,7 @@ class Planning:
         self.workers = workers
         self.data = data
         self.sharing = Sharing(state, tasks)
+        self.population = PopulationTraining(state, tasks)
         self._last_metrics_s = float("-inf")
 
     # --- the Planner a workflow uses ---------------------------------------------------
@@ -136,7 +138,7 @@ class Planning:
         workflow = workflow_of(job.config)
         # A device nobody has says more than a share not given (sharing.py's reason).
         device = waiting_reason(job.config, workflow.roles, self.state.workers.values())
-        job.waiting = device or job.waiting
+        job.waiting = device or job.learn_hold or job.waiting
         return workflow.plan(job, JobPlanning(self, job))
 
     # --- task results ----------------------------------------------------------------
@@ -160,6 +162,7 @@ class Planning:
             if outcome is not None:
                 workflow_of(job.config).evaluated(job, task, outcome, self)
                 self.jobs.settle(job)
+                self.population.evaluated(job)
 
     def fail_task(self, task_id: str, error: str, *, caller: str | None = None) -> None:
         with self.state.guard.changing():
@@ -197,6 +200,8 @@ class JobPlanning:
         learn), no more than its target lets it add, and a round's set whole or not at
         all."""
         job, config = self._job, self._job.config
+        if role == "learner" and job.learn_hold:
+            return []  # a population step is copying its checkpoint in (population.py)
         workers = [w for w in self._planning.free_workers(role, kind) if can_run(w, config)]
         if role == "learner" and config.policy.learn.multi_gpu:
             # A data-parallel job goes to the biggest learner group first.

@@ -22,11 +22,13 @@ from common.messages import (
     EvalSummary,
     MetricsPoint,
     PolicyRef,
+    PopulationStep,
     TaskAssignment,
     TaskKind,
     TaskSpec,
 )
 from common.storage import SharedStore
+from jobconfig.population import Population
 from services.buffer.core import BufferClosed, ReplayBuffer
 from services.coordinator.buffers import BufferProcess, BufferProcesses
 from services.coordinator.lock import ChangeLock
@@ -239,6 +241,12 @@ class Experiment:
     parallel: int | None
     jobs: list[ExperimentJob]
     stopped: bool = False
+    #: Population-based training over its jobs (None: they train each on its own).
+    population: Population | None = None
+    #: Its population's steps, oldest first.
+    lineage: list[PopulationStep] = field(default_factory=list)
+    #: Each member's evaluations counted at its last population step or ranking.
+    ranked_at_evals: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass
@@ -310,6 +318,9 @@ class Job:
     tasks_preempted: int = 0
     #: A queued job's place in the queue (1: next), set each scheduling pass.
     queue_position: int | None = None
+    #: Why no learn task may start now (""): a population step copying a checkpoint
+    #: in (services/coordinator/population.py); never saved.
+    learn_hold: str = ""
 
     @property
     def running(self) -> bool:

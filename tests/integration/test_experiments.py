@@ -73,3 +73,46 @@ def test_a_tune_runs_its_trials_as_jobs_and_writes_the_best_config(tmp_path):
     assert 0.0005 <= best["policy"]["learn"]["learning_rate"] <= 0.005
     assert "tune" not in best and (run_dir / "study.db").is_file()
     assert (run_dir / "history.png").is_file()
+
+
+@pytest.mark.timeout(400)
+def test_a_population_takes_checkpoints_and_its_report_draws_the_lineage(tmp_path):
+    config = tmp_path / "pbt.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                **SHORT,
+                "exp_name": "pbt",
+                "policy": {
+                    **SHORT["policy"],
+                    "learn": {"checkpoint_every_iters": 50},
+                },
+                "system": {"max_env_step": 4000},
+                "sweep": {"axes": {"policy.learn.learning_rate": [0.0001, 0.003]}},
+                "pbt": {"ready": 1, "params": ["policy.learn.learning_rate"]},
+            }
+        )
+    )
+    runs = tmp_path / "runs"
+    swept = drover("sweep", str(config), "--runs-dir", str(runs), "--learners", "2", timeout_s=300)
+    assert swept.returncode == 0, swept.stderr[-3000:]
+    (run_dir,) = runs.iterdir()
+    (record,) = (run_dir / "experiments").iterdir()
+    lineage = yaml.safe_load(record.read_text())["lineage"]
+    taken = [step for step in lineage if step["checkpoint"]]
+    assert taken, lineage
+    # A member's learner resumed from the copy of what it took, under the step's epoch.
+    learner_logs = "".join(p.read_text() for p in (run_dir / "logs").glob("learner-*.log"))
+    iters = {step["checkpoint"].rsplit("-", 1)[1] for step in taken}
+    assert any(f"-{i} at train_iter" in learner_logs for i in iters), learner_logs[-3000:]
+    # And it trained with the rate the step gave it.
+    last = {}
+    for step in lineage:
+        last[step["job_id"]] = step["after"]["policy.learn.learning_rate"]
+    for job_id, rate in last.items():
+        job = yaml.safe_load((run_dir / job_id / "job.json").read_text())
+        assert job["policy"]["learn"]["learning_rate"] == rate
+    reported = drover("report", str(run_dir), timeout_s=120)
+    assert reported.returncode == 0, reported.stderr
+    assert f"{len(lineage)} steps" in reported.stdout
+    assert (run_dir / "report" / "lineage.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

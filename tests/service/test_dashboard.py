@@ -163,9 +163,13 @@ def test_the_dashboard_in_a_browser(tmp_path):
             assert "collectors held / owed" in page.inner_text("main")
             save_screenshot(page, tmp_path)
 
-            # An experiment: its points over their seeds, and its jobs.
-            sweep = {"seeds": 1, "parallel": 1, "axes": {"policy.nstep": [1, 3]}}
-            experiment = cluster.client.submit_experiment({**config, "sweep": sweep}, name="exp")
+            # An experiment (a population): its points over their seeds, its jobs, and
+            # its population's steps (none yet).
+            sweep = {"seeds": 1, "axes": {"policy.nstep": [1, 3]}}
+            pbt = {"params": ["policy.learn.learning_rate"]}
+            experiment = cluster.client.submit_experiment(
+                {**config, "sweep": sweep, "pbt": pbt}, name="exp"
+            )
             page.click("#nav-experiments")
             page.wait_for_selector("tr.experiment", timeout=30_000)
             assert experiment.experiment_id in page.inner_text("#experiments")
@@ -174,6 +178,7 @@ def test_the_dashboard_in_a_browser(tmp_path):
             assert page.locator("#points tr.point").count() == 2
             assert page.locator("#members tr.member").count() == 2
             assert "nstep=1" in page.inner_text("#points")
+            assert "Population steps (0)" in page.inner_text("main")
             cluster.client.stop_experiment(experiment.experiment_id)
 
             # Workers: the collector and the learner, with their heartbeats.

@@ -1,8 +1,10 @@
 """`drover report` over a run folder whose jobs' records are made here: configs grouped
 by their experiment's point, the figures worked out by hand, the PNGs written."""
 
+from common.messages import PopulationStep
 from common.storage import SharedStore
 from drover.cli import main
+from jobconfig.population import Population
 from services.coordinator.experiments import FOLDER, experiment_record
 from services.coordinator.snapshot import write_job_record
 from services.coordinator.state import Experiment, ExperimentJob
@@ -86,6 +88,49 @@ def test_a_report_groups_an_experiments_seeds_and_gives_each_config_its_figures(
     # Without --experiment: every job, the one outside it under its name.
     assert main(["report", str(tmp_path), "--out", str(tmp_path / "all")]) == 0
     assert "| other | 1 | 0/1 |" in (tmp_path / "all" / "report.md").read_text()
+
+
+def test_several_run_folders_are_one_report_a_name_in_two_one_config(tmp_path):
+    first, second = SharedStore(tmp_path / "a"), SharedStore(tmp_path / "b")
+    job(first, "job-1", "tuned", [50, 100])
+    job(second, "job-2", "tuned", [100])
+    job(second, "job-3", "shipped", [10, 20, 100])
+    out = tmp_path / "both"
+    assert main(["report", str(tmp_path / "a"), str(tmp_path / "b"), "--out", str(out)]) == 0
+    report = (out / "report.md").read_text()
+    assert "# a, b" in report
+    assert "| tuned | 2 | 2/2 |" in report and "| shipped | 1 | 1/1 |" in report
+
+
+def test_a_population_report_tables_and_draws_its_lineage(tmp_path):
+    store = SharedStore(tmp_path)
+    job(store, "job-w", "x", [10, 20, 200])
+    job(store, "job-s", "x", [100, 200, 250])
+    members = [ExperimentJob("job-w", {LR: 0.001}, 0), ExperimentJob("job-s", {LR: 0.01}, 0)]
+    step = PopulationStep(
+        at=1.0,
+        job_id="job-w",
+        env_steps=2000,
+        eval_return=20.0,
+        donor_id="job-s",
+        donor_env_steps=2000,
+        donor_return=200.0,
+        checkpoint="learner-e00000001-0000000200.safetensors",
+        before={LR: 0.001},
+        after={LR: 0.0125},
+    )
+    population = Population(params=(LR,))
+    experiment = Experiment("exp-p", "pbt", 0.0, None, members, population=population)
+    experiment.lineage.append(step)
+    store.write_json(f"{FOLDER}/exp-p.json", experiment_record(experiment))
+    assert main(["report", str(tmp_path)]) == 0
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "## Population-based training: pbt (exp-p)" in report
+    assert (
+        "| 2,000 | job-w (20.0) | job-s (200.0) | learner-e00000001-0000000200.safetensors | "
+        "learning_rate 0.001 -> 0.0125 |" in report
+    )
+    assert (tmp_path / "report" / "lineage.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_a_folder_without_jobs_or_that_experiment_is_a_clear_error(tmp_path, capsys):

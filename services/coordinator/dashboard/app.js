@@ -465,6 +465,33 @@ async function experimentView(experimentId) {
     el("p", { class: "muted" }, "Medians and IQMs with 95% confidence intervals, curves and a performance profile: drover report <run folder>."),
     el("h2", {}, "Jobs"),
     table("members", ["job", "point", "seed", "phase", "env steps", "last eval", "best eval"], jobs),
+    ...lineageView(e),
+  ];
+}
+
+// A population's steps (population-based training): who took whose checkpoint, when.
+function lineageView(e) {
+  if (!e.population) return [];
+  const steps = e.lineage.slice().reverse().map((s) =>
+    el(
+      "tr",
+      { class: "step" },
+      el("td", {}, fmt(s.env_steps)),
+      el("td", {}, el("a", { href: `#/jobs/${s.job_id}` }, s.job_id), ` (${fmt(s.eval_return, 1)})`),
+      el("td", {}, el("a", { href: `#/jobs/${s.donor_id}` }, s.donor_id), ` (${fmt(s.donor_return, 1)})`),
+      el("td", {}, s.checkpoint || "– (explored only)"),
+      el("td", {}, pointLabel(s.before), " → ", pointLabel(s.after)),
+    ),
+  );
+  const p = e.population;
+  return [
+    el("h2", {}, `Population steps (${e.lineage.length})`),
+    el("p", { class: "muted" }, `Every ${p.ready} evaluations of a member, the bottom ${p.quantile * 100}% take a top member's newest checkpoint and perturb ${p.params.join(", ")} by ${p.perturb.join(" or ")}. Plotted by drover report (lineage.png).`),
+    steps.length
+      ? el("table", { id: "lineage" },
+          el("thead", {}, el("tr", {}, ["env steps", "member (return)", "took from (return)", "checkpoint", "hyperparameters"].map((h) => el("th", {}, h)))),
+          el("tbody", {}, steps))
+      : el("p", { class: "muted" }, "No steps yet."),
   ];
 }
 

@@ -134,7 +134,10 @@ class AsyncTraining:
         if job.evals and job.env_steps <= job.evals[-1].env_steps:
             return False
         eval_freq = job.config.policy.eval.evaluator.eval_freq
-        return job.policy.train_iter - job.workflow_state.eval_requested_iter >= eval_freq
+        since = job.policy.train_iter - job.workflow_state.eval_requested_iter
+        # Below the last one evaluated: its learner resumed another line of training
+        # (population-based training's exploit), whose count starts where it is.
+        return since >= eval_freq or since < 0
 
     def evaluated(self, job: Job, task: Task, result: EvalResult, planner: Planner) -> None:
         returns = result.returns

@@ -1,0 +1,187 @@
+"""Population-based training over an experiment's jobs (jobconfig/population.py holds
+its section; Jaderberg et al., 2017).
+
+Each time a member's evaluation is recorded (planning.py, after its workflow took
+it), and the member has had `ready` evaluations since its last ranking, the running
+members with an evaluation are ranked by their last one's mean return. A member in
+the bottom `quantile` takes the checkpoint of one of the top `quantile` (drawn; one
+better than it) in three steps:
+
+1. Under the lock: it takes the donor's hyperparameters, perturbed (a value its
+   config class refuses: the donor's as it is), its learn lease epoch is raised and its learn task
+   cancelled, so the learner it had can neither publish nor leave a checkpoint that
+   sorts past the copy (docs/architecture.md, "Fencing"); no learn task of it
+   starts until step 3 (`Job.learn_hold`).
+2. Off the lock: the donor's newest checkpoint is copied into the member's
+   checkpoints under the raised epoch, and the perturbed config written to its
+   `job.json`, which its next learner reads.
+3. Under the lock: the member takes the new config, its hold is lifted, and the
+   step joins the experiment's lineage (written to its record).
+
+Its next learner resumes from the copy: the donor's weights, optimizer moments and
+train iteration, at the member's new learning rates (algorithms/step.py,
+`load_optimizer_state`). The member keeps its own replay buffer, env step count and
+policy version numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+
+from common.config import ConfigError, JobConfig, to_dict
+from common.messages import PopulationStep
+from common.storage import checkpoint_key
+from jobconfig.population import Population, perturbed, value_at
+from jobconfig.resolve import resolve_job_config
+from jobconfig.sweep import Point, member_config
+from services.coordinator.experiments import write_experiment
+from services.coordinator.state import CoordinatorState, Experiment, Job, TaskState
+from services.coordinator.tasks import TaskBoard, cancel_dispatch
+
+log = logging.getLogger(__name__)
+
+
+class PopulationTraining:
+    def __init__(self, state: CoordinatorState, tasks: TaskBoard) -> None:
+        self.state = state
+        self.tasks = tasks
+
+    def evaluated(self, job: Job) -> None:
+        """After the job's evaluation was recorded (under the coordinator's lock)."""
+        experiment = self.state.experiments.get(job.experiment_id or "")
+        if experiment is None or experiment.population is None or experiment.stopped:
+            return
+        if not job.running or job.learn_hold or not job.evals:
+            return
+        spec = experiment.population
+        if len(job.evals) - experiment.ranked_at_evals.get(job.job_id, 0) < spec.ready:
+            return
+        experiment.ranked_at_evals[job.job_id] = len(job.evals)
+        donor = self.donor(experiment, job, spec)
+        if donor is not None:
+            self.exploit(experiment, job, donor, spec)
+
+    def donor(self, experiment: Experiment, job: Job, spec: Population) -> Job | None:
+        """A top member for `job` to copy, when `job` is in the bottom quantile."""
+        members = [
+            member
+            for entry in experiment.jobs
+            if (member := self.state.jobs.get(entry.job_id)) is not None
+            and member.running
+            and member.evals
+        ]
+        if len(members) < 2:
+            return None
+        members.sort(key=lambda m: m.evals[-1].return_mean)
+        cut = max(1, int(spec.quantile * len(members)))
+        if job not in members[:cut]:
+            return None
+        mine = job.evals[-1].return_mean
+        better = [m for m in members[-cut:] if m.evals[-1].return_mean > mine]
+        return rng(spec, job).choice(better) if better else None
+
+    def exploit(self, experiment: Experiment, job: Job, donor: Job, spec: Population) -> None:
+        """Step 1 (module doc): decide, fence off the member's learner, copy later."""
+        before = {key: value_at(to_dict(job.config), key) for key in spec.params}
+        taken = {key: value_at(to_dict(donor.config), key) for key in spec.params}
+        draw = rng(spec, job)
+        after = {key: perturbed(value, draw.choice(spec.perturb)) for key, value in taken.items()}
+        config, after = explored(job.config, [after, taken, before])
+        job.learner_epoch += 1
+        epoch = job.learner_epoch
+        job.learn_hold = f"taking {donor.job_id}'s checkpoint (population-based training)"
+        for task in self.tasks.of_job(job, "learn"):
+            worker = self.state.workers.get(task.worker_id)
+            self.tasks.end(task, TaskState.CANCELLED)
+            if worker is not None:
+                self.state.cancels.append(cancel_dispatch(worker, task.task_id))
+        step = PopulationStep(
+            at=self.state.wall(),
+            job_id=job.job_id,
+            env_steps=job.env_steps,
+            eval_return=job.evals[-1].return_mean,
+            donor_id=donor.job_id,
+            donor_env_steps=donor.env_steps,
+            donor_return=donor.evals[-1].return_mean,
+            checkpoint=None,
+            before=before,
+            after=after,
+        )
+        log.info(
+            "population %s: job %s (%.1f) takes job %s's checkpoint (%.1f); %s",
+            experiment.experiment_id,
+            job.job_id,
+            step.eval_return,
+            donor.job_id,
+            step.donor_return,
+            ", ".join(
+                f"{k.rsplit('.', 1)[-1]} {before[k]:.4g} -> {v:.4g}" for k, v in after.items()
+            ),
+        )
+        self.state.guard.defer(lambda: self._copy(experiment, job, step, epoch, config))
+
+    def _copy(
+        self, experiment: Experiment, job: Job, step: PopulationStep, epoch: int, config: JobConfig
+    ) -> None:
+        """Steps 2 and 3 (module doc), off the lock."""
+        store = self.state.store
+        checkpoint = None
+        wrote_config = False
+        try:
+            names = store.checkpoints(step.donor_id)
+            if names:
+                _, train_iter = checkpoint_key(names[-1]) or (0, 0)
+                store.copy(
+                    f"{step.donor_id}/checkpoints/{names[-1]}",
+                    store.checkpoint_path(job.job_id, train_iter, epoch),
+                    once=True,
+                )
+                checkpoint = names[-1]
+            store.write_json(f"{job.job_id}/job.json", to_dict(config))
+            wrote_config = True
+        except OSError as exc:  # the member's next learner resumes what it has
+            log.warning("population step of job %s half done: %s", job.job_id, exc)
+        with self.state.guard.changing():
+            if wrote_config:
+                job.config = config
+            job.learn_hold = ""
+            experiment.lineage.append(
+                dataclasses.replace(
+                    step, checkpoint=checkpoint, after=step.after if wrote_config else step.before
+                )
+            )
+            self.state.guard.notify()  # its learn task may start now
+        try:
+            write_experiment(self.state, experiment)
+        except OSError as exc:
+            log.warning("experiment %s's record not written: %s", experiment.experiment_id, exc)
+
+
+def rng(spec: Population, job: Job) -> random.Random:
+    """The draws of one member's step: the same for a member at the same evaluation."""
+    return random.Random(f"{spec.seed}/{job.job_id}/{len(job.evals)}")
+
+
+def explored(
+    config: JobConfig, choices: list[dict[str, float]]
+) -> tuple[JobConfig, dict[str, float]]:
+    """The config with each key's first value in `choices` its config class takes
+    (the donor's perturbed, else the donor's, else the member's own: a fraction past
+    1 or a batch past the buffer is refused), and those values."""
+    kept = dict(choices[-1])
+    explored_config = config
+    for key in kept:
+        for values in choices:
+            candidate = {**kept, key: values[key]}
+            try:
+                explored_config, _ = resolve_job_config(
+                    member_config(to_dict(config), Point(candidate, config.system.seed))
+                )
+            except ConfigError as exc:
+                log.info("population step: %s is not %s (%s)", key, values[key], exc)
+                continue
+            kept = candidate
+            break
+    return explored_config, kept
