@@ -25,7 +25,6 @@ import time
 from typing import NoReturn
 
 import yaml
-from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
@@ -41,13 +40,11 @@ from drover.devices import fit_local_device, local_learner_ranks
 from drover.docker_backend import DockerUnavailable, run_in_docker
 from drover.forkserver import ForkServer
 from drover.local import LocalCluster, new_run_dir, torchrun_args
+from drover.say import console, error
 from drover.tables import league_line
 from jobconfig import fit_to_env, load_config, resolve_job_config
 from services.coordinator.client import CoordinatorClient
 from services.coordinator.workflows import check_workflow
-
-# soft_wrap: an error or summary line stays one line (greppable), whatever the width.
-console = Console(stderr=True, soft_wrap=True)
 
 
 def main(argv: list[str] | None = None, fork_server: ForkServer | None = None) -> int:
@@ -194,11 +191,6 @@ def show_config(args: argparse.Namespace) -> int:
     # The config on stdout (to pipe or save), the notes on stderr.
     print(yaml.safe_dump(to_dict(config), sort_keys=False), end="")
     return 0
-
-
-def error(message: str) -> int:
-    console.print(f"[bold red]drover: error:[/] {message}", highlight=False)
-    return 2
 
 
 def run_local(args: argparse.Namespace, fork_server: ForkServer | None = None) -> int:

@@ -28,10 +28,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from rich.console import Console
 
 from common.messages import EvalSummary, MetricsPoint, parse, win_rate
 from common.storage import CorruptFileError, SharedStore
+from drover.say import error
 from services.coordinator.snapshot import read_job_record, record_path, state_path
 
 #: The x axes, by `--x` value.
@@ -57,8 +57,6 @@ GRID_POINTS = 200
 TITLE_WIDTH = 90
 #: The output when the jobs are not all in one run folder (in the working directory).
 DEFAULT_NAME = "returns.png"
-
-console = Console(stderr=True, soft_wrap=True)
 
 
 class PlotError(Exception):
@@ -139,8 +137,7 @@ def run(args: argparse.Namespace) -> int:
             vs=args.vs,
         )
     except PlotError as exc:
-        console.print(f"[bold red]drover: error:[/] {exc}", highlight=False)
-        return 2
+        return error(str(exc))
     print(out, flush=True)
     return 0
 

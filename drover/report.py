@@ -32,16 +32,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from rich.console import Console
 
 from common.storage import SharedStore
 from drover import stats
 from drover.plot import PlotError, curve_of, job_dirs, read_record
+from drover.say import console, error
 from jobconfig.sweep import Point, short
 from services.coordinator.experiments import read_experiments
 from services.coordinator.state import Experiment
-
-console = Console(stderr=True, soft_wrap=True)
 
 #: Points of the curves' common env-step grid, and of the profile's thresholds.
 GRID_POINTS = 100
@@ -103,8 +101,7 @@ def run(args: argparse.Namespace) -> int:
         title = ", ".join(run.resolve().name for run in args.runs)
         written = write_report(configs, out, title=title, populations=populations)
     except (ReportError, PlotError) as exc:
-        console.print(f"[bold red]drover: error:[/] {exc}", highlight=False)
-        return 2
+        return error(str(exc))
     print(written.read_text(), end="")
     console.print(f"drover: report in {out} (report.md, curves.png, profile.png)")
     return 0

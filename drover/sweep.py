@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import time
 
-from rich.console import Console
 from rich.live import Live
 
 from common.config import ConfigError
@@ -23,12 +22,11 @@ from common.http_client import ServiceUnavailable
 from common.messages import ExperimentStatus
 from common.settings import SettingsError, read_token
 from drover.local import LocalCluster, new_run_dir
+from drover.say import console, error
 from drover.tables import experiment_table
 from jobconfig import load_config
 from jobconfig.sweep import plan_sweep
 from services.coordinator.client import CoordinatorClient
-
-console = Console(stderr=True, soft_wrap=True)
 
 #: How often the table is redrawn (one request for the experiment each time).
 POLL_S = 1.0
@@ -147,8 +145,3 @@ def stop(client: CoordinatorClient, experiment_id: str) -> ExperimentStatus | No
         return client.stop_experiment(experiment_id)
     except (ApiError, ServiceUnavailable):
         return None
-
-
-def error(message: str) -> int:
-    console.print(f"[bold red]drover: error:[/] {message}", highlight=False)
-    return 2

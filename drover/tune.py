@@ -40,7 +40,6 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from rich.console import Console
 
 from common.config import ConfigError
 from common.errors import ApiError
@@ -48,12 +47,11 @@ from common.http_client import ServiceUnavailable
 from common.messages import TERMINAL_PHASES, EvalSummary, JobStatus, parse
 from common.settings import SettingsError, read_token
 from drover.local import LocalCluster, new_run_dir
+from drover.say import console, error
 from jobconfig import load_config
 from jobconfig.sweep import Axis, Point, member_config
 from jobconfig.tuning import Tuning, plan_tuning
 from services.coordinator.client import CoordinatorClient
-
-console = Console(stderr=True, soft_wrap=True)
 
 #: How often each running trial's job is looked at.
 POLL_S = 1.0
@@ -359,8 +357,3 @@ def plots(study: Any, run_dir: Path) -> None:
             ax.figure.savefig(run_dir / name, dpi=100)
             plt.close(ax.figure)
     console.print(f"        plots:  {run_dir}/history.png, importance.png", highlight=False)
-
-
-def error(message: str) -> int:
-    console.print(f"[bold red]drover: error:[/] {message}", highlight=False)
-    return 2

@@ -46,6 +46,7 @@ from common.messages import (
     dump,
 )
 from common.settings import SettingsError, read_token
+from drover.say import console, error
 from drover.tables import (
     buffer_table,
     duration,
@@ -70,7 +71,6 @@ FOLLOW_POLL_S = 0.5
 
 # Errors on stderr, one line each; tables and JSON on stdout (resolved when printing,
 # so a redirected or captured stdout is the one written to).
-errors = Console(stderr=True, soft_wrap=True)
 
 
 class VerbError(Exception):
@@ -137,8 +137,7 @@ def run(args: argparse.Namespace) -> int:
         with connect(args) as remote:
             return REMOTE_VERBS[args.command](remote, args)
     except VerbError as exc:
-        errors.print(f"[bold red]drover: error:[/] {exc.message}", highlight=False)
-        return exc.status
+        return error(exc.message, exc.status)
 
 
 # --- talking to the coordinator ---------------------------------------------------------
@@ -220,7 +219,7 @@ def list_jobs(remote: Remote, args: argparse.Namespace) -> int:
         print_json(dump(JobList(jobs=jobs)))
         return 0
     if not jobs:
-        errors.print(f"drover: no jobs on {remote.url}", highlight=False)
+        console.print(f"drover: no jobs on {remote.url}", highlight=False)
         return 0
     table = Table(title=escape(f"jobs on {remote.url}"))
     for name in ("id", "name", "algo", "env", "phase"):
@@ -316,7 +315,7 @@ def list_workers(remote: Remote, args: argparse.Namespace) -> int:
         print_json(dump(WorkerList(workers=workers)))
         return 0
     if not workers:
-        errors.print(f"drover: no workers registered at {remote.url}", highlight=False)
+        console.print(f"drover: no workers registered at {remote.url}", highlight=False)
         return 0
     table = Table(title=escape(f"workers of {remote.url}"))
     for name in ("id", "role", "url", "state", "tasks", "jobs", "progress"):
