@@ -6,52 +6,12 @@ coordinator's side: tests/service/test_fencing.py)."""
 
 import numpy as np
 import pytest
-from prometheus_client import CollectorRegistry
 
-from algorithms.dqn.learner import DQN
 from common.checkpoint_file import Checkpoint, write_checkpoint
-from common.errors import ApiError
-from common.messages import LearnSpec, TaskAssignment
 from common.storage import SharedStore, checkpoint_key
-from jobconfig import resolve_job_config, with_spaces
-from services.learner.resume import resume
 from services.learner.sampling import JobOver
-from services.learner.sessions import KEEP_CHECKPOINTS, BatchSession
-from services.slave.core import TaskContext
-
-JOB = "job-1"
-
-
-class Coordinator:
-    """Takes announcements of `epoch` only, as the coordinator does for the lease."""
-
-    def __init__(self, epoch: int) -> None:
-        self.epoch = epoch
-        self.announced = []
-
-    def announce_policy(self, job_id, ref, *, task_id=None):
-        if ref.epoch != self.epoch:
-            raise ApiError(409, "task_not_active", f"task {task_id} is lost")
-        self.announced.append(ref)
-
-    def latest_policy(self, job_id, **_):
-        return self.announced[-1] if self.announced else None
-
-
-def session(store: SharedStore, coordinator: Coordinator, epoch: int) -> BatchSession:
-    config, _ = resolve_job_config({"policy": {"type": "dqn"}})
-    config = with_spaces(config, 4, 2)
-    ctx = TaskContext(
-        task=TaskAssignment(
-            task_id=f"learn-{epoch}", job_id=JOB, spec=LearnSpec(seed=0, epoch=epoch)
-        ),
-        worker_id=f"learner-{epoch}",
-        coordinator=coordinator,  # type: ignore[arg-type]
-        metrics=CollectorRegistry(),
-    )
-    learner = DQN(config.policy)
-    resumed = resume(store, JOB, "dqn", learner, ctx)
-    return BatchSession(ctx, config, store, learner, resumed.version)
+from services.learner.sessions import KEEP_CHECKPOINTS
+from tests.learner_sessions import JOB, Coordinator, session
 
 
 def test_a_policy_version_is_written_once(tmp_path):

@@ -5,19 +5,16 @@ tests/service/test_population.py); and the `pbt:` section's own checks."""
 
 import pytest
 import torch
-from prometheus_client import CollectorRegistry
 
 from algorithms.dqn.learner import DQN
 from common.checkpoint_file import Checkpoint, write_checkpoint
 from common.config import ConfigError
-from common.messages import LearnSpec, TaskAssignment
 from common.storage import SharedStore
 from jobconfig import resolve_job_config, with_spaces
 from jobconfig.population import perturbed
 from jobconfig.sweep import plan_sweep
 from services.learner.resume import resume
-from services.slave.core import TaskContext
-from tests.unit.test_fencing import JOB, Coordinator, session
+from tests.learner_sessions import JOB, Coordinator, context, session
 
 
 def dqn(learning_rate: float) -> DQN:
@@ -62,21 +59,12 @@ def test_the_next_learner_resumes_the_copy_not_the_members_own_newer_version(tmp
     write_checkpoint(store, JOB, 50, Checkpoint(state, 7, "dqn"), epoch=2)  # the copy
     coordinator.epoch = 3
     learner = dqn(0.001)
-    resumed = resume(store, JOB, "dqn", learner, session_context(coordinator))
+    resumed = resume(store, JOB, "dqn", learner, context(coordinator, 3))
     assert resumed.checkpoint.endswith("learner-e00000002-0000000050.safetensors")
     assert resumed.policy is None and learner.train_iter == 50  # not version 1's 900
     assert resumed.version == 7  # the next publish goes past the copy's and its own
     for a, b in zip(learner.online.parameters(), donor.online.parameters(), strict=True):
         assert torch.equal(a, b)
-
-
-def session_context(coordinator):
-    return TaskContext(
-        task=TaskAssignment(task_id="learn-3", job_id=JOB, spec=LearnSpec(seed=0, epoch=3)),
-        worker_id="learner-3",
-        coordinator=coordinator,
-        metrics=CollectorRegistry(),
-    )
 
 
 def test_an_integer_stays_a_whole_number_of_at_least_one():
