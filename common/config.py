@@ -428,8 +428,9 @@ class JobConfig:
 
     #: The job's name (a run folder's prefix).
     exp_name: str = "drover"
-    #: Unknown keys are errors instead of warnings.
-    strict: bool = False
+    #: Unknown keys are errors (false: warnings, as they are in a DI-engine `.py`
+    #: file, whose many keys drover has no use for).
+    strict: bool = True
     env: EnvConfig = field(default_factory=EnvConfig)
     policy: PolicyConfig
     system: SystemConfig = field(default_factory=SystemConfig)

@@ -40,7 +40,7 @@ from drover.devices import fit_local_device, local_learner_ranks
 from drover.docker_backend import DockerUnavailable, run_in_docker
 from drover.forkserver import ForkServer
 from drover.local import LocalCluster, new_run_dir, torchrun_args
-from drover.say import console, error
+from drover.say import add_open, console, error, show_dashboard
 from drover.tables import league_line
 from jobconfig import fit_to_env, load_config, resolve_job_config
 from services.coordinator.client import CoordinatorClient
@@ -87,6 +87,7 @@ def _main(argv: list[str] | None, fork_server: ForkServer | None) -> int:
         help="train on a learner group of N ranks started by torchrun (default: one "
         "per CUDA device for a policy.learn.multi_gpu job on CUDA, else 1)",
     )
+    add_open(run)
     submit = sub.add_parser("submit", help="submit a job to a running coordinator")
     submit.add_argument("config", help="job config: .yaml, .yml, .json or .py (main_config)")
     submit.add_argument(
@@ -110,6 +111,8 @@ def _main(argv: list[str] | None, fork_server: ForkServer | None) -> int:
     show = sub.add_parser("config", help="print a job config resolved; starts nothing")
     show.add_argument("action", choices=["show"], help="show: the resolved config")
     show.add_argument("config", help="job config: .yaml, .yml, .json or .py (DI-engine's)")
+    for reads_a_config in (run, submit, show, *(sub.choices[v] for v in ("sweep", "tune"))):
+        add_allow_unknown_keys(reads_a_config)
     roles = {
         role: sub.add_parser(role, help=f"serve one {role} (settings from DROVER_* variables)")
         for role in ("coordinator", "collector", "learner")
@@ -162,6 +165,15 @@ def serve_learner_group(nproc: int, max_restarts: int) -> int:
     os.execv(sys.executable, argv)  # torchrun takes over this process (and its signals)
 
 
+def add_allow_unknown_keys(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--allow-unknown-keys",
+        action="store_true",
+        help="an unknown key in the config is a warning, not an error (strict: false; "
+        "a DI-engine .py file's always are)",
+    )
+
+
 def print_notes(notes: list[str], warnings: list[str]) -> None:
     """What was translated from DI-engine's keys, and what is ignored."""
     for note in notes:
@@ -182,7 +194,7 @@ def show_config(args: argparse.Namespace) -> int:
     """The config as a job would run it, the DI-engine keys translated and the keys
     ignored, without starting anything."""
     try:
-        raw, notes = load_config(args.config)
+        raw, notes = load_config(args.config, allow_unknown_keys=args.allow_unknown_keys)
         config, warnings = resolve_job_config(raw)
         config = check_here(config)
     except ConfigError as exc:
@@ -200,7 +212,7 @@ def run_local(args: argparse.Namespace, fork_server: ForkServer | None = None) -
     if args.learner_ranks is not None and args.learner_ranks < 1:
         return error("--learner-ranks must be at least 1")
     try:
-        raw, notes = load_config(args.config)
+        raw, notes = load_config(args.config, allow_unknown_keys=args.allow_unknown_keys)
         config, warnings = resolve_job_config(raw)
         check_here(config)
         local = fit_local_device(raw, config, cpu_fallback=args.cpu_fallback)
@@ -226,6 +238,7 @@ def run_local(args: argparse.Namespace, fork_server: ForkServer | None = None) -
     status: JobStatus | None = None
     try:
         cluster.start()
+        show_dashboard(cluster, args.open)
         try:
             created = cluster.client.submit_job(raw, name=config.exp_name)
         except ApiError as exc:
@@ -270,7 +283,7 @@ def run_docker(args: argparse.Namespace, raw: dict, name: str, ranks: int, start
 def submit_job(args: argparse.Namespace) -> int:
     """Submit to a running coordinator (what compose's `submit` service does)."""
     try:
-        raw, notes = load_config(args.config)
+        raw, notes = load_config(args.config, allow_unknown_keys=args.allow_unknown_keys)
         config, warnings = resolve_job_config(raw)
         check_workflow(config)
         token = read_token()

@@ -206,6 +206,12 @@ class LocalCluster:
         self.client = CoordinatorClient(self.coordinator_url, self.token, timeout_s=10.0)
         self._fork_server: ForkServer | None = None
 
+    @property
+    def dashboard_url(self) -> str:
+        """The coordinator's dashboard, signed in: the token in the URL's fragment, which
+        a browser never sends to a server (the page reads it: dashboard/app.js)."""
+        return f"{self.coordinator_url}/#token={self.token}"
+
     def _common_env(self) -> dict[str, str]:
         """What every service's environment holds, its own port and secrets aside: the
         fork server's (the launcher's without its secrets, nothing in the working

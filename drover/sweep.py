@@ -22,7 +22,7 @@ from common.http_client import ServiceUnavailable
 from common.messages import ExperimentStatus
 from common.settings import SettingsError, read_token
 from drover.local import LocalCluster, new_run_dir
-from drover.say import console, error
+from drover.say import add_open, console, error, show_dashboard
 from drover.tables import experiment_table
 from jobconfig import load_config
 from jobconfig.sweep import plan_sweep
@@ -49,11 +49,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
         "instead of a local cluster",
     )
     sweep.add_argument("--wait", action="store_true", help="with --url: wait for every job")
+    add_open(sweep)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        raw, _ = load_config(args.config)
+        raw, _ = load_config(args.config, allow_unknown_keys=args.allow_unknown_keys)
         sweep, jobs = plan_sweep(raw)
     except ConfigError as exc:
         return error(f"{args.config}: {exc}")
@@ -78,6 +79,7 @@ def run(args: argparse.Namespace) -> int:
     started = time.monotonic()
     try:
         cluster.start()
+        show_dashboard(cluster, args.open)
         try:
             created = cluster.client.submit_experiment(raw, name=name)
         except ApiError as exc:

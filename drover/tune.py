@@ -47,7 +47,7 @@ from common.http_client import ServiceUnavailable
 from common.messages import TERMINAL_PHASES, EvalSummary, JobStatus, parse
 from common.settings import SettingsError, read_token
 from drover.local import LocalCluster, new_run_dir
-from drover.say import console, error
+from drover.say import add_open, console, error, show_dashboard
 from jobconfig import load_config
 from jobconfig.sweep import Axis, Point, member_config
 from jobconfig.tuning import Tuning, plan_tuning
@@ -68,11 +68,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     tune.add_argument(
         "--url", help="run the trials on the coordinator at this URL instead of a local cluster"
     )
+    add_open(tune)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        raw, _ = load_config(args.config)
+        raw, _ = load_config(args.config, allow_unknown_keys=args.allow_unknown_keys)
         tuning, base = plan_tuning(raw)
     except ConfigError as exc:
         return error(f"{args.config}: {exc}")
@@ -100,6 +101,7 @@ def run(args: argparse.Namespace) -> int:
         with LocalCluster(
             run_dir, num_collectors=args.collectors, num_learners=learners, fork_server=True
         ) as cluster:
+            show_dashboard(cluster, args.open)
             cluster.wait_for_workers()
             tuner = Tuner(cluster.client, study, tuning, base, name)
             tuner.run(started + args.timeout_s)

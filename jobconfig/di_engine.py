@@ -117,6 +117,8 @@ def from_di_engine(
         # space from the env.
         _pop(raw, "policy.model.action_space")
         notes.append("policy.model.action_space: reparameterization is SAC's actor; dropped")
+    # DI-engine's files carry many keys drover has no use for: each is a warning.
+    raw.setdefault("strict", False)
     return raw, notes
 
 

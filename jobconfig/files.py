@@ -28,15 +28,28 @@ def load_config_file(path: str | Path) -> dict[str, Any]:
     return load_config(path)[0]
 
 
-def load_config(path: str | Path) -> tuple[dict[str, Any], list[str]]:
+def load_config(
+    path: str | Path, *, allow_unknown_keys: bool = False
+) -> tuple[dict[str, Any], list[str]]:
     """Read a YAML, JSON or Python config file into a plain dict, and a note for each
     DI-engine key it translated.
 
     A Python file is DI-engine's shape: `main_config`, and `create_config` naming the
     algorithm and the env (common/di_engine.py maps both, or refuses them). Python
     configs run code, so only the local CLI reads them; the REST API takes data.
+
+    An unknown key in a job's config is an error (a typo is not a default), except in
+    a Python file, which carries many keys drover has no use for (jobconfig/di_engine.py
+    makes it `strict: false` unless it says otherwise: each is a warning), and with
+    `allow_unknown_keys`.
     """
-    path = Path(path)
+    raw, notes = _load(Path(path))
+    if allow_unknown_keys:
+        raw["strict"] = False
+    return raw, notes
+
+
+def _load(path: Path) -> tuple[dict[str, Any], list[str]]:
     create: Any = None
     if not path.is_file():
         raise ConfigError("config", f"no such file: {path}")

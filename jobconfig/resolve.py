@@ -1,6 +1,6 @@
 """Raw config in, `JobConfig` out: the algorithm's defaults merged, the `policy`
 section validated by the algorithm's own config class, unknown keys warned about
-(errors when `strict: true`), and the checks that span several keys.
+(errors unless `strict: false`), and the checks that span several keys.
 
 The algorithm's config class is its registry entry's `config` (a subclass of
 `common.config.PolicyConfig` whose `type` is a Literal of its name): `policy` is a
@@ -85,9 +85,12 @@ def resolve_job_config(raw: Any) -> tuple[JobConfig, list[str]]:
     cls = _policy_class(algo)
     merged = deep_merge(dict(ALGORITHMS[algo].defaults), raw)
     known, unknown, ignored = _split_unknown(_job_schema(cls), merged, "", algo)
-    if unknown and merged.get("strict") is True:
+    if unknown and merged.get("strict", True) is not False:
         field_path, _, message = unknown[0].partition(": ")
-        raise ConfigError(field_path, message)
+        more = f"; {len(unknown) - 1} more" if len(unknown) > 1 else ""
+        raise ConfigError(
+            field_path, f"{message}{more} (strict: false makes unknown keys warnings)"
+        )
     known.setdefault("policy", {})["type"] = algo
     config = _validated(known)
     check_consistency(config)

@@ -1,6 +1,7 @@
 """Real processes on 127.0.0.1 with a temporary shared dir: DQN learns CartPole."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -86,6 +87,9 @@ def test_drover_run_cli_end_to_end(tmp_path):
     wall_s = time.monotonic() - started
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "succeeded" in proc.stderr
+    # One line with the dashboard's address, signed in (the token in its fragment).
+    (dashboard,) = [line for line in proc.stderr.splitlines() if "drover: dashboard " in line]
+    assert re.fullmatch(r"drover: dashboard http://127\.0\.0\.1:\d+/#token=[\w-]{43}", dashboard)
     run_dirs = list(tmp_path.glob("cartpole_dqn-*"))
     assert len(run_dirs) == 1
     assert sorted(p.name for p in (run_dirs[0] / "logs").iterdir()) == [

@@ -86,7 +86,10 @@ def test_bad_job_configs_get_400_naming_the_field(client, body, field):
 
 
 def test_job_lifecycle(client, core):
-    resp = post(client, "/api/v1/jobs", {"config": {**CONFIG, "typo_key": 1}})
+    typo = post(client, "/api/v1/jobs", {"config": {**CONFIG, "typo_key": 1}})
+    assert typo.status_code == 400 and typo.json["message"].startswith("config.typo_key:")
+    assert get(client, "/api/v1/jobs").json["jobs"] == []  # nothing was made
+    resp = post(client, "/api/v1/jobs", {"config": {**CONFIG, "typo_key": 1, "strict": False}})
     assert resp.status_code == 201
     assert resp.json["warnings"] == ["typo_key: unknown key"]
     job_id = resp.json["job_id"]

@@ -125,10 +125,13 @@ def test_the_dashboard_in_a_browser(tmp_path):
         browser = pw.chromium.launch(executable_path=chromium, args=["--no-sandbox"])
         try:
             page = browser.new_page(viewport={"width": 1100, "height": 900})
-            sign_in(page, cluster.coordinator_url + "/", cluster.token)
+            # What `drover run` prints opens signed in, and the token leaves the
+            # address bar at once.
+            page.goto(cluster.dashboard_url)
             row = page.locator(f'tr.job[data-job-id="{job_id}"]')
             row.wait_for(timeout=30_000)
             assert "dashboard-test" in row.inner_text() and "CartPole-v1" in row.inner_text()
+            assert "token" not in page.url and page.url.endswith("#/jobs")
             # Its share while it runs: the one collector, all it is owed.
             wait_in_page(
                 page,

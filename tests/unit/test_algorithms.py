@@ -197,8 +197,10 @@ def test_a_registered_algorithms_own_knob_is_read_bounded_and_typo_checked(toy):
     with pytest.raises(ConfigError) as err:
         resolve_job_config({"policy": {"type": "toy", "learn": {"td_clip": -1}}})
     assert err.value.field == "policy.learn.td_clip"
-    _, warnings = resolve_job_config({"policy": {"type": "toy", "learn": {"td_clp": 1}}})
-    assert warnings == ["policy.learn.td_clp: unknown key (did you mean 'td_clip'?)"]
+    with pytest.raises(ConfigError) as err:
+        resolve_job_config({"policy": {"type": "toy", "learn": {"td_clp": 1}}})
+    assert err.value.field == "policy.learn.td_clp"
+    assert err.value.message.startswith("unknown key (did you mean 'td_clip'?)")
     _, warnings = resolve_job_config({"policy": {"type": "dqn", "learn": {"td_clip": 1}}})
     assert warnings == ["policy.learn.td_clip: ignored, dqn does not use it (toy does)"]
 

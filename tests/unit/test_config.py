@@ -17,13 +17,24 @@ def test_defaults_merge_and_freeze():
         config.env.env_id = "x"  # type: ignore[misc]
 
 
-def test_unknown_keys_warn_with_suggestion_or_fail_when_strict():
-    raw = {"policy": {"learn": {"lerning_rate": 0.1}}}
-    _, warnings = resolve_job_config(raw)
-    assert warnings == ["policy.learn.lerning_rate: unknown key (did you mean 'learning_rate'?)"]
+def test_an_unknown_key_is_an_error_with_its_suggestion_or_with_strict_false_a_warning():
+    raw = {"policy": {"learn": {"lerning_rate": 0.1}}, "env": {"stop_vaule": 1}}
     with pytest.raises(ConfigError) as err:
-        resolve_job_config({**raw, "strict": True})
+        resolve_job_config(raw)
     assert err.value.field == "policy.learn.lerning_rate"
+    assert err.value.message == (
+        "unknown key (did you mean 'learning_rate'?); 1 more "
+        "(strict: false makes unknown keys warnings)"
+    )
+    config, warnings = resolve_job_config({**raw, "strict": False})
+    assert warnings == [
+        "policy.learn.lerning_rate: unknown key (did you mean 'learning_rate'?)",
+        "env.stop_vaule: unknown key (did you mean 'stop_value'?)",
+    ]
+    assert config.policy.learn.learning_rate == 0.001  # the default: the typo was dropped
+    # A key only other algorithms read is valid: named as ignored, never an error.
+    _, warnings = resolve_job_config({"policy": {"learn": {"clip_ratio": 0.3}}})
+    assert warnings == ["policy.learn.clip_ratio: ignored, dqn does not use it (ppo does)"]
 
 
 @pytest.mark.parametrize(
@@ -150,7 +161,7 @@ def test_every_coordinator_limit_is_settable_and_documented():
     ],
 )
 def test_unknown_keys_point_across_the_schema_and_only_at_typos(raw, warning):
-    assert warning in resolve_job_config(raw)[1]
+    assert warning in resolve_job_config({**raw, "strict": False})[1]
 
 
 def test_keys_of_other_algorithms_are_named_as_ignored():
@@ -184,3 +195,25 @@ def test_a_wildcard_bound_slave_looks_its_address_up_again_at_each_registration(
         },
     )
     assert given.address_now() == "http://collector-0:8100"  # as given, never looked up
+
+
+def test_a_misspelled_key_stops_run_and_submit_before_anything_starts(tmp_path, capsys):
+    from drover.cli import main
+    from tests.helpers import EXAMPLE
+
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(f"base: {EXAMPLE}\npolicy: {{learn: {{learning_rat: 0.0042}}}}\n")
+    runs = tmp_path / "runs"
+    assert main(["run", str(typo), "--runs-dir", str(runs)]) == 2
+    said = capsys.readouterr().err
+    assert "policy.learn.learning_rat: unknown key (did you mean 'learning_rate'?)" in said
+    assert not runs.exists()  # no run folder: nothing started
+    # submit: refused before it looks for a coordinator (none answers at this URL)
+    url = "http://127.0.0.1:9"
+    assert main(["submit", str(typo), "--coordinator", url, "--connect-timeout-s", "0"]) == 2
+    assert "learning_rat: unknown key" in capsys.readouterr().err
+    # With --allow-unknown-keys: a warning, and the config shows with the default rate.
+    shown = main(["config", "show", str(typo), "--allow-unknown-keys"])
+    out = capsys.readouterr()
+    assert shown == 0 and "warning: policy.learn.learning_rat: unknown key" in out.err
+    assert "learning_rate: 0.0023" in out.out and "0.0042" not in out.out  # not the typo

@@ -153,6 +153,7 @@ class RefusingCluster:
     def __init__(self, run_dir, **kwargs):
         self.run_dir = run_dir
         self.client = self
+        self.dashboard_url = "http://127.0.0.1:1/#token=t"
 
     def start(self):
         pass

@@ -564,5 +564,14 @@ window.addEventListener("hashchange", () => {
   }
 });
 
+// A link that signs in (what `drover run` prints): `#token=...`, in the fragment so it
+// never reaches a server's log. The token is kept as a typed one is, and the address
+// bar loses it (nor does the browser's history keep it).
+const signIn = location.hash.match(/^#token=([^&]+)/);
+if (signIn) {
+  sessionStorage.setItem(TOKEN_KEY, decodeURIComponent(signIn[1]));
+  history.replaceState(null, "", location.pathname + location.search + "#/jobs");
+}
+
 if (token()) start();
 else showLogin("");
