@@ -742,6 +742,13 @@ class ExperimentStatus:
 
 
 @message
+class CheckpointList:
+    """A job's checkpoint files, oldest first (by learn lease, then train iteration)."""
+
+    names: list[str]
+
+
+@message
 class ExperimentList:
     experiments: list[ExperimentStatus]
 

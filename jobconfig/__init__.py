@@ -28,7 +28,16 @@ from jobconfig.resolve import (
     resolve_job_config,
     sequence_length_of,
 )
-from jobconfig.spaces import fit_to_env, with_spaces
+
+def __getattr__(name: str):
+    # The env's spaces need gymnasium, which a client (`from drover import Client`,
+    # reading a config file to submit) goes without: imported when first asked for.
+    if name in ("fit_to_env", "with_spaces"):
+        from jobconfig import spaces
+
+        return getattr(spaces, name)
+    raise AttributeError(f"module 'jobconfig' has no attribute {name!r}")
+
 
 __all__ = [
     "algorithm_of",

@@ -15,6 +15,7 @@ from common.array_bodies import SAMPLE_REQUEST_ARRAYS, SampledItems, encode
 from common.http_client import ServiceClient, ServiceUnavailable
 from common.messages import (
     TERMINAL_PHASES,
+    CheckpointList,
     ExperimentCreated,
     ExperimentList,
     ExperimentStatus,
@@ -160,6 +161,13 @@ class CoordinatorClient(ServiceClient):
     def policy_bytes(self, job_id: str, version: int | None = None) -> bytes:
         params = {"version": version} if version is not None else None
         return self.raw("GET", f"{API}/jobs/{job_id}/policy", params=params).data
+
+    def checkpoints(self, job_id: str) -> list[str]:
+        """The job's checkpoint file names, oldest first."""
+        return self.call_as(CheckpointList, "GET", f"{API}/jobs/{job_id}/checkpoints").names
+
+    def checkpoint_bytes(self, job_id: str, name: str) -> bytes:
+        return self.raw("GET", f"{API}/jobs/{job_id}/checkpoints/{name}").data
 
     # --- workers ------------------------------------------------------------------
 

@@ -31,6 +31,7 @@ from common.array_bodies import SampledItems
 from common.http import Caller
 from common.messages import (
     BufferStats,
+    CheckpointList,
     ExperimentCreated,
     ExperimentList,
     ExperimentStatus,
@@ -294,6 +295,12 @@ class Coordinator:
 
     def policy_path(self, job_id: str, version: int | None) -> str:
         return self.policies.path(job_id, version)
+
+    def checkpoints(self, job_id: str) -> CheckpointList:
+        return CheckpointList(names=self.policies.checkpoints(job_id))
+
+    def checkpoint_path(self, job_id: str, name: str) -> str:
+        return self.policies.checkpoint_path(job_id, name)
 
     # --- scheduling ------------------------------------------------------------------
 

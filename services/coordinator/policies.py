@@ -126,6 +126,19 @@ class PolicyPointer:
             raise not_found(f"policy version {version} of job {job_id}")
         return path
 
+    def checkpoints(self, job_id: str) -> list[str]:
+        """The job's checkpoint file names, oldest first."""
+        with self.state.guard.changing():
+            self.jobs.get(job_id)  # 404 for a job it does not keep
+        return self.state.store.checkpoints(job_id)
+
+    def checkpoint_path(self, job_id: str, name: str) -> str:
+        """The file of one of the job's checkpoints, by its name (only a checkpoint's
+        name: nothing else under the job's folder is served)."""
+        if name not in self.checkpoints(job_id):
+            raise not_found(f"checkpoint {name} of job {job_id}")
+        return f"{job_id}/checkpoints/{name}"
+
     def recover(self, job: Job) -> None:
         """Point a restored job at its newest valid policy file (whole, and written by
         the job's algorithm and its newest learn lease the snapshot knew, or a later

@@ -6,7 +6,14 @@ from flask import Blueprint, request, send_file
 
 from common.errors import bad_request
 from common.http import body, reply
-from common.messages import JobCreated, JobList, JobMetrics, JobStatus, JobSubmit
+from common.messages import (
+    CheckpointList,
+    JobCreated,
+    JobList,
+    JobMetrics,
+    JobStatus,
+    JobSubmit,
+)
 from common.openapi import documented
 from services.coordinator.api import SECONDS_QUERY, core, seconds_query, version_query
 from services.coordinator.jobs import MAX_PAGE
@@ -84,4 +91,23 @@ def policy_file(job_id: str) -> Any:
         mimetype="application/octet-stream",
         as_attachment=True,
         download_name=f"{job_id}-{path.rsplit('/', 1)[-1]}",
+    )
+
+
+@bp.get("/<job_id>/checkpoints")
+@documented(summary="A job's checkpoint files, oldest first", reply=CheckpointList)
+def checkpoints(job_id: str) -> Any:
+    return reply(core().checkpoints(job_id))
+
+
+@bp.get("/<job_id>/checkpoints/<name>")
+@documented(summary="One checkpoint file, safetensors", content_type="application/octet-stream")
+def checkpoint_file(job_id: str, name: str) -> Any:
+    coordinator = core()
+    path = coordinator.checkpoint_path(job_id, name)
+    return send_file(
+        coordinator.store.resolve(path),
+        mimetype="application/octet-stream",
+        as_attachment=True,
+        download_name=f"{job_id}-{name}",
     )
