@@ -11,6 +11,7 @@ import torch
 
 from algorithms.dqn.config import EpsConfig
 from algorithms.dqn.networks import QNetwork
+from algorithms.export import Acting, greedy_q, obs_port
 from common.config import PolicyConfig
 from common.models import load_numpy_state
 
@@ -35,6 +36,7 @@ class QActor:
         self.num_actions = config.model.action_shape
         self.device = torch.device(config.torch_device)
         self.network = self.make_network(config).to(self.device).eval()
+        self.obs = obs_port(config.model)
         self.version = 0
         self.loaded = False
 
@@ -48,6 +50,10 @@ class QActor:
 
     def env_action(self, action: np.ndarray) -> np.ndarray:
         return action
+
+    def acting(self) -> Acting:
+        """What `greedy` does, as a plain network (algorithms/export.py)."""
+        return greedy_q(self.network, self.obs, self.num_actions)
 
     def _argmax(self, obs: np.ndarray) -> np.ndarray:
         with torch.inference_mode():

@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from algorithms.export import Acting, actor_critic_mode, obs_port
 from algorithms.ppo.networks import ActorCritic
 from common.config import PolicyConfig
 from common.models import load_numpy_state
@@ -19,6 +20,8 @@ class ActorCriticPolicy:
         model = config.model
         self.device = torch.device(config.torch_device)
         self.network = ActorCritic(model).to(self.device).eval()
+        self.obs = obs_port(model)
+        self.num_actions = model.action_shape
         self.continuous = model.action_space == "continuous"
         self.low = np.asarray(model.action_low, dtype=np.float32) if self.continuous else None
         self.high = np.asarray(model.action_high, dtype=np.float32) if self.continuous else None
@@ -37,6 +40,12 @@ class ActorCriticPolicy:
     def env_action(self, action: np.ndarray) -> np.ndarray:
         """What the env receives: a Gaussian sample clipped to the action bounds."""
         return np.clip(action, self.low, self.high) if self.continuous else action
+
+    def acting(self) -> Acting:
+        """What `greedy` does (without a legal-action mask), as a plain network
+        (algorithms/export.py)."""
+        bounds = (self.low, self.high) if self.continuous else None
+        return actor_critic_mode(self.network, self.obs, self.num_actions, bounds)
 
     def _mask(self, mask: np.ndarray | None) -> torch.Tensor | None:
         return None if mask is None else torch.as_tensor(mask, device=self.device)

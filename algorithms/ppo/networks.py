@@ -56,7 +56,8 @@ class ActorCritic(nn.Module):
         nn.init.orthogonal_(last.weight, gain=0.01)
         nn.init.zeros_(last.bias)
 
-    def _heads(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def heads(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The actor's output (logits, or the Gaussian's mean) and the state values."""
         if self.shared:
             features = self.encoder(obs)
             return self.actor(features), self.critic(features).squeeze(-1)
@@ -79,7 +80,7 @@ class ActorCritic(nn.Module):
     ) -> tuple[torch.distributions.Distribution, torch.Tensor]:
         """The policy's distribution (over the actions `mask` allows, when given) and
         the state values, with one pass through a shared encoder."""
-        out, value = self._heads(obs)
+        out, value = self.heads(obs)
         return self._dist(out, mask), value
 
     def distribution(

@@ -20,6 +20,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from algorithms.export import Acting, obs_port, recurrent_greedy_q
 from algorithms.r2d2.config import R2D2Config
 from algorithms.r2d2.networks import LSTMState, RecurrentQNetwork
 from common.config import PolicyConfig
@@ -51,6 +52,7 @@ class R2D2Policy:
         self.num_actions = config.model.action_shape
         self.device = torch.device(config.torch_device)
         self.network = RecurrentQNetwork(config.model).to(self.device).eval()
+        self.obs = obs_port(config.model)
         self.eps_base = config.other.eps.base
         self.eps_alpha = config.other.eps.alpha
         self.version = 0
@@ -68,6 +70,13 @@ class R2D2Policy:
 
     def env_action(self, action: np.ndarray) -> np.ndarray:
         return action
+
+    def acting(self) -> Acting:
+        """One greedy step, its recurrent state in and out, as a plain network
+        (algorithms/export.py)."""
+        return recurrent_greedy_q(
+            self.network, self.obs, self.num_actions, self.network.hidden_size
+        )
 
     def epsilons(self, num_envs: int) -> np.ndarray:
         return apex_epsilons(self.eps_base, self.eps_alpha, num_envs)

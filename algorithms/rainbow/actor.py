@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from algorithms.dqn.actor import QActor, QPolicy
+from algorithms.export import Acting
 from algorithms.rainbow.networks import DistributionalQNetwork, noise_sigma, with_noise
 from common.config import PolicyConfig
 
@@ -43,6 +44,11 @@ class RainbowPolicy(QActor):
     def load(self, version: int, tensors: dict[str, np.ndarray]) -> None:
         super().load(version, tensors)
         self._sigma = float(noise_sigma(self.network))
+
+    def acting(self) -> Acting:
+        """The noise-free network, as `greedy` acts on it."""
+        with_noise(self.network, False)
+        return super().acting()
 
     def greedy(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         """The env action for evaluation: greedy on the noise-free network."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from algorithms.export import Acting, obs_port, squashed_mean
 from algorithms.sac.networks import SquashedGaussianActor
 from common.config import PolicyConfig
 from common.models import load_numpy_state
@@ -18,6 +19,7 @@ class SquashedGaussianPolicy:
         model = config.model
         self.device = torch.device(config.torch_device)
         self.network = SquashedGaussianActor(model).to(self.device).eval()
+        self.obs = obs_port(model)
         self.low = np.asarray(model.action_low, dtype=np.float32)
         self.high = np.asarray(model.action_high, dtype=np.float32)
         self.random_steps = config.collect.random_collect_size
@@ -49,6 +51,11 @@ class SquashedGaussianPolicy:
         with torch.inference_mode():
             x = torch.as_tensor(obs, dtype=torch.float32, device=self.device)
             return self.env_action(self.network.mode(x).cpu().numpy())
+
+    def acting(self) -> Acting:
+        """What `greedy` does once a version is loaded, as a plain network
+        (algorithms/export.py)."""
+        return squashed_mean(self.network, self.obs, len(self.low), (self.low, self.high))
 
     def _uniform(self, obs: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         return rng.uniform(-1.0, 1.0, size=(len(obs), len(self.low))).astype(np.float32)
