@@ -216,6 +216,10 @@ class EvaluatorConfig:
 @section
 class EvalConfig:
     evaluator: EvaluatorConfig = field(default_factory=EvaluatorConfig)
+    #: Record a video of one greedy episode every this many evaluations (the first
+    #: one included; None: none): an MP4 in the job's `videos/`, an animation in
+    #: TensorBoard, a player on the dashboard's job page.
+    video_every: PosInt | None = None
 
 
 @section

@@ -169,7 +169,7 @@ def _box(space: gym.spaces.Box, shape: tuple[int, ...], dtype: type) -> gym.spac
     return gym.spaces.Box(-np.inf, np.inf, shape, np.float32)
 
 
-def make_one_env(config: EnvConfig, *, training: bool) -> gym.Env:
+def make_one_env(config: EnvConfig, *, training: bool, render_mode: str | None = None) -> gym.Env:
     """One env as a job's model sees it: Atari preprocessing for ale_py envs (episodic
     life and reward clipping only when `training`), `env.obs_key`, the observation
     layout of `_observation_layout`, then `env.frame_stack`.
@@ -182,6 +182,8 @@ def make_one_env(config: EnvConfig, *, training: bool) -> gym.Env:
     """
     check_env(config)
     kwargs = dict(config.env_kwargs)
+    if render_mode is not None:  # watching it play (common/video.py)
+        kwargs["render_mode"] = render_mode
     atari = is_atari(config)
     if atari:
         kwargs["frameskip"] = 1  # frames are skipped (and max-pooled) by the wrapper

@@ -317,6 +317,8 @@ class EvaluateSpec:
     policy_path: RelPath | None = None
     #: The policy file's digest as announced: the evaluator checks the file against it.
     policy_sha256: Annotated[str, MinLen(64), MaxLen(64)] | None = None
+    #: Record one more greedy episode as a video (`policy.eval.video_every`).
+    video: bool = False
 
 
 @message
@@ -381,6 +383,11 @@ class EvalResult:
     #: A battle evaluation: the games against each baseline (its `returns` are the
     #: games' outcomes, 1 a win, 0 a draw, -1 a loss).
     tallies: Annotated[dict[BaselineName, GameTally], MaxLen(2)] | None = None
+    #: Its video (`EvaluateSpec.video`): the MP4 and the GIF TensorBoard shows, under
+    #: the job's `videos/`; or why the env gave none.
+    video: RelPath | None = None
+    video_gif: RelPath | None = None
+    video_error: Annotated[str, MaxLen(500)] = ""
 
 
 @message
@@ -764,6 +771,9 @@ class EvalSummary:
     #: The worst and best episode's return (None in records from before they were kept).
     return_min: float | None = None
     return_max: float | None = None
+    #: The evaluation's video (an MP4 under the job's folder), or why there is none.
+    video: str | None = None
+    video_error: str = ""
 
 
 @message

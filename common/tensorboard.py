@@ -62,12 +62,24 @@ class ScalarLog:
             for tag, value in values.items()
             if value is not None and math.isfinite(value)
         ]
-        if not kept:
-            return
+        if kept:
+            self._add(step, kept, wall_time)
+
+    def animation(self, step: int, tag: str, gif: bytes, *, width: int, height: int) -> None:
+        """An animated GIF at `step`: TensorBoard's images tab plays it (what torch's
+        `add_video` writes)."""
+        image = summary_pb2.Summary.Image(
+            height=height, width=width, colorspace=3, encoded_image_string=gif
+        )
+        self._add(step, [summary_pb2.Summary.Value(tag=tag, image=image)], None)
+
+    def _add(
+        self, step: int, values: list[summary_pb2.Summary.Value], wall_time: float | None
+    ) -> None:
         event = event_pb2.Event(
             wall_time=time.time() if wall_time is None else wall_time,
             step=int(step),
-            summary=summary_pb2.Summary(value=kept),
+            summary=summary_pb2.Summary(value=values),
         )
         with self._lock:
             if self._done:

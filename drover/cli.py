@@ -35,7 +35,7 @@ from common.http_client import ServiceUnavailable
 from common.messages import TERMINAL_PHASES, JobStatus, LeagueView
 from common.process import Terminated, exit_without_teardown, stop_on_terminate
 from common.settings import SettingsError, read_token
-from drover import export, plot, report, sweep, tune, verbs
+from drover import enjoy, export, plot, report, sweep, tune, verbs
 from drover.devices import fit_local_device, local_learner_ranks
 from drover.docker_backend import DockerUnavailable, run_in_docker
 from drover.forkserver import ForkServer
@@ -108,6 +108,7 @@ def _main(argv: list[str] | None, fork_server: ForkServer | None) -> int:
     sweep.add_parser(sub)
     report.add_parser(sub)
     export.add_parser(sub)
+    enjoy.add_parser(sub)
     tune.add_parser(sub)
     show = sub.add_parser("config", help="print a job config resolved; starts nothing")
     show.add_argument("action", choices=["show"], help="show: the resolved config")
@@ -147,6 +148,8 @@ def _main(argv: list[str] | None, fork_server: ForkServer | None) -> int:
         return report.run(args)
     if args.command == "export":
         return export.run(args)
+    if args.command == "enjoy":
+        return enjoy.run(args)
     if args.command == "tune":
         return tune.run(args)
     if args.command == "learner" and args.nproc != 1:

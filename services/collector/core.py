@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import logging
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -39,6 +40,7 @@ from common.devices import acting_device, local_cuda
 from common.envs import make_env
 from common.messages import CollectSpec, EvalResult, EvaluateSpec, SegmentRef, dump
 from common.storage import SharedStore
+from common.video import CannotRender, encode, record_episode, video_path
 from jobconfig import algorithm_of, insert_rows_bound, read_job_config
 from services.collector.battle import BattleLoop, battle_evaluation
 from services.collector.follower import PolicyFollower
@@ -62,6 +64,8 @@ from services.collector.uploader import (
     SegmentUploader,
 )
 from services.slave.core import TaskContext
+
+log = logging.getLogger(__name__)
 
 A = TypeVar("A", bound=Actor)
 #: The envs a sampling loop steps: a vector env or a stepper.
@@ -600,6 +604,29 @@ class CollectorRunner:
                 ctx.progress["episodes"] = len(returns)
         finally:
             env.close()
-        return dump(
-            EvalResult(policy_version=spec.policy_version, returns=returns, lengths=lengths)
-        )
+        result = EvalResult(policy_version=spec.policy_version, returns=returns, lengths=lengths)
+        if spec.video and returns and not ctx.stopped():
+            result = self._record_video(ctx, config, spec, policy, result)
+        return dump(result)
+
+    def _record_video(
+        self,
+        ctx: TaskContext,
+        config: JobConfig,
+        spec: EvaluateSpec,
+        policy: Any,
+        result: EvalResult,
+    ) -> EvalResult:
+        """One more greedy episode of the version, rendered: an MP4 and the GIF that
+        TensorBoard shows, in the job's `videos/`. An env that cannot render says why
+        in the result; the evaluation counts all the same."""
+        rng = np.random.default_rng(spec.seed)
+        try:
+            episode = record_episode(config.env, lambda obs: policy.greedy(obs, rng), spec.seed)
+            name = video_path(ctx.task.job_id, spec.policy_version)
+            for fmt in ("mp4", "gif"):
+                self.store.write_bytes(f"{name}.{fmt}", encode(episode.frames, episode.fps, fmt))
+        except CannotRender as exc:
+            log.warning("no video of job %s: %s", ctx.task.job_id, exc)
+            return dataclasses.replace(result, video_error=str(exc)[:500])
+        return dataclasses.replace(result, video=f"{name}.mp4", video_gif=f"{name}.gif")

@@ -21,6 +21,7 @@ with `dispatched()` / `dispatch_failed()`.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +29,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Gauge
 
 from common.array_bodies import SampledItems
+from common.errors import not_found
 from common.http import Caller
 from common.messages import (
     BufferStats,
@@ -90,6 +92,10 @@ __all__ = [
     "TaskState",
     "Worker",
 ]
+
+
+#: The files of a job's `videos/` the API serves (common/video.py names them).
+VIDEO_NAME = re.compile(r"eval-\d{8}\.(mp4|gif)")
 
 
 class Coordinator:
@@ -301,6 +307,13 @@ class Coordinator:
 
     def checkpoint_path(self, job_id: str, name: str) -> str:
         return self.policies.checkpoint_path(job_id, name)
+
+    def video_path(self, job_id: str, name: str) -> str:
+        """One of the job's evaluation videos (only those: `eval-<version>.mp4|gif`)."""
+        self.job_book.get(job_id)  # 404 for a job it does not keep
+        if not VIDEO_NAME.fullmatch(name) or not self.store.exists(f"{job_id}/videos/{name}"):
+            raise not_found(f"video {name} of job {job_id}")
+        return f"{job_id}/videos/{name}"
 
     # --- scheduling ------------------------------------------------------------------
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from common.errors import ApiError
 from common.http_client import ServiceUnavailable
 from common.messages import BufferStats, EvalSummary, MetricsPoint
-from common.storage import SharedStore
+from common.storage import CorruptFileError, SharedStore
 from common.tensorboard import ScalarLog, job_tb_dir
 from services.buffer.core import ReplayBuffer
 from services.coordinator.buffers import BufferProcess
@@ -28,6 +28,9 @@ from services.coordinator.state import CoordinatorState, Job
 from services.coordinator.workflows import workflow_of
 
 log = logging.getLogger(__name__)
+
+#: An evaluation's GIF read for TensorBoard at most (a few MB at its size and rate).
+MAX_GIF_BYTES = 64 << 20
 
 
 @dataclass(frozen=True)
@@ -152,8 +155,7 @@ class JobBoards:
             wall_time=point.t,
         )
 
-    @staticmethod
-    def _write_evals(board: _Board, evals: list[EvalSummary]) -> None:
+    def _write_evals(self, board: _Board, evals: list[EvalSummary]) -> None:
         new = evals[board.evals_written :]
         board.evals_written = max(board.evals_written, len(evals))
         for summary in new:
@@ -166,6 +168,20 @@ class JobBoards:
                     "eval/return_max": summary.return_max,
                 },
             )
+            if summary.video is not None:
+                self._write_video(board, summary)
+
+    def _write_video(self, board: _Board, summary: EvalSummary) -> None:
+        """The evaluation's GIF (its collector wrote it beside the MP4) as an animation."""
+        assert summary.video is not None
+        path = summary.video.removesuffix(".mp4") + ".gif"
+        try:
+            gif = self._store.read_bytes(path, max_bytes=MAX_GIF_BYTES)
+            width, height = int.from_bytes(gif[6:8], "little"), int.from_bytes(gif[8:10], "little")
+        except (OSError, CorruptFileError) as exc:
+            log.warning("no animation of %s in tensorboard: %s", path, exc)
+            return
+        board.log.animation(summary.env_steps, "eval/video", gif, width=width, height=height)
 
 
 def _stats_of(buffer: ReplayBuffer | BufferProcess) -> BufferStats | None:

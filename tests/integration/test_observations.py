@@ -10,6 +10,7 @@ import pytest
 from common.config import deep_merge
 from common.frames import POOL
 from common.storage import SharedStore
+from common.video import decode
 from drover.local import LocalCluster
 from jobconfig import load_config_file
 from tests.helpers import wait_for_end
@@ -119,7 +120,8 @@ def test_impala_dqn_and_ppo_run_pong_from_pixels_through_the_services(tmp_path):
             "policy": {
                 "learn": {"batch_size": 64, "epoch_per_collect": 1},
                 "collect": {"n_sample": 256},
-                "eval": {"evaluator": {"eval_freq": 4}},
+                # A video of its first evaluation: a game of Pong from pixels, rendered.
+                "eval": {"evaluator": {"eval_freq": 4}, "video_every": 1000},
             }
         },
     )
@@ -148,3 +150,6 @@ def test_impala_dqn_and_ppo_run_pong_from_pixels_through_the_services(tmp_path):
                     continue
                 assert columns[POOL].dtype == np.uint8 and "obs" not in columns
                 break
+        (video,) = [e["video"] for e in cluster.client.metrics(job_id)["evals"] if e["video"]]
+        frames = decode(store.read_bytes(video), "mp4")
+        assert frames.shape[1:] == (210, 160, 3) and len(frames) > 100  # a whole game

@@ -116,7 +116,11 @@ def test_the_dashboard_in_a_browser(tmp_path):
     from drover.local import LocalCluster
 
     # No goal: it runs (and holds its share) until the test stops it.
-    config = deep_merge(load_config_file(EXAMPLE), {"env": {"stop_value": None}})
+    # A video of every evaluation: the job's page plays the newest.
+    config = deep_merge(
+        load_config_file(EXAMPLE),
+        {"env": {"stop_value": None}, "policy": {"eval": {"video_every": 1}}},
+    )
     with (
         LocalCluster(tmp_path / "run", num_collectors=1) as cluster,
         sync_api.sync_playwright() as pw,
@@ -157,6 +161,14 @@ def test_the_dashboard_in_a_browser(tmp_path):
                 job_id,
             )
             assert page.locator("#return-chart path.line").count() == 1
+            # The evaluation's video loads in its element (its frames decoded).
+            wait_in_page(
+                page,
+                "document.querySelector('#eval-video')?.readyState >= 2",
+                cluster,
+                job_id,
+            )
+            assert page.evaluate("document.querySelector('#eval-video').videoWidth") == 600
             assert page.locator("#lag-chart").count() == 1
             assert "Replay buffer" in page.inner_text("main")
             # Its env step budget, and how much of it is spent.

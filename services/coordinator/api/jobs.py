@@ -111,3 +111,18 @@ def checkpoint_file(job_id: str, name: str) -> Any:
         as_attachment=True,
         download_name=f"{job_id}-{name}",
     )
+
+
+@bp.get("/<job_id>/videos/<name>")
+@documented(
+    summary="An evaluation's video (eval-<version>.mp4, or its .gif)",
+    content_type="application/octet-stream",
+)
+def video_file(job_id: str, name: str) -> Any:
+    coordinator = core()
+    path = coordinator.video_path(job_id, name)
+    return send_file(
+        coordinator.store.resolve(path),
+        mimetype="video/mp4" if name.endswith(".mp4") else "image/gif",
+        download_name=f"{job_id}-{name}",
+    )

@@ -309,8 +309,47 @@ async function jobView(jobId) {
       { class: "charts" },
       barChart("lag-chart", "Sampled items by policy lag", buf.sampled_lag_histogram, "versions behind"),
     ),
+    ...videoSection(jobId, metrics.evals),
     learners.length ? el("p", { class: "muted" }, "Learners: ", learners.join("; ")) : null,
     league ? leagueSection(league) : null,
+  ];
+}
+
+// The newest evaluation video (policy.eval.video_every). Its element is kept across
+// redraws, so that it plays on instead of starting again every refresh; its file comes
+// through the API with the token (a <video src> could not send it).
+const videos = new Map();
+
+function videoSection(jobId, evals) {
+  const recorded = evals.filter((e) => e.video);
+  if (!recorded.length) {
+    const failed = evals.find((e) => e.video_error);
+    return failed ? [el("p", { class: "muted", id: "video-error" }, `No evaluation video: ${failed.video_error}`)] : [];
+  }
+  const last = recorded[recorded.length - 1];
+  let video = videos.get(last.video);
+  if (!video) {
+    video = el("video", { id: "eval-video", controls: "", loop: "", playsinline: "" });
+    video.muted = true;
+    videos.set(last.video, video);
+    const name = last.video.split("/").pop();
+    fetch(`${API}/jobs/${encodeURIComponent(jobId)}/videos/${encodeURIComponent(name)}`, {
+      headers: { Authorization: "Bearer " + token() },
+      signal: AbortSignal.timeout(FETCH_TIMEOUT_MS),
+    })
+      .then((resp) => (resp.ok ? resp.blob() : Promise.reject(new Error(`${resp.status}`))))
+      .then((blob) => {
+        video.src = URL.createObjectURL(blob);
+        video.play().catch(() => {});
+      })
+      .catch((err) => {
+        videos.delete(last.video); // tried again at the next refresh
+        video.dataset.error = err.message;
+      });
+  }
+  return [
+    el("h2", {}, `Evaluation video: policy v${last.policy_version}, return ${fmt(last.return_mean, 1)}`),
+    video,
   ];
 }
 

@@ -25,6 +25,7 @@ from common.messages import (
     EvaluateSpec,
     LearnSpec,
 )
+from common.video import video_path
 from jobconfig import algorithm_of
 from services.coordinator.workflows.base import Demand, Outcome, Planner
 
@@ -113,6 +114,7 @@ class AsyncTraining:
     def evaluate_spec(self, job: Job, planner: Planner) -> EvaluateSpec:
         """An evaluation of the job's newest policy version."""
         assert job.policy is not None
+        video_every = job.config.policy.eval.video_every
         return EvaluateSpec(
             seed=planner.seed(job),
             num_envs=job.config.env.evaluator_env_num,
@@ -120,6 +122,7 @@ class AsyncTraining:
             policy_version=job.policy.version,
             policy_path=job.policy.path,
             policy_sha256=job.policy.sha256,
+            video=video_every is not None and len(job.evals) % video_every == 0,
         )
 
     @staticmethod
@@ -153,8 +156,12 @@ class AsyncTraining:
             env_steps=job.env_steps,
             return_min=min(returns),
             return_max=max(returns),
+            video=video_of(job, result),
+            video_error=result.video_error,
         )
         job.evals.append(summary)
+        if result.video_error:
+            log.warning("job %s: no video of its evaluation: %s", job.job_id, result.video_error)
         log.info(
             "job %s eval of version %d: %.1f ± %.1f over %d episodes",
             job.job_id,
@@ -205,6 +212,18 @@ class AsyncTraining:
 
     def restore(self, record: dict[str, Any], config: JobConfig) -> TrainingState:
         return TrainingState(eval_requested_iter=int(record.get("eval_requested_iter", 0)))
+
+
+def video_of(job: Job, result: EvalResult) -> str | None:
+    """The evaluation's video, where its collector must have written it: a path a
+    result names anywhere else is not taken (nor its GIF)."""
+    expected = video_path(job.job_id, result.policy_version)
+    if result.video is None:
+        return None
+    if result.video != f"{expected}.mp4" or result.video_gif != f"{expected}.gif":
+        log.warning("job %s: an evaluation named a video elsewhere (%s)", job.job_id, result.video)
+        return None
+    return result.video
 
 
 class SyncTraining(AsyncTraining):

@@ -1,0 +1,41 @@
+"""Watching a policy play (common/video.py): an episode rendered frame by frame, as an
+MP4 and a GIF that decode to those frames; an env that cannot render says so."""
+
+import numpy as np
+import pytest
+
+from common.video import CannotRender, decode, encode, record_episode
+from jobconfig import resolve_job_config
+from tests.blind_env import ENV_ID
+
+
+def env_config(env_id):
+    config, _ = resolve_job_config({"env": {"env_id": env_id}})
+    return config.env
+
+
+def test_an_episode_is_rendered_and_its_videos_decode_to_its_frames():
+    # Always pushing left: CartPole falls within a few dozen steps.
+    episode = record_episode(env_config("CartPole-v1"), lambda obs: np.zeros(1, np.int64), 0)
+    assert 5 < episode.length < 100 and episode.episode_return == episode.length
+    assert len(episode.frames) == episode.length + 1  # the first frame, then one a step
+    assert episode.fps == 50 and episode.frames[0].shape == (400, 600, 3)
+    mp4 = decode(encode(episode.frames, episode.fps, "mp4"), "mp4")
+    assert mp4.shape == (len(episode.frames), 400, 600, 3)
+    # Lossy, but the same pictures: the cart and pole, not noise.
+    assert np.abs(mp4.astype(int) - np.stack(episode.frames)).mean() < 3
+    gif = decode(encode(episode.frames, episode.fps, "gif"), "gif")
+    # Every second frame, 320 wide (Pillow merges a frame that repeats the last one).
+    assert gif.shape[1:] == (213, 320, 3) and 2 < len(gif) <= (len(episode.frames) + 1) // 2
+
+
+def test_a_video_ends_at_its_frame_limit_and_its_episode_does_not():
+    episode = record_episode(
+        env_config("CartPole-v1"), lambda obs: (obs[:, 2] > 0).astype(np.int64), 0, max_frames=10
+    )
+    assert len(episode.frames) == 10 and episode.length > 10
+
+
+def test_an_env_that_cannot_render_says_so():
+    with pytest.raises(CannotRender, match="'DroverBlind-v0' cannot render rgb_array"):
+        record_episode(env_config(ENV_ID), lambda obs: np.zeros(1, np.int64), 0)
