@@ -11,18 +11,27 @@ import sys
 
 import pytest
 
+from common.config import deep_merge
 from drover import ApiError, Client, ServiceUnavailable
 from drover.local import LocalCluster
-from tests.helpers import ROOT
+from jobconfig import load_config_file
+from tests.helpers import EXAMPLE, ROOT
 
 pytestmark = [pytest.mark.processes]
 
-#: make run's DQN without a goal, ended by a small budget.
-SHORT = {
-    "env": {"env_id": "CartPole-v1", "stop_value": None, "n_evaluator_episode": 2},
-    "policy": {"eval": {"evaluator": {"eval_freq": 50}}, "learn": {"checkpoint_every_iters": 50}},
-    "system": {"max_env_step": 3000},
-}
+#: make run's DQN without a goal, ended by a small budget, evaluated and checkpointed
+#: often.
+SHORT = deep_merge(
+    load_config_file(EXAMPLE),
+    {
+        "env": {"stop_value": None, "n_evaluator_episode": 2},
+        "policy": {
+            "eval": {"evaluator": {"eval_freq": 50}},
+            "learn": {"checkpoint_every_iters": 50},
+        },
+        "system": {"max_env_step": 3000},
+    },
+)
 
 
 def readme_python() -> str:

@@ -60,16 +60,15 @@ def test_enjoy_plays_a_game_of_connect_four_against_a_baseline(tmp_path, capsys)
     pytest.importorskip("pettingzoo", reason="the games extra is not installed")
     raw, _ = load_config(EXAMPLES / "connect_four_selfplay.yaml")
     job_dir = job_of(tmp_path, raw)
-    gif = tmp_path / "game.gif"
-    args = ["enjoy", str(job_dir), "--opponent", "heuristic", "--seat", "1", "--out", str(gif)]
+    args = ["enjoy", str(job_dir), "--opponent", "heuristic", "--seat", "1"]
     assert main(args) == 0
     said = capsys.readouterr().err
     assert "drover: 1 episodes, returns " in said
     result = float(said.split("returns ", 1)[1].split(";")[0])
     assert result in (-1.0, 0.0, 1.0)  # the policy's game: lost, drawn or won
-    frames = decode(gif.read_bytes(), "gif")
+    frames = decode((job_dir / "videos" / "enjoy-00000003.mp4").read_bytes(), "mp4")
     assert len(frames) >= 3 and frames.std() > 0  # the board, moves on it
-    assert main([*args[:-2], "--opponent", "grandmaster"]) == 2
+    assert main([*args[:2], "--opponent", "grandmaster"]) == 2
     assert "--opponent: unknown baseline 'grandmaster'" in capsys.readouterr().err
 
 
