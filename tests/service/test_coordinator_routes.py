@@ -752,3 +752,25 @@ def test_a_sample_in_binary_frames_both_ways_is_the_json_sample(client, core):
     assert slots.size == 2 and buffer.table.priority[slots[1]] - buffer.table.priority[
         slots[0]
     ] == pytest.approx(2.0)  # nothing a refused frame carried was applied
+
+
+def test_a_jobs_checkpoints_and_videos_are_served_and_nothing_else_of_its_folder(client, core):
+    job_id = submit(client)
+    core.store.write_bytes(core.store.checkpoint_path(job_id, 500, 1), b"checkpoint")
+    core.store.write_bytes(f"{job_id}/videos/eval-00000003.mp4", b"mp4 bytes")
+    listed = get(client, f"/api/v1/jobs/{job_id}/checkpoints")
+    assert listed.status_code == 200
+    assert listed.json == {"names": ["learner-e00000001-0000000500.safetensors"]}
+    got = get(client, f"/api/v1/jobs/{job_id}/checkpoints/{listed.json['names'][0]}")
+    assert got.status_code == 200 and got.data == b"checkpoint"
+    video = get(client, f"/api/v1/jobs/{job_id}/videos/eval-00000003.mp4")
+    assert video.status_code == 200 and video.mimetype == "video/mp4"
+    assert video.data == b"mp4 bytes"
+    for path in (
+        f"/api/v1/jobs/{job_id}/checkpoints/job.json",
+        f"/api/v1/jobs/{job_id}/checkpoints/..%2Fjob.json",
+        f"/api/v1/jobs/{job_id}/videos/eval-00000004.mp4",
+        f"/api/v1/jobs/{job_id}/videos/job.json",
+        "/api/v1/jobs/job-nope/checkpoints",
+    ):
+        assert get(client, path).status_code == 404, path

@@ -84,14 +84,7 @@ def metrics(job_id: str) -> Any:
     query={"version": {"type": "string", "pattern": "^[0-9]+$"}},
 )
 def policy_file(job_id: str) -> Any:
-    coordinator = core()
-    path = coordinator.policy_path(job_id, version_query("version"))
-    return send_file(
-        coordinator.store.resolve(path),
-        mimetype="application/octet-stream",
-        as_attachment=True,
-        download_name=f"{job_id}-{path.rsplit('/', 1)[-1]}",
-    )
+    return job_file(job_id, core().policy_path(job_id, version_query("version")))
 
 
 @bp.get("/<job_id>/checkpoints")
@@ -103,14 +96,7 @@ def checkpoints(job_id: str) -> Any:
 @bp.get("/<job_id>/checkpoints/<name>")
 @documented(summary="One checkpoint file, safetensors", content_type="application/octet-stream")
 def checkpoint_file(job_id: str, name: str) -> Any:
-    coordinator = core()
-    path = coordinator.checkpoint_path(job_id, name)
-    return send_file(
-        coordinator.store.resolve(path),
-        mimetype="application/octet-stream",
-        as_attachment=True,
-        download_name=f"{job_id}-{name}",
-    )
+    return job_file(job_id, core().checkpoint_path(job_id, name))
 
 
 @bp.get("/<job_id>/videos/<name>")
@@ -119,10 +105,17 @@ def checkpoint_file(job_id: str, name: str) -> Any:
     content_type="application/octet-stream",
 )
 def video_file(job_id: str, name: str) -> Any:
-    coordinator = core()
-    path = coordinator.video_path(job_id, name)
+    mimetype = "video/mp4" if name.endswith(".mp4") else "image/gif"
+    return job_file(job_id, core().video_path(job_id, name), mimetype, attachment=False)
+
+
+def job_file(
+    job_id: str, path: str, mimetype: str = "application/octet-stream", *, attachment: bool = True
+) -> Any:
+    """A file of the job's folder the facade checked (`path`), named for a download."""
     return send_file(
-        coordinator.store.resolve(path),
-        mimetype="video/mp4" if name.endswith(".mp4") else "image/gif",
-        download_name=f"{job_id}-{name}",
+        core().store.resolve(path),
+        mimetype=mimetype,
+        as_attachment=attachment,
+        download_name=f"{job_id}-{path.rsplit('/', 1)[-1]}",
     )
