@@ -29,6 +29,7 @@ from jobconfig.resolve import (
     sequence_length_of,
 )
 
+
 def __getattr__(name: str):
     # The env's spaces need gymnasium, which a client (`from drover import Client`,
     # reading a config file to submit) goes without: imported when first asked for.
