@@ -154,18 +154,15 @@ class Client:
         until the job ends."""
         seen = 0
         while True:
-            metrics = self.metrics(job_id)
+            # The phase first: an evaluation that came with the end is in what follows.
+            ended = follow and self._api.job(job_id).phase in TERMINAL_PHASES
             evals = sorted(
-                (parse(EvalSummary, e) for e in metrics["evals"]), key=lambda e: e.env_steps
+                (parse(EvalSummary, e) for e in self.metrics(job_id)["evals"]),
+                key=lambda e: e.env_steps,
             )
             yield from evals[seen:]
             seen = len(evals)
-            if not follow or self._api.job(job_id).phase in TERMINAL_PHASES:
-                if follow:  # one that came with the end
-                    yield from sorted(
-                        (parse(EvalSummary, e) for e in self.metrics(job_id)["evals"]),
-                        key=lambda e: e.env_steps,
-                    )[seen:]
+            if not follow or ended:
                 return
             time.sleep(poll_s)
 
