@@ -20,8 +20,10 @@ import numpy as np
 
 from common.config import ConfigError, EnvConfig
 
-#: Frames a video holds at most (its episode may be longer: the video ends there).
+#: Frames a video holds at most, and their bytes (frames are kept until encoded): a
+#: longer episode's video ends there, and so does its play (its return is so far).
 MAX_FRAMES = 3000
+MAX_VIDEO_BYTES = 512 << 20
 #: Frames a second where the env does not say (`render_fps`).
 DEFAULT_FPS = 30
 #: A GIF (TensorBoard's) at most this many pixels wide, every `GIF_STRIDE`th frame.
@@ -54,10 +56,12 @@ def record_episode(
     *,
     max_frames: int = MAX_FRAMES,
     render_mode: str = "rgb_array",
+    stop: Callable[[], bool] = lambda: False,
 ) -> Episode:
     """One episode of `act` (a batch of one observation -> a batch of one env action)
-    on an env made as evaluation makes it, rendered frame by frame;
-    `render_mode="human"`: in a window instead (no frames kept).
+    on an env made as evaluation makes it, rendered frame by frame, until it ends, its
+    frames reach `max_frames` or MAX_VIDEO_BYTES, or `stop()`; `render_mode="human"`:
+    in a window instead (no frames kept).
 
     Raises:
         CannotRender: the env renders no frames (or has no window).
@@ -88,9 +92,14 @@ def record_episode(
             obs, reward, terminated, truncated, _ = env.step(action)
             episode.episode_return += float(reward)
             episode.length += 1
-            if keep and len(episode.frames) < max_frames:
+            if keep:
                 episode.frames.append(np.asarray(env.render()))
-            if terminated or truncated:
+                full = len(episode.frames) >= min(
+                    max_frames, MAX_VIDEO_BYTES // episode.frames[0].nbytes
+                )
+            else:
+                full = False
+            if terminated or truncated or full or stop():
                 return episode
     finally:
         env.close()

@@ -38,6 +38,7 @@ from common.messages import (
     parse,
 )
 from common.settings import SettingsError, read_token
+from common.storage import checkpoint_key
 from services.coordinator.client import CoordinatorClient
 
 #: Where the coordinator is unless told: `drover`'s own default.
@@ -193,7 +194,9 @@ class Client:
             data = self._api.policy_bytes(job_id, version)
             (out / f"{name}-{version:08d}.safetensors").write_bytes(data)
         if checkpoints:
-            names = self._api.checkpoints(job_id)
+            # Only a checkpoint's name becomes a file name here (not a path the answer
+            # could lead elsewhere with).
+            names = [n for n in self._api.checkpoints(job_id) if checkpoint_key(n) is not None]
             if names:
                 (out / names[-1]).write_bytes(self._api.checkpoint_bytes(job_id, names[-1]))
         (out / "summary.json").write_bytes(dump_json(status))

@@ -330,7 +330,12 @@ def draw_lineage(experiment: Experiment, runs: dict[str, Run], path: Path) -> No
     curves.legend(fontsize="small")
     for ax, key in zip(axes[1:], params, strict=True):
         for member in experiment.jobs:
-            xs, ys = [0.0], [member.values.get(key)]
+            # Its value at the start: its point's, or (not an axis of the sweep) what
+            # its first step found it at.
+            first = next(
+                (s.before[key] for s in experiment.lineage if s.job_id == member.job_id), None
+            )
+            xs, ys = [0.0], [member.values.get(key, first)]
             for step in experiment.lineage:
                 if step.job_id == member.job_id:
                     xs.append(step.env_steps)

@@ -18,9 +18,11 @@ members are ranked by their last evaluation's mean return; one in the bottom
 each multiplied by a factor drawn from `perturb` (explore; rounded for an integer key).
 
 The parameters are what a learner reads when its task starts (`policy.learn.*`:
-learning rates, loss weights, batch sizes); collectors keep the config they were
-given. Every job of the population runs at once (`sweep.parallel` unset or at least
-the population), on a training workflow, whose evaluations say who is better.
+learning rates, loss weights, clip ratios); collectors keep the config they were
+given. The size of what a learner samples (`batch_size`, `num_batches`) is not one:
+the job's buffer bounds its inserts by it, from the job's start. Every job of the
+population runs at once (`sweep.parallel` unset or at least the population), on a
+training workflow, whose evaluations say who is better.
 """
 
 from __future__ import annotations
@@ -38,6 +40,8 @@ from jobconfig.sections import check_keys, whole_number
 WORKFLOWS = ("async", "sync")
 #: What a perturbed parameter's key starts with: the learner reads it at task start.
 LEARNER_KEYS = "policy.learn."
+#: Learner keys fixed for a job's life: its buffer's rate limiter is sized by them.
+SAMPLE_SIZE_KEYS = ("policy.learn.batch_size", "policy.learn.num_batches")
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,8 @@ def check_param(key: str, resolved: dict[str, Any]) -> None:
     where = f"pbt.params.{key}"
     if not key.startswith(LEARNER_KEYS):
         raise ConfigError(where, f"only the learner's keys ({LEARNER_KEYS}*) change mid-job")
+    if key in SAMPLE_SIZE_KEYS:
+        raise ConfigError(where, "a job's buffer is sized by it when the job starts: it stays")
     why = unknown_key(key, resolved["policy"]["type"])
     if why is not None:
         raise ConfigError(where, why)

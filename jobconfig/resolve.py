@@ -25,6 +25,12 @@ from common.config import ConfigError, JobConfig, PolicyConfig, check_shape, dee
 #: How alike an unknown key and a known one must be to suggest it: a typo, not a
 #: different word that shares a part (`rho_clip_ratio` is not `clip_ratio`).
 SUGGEST_CUTOFF = 0.85
+#: The sections that make a config an experiment, and what runs one.
+EXPERIMENT_SECTIONS = {
+    "sweep": "drover sweep (or POST /api/v1/experiments)",
+    "pbt": "drover sweep (or POST /api/v1/experiments)",
+    "tune": "drover tune",
+}
 
 
 def algorithm_of(config: JobConfig) -> Algorithm:
@@ -80,6 +86,11 @@ def resolve_job_config(raw: Any) -> tuple[JobConfig, list[str]]:
     if not isinstance(raw, dict):
         raise ConfigError("config", "must be a mapping of sections (env, policy, system)")
     check_shape(raw)
+    for section, verb in EXPERIMENT_SECTIONS.items():
+        if section in raw:
+            raise ConfigError(
+                section, f"an experiment's section, not a job's: run the file with {verb}"
+            )
     policy = raw.get("policy", {})
     algo = policy.get("type", "dqn") if isinstance(policy, dict) else "dqn"
     cls = _policy_class(algo)

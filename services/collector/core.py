@@ -622,11 +622,17 @@ class CollectorRunner:
         in the result; the evaluation counts all the same."""
         rng = np.random.default_rng(spec.seed)
         try:
-            episode = record_episode(config.env, lambda obs: policy.greedy(obs, rng), spec.seed)
+            episode = record_episode(
+                config.env, lambda obs: policy.greedy(obs, rng), spec.seed, stop=ctx.stopped
+            )
             name = video_path(ctx.task.job_id, spec.policy_version)
             for fmt in ("mp4", "gif"):
                 self.store.write_bytes(f"{name}.{fmt}", encode(episode.frames, episode.fps, fmt))
         except CannotRender as exc:
             log.warning("no video of job %s: %s", ctx.task.job_id, exc)
             return dataclasses.replace(result, video_error=str(exc)[:500])
+        except Exception as exc:  # a full volume, an encoder error: the returns count
+            log.exception("no video of job %s", ctx.task.job_id)
+            why = f"the video failed: {type(exc).__name__}: {exc}"
+            return dataclasses.replace(result, video_error=why[:500])
         return dataclasses.replace(result, video=f"{name}.mp4", video_gif=f"{name}.gif")

@@ -174,10 +174,13 @@ class ExperimentBook:
 
 
 def write_experiment(state: CoordinatorState, experiment: Experiment) -> None:
-    """Write the experiment's record (outside the coordinator's lock)."""
+    """Write the experiment's record as it is now, once the lock is let go: records
+    built by two threads land in the order they were built (`latest_of`), and one that
+    finds no room is kept and tried again."""
+    path = f"{FOLDER}/{experiment.experiment_id}.json"
     with state.guard.changing():
         record = experiment_record(experiment)
-    state.store.write_json(f"{FOLDER}/{experiment.experiment_id}.json", record)
+        state.guard.defer(lambda: state.store.write_json(path, record), latest_of=path)
 
 
 def read_experiments(store: SharedStore) -> tuple[list[Experiment], list[str]]:

@@ -59,11 +59,14 @@ class PopulationTraining:
         if len(job.evals) - experiment.ranked_at_evals.get(job.job_id, 0) < spec.ready:
             return
         experiment.ranked_at_evals[job.job_id] = len(job.evals)
-        donor = self.donor(experiment, job, spec)
+        draw = rng(spec, job)  # one stream for the step: its donor, then its factors
+        donor = self.donor(experiment, job, spec, draw)
         if donor is not None:
-            self.exploit(experiment, job, donor, spec)
+            self.exploit(experiment, job, donor, spec, draw)
 
-    def donor(self, experiment: Experiment, job: Job, spec: Population) -> Job | None:
+    def donor(
+        self, experiment: Experiment, job: Job, spec: Population, draw: random.Random
+    ) -> Job | None:
         """A top member for `job` to copy, when `job` is in the bottom quantile."""
         members = [
             member
@@ -80,13 +83,14 @@ class PopulationTraining:
             return None
         mine = job.evals[-1].return_mean
         better = [m for m in members[-cut:] if m.evals[-1].return_mean > mine]
-        return rng(spec, job).choice(better) if better else None
+        return draw.choice(better) if better else None
 
-    def exploit(self, experiment: Experiment, job: Job, donor: Job, spec: Population) -> None:
+    def exploit(
+        self, experiment: Experiment, job: Job, donor: Job, spec: Population, draw: random.Random
+    ) -> None:
         """Step 1 (module doc): decide, fence off the member's learner, copy later."""
         before = {key: value_at(to_dict(job.config), key) for key in spec.params}
         taken = {key: value_at(to_dict(donor.config), key) for key in spec.params}
-        draw = rng(spec, job)
         after = {key: perturbed(value, draw.choice(spec.perturb)) for key, value in taken.items()}
         config, after = explored(job.config, [after, taken, before])
         job.learner_epoch += 1
@@ -141,22 +145,20 @@ class PopulationTraining:
                 checkpoint = names[-1]
             store.write_json(f"{job.job_id}/job.json", to_dict(config))
             wrote_config = True
-        except OSError as exc:  # the member's next learner resumes what it has
-            log.warning("population step of job %s half done: %s", job.job_id, exc)
-        with self.state.guard.changing():
-            if wrote_config:
-                job.config = config
-            job.learn_hold = ""
-            experiment.lineage.append(
-                dataclasses.replace(
-                    step, checkpoint=checkpoint, after=step.after if wrote_config else step.before
+        except Exception:  # a full volume, a damaged donor file: it resumes what it has
+            log.exception("population step of job %s half done", job.job_id)
+        finally:
+            # Whatever happened, the member gets a learner again.
+            with self.state.guard.changing():
+                if wrote_config:
+                    job.config = config
+                job.learn_hold = ""
+                after = step.after if wrote_config else step.before
+                experiment.lineage.append(
+                    dataclasses.replace(step, checkpoint=checkpoint, after=after)
                 )
-            )
-            self.state.guard.notify()  # its learn task may start now
-        try:
-            write_experiment(self.state, experiment)
-        except OSError as exc:
-            log.warning("experiment %s's record not written: %s", experiment.experiment_id, exc)
+                self.state.guard.notify()  # its learn task may start now
+        write_experiment(self.state, experiment)
 
 
 def rng(spec: Population, job: Job) -> random.Random:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from common.messages import PopulationStep
-from common.storage import SharedStore, checkpoint_key
+from common.storage import CorruptFileError, SharedStore, checkpoint_key
 from jobconfig import read_job_config
 from services.coordinator.core import Coordinator, CoordinatorLimits
 from tests.coordinator_app import CONFIG, get, post, register
@@ -175,6 +175,7 @@ def test_a_value_its_config_refuses_stays_as_it_was_and_no_checkpoint_only_explo
         ({"params": ["policy.learn.learning_rate"], "quantile": 0.9}, "pbt.quantile"),
         ({"params": ["policy.learn.learning_rate"], "perturb": [0]}, "pbt.perturb"),
         ({"params": ["policy.learn.learning_rate"], "reddy": 1}, "pbt.reddy"),
+        ({"params": ["policy.learn.batch_size"]}, "pbt.params.policy.learn.batch_size"),
         ({"params": []}, "pbt.params"),
     ],
 )
@@ -193,3 +194,22 @@ def test_a_population_runs_every_member_at_once(client, core):
     refused = post(client, "/api/v1/experiments", {"config": config})
     assert refused.status_code == 400 and refused.json["message"].startswith("sweep.parallel:")
     assert get(client, "/api/v1/experiments").json["experiments"] == []
+
+
+def test_a_step_that_cannot_copy_still_gives_the_member_a_learner(client, core, monkeypatch):
+    experiment_id, weak, strong, tasks = start(client, core, population())
+    core.store.write_bytes(core.store.checkpoint_path(strong, 500, 1), b"checkpoint")
+    for job_id in (weak, strong):
+        assert publish(client, core, job_id, tasks[job_id], 1, 500).status_code == 201
+
+    def damaged(src, dst, **_):
+        raise CorruptFileError(f"{src} is a symbolic link, not a regular file")
+
+    monkeypatch.setattr(core.store, "copy", damaged)
+    due = evaluations(core)
+    complete(client, due[strong], 200.0)
+    complete(client, due[weak], 20.0)
+    (step,) = get(client, f"/api/v1/experiments/{experiment_id}").json["lineage"]
+    assert step["checkpoint"] is None and step["after"] == step["before"]  # nothing changed
+    assert core.jobs[weak].learn_hold == ""
+    assert weak in learn_tasks(core)  # its next learner, at the next pass

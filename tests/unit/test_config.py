@@ -217,3 +217,10 @@ def test_a_misspelled_key_stops_run_and_submit_before_anything_starts(tmp_path, 
     out = capsys.readouterr()
     assert shown == 0 and "warning: policy.learn.learning_rat: unknown key" in out.err
     assert "learning_rate: 0.0023" in out.out and "0.0042" not in out.out  # not the typo
+
+
+@pytest.mark.parametrize(("section", "verb"), [("sweep", "drover sweep"), ("tune", "drover tune")])
+def test_an_experiments_file_run_as_a_job_says_what_runs_it(section, verb):
+    with pytest.raises(ConfigError) as err:
+        resolve_job_config({section: {}, "strict": False})
+    assert err.value.field == section and verb in err.value.message

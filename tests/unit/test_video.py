@@ -29,11 +29,14 @@ def test_an_episode_is_rendered_and_its_videos_decode_to_its_frames():
     assert gif.shape[1:] == (213, 320, 3) and 2 < len(gif) <= (len(episode.frames) + 1) // 2
 
 
-def test_a_video_ends_at_its_frame_limit_and_its_episode_does_not():
-    episode = record_episode(
-        env_config("CartPole-v1"), lambda obs: (obs[:, 2] > 0).astype(np.int64), 0, max_frames=10
-    )
-    assert len(episode.frames) == 10 and episode.length > 10
+def test_a_video_and_its_play_end_at_its_frame_limit_or_when_told_to_stop():
+    def balance(obs):  # keeps the pole up a while
+        return (obs[:, 2] > 0).astype(np.int64)
+
+    episode = record_episode(env_config("CartPole-v1"), balance, 0, max_frames=10)
+    assert len(episode.frames) == 10 and episode.length == 9
+    told = record_episode(env_config("CartPole-v1"), balance, 0, stop=lambda: True)
+    assert told.length == 1 and len(told.frames) == 2
 
 
 def test_an_env_that_cannot_render_says_so():
