@@ -731,6 +731,9 @@ class PopulationStep:
     #: The member's perturbed hyperparameters, by dotted config key: before and after.
     before: dict[str, Any]
     after: dict[str, Any]
+    #: The member's newest policy version then: an evaluation of it, or of an older
+    #: one, is of the line it left (not counted toward its next step).
+    policy_version: int = 0
 
 
 @message

@@ -55,6 +55,9 @@ class PopulationTraining:
             return
         if not job.running or job.learn_hold or not job.evals:
             return
+        last_step = next((s for s in reversed(experiment.lineage) if s.job_id == job.job_id), None)
+        if last_step is not None and job.evals[-1].policy_version <= last_step.policy_version:
+            return  # an evaluation of the line it left, which came after its step
         spec = experiment.population
         if len(job.evals) - experiment.ranked_at_evals.get(job.job_id, 0) < spec.ready:
             return
@@ -112,6 +115,7 @@ class PopulationTraining:
             checkpoint=None,
             before=before,
             after=after,
+            policy_version=job.policy.version if job.policy is not None else 0,
         )
         log.info(
             "population %s: job %s (%.1f) takes job %s's checkpoint (%.1f); %s",

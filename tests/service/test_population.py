@@ -6,6 +6,8 @@ in its job.json;
 the step is in the experiment's lineage and survives a restart; a bad `pbt:` section
 is refused before any job exists."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -128,6 +130,14 @@ def test_the_member_behind_takes_the_better_ones_checkpoint_and_a_new_rate(tmp_p
     again = learn_tasks(core)
     assert again[weak].spec.epoch == old_epoch + 2
     assert core.store.checkpoints(weak, up_to_epoch=again[weak].spec.epoch)[-1] == names[-1]
+    # An evaluation of the line it left, which came after its step, counts for nothing.
+    step_version = core.jobs[weak].policy.version
+    late = dataclasses.replace(core.jobs[weak].evals[-1], policy_version=step_version)
+    core.jobs[weak].evals.append(late)
+    core.planning.population.evaluated(core.jobs[weak])
+    shown = get(client, f"/api/v1/experiments/{experiment_id}").json
+    assert len(shown["lineage"]) == 1 and shown["lineage"][0]["policy_version"] == step_version
+    core.jobs[weak].evals.pop()
     # The strong member, evaluated again, is not behind: no step for it.
     assert publish(client, core, strong, tasks[strong], 2, 700).status_code == 201
     core.jobs[strong].env_steps += 100  # an evaluation waits for env steps past the last
