@@ -34,7 +34,7 @@ from typing import Any
 
 from common.config import ConfigError
 from jobconfig.resolve import unknown_key
-from jobconfig.sections import check_keys, whole_number
+from jobconfig.sections import check_keys, value_at, whole_number
 
 #: The workflows whose evaluations rank a population (a mean return, more is better).
 WORKFLOWS = ("async", "sync")
@@ -128,14 +128,6 @@ def check_param(key: str, resolved: dict[str, Any]) -> None:
     value = value_at(resolved, key)
     if isinstance(value, bool) or not isinstance(value, int | float):
         raise ConfigError(where, "a perturbed key must hold a number")
-
-
-def value_at(config: dict[str, Any], key: str) -> Any:
-    """The value of a dotted key in a config dict (None where it has none)."""
-    node: Any = config
-    for part in key.split("."):
-        node = node.get(part) if isinstance(node, dict) else None
-    return node
 
 
 def perturbed(value: int | float, factor: float) -> int | float:

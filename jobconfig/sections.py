@@ -1,5 +1,6 @@
 """What the sections an experiment adds to a job's config (`sweep:`, `tune:`, `pbt:`)
-check alike: the section split off the config, its keys, its whole numbers."""
+check alike: the section split off the config, its keys, its whole numbers, and the
+value of a dotted key in a config."""
 
 from __future__ import annotations
 
@@ -11,6 +12,14 @@ from common.config import ConfigError
 def split_section(raw: dict[str, Any], name: str) -> tuple[dict[str, Any], Any]:
     """(the config without its section `name` (`sweep`, `tune`), the section or None)."""
     return {k: v for k, v in raw.items() if k != name}, raw.get(name)
+
+
+def value_at(config: dict[str, Any], key: str) -> Any:
+    """The value of a dotted key in a config dict (None where it has none)."""
+    node: Any = config
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) else None
+    return node
 
 
 def check_keys(section: dict[str, Any], known: set[str], name: str) -> None:

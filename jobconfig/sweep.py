@@ -35,7 +35,7 @@ from typing import Any
 from common.config import ConfigError, deep_merge, to_dict
 from jobconfig.population import Population, parse_population
 from jobconfig.resolve import resolve_job_config, unknown_key
-from jobconfig.sections import check_keys, split_section, whole_number
+from jobconfig.sections import check_keys, split_section, value_at, whole_number
 
 #: Jobs one experiment may hold.
 MAX_EXPERIMENT_JOBS = 1000
@@ -203,9 +203,7 @@ def checked_axes(
         if why is not None:
             raise ConfigError(where, why)
         if axis.kind is not None:
-            current: Any = resolved
-            for part in axis.key.split("."):
-                current = current.get(part) if isinstance(current, dict) else None
+            current = value_at(resolved, axis.key)
             if isinstance(current, bool) or (
                 current is not None and not isinstance(current, int | float)
             ):

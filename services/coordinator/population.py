@@ -8,8 +8,8 @@ the bottom `quantile` takes the checkpoint of one of the top `quantile` (drawn; 
 better than it) in three steps:
 
 1. Under the lock: it takes the donor's hyperparameters, perturbed (a value its
-   config class refuses: the donor's as it is), its learn lease epoch is raised and its learn task
-   cancelled, so the learner it had can neither publish nor leave a checkpoint that
+   config class refuses: the donor's as it is), its learn lease epoch is raised and
+   its learn task cancelled, so the learner it had can neither publish nor leave a checkpoint that
    sorts past the copy (docs/architecture.md, "Fencing"); no learn task of it
    starts until step 3 (`Job.learn_hold`).
 2. Off the lock: the donor's newest checkpoint is copied into the member's
@@ -33,12 +33,13 @@ import random
 from common.config import ConfigError, JobConfig, to_dict
 from common.messages import PopulationStep
 from common.storage import checkpoint_key
-from jobconfig.population import Population, perturbed, value_at
+from jobconfig.population import Population, perturbed
 from jobconfig.resolve import resolve_job_config
+from jobconfig.sections import value_at
 from jobconfig.sweep import Point, member_config
 from services.coordinator.experiments import write_experiment
-from services.coordinator.state import CoordinatorState, Experiment, Job, TaskState
-from services.coordinator.tasks import TaskBoard, cancel_dispatch
+from services.coordinator.state import CoordinatorState, Experiment, Job
+from services.coordinator.tasks import TaskBoard
 
 log = logging.getLogger(__name__)
 
@@ -92,18 +93,15 @@ class PopulationTraining:
         self, experiment: Experiment, job: Job, donor: Job, spec: Population, draw: random.Random
     ) -> None:
         """Step 1 (module doc): decide, fence off the member's learner, copy later."""
-        before = {key: value_at(to_dict(job.config), key) for key in spec.params}
-        taken = {key: value_at(to_dict(donor.config), key) for key in spec.params}
+        mine, theirs = to_dict(job.config), to_dict(donor.config)
+        before = {key: value_at(mine, key) for key in spec.params}
+        taken = {key: value_at(theirs, key) for key in spec.params}
         after = {key: perturbed(value, draw.choice(spec.perturb)) for key, value in taken.items()}
         config, after = explored(job.config, [after, taken, before])
         job.learner_epoch += 1
         epoch = job.learner_epoch
         job.learn_hold = f"taking {donor.job_id}'s checkpoint (population-based training)"
-        for task in self.tasks.of_job(job, "learn"):
-            worker = self.state.workers.get(task.worker_id)
-            self.tasks.end(task, TaskState.CANCELLED)
-            if worker is not None:
-                self.state.cancels.append(cancel_dispatch(worker, task.task_id))
+        self.tasks.cancel_job_tasks(job, "learn")
         step = PopulationStep(
             at=self.state.wall(),
             job_id=job.job_id,

@@ -104,14 +104,13 @@ class TaskBoard:
             ended.popitem(last=False)
         self.state.guard.notify()
 
-    def cancel_job_tasks(self, job: Job) -> None:
-        """Cancel the job's tasks; their workers are told on the next pass."""
-        for task in list(self.state.tasks.values()):
-            if task.job_id == job.job_id:
-                worker = self.state.workers.get(task.worker_id)
-                self.end(task, TaskState.CANCELLED)
-                if worker is not None:
-                    self.state.cancels.append(cancel_dispatch(worker, task.task_id))
+    def cancel_job_tasks(self, job: Job, kind: str | None = None) -> None:
+        """Cancel the job's tasks (of `kind`); their workers are told on the next pass."""
+        for task in self.of_job(job, kind):
+            worker = self.state.workers.get(task.worker_id)
+            self.end(task, TaskState.CANCELLED)
+            if worker is not None:
+                self.state.cancels.append(cancel_dispatch(worker, task.task_id))
 
     def of_job(self, job: Job, kind: str | None = None) -> list[Task]:
         """The job's active tasks (of `kind`)."""
