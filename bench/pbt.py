@@ -70,9 +70,11 @@ def population(folder: Path, side: str, index: int, env_steps: int) -> dict:
         stderr=subprocess.DEVNULL,
     )
     (run_dir,) = [p for p in runs.iterdir() if p.is_dir()]
-    finals = [r.final_return for c in read_configs(run_dir) for r in c.runs]
-    steps = sum(len(e.lineage) for e in experiments_of(run_dir, None))
-    last = [float(r.x[-1]) for c in read_configs(run_dir) for r in c.runs if r.x.size]
+    experiments = experiments_of(run_dir, None)
+    runs = [r for c in read_configs(run_dir, None, experiments) for r in c.runs]
+    finals = [r.final_return for r in runs]
+    steps = sum(len(e.lineage) for e in experiments)
+    last = [float(r.x[-1]) for r in runs if r.x.size]
     return {
         "finals": finals,
         "steps": steps,

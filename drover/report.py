@@ -93,10 +93,10 @@ def add_parser(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     try:
-        configs = merged([read_configs(run, args.experiment) for run in args.runs])
-        populations = [
-            e for run in args.runs for e in experiments_of(run, args.experiment) if e.population
-        ]
+        # Each folder's experiment records read once: for its labels and its lineages.
+        found = {run: experiments_of(run, args.experiment) for run in args.runs}
+        configs = merged([read_configs(run, args.experiment, found[run]) for run in args.runs])
+        populations = [e for experiments in found.values() for e in experiments if e.population]
         out = args.out or args.runs[0] / "report"
         title = ", ".join(run.resolve().name for run in args.runs)
         written = write_report(configs, out, title=title, populations=populations)
@@ -110,9 +110,14 @@ def run(args: argparse.Namespace) -> int:
 # --- reading the runs ------------------------------------------------------------------
 
 
-def read_configs(folder: Path, experiment_id: str | None = None) -> list[Config]:
-    """The runs under `folder`, grouped into configs (the module's docstring)."""
-    labels = experiment_labels(folder, experiment_id)
+def read_configs(
+    folder: Path, experiment_id: str | None = None, experiments: list[Experiment] | None = None
+) -> list[Config]:
+    """The runs under `folder`, grouped into configs (the module's docstring);
+    `experiments`: its experiments (`experiments_of`), when already read."""
+    if experiments is None:
+        experiments = experiments_of(folder, experiment_id)
+    labels = experiment_labels(experiments)
     configs: dict[str, Config] = {}
     for job_dir in job_dirs(folder):
         if experiment_id is not None and job_dir.name not in labels:
@@ -150,11 +155,11 @@ def experiments_of(folder: Path, experiment_id: str | None) -> list[Experiment]:
     return chosen
 
 
-def experiment_labels(folder: Path, experiment_id: str | None) -> dict[str, str]:
+def experiment_labels(experiments: list[Experiment]) -> dict[str, str]:
     """Each experiment job's config label (its point of the sweep), by job id."""
     return {
         member.job_id: Point(member.values, member.seed).label() or experiment.name
-        for experiment in experiments_of(folder, experiment_id)
+        for experiment in experiments
         for member in experiment.jobs
     }
 
@@ -246,8 +251,9 @@ def write_report(
         "",
     ]
     runs = {run.job_id: run for config in configs for run in config.runs}
-    for experiment in populations or []:
-        image = lineage_image(experiment, populations or [])
+    populations = populations or []
+    for experiment in populations:
+        image = lineage_image(experiment, populations)
         lines += lineage_lines(experiment, image)
         draw_lineage(experiment, runs, out / image)
     report = out / "report.md"
