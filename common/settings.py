@@ -84,6 +84,16 @@ def read_secret(env: Mapping[str, str], name: str) -> str:
     return secret
 
 
+#: Where a coordinator listens by default (`CoordinatorSettings`: 127.0.0.1:8000).
+DEFAULT_COORDINATOR_URL = "http://127.0.0.1:8000"
+
+
+def coordinator_url() -> str:
+    """The coordinator a user's commands and client talk to unless told otherwise:
+    `DROVER_COORDINATOR_URL`, else the default."""
+    return os.environ.get("DROVER_COORDINATOR_URL") or DEFAULT_COORDINATOR_URL
+
+
 def read_token(env: Mapping[str, str] | None = None) -> str:
     """The cluster API token: `DROVER_TOKEN`, or the contents of `DROVER_TOKEN_FILE`."""
     token = read_secret(os.environ if env is None else env, "DROVER_TOKEN")

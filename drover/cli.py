@@ -34,7 +34,7 @@ from common.errors import ApiError
 from common.http_client import ServiceUnavailable
 from common.messages import TERMINAL_PHASES, JobStatus, LeagueView
 from common.process import Terminated, exit_without_teardown, stop_on_terminate
-from common.settings import SettingsError, read_token
+from common.settings import SettingsError, coordinator_url, read_token
 from drover import enjoy, export, plot, report, sweep, tune, verbs
 from drover.devices import fit_local_device, local_learner_ranks
 from drover.docker_backend import DockerUnavailable, run_in_docker
@@ -92,7 +92,7 @@ def _main(argv: list[str] | None, fork_server: ForkServer | None) -> int:
     submit.add_argument("config", help="job config: .yaml, .yml, .json or .py (main_config)")
     submit.add_argument(
         "--coordinator",
-        default=verbs.default_coordinator_url(),
+        default=coordinator_url(),
         help="coordinator URL (DROVER_COORDINATOR_URL; http://127.0.0.1:8000)",
     )
     submit.add_argument("--wait", action="store_true", help="wait for the job to end")

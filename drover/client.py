@@ -18,7 +18,6 @@ neither torch nor the services' packages: `pip install drover` is enough.
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -37,12 +36,9 @@ from common.messages import (
     dump_json,
     parse,
 )
-from common.settings import SettingsError, read_token
+from common.settings import SettingsError, coordinator_url, read_token
 from common.storage import checkpoint_key
 from services.coordinator.client import CoordinatorClient
-
-#: Where the coordinator is unless told: `drover`'s own default.
-DEFAULT_URL = "http://127.0.0.1:8000"
 
 __all__ = ["ApiError", "Client", "ServiceUnavailable"]
 
@@ -61,7 +57,7 @@ class Client:
     def __init__(
         self, url: str | None = None, token: str | None = None, *, timeout_s: float = 10.0
     ) -> None:
-        self.url = (url or os.environ.get("DROVER_COORDINATOR_URL") or DEFAULT_URL).rstrip("/")
+        self.url = (url or coordinator_url()).rstrip("/")
         if token is None:
             try:
                 token = read_token()

@@ -45,7 +45,7 @@ from common.messages import (
     WorkerList,
     dump,
 )
-from common.settings import SettingsError, read_token
+from common.settings import DEFAULT_COORDINATOR_URL, SettingsError, coordinator_url, read_token
 from drover.say import console, error
 from drover.tables import (
     buffer_table,
@@ -61,8 +61,6 @@ from drover.tables import (
 )
 from services.coordinator.client import CoordinatorClient
 
-#: Where a coordinator listens by default (`CoordinatorSettings`: 127.0.0.1:8000).
-DEFAULT_COORDINATOR_URL = "http://127.0.0.1:8000"
 #: The verbs `add_verbs` adds, which `run` runs.
 NAMES = frozenset({"jobs", "status", "stop", "workers", "logs", "experiment"})
 ROLE_PATTERN = re.compile(r"^(coordinator|collector|learner)(-\d+)?$")
@@ -82,11 +80,6 @@ class VerbError(Exception):
         self.status = status
 
 
-def default_coordinator_url() -> str:
-    """The coordinator `drover submit` and these verbs talk to unless told otherwise."""
-    return os.environ.get("DROVER_COORDINATOR_URL", DEFAULT_COORDINATOR_URL)
-
-
 def add_verbs(sub: argparse._SubParsersAction) -> None:
     """Add the verbs to `drover`'s subcommands; `run(args)` then runs the one chosen."""
     remote = argparse.ArgumentParser(add_help=False)
@@ -94,7 +87,7 @@ def add_verbs(sub: argparse._SubParsersAction) -> None:
         "--url",
         "--coordinator",
         dest="url",
-        default=default_coordinator_url(),
+        default=coordinator_url(),
         help=f"coordinator URL (DROVER_COORDINATOR_URL; {DEFAULT_COORDINATOR_URL})",
     )
     remote.add_argument("--json", action="store_true", help="print the answer as JSON")
