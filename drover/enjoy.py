@@ -77,16 +77,11 @@ def play(
     source: Source, args: argparse.Namespace, window: bool
 ) -> tuple[list[float], list[np.ndarray], int]:
     """Each episode's return, and every episode's frames one after the other."""
-    import dataclasses
-
-    from algorithms.registry import ALGORITHMS
     from common.games import check_baseline, make_baseline
     from common.video import record_episode, record_game
 
     config = source.config
-    policy_config = dataclasses.replace(config.policy, cuda=False, device="cpu")
-    actor = ALGORITHMS[source.policy.algo].make_actor(policy_config)
-    actor.load(source.policy.version, source.policy.tensors)
+    actor = source.actor()
     rng = np.random.default_rng(args.seed)
     mode = "human" if window else "rgb_array"
     returns: list[float] = []

@@ -15,6 +15,7 @@ comes from the job's `job.json`.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import json
 from dataclasses import dataclass
@@ -50,6 +51,16 @@ class Source:
     policy: PolicyFile
     #: The policy file, relative to the job's folder.
     path: str
+
+    def actor(self) -> Any:
+        """The job's algorithm's actor on the CPU, the policy loaded (what `drover
+        export` and `drover enjoy` act with)."""
+        from algorithms.registry import ALGORITHMS
+
+        policy_config = dataclasses.replace(self.config.policy, cuda=False, device="cpu")
+        actor = ALGORITHMS[self.policy.algo].make_actor(policy_config)
+        actor.load(self.policy.version, self.policy.tensors)
+        return actor
 
 
 def run(args: argparse.Namespace) -> int:
@@ -113,23 +124,11 @@ def read_source(job_dir: Path, rel: str) -> Source:
     return Source(job_dir, config, policy, rel)
 
 
-def acting_of(source: Source) -> Any:
-    """The loaded actor's acting network (algorithms/export.py), on the CPU."""
-    import dataclasses
-
-    from algorithms.registry import ALGORITHMS
-
-    policy_config = dataclasses.replace(source.config.policy, cuda=False, device="cpu")
-    actor = ALGORITHMS[source.policy.algo].make_actor(policy_config)
-    actor.load(source.policy.version, source.policy.tensors)
-    return actor.acting()
-
-
 def export(source: Source, fmt: str, out: Path) -> Path:
     """Write the acting network in `fmt` and its README to `out`; the model's path."""
     import torch
 
-    acting = acting_of(source)
+    acting = source.actor().acting()
     example = tuple(example_input(port) for port in acting.inputs)
     out.mkdir(parents=True, exist_ok=True)
     target = out / FORMATS[fmt]
