@@ -11,6 +11,7 @@ An env that cannot render frames raises `CannotRender` naming it, at once.
 from __future__ import annotations
 
 import io
+import re
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -29,6 +30,11 @@ DEFAULT_FPS = 30
 #: A GIF (TensorBoard's) at most this many pixels wide, every `GIF_STRIDE`th frame.
 GIF_WIDTH = 320
 GIF_STRIDE = 2
+
+
+#: The names `video_path` gives (with their suffix): the files of a job's `videos/`
+#: the coordinator's API serves.
+VIDEO_NAME = re.compile(r"eval-\d{8}\.(mp4|gif)")
 
 
 def video_path(job_id: str, version: int) -> str:

@@ -21,7 +21,6 @@ with `dispatched()` / `dispatch_failed()`.
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -60,6 +59,7 @@ from common.messages import (
 )
 from common.metrics import service_registry
 from common.storage import SharedStore
+from common.video import VIDEO_NAME
 from services.coordinator.buffers import BufferProcesses, BufferProcessSettings
 from services.coordinator.data import DataPlane
 from services.coordinator.experiments import ExperimentBook
@@ -92,10 +92,6 @@ __all__ = [
     "TaskState",
     "Worker",
 ]
-
-
-#: The files of a job's `videos/` the API serves (common/video.py names them).
-VIDEO_NAME = re.compile(r"eval-\d{8}\.(mp4|gif)")
 
 
 class Coordinator:
