@@ -28,7 +28,6 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Gauge
 
 from common.array_bodies import SampledItems
-from common.errors import not_found
 from common.http import Caller
 from common.messages import (
     BufferStats,
@@ -59,7 +58,6 @@ from common.messages import (
 )
 from common.metrics import service_registry
 from common.storage import SharedStore
-from common.video import VIDEO_NAME
 from services.coordinator.buffers import BufferProcesses, BufferProcessSettings
 from services.coordinator.data import DataPlane
 from services.coordinator.experiments import ExperimentBook
@@ -305,11 +303,7 @@ class Coordinator:
         return self.policies.checkpoint_path(job_id, name)
 
     def video_path(self, job_id: str, name: str) -> str:
-        """One of the job's evaluation videos (only those: `eval-<version>.mp4|gif`)."""
-        self.job_book.get(job_id)  # 404 for a job it does not keep
-        if not VIDEO_NAME.fullmatch(name) or not self.store.exists(f"{job_id}/videos/{name}"):
-            raise not_found(f"video {name} of job {job_id}")
-        return f"{job_id}/videos/{name}"
+        return self.policies.video_path(job_id, name)
 
     # --- scheduling ------------------------------------------------------------------
 

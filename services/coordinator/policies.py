@@ -8,6 +8,7 @@ import logging
 from common.errors import ApiError, bad_request, conflict, not_found
 from common.messages import EvaluateSpec, LearnSpec, PolicyRef, dump
 from common.storage import CorruptFileError, WrongAlgorithm, sha256_hex
+from common.video import VIDEO_NAME
 from services.coordinator.jobs import JobBook
 from services.coordinator.lock import BoundedWaits
 from services.coordinator.state import CoordinatorState, Job
@@ -128,8 +129,7 @@ class PolicyPointer:
 
     def checkpoints(self, job_id: str) -> list[str]:
         """The job's checkpoint file names, oldest first."""
-        with self.state.guard.changing():
-            self.jobs.get(job_id)  # 404 for a job it does not keep
+        self._kept(job_id)
         return self.state.store.checkpoints(job_id)
 
     def checkpoint_path(self, job_id: str, name: str) -> str:
@@ -138,6 +138,19 @@ class PolicyPointer:
         if name not in self.checkpoints(job_id):
             raise not_found(f"checkpoint {name} of job {job_id}")
         return f"{job_id}/checkpoints/{name}"
+
+    def video_path(self, job_id: str, name: str) -> str:
+        """One of the job's evaluation videos (only those: `eval-<version>.mp4|gif`)."""
+        self._kept(job_id)
+        path = f"{job_id}/videos/{name}"
+        if not VIDEO_NAME.fullmatch(name) or not self.state.store.exists(path):
+            raise not_found(f"video {name} of job {job_id}")
+        return path
+
+    def _kept(self, job_id: str) -> None:
+        """404 for a job the coordinator does not keep."""
+        with self.state.guard.changing():
+            self.jobs.get(job_id)
 
     def recover(self, job: Job) -> None:
         """Point a restored job at its newest valid policy file (whole, and written by
