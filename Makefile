@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= examples/cartpole_dqn.yaml
 
-.PHONY: install install-browser install-fuse run test test-fast test-full test-engine lint format bench bench-learning bench-selfplay bench-chaos bench-learner bench-atari bench-atari-collect bench-atari-learner bench-fleet bench-headline bench-soak bench-fairness up down clean
+.PHONY: install install-browser install-fuse run test test-fast test-full test-engine lint format bench bench-learning bench-selfplay bench-chaos bench-learner bench-atari bench-atari-collect bench-atari-learner bench-fleet bench-headline bench-parity bench-soak bench-fairness up down clean
 
 # The stamp is refreshed whenever pyproject.toml changes, so `make test` on a fresh
 # clone installs once and later runs start at once.
@@ -94,6 +94,13 @@ bench: install
 	$(BIN)/python bench/time_to_goal.py
 	$(BIN)/python bench/buffer.py
 	$(BIN)/python bench/service_client.py
+
+# drover against stable-baselines3 on MuJoCo (examples/mujoco/, RL Zoo's settings): SAC on
+# Hopper-v5 and HalfCheetah-v5, 3 seeds a side, 50,000 env steps each (about an hour a
+# row on 2 cores); `--budget`, `--seeds` for RL Zoo's full budgets on a bigger box.
+bench-parity: install
+	$(BIN)/pip install -q -e '.[sb3,mujoco]'
+	$(BIN)/python bench/parity.py
 
 bench-learning: install
 	$(BIN)/python bench/learning.py

@@ -12,6 +12,9 @@ their name. Per config:
 
 - runs, and how many succeeded (the job ended `succeeded`);
 - the final evaluation return (the last evaluation's mean): median and IQM;
+- the return's area under the curve (its mean over the env steps the run's evaluations
+  span, each interval weighted by its env steps): median and IQM, which rewards
+  learning early as the final return does not;
 - env steps, and wall seconds, to the stop value (the first evaluation at or above
   it; over the runs that reached it): median and IQM.
 
@@ -55,6 +58,8 @@ class Run:
     phase: str
     #: The last evaluation's mean return (None: never evaluated).
     final_return: float | None
+    #: The mean return over the env steps its evaluations span (None: never evaluated).
+    auc: float | None
     #: Env steps and wall seconds at its first evaluation at or above the stop value.
     steps_to_goal: float | None
     wall_s_to_goal: float | None
@@ -169,7 +174,7 @@ def run_of(record: dict[str, Any], job_dir: Path) -> Run:
     try:
         curve = curve_of(record, job_dir, "", "env_steps")
     except PlotError:  # never evaluated
-        return Run(job_dir.name, phase, None, None, None, np.zeros(0), np.zeros(0))
+        return Run(job_dir.name, phase, None, None, None, None, np.zeros(0), np.zeros(0))
     stop_value = record["config"]["env"].get("stop_value")
     steps_to_goal = wall_to_goal = None
     if stop_value is not None:
@@ -179,9 +184,17 @@ def run_of(record: dict[str, Any], job_dir: Path) -> Run:
             # The same evaluations against wall time (which only grows with env steps).
             wall = curve_of(record, job_dir, "", "wall_s")
             wall_to_goal = float(wall.x[np.nonzero(wall.y >= stop_value)[0][0]])
-    return Run(
-        job_dir.name, phase, float(curve.y[-1]), steps_to_goal, wall_to_goal, curve.x, curve.y
-    )
+    final, auc = float(curve.y[-1]), area_per_step(curve.x, curve.y)
+    return Run(job_dir.name, phase, final, auc, steps_to_goal, wall_to_goal, curve.x, curve.y)
+
+
+def area_per_step(x: np.ndarray, y: np.ndarray) -> float:
+    """The curve's area over the env steps it spans, per env step (trapezoids between
+    evaluations): its mean return over training; one evaluation's return alone."""
+    span = float(x[-1] - x[0]) if x.size else 0.0
+    if span <= 0:
+        return float(y[-1])
+    return float(np.sum((y[1:] + y[:-1]) / 2 * np.diff(x)) / span)
 
 
 # --- writing it ------------------------------------------------------------------------
@@ -192,6 +205,7 @@ def rows(configs: list[Config]) -> list[dict[str, str]]:
     table = []
     for config in configs:
         finals = [r.final_return for r in config.runs if r.final_return is not None]
+        areas = [r.auc for r in config.runs if r.auc is not None]
         steps = [r.steps_to_goal for r in config.runs if r.steps_to_goal is not None]
         walls = [r.wall_s_to_goal for r in config.runs if r.wall_s_to_goal is not None]
         n = len(config.runs)
@@ -201,6 +215,8 @@ def rows(configs: list[Config]) -> list[dict[str, str]]:
             "succeeded": f"{sum(r.phase == 'succeeded' for r in config.runs)}/{n}",
             "final return, median": _est(finals, stats.median),
             "final return, IQM": _est(finals, stats.iqm),
+            "return AUC, median": _est(areas, stats.median),
+            "return AUC, IQM": _est(areas, stats.iqm),
         }
         if config.stop_value is not None:
             row |= {

@@ -76,9 +76,16 @@ class SAC:
         critic_norm = finite_step(critic_loss, self.critic_optimizer, sync=self.sync)
 
         action, logp = self.actor.sample(batch.obs)
-        q_new = torch.min(*self.critic(batch.obs, action))
-        actor_loss = (alpha * logp - q_new).mean()
-        actor_norm = finite_step(actor_loss, self.actor_optimizer, sync=self.sync)
+        # The actor's loss backpropagates through the critics to the action only: with
+        # their weights frozen, backward skips the critics' weight gradients (a third
+        # of the update's matrix products), which the actor's step would not use.
+        self.critic.requires_grad_(False)
+        try:
+            q_new = torch.min(*self.critic(batch.obs, action))
+            actor_loss = (alpha * logp - q_new).mean()
+            actor_norm = finite_step(actor_loss, self.actor_optimizer, sync=self.sync)
+        finally:
+            self.critic.requires_grad_(True)
 
         alpha_loss = -(self.log_alpha * (logp.detach() + self.target_entropy)).mean()
         # The temperature is averaged like any parameter: one alpha on every rank.

@@ -134,7 +134,7 @@ def _follow_task(group: RankGroup, store: SharedStore, task: dict[str, Any]) -> 
     same files as rank 0's, trained on this rank's share of every batch."""
     job_id = str(task["job_id"])
     config = read_job_config(store, job_id)
-    torch.set_num_threads(config.system.torch_num_threads)
+    torch.set_num_threads(config.policy.learn.threads(config.system.torch_num_threads))
     learner = new_learner(config, int(task["seed"]), group)
     if task["checkpoint"] is not None:
         store.resolve(task["checkpoint"], under=f"{job_id}/checkpoints")

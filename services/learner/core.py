@@ -77,7 +77,7 @@ class LearnerRunner:
     def run(self, ctx: TaskContext) -> dict[str, Any]:
         job_id = ctx.task.job_id
         config = read_job_config(self.store, job_id)
-        torch.set_num_threads(config.system.torch_num_threads)
+        torch.set_num_threads(config.policy.learn.threads(config.system.torch_num_threads))
         spec = ctx.task.spec
         return self.learn(ctx, config, spec)
 

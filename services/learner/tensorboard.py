@@ -18,7 +18,9 @@ class TrainBoard:
     the last point; `train/updates_per_s` (since the last point),
     `train/samples_per_s` (items trained per second, all ranks), and
     `train/sample_wait_fraction` (of the time since the last point, the part spent
-    waiting for samples rather than training)."""
+    waiting for samples rather than training), and `train/busy_fraction` (of the wall
+    time since the last point, the part spent training: below 1, the learner waited
+    on its feed, a publish or a checkpoint)."""
 
     def __init__(self, store: SharedStore, job_id: str, train_iter: int) -> None:
         self.log = ScalarLog(store, job_tb_dir(job_id, "learner"))
@@ -51,6 +53,7 @@ class TrainBoard:
         values["train/updates_per_s"] = (train_iter - self._iter) / max(now - self._since, 1e-9)
         values["train/samples_per_s"] = sum(rank_samples_per_s)
         values["train/sample_wait_fraction"] = self.wait_s / busy if busy > 0 else None
+        values["train/busy_fraction"] = min(1.0, self.train_s / max(now - self._since, 1e-9))
         self.log.scalars(train_iter, values)
         self._since, self._iter = now, train_iter
         self.wait_s = self.train_s = 0.0

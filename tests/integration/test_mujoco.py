@@ -20,9 +20,9 @@ pytest.importorskip("mujoco")
 @pytest.mark.parametrize("env_id", ["HalfCheetah-v5", "Hopper-v5"])
 def test_sac_runs_a_mujoco_job_through_the_services(tmp_path, env_id):
     config = deep_merge(
-        load_config_file(ROOT / "examples" / "halfcheetah_sac.yaml"),
+        load_config_file(ROOT / "examples" / "mujoco" / "halfcheetah_sac.yaml"),
         {
-            "env": {"env_id": env_id, "stop_value": None, "n_evaluator_episode": 1},
+            "env": {"env_id": env_id, "n_evaluator_episode": 1},
             "policy": {
                 "collect": {"random_collect_size": 500},
                 "eval": {"evaluator": {"eval_freq": 100}},

@@ -35,6 +35,7 @@ LEARNER_TAGS = {
     "train/updates_per_s",
     "train/samples_per_s",
     "train/sample_wait_fraction",
+    "train/busy_fraction",
 }
 
 

@@ -10,11 +10,13 @@ from jobconfig import fit_to_env, load_config, resolve_job_config
 from services.coordinator.workflows import check_workflow
 
 ROOT = Path(__file__).resolve().parents[2]
-EXAMPLES = sorted((ROOT / "examples").glob("*.yaml")) + sorted(
-    (ROOT / "examples" / "di_engine").glob("*.py")
+EXAMPLES = (
+    sorted((ROOT / "examples").glob("*.yaml"))
+    + sorted((ROOT / "examples" / "mujoco").glob("*.yaml"))
+    + sorted((ROOT / "examples" / "di_engine").glob("*.py"))
 )
 #: What an example's env needs installed (the dev install has all of them).
-NEEDS = {"pong": "ale_py", "halfcheetah": "mujoco", "minigrid": "minigrid"}
+NEEDS = {"pong": "ale_py", "halfcheetah": "mujoco", "hopper": "mujoco", "minigrid": "minigrid"}
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)

@@ -78,9 +78,11 @@ def test_a_report_groups_an_experiments_seeds_and_gives_each_config_its_figures(
     slow, fast = rows["learning_rate=0.001"].split(" | "), rows["learning_rate=0.01"].split(" | ")
     assert slow[1:3] == ["3", "3/3"] and fast[1:3] == ["2", "2/2"]
     assert slow[3].startswith("100.0 [")  # median final return of 100, 120, 90
-    assert slow[5] == "2/3" and slow[6].startswith("3,500 [3,000, 4,000]")  # env steps to 100
-    assert fast[6].startswith("1,500 [1,000, 2,000]")
-    assert slow[8].startswith("35.0 [30.0, 40.0]")  # wall s to 100 (100 steps a second)
+    # The return's area per env step: 52.5, 55 and 35 (median 52.5); 125 and 80.
+    assert slow[5].startswith("52.5 [35.0, 55.0]") and fast[5].startswith("102.5 [80.0, 125.0]")
+    assert slow[7] == "2/3" and slow[8].startswith("3,500 [3,000, 4,000]")  # env steps to 100
+    assert fast[8].startswith("1,500 [1,000, 2,000]")
+    assert slow[10].startswith("35.0 [30.0, 40.0]")  # wall s to 100 (100 steps a second)
     assert "job-alone" not in report and "other" not in report
     for image in ("curves.png", "profile.png"):
         assert (tmp_path / "report" / image).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

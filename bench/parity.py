@@ -1,0 +1,427 @@
+"""drover against stable-baselines3 on MuJoCo, side by side: the same example, the same
+seeds, the same evaluation, one machine, one run.
+
+    python bench/parity.py [--rows sac-hopper,sac-halfcheetah] [--seeds 3]
+        [--budget ENV_STEPS] [--collectors 2] [--out DIR] [--json PATH]
+
+Each row is an example under `examples/mujoco/` (RL Zoo's tuned hyperparameters for
+its env) run to a budget of env steps, seed by seed, on both sides in turn (drover
+first on even seeds, stable-baselines3 first on odd ones, so that a drift of the
+machine's speed falls on both):
+
+- drover: `drover run EXAMPLE --collectors N` (the services: a coordinator, its buffer
+  process, N collectors, a learner with its feeder), the example with `system.seed` and
+  `system.max_env_step` set. Its processes' CPU is read by role while it runs.
+- stable-baselines3: `python -m bench.sb3_mujoco EXAMPLE` (one process), the example's
+  keys under SB3's names, evaluated as drover evaluates, written as a drover job record.
+
+Then one `drover report` of both sides (IQM and median of the final return and of the
+return's area under the curve, 95% bootstrap intervals, curves with bands) in
+`<out>/<row>/report/`, and this bench's own table: env steps/s, wall seconds to the
+budget and to the return stable-baselines3 reached (its median final return), the
+learner's busy fraction (time in updates over wall time, bench/job_figures.py) and the
+data plane's CPU (coordinator, buffer process and feeder, in cores). The whole run's
+tables go to `<out>/parity.md`; `--json` keeps the figures for bench/headline.py.
+
+Budgets: RL Zoo trains these for 1M env steps (hours a seed on a CPU); the defaults fit
+a 2-core machine (SAC updates about 60-90 times a second there on either side, so
+50,000 env steps are about 10-15 minutes a seed a side). `--budget` and `--seeds` run
+the full ones on a bigger box.
+
+Needs the optional extras `sb3` and `mujoco` (`make bench-parity` installs them).
+Timings vary with machine load; compare within one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.job_figures import DATA_PLANE, CpuSampler, learner_busy_fraction  # noqa: E402
+from bench.learner_scaling import cpu_line  # noqa: E402
+from bench.results import write_figures  # noqa: E402
+from common.config import deep_merge  # noqa: E402
+from jobconfig import load_config_file  # noqa: E402
+
+EXAMPLES = ROOT / "examples" / "mujoco"
+
+
+@dataclass(frozen=True)
+class Row:
+    """One table: an example, its budget and its evaluation cadence."""
+
+    name: str
+    example: Path
+    budget: int
+    eval_every_steps: int
+
+
+ROWS = {
+    "sac-hopper": Row("sac-hopper", EXAMPLES / "hopper_sac.yaml", 50_000, 5_000),
+    "sac-halfcheetah": Row("sac-halfcheetah", EXAMPLES / "halfcheetah_sac.yaml", 50_000, 5_000),
+}
+SIDES = ("drover", "stable-baselines3")
+
+
+@dataclass
+class SideRun:
+    """One seed of one side, as this bench measured it."""
+
+    seed: int
+    job_dir: Path | None
+    wall_s: float
+    env_steps: int
+    note: str = ""
+    busy: float | None = None
+    data_plane_cores: float | None = None
+
+    @property
+    def steps_per_s(self) -> float:
+        return self.env_steps / self.wall_s if self.wall_s > 0 else 0.0
+
+
+@dataclass
+class RowResult:
+    row: Row
+    runs: dict[str, list[SideRun]] = field(default_factory=lambda: {s: [] for s in SIDES})
+
+
+# --- one run of each side -----------------------------------------------------------------
+
+
+def seeded_example(
+    row: Row, seed: int, budget: int, work: Path, learning_starts: int | None = None
+) -> Path:
+    """The example both sides run: the seed and the budget set, evaluations every
+    `eval_every_steps` env steps' worth of train iterations, and `learning_starts`
+    (random steps, and the items before the first sample) when given (the smoke test)."""
+    raw = load_config_file(row.example)
+    updates_per_step = updates_per_env_step(raw)
+    eval_freq = max(1, round(row.eval_every_steps * updates_per_step))
+    changes: dict = {
+        "system": {"seed": seed, "max_env_step": budget},
+        "policy": {"eval": {"evaluator": {"eval_freq": eval_freq}}},
+    }
+    if learning_starts is not None:
+        changes["policy"] |= {
+            "collect": {"random_collect_size": learning_starts},
+            "other": {"replay_buffer": {"min_size_to_sample": learning_starts}},
+        }
+    config = deep_merge(raw, changes)
+    path = work / f"{row.name}-seed{seed}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def updates_per_env_step(raw: dict) -> float:
+    """Train iterations per env step the example's replay ratio asks for (SAC)."""
+    policy = raw["policy"]
+    ratio = policy["other"]["replay_buffer"]["samples_per_insert"]
+    return float(ratio) / float(policy["learn"]["batch_size"])
+
+
+def run_drover(seed: int, config: Path, collectors: int, out: Path, timeout_s: float) -> SideRun:
+    runs_dir = out / "drover"
+    before = set(runs_dir.glob("*/job-*"))
+    started = time.monotonic()
+    command = [sys.executable, "-m", "drover", "run", str(config), "--collectors", str(collectors)]
+    with (out / f"drover-seed{seed}.log").open("w") as log:
+        proc = subprocess.Popen(
+            [*command, "--runs-dir", str(runs_dir)], cwd=ROOT, stdout=log, stderr=log
+        )
+        with CpuSampler(proc.pid) as cpu:
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                proc.terminate()
+                proc.wait(timeout=60)
+    job_dirs = sorted(set(runs_dir.glob("*/job-*")) - before)
+    if not job_dirs:
+        return SideRun(seed, None, time.monotonic() - started, 0, f"exit {proc.returncode}")
+    job_dir = job_dirs[-1]
+    summary = json.loads((job_dir / "summary.json").read_text())
+    record = read_record(job_dir)
+    wall_s = float(record["finished_at"]) - float(record["running_since"])
+    note = "" if summary["phase"] == "succeeded" else f"{summary['phase']}: {summary['reason']}"
+    return SideRun(
+        seed,
+        job_dir,
+        wall_s,
+        int(summary["env_steps"]),
+        note,
+        busy=learner_busy_fraction(job_dir),
+        data_plane_cores=cpu.seconds(DATA_PLANE) / wall_s,
+    )
+
+
+def run_sb3(row: Row, seed: int, config: Path, budget: int, out: Path, timeout_s: float) -> SideRun:
+    folder = out / "stable-baselines3"
+    command = [sys.executable, "-m", "bench.sb3_mujoco", str(config), "--seed", str(seed)]
+    command += ["--budget", str(budget), "--eval-every-steps", str(row.eval_every_steps)]
+    started = time.monotonic()
+    try:
+        proc = subprocess.run(
+            [*command, "--out", str(folder)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+        )
+    except subprocess.TimeoutExpired:
+        return SideRun(seed, None, time.monotonic() - started, 0, f"timed out ({timeout_s:.0f} s)")
+    if proc.returncode != 0:
+        note = f"exit {proc.returncode}: {proc.stderr.strip()[-300:]}"
+        return SideRun(seed, None, time.monotonic() - started, 0, note)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    return SideRun(seed, folder / result["job_id"], result["wall_s"], result["env_steps"])
+
+
+def read_record(job_dir: Path) -> dict:
+    from drover.plot import read_record as read
+
+    return read(job_dir)
+
+
+# --- the tables ---------------------------------------------------------------------------
+
+
+def wall_s_to(job_dir: Path, score: float) -> float | None:
+    """Seconds from the job's start to its first evaluation at or above `score`."""
+    import numpy as np
+
+    from drover.plot import PlotError, curve_of
+
+    try:
+        curve = curve_of(read_record(job_dir), job_dir, "", "wall_s")
+    except PlotError:
+        return None
+    reached = np.nonzero(curve.y >= score)[0]
+    return float(curve.x[reached[0]]) if reached.size else None
+
+
+def spread(values: list[float], digits: int = 0) -> str:
+    """median (min-max) of `values`, or '-'."""
+    if not values:
+        return "-"
+    med, low, high = statistics.median(values), min(values), max(values)
+    return f"{med:,.{digits}f} ({low:,.{digits}f}-{high:,.{digits}f})"
+
+
+def report_of(result: RowResult, out: Path) -> dict[str, dict[str, str]]:
+    """One `drover report` of both sides: its rows by side."""
+    from drover.report import merged, read_configs, rows, write_report
+
+    folders = sorted((out / "drover").glob("*/")) + [out / "stable-baselines3"]
+    configs = merged([read_configs(folder) for folder in folders if folder.is_dir()])
+    write_report(configs, out / "report", title=f"{result.row.name}: drover and stable-baselines3")
+    by_label = {row["config"]: row for row in rows(configs)}
+    return {
+        side: next((r for label, r in by_label.items() if side_of(label) == side), {})
+        for side in SIDES
+    }
+
+
+def side_of(label: str) -> str:
+    return "stable-baselines3" if label.endswith("(stable-baselines3)") else "drover"
+
+
+def final_returns(runs: list[SideRun]) -> list[float]:
+    finals = []
+    for run in runs:
+        if run.job_dir is not None:
+            evals = read_record(run.job_dir)["evals"]
+            if evals:
+                finals.append(float(evals[-1]["return_mean"]))
+    return finals
+
+
+def row_table(result: RowResult, reported: dict[str, dict[str, str]]) -> tuple[list, dict]:
+    """The bench's table of one row (Markdown cells) and its figures for --json."""
+    sb3_finals = final_returns(result.runs["stable-baselines3"])
+    score = statistics.median(sb3_finals) if sb3_finals else None
+    lines, figures = [], {}
+    for side in SIDES:
+        runs = [r for r in result.runs[side] if r.job_dir is not None and not r.note]
+        rep = reported.get(side, {})
+        to_score = [
+            t for r in runs if score is not None and (t := wall_s_to(r.job_dir, score)) is not None
+        ]
+        busy = [r.busy for r in runs if r.busy is not None]
+        plane = [r.data_plane_cores for r in runs if r.data_plane_cores is not None]
+        lines.append(
+            [
+                side,
+                f"{len(runs)}/{len(result.runs[side])}",
+                rep.get("final return, IQM", "-"),
+                rep.get("final return, median", "-"),
+                rep.get("return AUC, IQM", "-"),
+                rep.get("return AUC, median", "-"),
+                spread([r.steps_per_s for r in runs], 1),
+                spread([r.wall_s for r in runs]),
+                f"{spread(to_score)} ({len(to_score)}/{len(runs)})",
+                spread(busy, 2) if side == "drover" else "-",
+                spread(plane, 2) if side == "drover" else "-",
+            ]
+        )
+        finals = final_returns(runs)
+        figures[side] = {
+            "final_iqm": _iqm(finals),
+            "wall_s_median": statistics.median([r.wall_s for r in runs]) if runs else None,
+            "steps_per_s_median": statistics.median([r.steps_per_s for r in runs])
+            if runs
+            else None,
+            "busy_median": statistics.median(busy) if busy else None,
+        }
+    drover, sb3 = figures["drover"], figures["stable-baselines3"]
+    figures["final_iqm_ratio"] = _ratio(drover["final_iqm"], sb3["final_iqm"])
+    figures["wall_ratio"] = _ratio(drover["wall_s_median"], sb3["wall_s_median"])
+    figures["score"] = score
+    return lines, figures
+
+
+def _iqm(values: list[float]) -> float | None:
+    from drover import stats
+
+    return float(stats.iqm(values)) if values else None
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return a / b if a is not None and b else None
+
+
+COLUMNS = [
+    "side",
+    "seeds",
+    "final return, IQM [95% CI]",
+    "final return, median [95% CI]",
+    "return AUC, IQM [95% CI]",
+    "return AUC, median [95% CI]",
+    "env steps/s",
+    "wall s to the budget",
+    "wall s to SB3's median final return (runs)",
+    "learner busy",
+    "data plane, cores",
+]
+
+
+def markdown(result: RowResult, lines: list, figures: dict, budget: int) -> list[str]:
+    row = result.row
+    score = figures["score"]
+    text = [
+        f"### {row.name}: `{row.example.relative_to(ROOT)}`, {budget:,} env steps",
+        "",
+        f"Evaluations: the example's `n_evaluator_episode` greedy episodes every "
+        f"{row.eval_every_steps:,} env steps once training began. The score "
+        f"stable-baselines3 reached (its median final return): "
+        f"{'-' if score is None else f'{score:,.1f}'}. Each cell: median (min-max) over "
+        "seeds unless it says otherwise.",
+        "",
+        "| " + " | ".join(COLUMNS) + " |",
+        "|" + "---|" * len(COLUMNS),
+        *("| " + " | ".join(cells) + " |" for cells in lines),
+        "",
+        f"drover / stable-baselines3: IQM final return "
+        f"{_fmt(figures['final_iqm_ratio'])}x, median wall time to the budget "
+        f"{_fmt(figures['wall_ratio'])}x. The report (curves, profile): "
+        f"`{row.name}/report/report.md`.",
+        "",
+    ]
+    notes = [
+        f"{side} seed {r.seed}: {r.note}" for side in SIDES for r in result.runs[side] if r.note
+    ]
+    return text + ([*(f"- {n}" for n in notes), ""] if notes else [])
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", default=",".join(ROWS), help=f"of {', '.join(ROWS)}")
+    parser.add_argument("--seeds", type=int, default=3)
+    parser.add_argument("--budget", type=int, default=None, help="env steps (the row's)")
+    parser.add_argument("--collectors", type=int, default=2)
+    parser.add_argument(
+        "--learning-starts",
+        type=int,
+        default=None,
+        help="random env steps before training, on both sides (the example's: 10,000)",
+    )
+    parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--json", type=Path, default=None)
+    parser.add_argument(
+        "--eval-every-steps", type=int, default=None, help="env steps (the row's: 5,000)"
+    )
+    parser.add_argument(
+        "--timeout-s", type=float, default=None, help="per run (default: from the budget)"
+    )
+    args = parser.parse_args()
+    names = [n for n in args.rows.split(",") if n]
+    unknown = [n for n in names if n not in ROWS]
+    if unknown:
+        parser.error(f"--rows: unknown row {unknown[0]!r} (rows: {', '.join(ROWS)})")
+    out = args.out or ROOT / "runs" / f"parity-{datetime.now():%Y%m%d-%H%M%S}"
+    console = Console(width=200)
+    console.print(f"parity: {cpu_line()}; results in {out}")
+    document = [
+        f"# drover and stable-baselines3 on MuJoCo ({datetime.now():%Y-%m-%d})",
+        "",
+        f"Machine: {cpu_line()}. {args.collectors} collectors on drover's side.",
+        "",
+    ]
+    all_figures = {}
+    for name in names:
+        row = ROWS[name]
+        if args.eval_every_steps is not None:
+            row = dataclasses.replace(row, eval_every_steps=args.eval_every_steps)
+        budget = args.budget or row.budget
+        # Generous: a seed at 20 updates a second, plus the start.
+        timeout_s = args.timeout_s or budget / 20 + 600
+        folder = out / name
+        folder.mkdir(parents=True, exist_ok=True)
+        result = RowResult(row)
+        for seed in range(args.seeds):
+            config = seeded_example(row, seed, budget, folder, args.learning_starts)
+            order = SIDES if seed % 2 == 0 else SIDES[::-1]
+            for side in order:
+                if side == "drover":
+                    run = run_drover(seed, config, args.collectors, folder, timeout_s)
+                else:
+                    run = run_sb3(row, seed, config, budget, folder, timeout_s)
+                result.runs[side].append(run)
+                console.print(
+                    f"{name} seed {seed} {side}: {run.env_steps:,} env steps in "
+                    f"{run.wall_s:,.1f} s {run.note}"
+                )
+        lines, figures = row_table(result, report_of(result, folder))
+        all_figures[name] = figures
+        document += markdown(result, lines, figures, budget)
+        table = Table(title=f"{name}, {budget:,} env steps")
+        for column in COLUMNS:
+            table.add_column(column)
+        for cells in lines:
+            table.add_row(*cells)
+        console.print(table)
+    (out / "parity.md").write_text("\n".join(document))
+    console.print(f"parity: tables in {out / 'parity.md'}")
+    write_figures(args.json, "parity", all_figures)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,51 @@
+"""bench/parity.py on a tiny budget: both sides run the same seeded example, each
+side's evaluations land in one `drover report`, and the bench's table has a row a
+side with the learner's busy fraction on drover's."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.processes, pytest.mark.smoke]
+
+pytest.importorskip("mujoco")
+pytest.importorskip("stable_baselines3")
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_parity_bench_runs_both_sides_into_one_report(tmp_path: Path) -> None:
+    out, figures = tmp_path / "parity", tmp_path / "figures.json"
+    command = [sys.executable, str(ROOT / "bench" / "parity.py"), "--rows", "sac-hopper"]
+    command += ["--seeds", "1", "--budget", "1200", "--learning-starts", "400"]
+    command += ["--eval-every-steps", "300", "--out", str(out), "--json", str(figures)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+
+    # One report of both sides: a config each, every run evaluated.
+    report = (out / "sac-hopper" / "report" / "report.md").read_text()
+    assert "| hopper_sac | 1 | 1/1 |" in report, report
+    assert "| hopper_sac (stable-baselines3) | 1 | 1/1 |" in report, report
+    # The same example on both sides: the SB3 side's record holds drover's resolved config.
+    (sb3_record,) = (out / "sac-hopper" / "stable-baselines3").glob("*/coordinator/record.json")
+    job = json.loads(sb3_record.read_text())["job"]
+    assert job["config"]["policy"]["learn"]["batch_size"] == 256
+    assert job["config"]["policy"]["collect"]["random_collect_size"] == 400
+    # Its evaluations: one interval after training began, then every 300 env steps.
+    assert [e["env_steps"] for e in job["evals"]] == [700, 1000, 1200]
+
+    table = (out / "parity.md").read_text()
+    rows = [line for line in table.splitlines() if line.startswith(("| drover", "| stable"))]
+    assert len(rows) == 2, table
+    drover = rows[0].split(" | ")
+    busy = float(drover[9].split()[0])
+    assert 0.0 < busy <= 1.0, rows[0]  # the learner's busy fraction, read from its scalars
+    result = json.loads(figures.read_text())["figures"]["sac-hopper"]
+    assert result["drover"]["final_iqm"] is not None
+    assert result["stable-baselines3"]["final_iqm"] is not None
+    assert result["wall_ratio"] > 0
