@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= examples/cartpole_dqn.yaml
 
-.PHONY: install install-browser install-fuse run test test-fast test-full test-engine lint format bench bench-learning bench-selfplay bench-chaos bench-learner bench-atari bench-atari-collect bench-atari-learner bench-fleet bench-headline bench-parity bench-soak bench-fairness up down clean
+.PHONY: install install-browser install-fuse run test test-fast test-full test-engine lint format bench bench-learning bench-selfplay bench-chaos bench-learner bench-atari bench-atari-collect bench-atari-learner bench-fleet bench-headline bench-parity bench-soak bench-fairness bench-scaling up down clean
 
 # The stamp is refreshed whenever pyproject.toml changes, so `make test` on a fresh
 # clone installs once and later runs start at once.
@@ -100,7 +100,7 @@ bench: install
 # row on 2 cores); `--budget`, `--seeds` for RL Zoo's full budgets on a bigger box.
 bench-parity: install
 	$(BIN)/pip install -q -e '.[sb3,mujoco]'
-	$(BIN)/python bench/parity.py
+	$(BIN)/python bench/parity.py --json bench/results/parity.json
 
 bench-learning: install
 	$(BIN)/python bench/learning.py
@@ -144,6 +144,10 @@ bench-soak: install
 # against what it is owed, a newcomer's wait, priorities (about 6 minutes).
 bench-fairness: install
 	$(BIN)/python bench/fairness.py
+
+# Strong scaling on an env whose step takes 10 ms: DQN, PPO, 1 to 32 collectors (about 25 min).
+bench-scaling: install
+	$(BIN)/python bench/scaling.py --out runs/bench-scaling --json bench/results/scaling.json
 
 up:
 	docker compose up --build

@@ -44,6 +44,14 @@ class Headline:
     command: tuple[str, ...]
 
 
+#: Benches too long for `run` (an hour or more): each writes its figures where the table
+#: reads them (`make bench-parity`, `make bench-scaling` pass `--json` this path), and
+#: the table gains their rows, with their own machine and commit, once they ran.
+SEPARATE = {
+    "parity": ROOT / "bench" / "results" / "parity.json",
+    "scaling": ROOT / "bench" / "results" / "scaling.json",
+}
+
 HEADLINES = (
     Headline("collector", ("bench/collector.py", "--algos", "dqn")),
     Headline("learner_feed", ("bench/learner_feed.py", "--algos", "dqn")),
@@ -142,15 +150,74 @@ def table(results: dict[str, Any]) -> str:
             ">= 5x",
         ),
     ]
+    footer = [
+        f"One run of each, one after the other, on {results['machine']}, at commit "
+        f"{results['commit']} ({results['date']})."
+    ]
+    for name, path in SEPARATE.items():
+        if path.exists():
+            record = json.loads(path.read_text())
+            rows += SEPARATE_ROWS[name](record["figures"])
+            footer.append(
+                f"`bench/{name}.py`: its own run, on {record['machine']}, at commit "
+                f"{record['commit']} ({record['date']})."
+            )
     lines = [
         "| bench | what is compared | measured | ratio | target |",
         "|---|---|---|---|---|",
         *("| " + " | ".join(row) + " |" for row in rows),
         "",
-        f"One run of each, one after the other, on {results['machine']}, at commit "
-        f"{results['commit']} ({results['date']}).",
+        " ".join(footer),
     ]
     return "\n".join(lines)
+
+
+def parity_rows(figures: dict[str, Any]) -> list[tuple[str, ...]]:
+    """A row per env of bench/parity.py: drover's IQM final return and wall time to the
+    budget against stable-baselines3's, the same example and seeds on both sides."""
+    rows = []
+    for row in figures.values():
+        drover, sb3 = row["drover"], row["stable-baselines3"]
+        rows.append(
+            (
+                "`bench/parity.py`",
+                f"{row['algo'].upper()} on {row['env_id']}, {row['budget']:,} env steps, "
+                f"{row['seeds']} seeds a side: `drover run` ({row['collectors']} collectors) "
+                "against stable-baselines3 with the same settings (RL Zoo's), IQM final "
+                "return; median wall time to the budget",
+                f"{_num(drover['final_iqm'])} vs {_num(sb3['final_iqm'])}; "
+                f"{_num(drover['wall_s_median'])} s vs {_num(sb3['wall_s_median'])} s",
+                f"**{_num(row['final_iqm_ratio'], 2)}**; **{_num(row['wall_ratio'], 2)}**",
+                ">= 0.9; <= 0.9",
+            )
+        )
+    return rows
+
+
+def scaling_rows(figures: dict[str, Any]) -> list[tuple[str, ...]]:
+    """bench/scaling.py's rows: efficiency and speed-up at 16 collectors against 1."""
+    return [
+        (
+            "`bench/scaling.py`",
+            f"{algo.upper()} ({row['workflow']}) to CartPole's goal on an env whose step "
+            f"takes {row['step_ms']:g} ms, {row['collectors']} collectors against 1: env "
+            "steps/s efficiency; median wall time to the goal (speed-up); env steps to it",
+            f"{_num(row['efficiency'], 2)}; {_num(row['wall_s'], 1)} s vs "
+            f"{_num(row['wall_s_at_1'], 1)} s; {_num(row['env_steps'])} vs "
+            f"{_num(row['env_steps_at_1'])}",
+            f"**{_num(row['efficiency'], 2)}**; **{_num(row['speedup'], 1)}x**; "
+            f"**{_num(row['env_steps_ratio'], 2)}**",
+            ">= 0.8; >= 6x; <= 1.5",
+        )
+        for algo, row in figures.items()
+    ]
+
+
+SEPARATE_ROWS = {"parity": parity_rows, "scaling": scaling_rows}
+
+
+def _num(value: float | None, digits: int = 0) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
 
 
 def render(readme: str, results: dict[str, Any]) -> str:

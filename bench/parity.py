@@ -410,7 +410,13 @@ def main() -> None:
                     f"{run.wall_s:,.1f} s {run.note}"
                 )
         lines, figures = row_table(result, report_of(result, folder))
-        all_figures[name] = figures
+        all_figures[name] = figures | {
+            "env_id": load_config_file(row.example)["env"]["env_id"],
+            "algo": load_config_file(row.example)["policy"]["type"],
+            "budget": budget,
+            "seeds": args.seeds,
+            "collectors": args.collectors,
+        }
         document += markdown(result, lines, figures, budget)
         table = Table(title=f"{name}, {budget:,} env steps")
         for column in COLUMNS:

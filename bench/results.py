@@ -8,17 +8,46 @@ Usage::
 
 from __future__ import annotations
 
+import datetime
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
 
 def write_figures(path: Path | None, bench: str, figures: dict[str, Any]) -> None:
     """Write `figures` (numbers by name) to `path`, with the machine they were
-    measured on; nothing when `path` is None."""
+    measured on, the commit and the date; nothing when `path` is None."""
     if path is None:
         return
     from bench.learner_scaling import cpu_line
 
-    record = {"bench": bench, "machine": cpu_line(), "figures": figures}
+    record = {
+        "bench": bench,
+        "machine": cpu_line(),
+        "commit": _commit(),
+        "date": datetime.date.today().isoformat(),
+        "figures": figures,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(record, indent=1) + "\n")
+
+
+def _commit() -> str:
+    """The checkout's commit (with `+` when its tracked files differ from it)."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        head = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "diff", "--quiet", "HEAD", "--"], cwd=root, timeout=30
+        ).returncode
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+    return head + ("+" if dirty else "")
