@@ -43,6 +43,7 @@ import contextlib
 import dataclasses
 import hashlib
 import json
+import random
 import re
 import secrets
 import sys
@@ -103,6 +104,11 @@ def _shard_of(match: re.Match[str], shards: int) -> int:
         return 0
     run = int(match["seq"]) // SEGMENTS_PER_SHARD
     return (zlib.crc32(match["worker"].encode()) + run) % shards
+
+
+#: Seconds an insert refused because `max_waiting_inserts` were waiting is told to wait
+#: before it tries again (jittered by 0.5-1.5x, so the refused do not come back together).
+FULL_RETRY_S = 0.25
 
 
 class RateLimited(Exception):
@@ -221,8 +227,14 @@ class ReplayBuffer:
         release_grace_s: float = 30.0,
         clock: Callable[[], float] = time.monotonic,
         shard: int = 0,
+        max_waiting_inserts: int = 0,
     ) -> None:
         self.job_id = job_id
+        #: Inserts the rate limiter may hold waiting at once (0: no bound); one more that
+        #: would wait is answered `RateLimited` at once. Each waiting insert holds a
+        #: serving thread: unbounded, they took every one and the learner's sample,
+        #: the one request that lets them go, found none (32 collectors on 16 threads).
+        self.max_waiting_inserts = max_waiting_inserts
         self.config = config
         self.capacity = config.replay_buffer_size
         #: Which of the job's `config.shards` buffers this is: it holds the segments
@@ -311,7 +323,13 @@ class ReplayBuffer:
             fresh = fresh_refs()
             num_items = sum(len(spans[0]) for _, _, spans in fresh.values())
             if not force and fresh:
-                self._wait("insert", lambda: self.limiter.can_insert(num_items), deadline)
+
+                def can_insert() -> bool:
+                    return self.limiter.can_insert(num_items)
+
+                if self._insert_waits_full() and not can_insert():
+                    raise RateLimited(retry_after_s=random.uniform(0.5, 1.5) * FULL_RETRY_S)
+                self._wait("insert", can_insert, deadline)
                 # Waiting let go of the lock: another insert, or the orphan sweep, may
                 # have indexed some of these since. Decide again, in this same hold
                 # of the lock as the index update, so no file is ever indexed twice.
@@ -329,6 +347,11 @@ class ReplayBuffer:
             duplicates=len(refs) - len(fresh),
             accepted_refs=[ref for ref, _, _ in fresh.values()],
         )
+
+    def _insert_waits_full(self) -> bool:
+        """Whether `max_waiting_inserts` inserts are waiting for the limiter now."""
+        bound = self.max_waiting_inserts
+        return bool(bound) and self._waiting["insert"] >= bound
 
     def _wait(self, side: str, ready: Callable[[], bool], deadline: float) -> None:
         """Wait (holding the condition) until `ready()`, the deadline, or close."""

@@ -79,6 +79,8 @@ class ShardLimits:
 
     max_concurrent_inserts: int = 4
     max_waiting_samples: int = 4
+    #: Inserts waiting for the rate limiter at once (`ReplayBuffer.max_waiting_inserts`).
+    max_waiting_inserts: int = 6
     #: A segment file no insert claimed for this long is indexed (or deleted).
     orphan_grace_s: float = 30.0
 
@@ -173,7 +175,13 @@ class ShardHost:
     ) -> ShardHost:
         files = BackgroundDeletes(store)
         buffer = ReplayBuffer(
-            job_id, shard_config(config), files, error_buffer=error_buffer, seed=seed, shard=shard
+            job_id,
+            shard_config(config),
+            files,
+            error_buffer=error_buffer,
+            seed=seed,
+            shard=shard,
+            max_waiting_inserts=limits.max_waiting_inserts,
         )
         return cls(store, buffer, files, grants=grants, limits=limits, shard=shard)
 

@@ -83,9 +83,21 @@ class BufferSettings:
             limits=ShardLimits(
                 max_concurrent_inserts=env_int(env, "DROVER_MAX_CONCURRENT_INSERTS", 4),
                 max_waiting_samples=env_int(env, "DROVER_MAX_WAITING_SAMPLES_PER_JOB", 4),
+                max_waiting_inserts=env_int(env, "DROVER_MAX_WAITING_INSERTS", 6),
                 orphan_grace_s=env_float(env, "DROVER_ORPHAN_GRACE_S", 30.0),
             ),
         )
+
+    def __post_init__(self) -> None:
+        waiting = self.limits.max_waiting_inserts + self.limits.max_waiting_samples
+        if self.limits.max_waiting_inserts == 0 or self.threads <= waiting:
+            # Waiting requests hold their threads: with none left over, a learner's
+            # sample (what lets waiting inserts go) would queue behind them.
+            raise SettingsError(
+                f"DROVER_BUFFER_THREADS={self.threads} must exceed DROVER_MAX_WAITING_INSERTS "
+                f"({self.limits.max_waiting_inserts}, at least 1) plus "
+                f"DROVER_MAX_WAITING_SAMPLES_PER_JOB ({self.limits.max_waiting_samples})"
+            )
 
     def server_limits(self) -> ServerLimits:
         return ServerLimits(threads=self.threads)

@@ -195,6 +195,7 @@ class JobBook:
             DeferredDeletes(self.state.store, self.state.guard.defer),
             error_buffer=error_buffer,
             seed=config.system.seed,
+            max_waiting_inserts=self.state.limits.max_waiting_inserts,
         )
 
     def _check_limits(self, config: JobConfig) -> None:

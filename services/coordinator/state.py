@@ -84,6 +84,11 @@ class CoordinatorLimits:
     #: collectors instead of in the server's queue, where learners' samples would wait
     #: behind it. Lower favours samples, higher favours inserts; 0: no bound.
     max_concurrent_inserts: int = 4
+    #: Inserts one job's buffer lets wait at once for its rate limiter (each holds a
+    #: server thread until the learner samples); more are answered 429 `rate_limited`
+    #: at once and retried by their collectors. Kept below the server's threads, so a
+    #: learner's sample, the request that lets them go, always finds one; 0: no bound.
+    max_waiting_inserts: int = 6
     #: Collectors waiting at once for a newer policy version (each holds a server
     #: thread); past it they are answered at once and poll instead.
     max_waiting_policy_polls: int = 8

@@ -128,6 +128,33 @@ def test_rate_limiter_blocks_inserts_until_samples_catch_up():
     assert released and released[0].accepted == 1
 
 
+def test_inserts_waiting_beyond_the_bound_are_refused_at_once_and_a_sample_frees_them():
+    # 32 collectors' inserts once held every one of a buffer process's 16 threads, so
+    # the learner's sample, the only request that lets them go, was never served.
+    buf, _ = make(capacity=1000, min_size=10, spi=1.0, error_buffer=15.0, max_waiting_inserts=2)
+    buf.insert([ref(0)])
+    buf.insert([ref(1)])  # from here every insert waits for a sample
+    results = []
+    waiters = [
+        threading.Thread(target=lambda s=s: results.append(buf.insert([ref(s)], timeout_s=5)))
+        for s in (2, 3)
+    ]
+    for t in waiters:
+        t.start()
+    wait_until(lambda: buf.stats().waiting_inserters == 2, 5, "two inserts to wait")
+    started = time.monotonic()
+    with pytest.raises(RateLimited) as refused:
+        buf.insert([ref(4)], timeout_s=5)  # a third would wait: answered now
+    assert time.monotonic() - started < 0.5
+    assert 0.1 <= refused.value.retry_after_s <= 0.4
+    buf.sample(20, 1, timeout_s=0)  # the learner catches up: both waiting inserts go in
+    for t in waiters:
+        t.join(5)
+    assert [r.accepted for r in results] == [1, 1]
+    # An insert the limiter admits is never refused, whatever waits.
+    assert buf.insert([ref(1)], timeout_s=5).duplicates == 1
+
+
 def test_rate_limiter_blocks_samples_until_inserts_catch_up():
     limiter = RateLimiter(samples_per_insert=2.0, min_size_to_sample=10, error_buffer=8.0)
     limiter.inserted = 10
