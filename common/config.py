@@ -219,6 +219,12 @@ class RoundCollectConfig(CollectConfig):
 class EvaluatorConfig:
     #: Evaluate the newest policy every this many train iterations.
     eval_freq: PosInt = 200
+    #: When a budget (`system.max_env_step`, `max_train_iter`) ends the job, evaluate
+    #: its newest policy first if no evaluation has: collecting and learning stop, one
+    #: evaluation runs, and the job ends as its budget says, its last evaluation (its
+    #: final return) being of the policy it ends with. Waits at most
+    #: `DROVER_FINAL_EVAL_TIMEOUT_S` (the job then ends without it).
+    final_eval: bool = False
 
 
 @section

@@ -316,8 +316,23 @@ class JobBook:
             return
         self._follow_room_wait(job)
         outcome = self.verdict(job)
-        if outcome is not None:
-            self.finish(job, outcome.phase, outcome.reason)
+        if outcome is None:
+            return
+        if outcome.budget and self._final_evaluation(job):
+            return  # it ends when its newest policy's evaluation is in
+        self.finish(job, outcome.phase, outcome.reason)
+
+    def _final_evaluation(self, job: Job) -> bool:
+        """Whether the job, its budget spent, waits for its final evaluation; while it
+        does, nothing more is collected or learned."""
+        limits = self.state.limits
+        if not workflow_of(job.config).final_evaluation(
+            job, self.state.clock(), limits.final_eval_timeout_s
+        ):
+            return False
+        self.tasks.cancel_job_tasks(job, "collect")
+        self.tasks.cancel_job_tasks(job, "learn")
+        return True
 
     def verdict(self, job: Job) -> Outcome | None:
         """Whether the job is done, and why: too many failed tasks, then its
@@ -344,8 +359,9 @@ class JobBook:
             if budget is not None and count >= budget:
                 # A budget ran out: that is success only for a job with no return goal.
                 if stop_value is None:
-                    return Outcome("succeeded", f"{key} {budget} reached")
-                return Outcome("failed", f"{key} {budget} reached before stop_value {stop_value}")
+                    return Outcome("succeeded", f"{key} {budget} reached", budget=True)
+                reason = f"{key} {budget} reached before stop_value {stop_value}"
+                return Outcome("failed", reason, budget=True)
         return None
 
     def note_no_room(self, job: Job, waited_s: float) -> None:

@@ -89,6 +89,9 @@ class CoordinatorLimits:
     #: at once and retried by their collectors. Kept below the server's threads, so a
     #: learner's sample, the request that lets them go, always finds one; 0: no bound.
     max_waiting_inserts: int = 6
+    #: How long a job whose budget is spent waits for its final evaluation
+    #: (`policy.eval.evaluator.final_eval`) before it ends without it.
+    final_eval_timeout_s: float = 300.0
     #: Collectors waiting at once for a newer policy version (each holds a server
     #: thread); past it they are answered at once and poll instead.
     max_waiting_policy_polls: int = 8

@@ -75,6 +75,9 @@ class Outcome:
 
     phase: Literal["succeeded", "failed"]
     reason: str
+    #: A budget ran out (`system.max_env_step`, `max_train_iter`): the job may first
+    #: evaluate its newest policy (`Workflow.final_evaluation`).
+    budget: bool = False
 
 
 class Workflow(Protocol):
@@ -89,6 +92,7 @@ class Workflow(Protocol):
     workflow.evaluated(job, task, result, planner)   # an evaluate task's result
     workflow.task_ended(job, task, state)      # a task failed or was lost
     outcome = workflow.outcome(job)            # after any of the job's counters moved
+    workflow.final_evaluation(job, now_s, timeout_s)  # its budget spent: evaluate first?
     record = workflow.record(job.workflow_state)      # snapshots, JSON
     job.workflow_state = workflow.restore(record, config)   # after a restart
     workflow.kept_versions(job)                # policy files it still reads
@@ -145,6 +149,13 @@ class Workflow(Protocol):
     def outcome(self, job: Job) -> Outcome | None:
         """Whether the job is done by this workflow's rule (a goal reached, all its
         work done), and why; None while it is not."""
+        ...
+
+    def final_evaluation(self, job: Job, now_s: float, timeout_s: float) -> bool:
+        """Its budget spent, whether the job waits for one more evaluation, of its
+        newest policy version, before it ends (the coordinator then stops its collect
+        and learn tasks); False once that evaluation is in, or after `timeout_s` of
+        waiting (`now_s`: the coordinator's clock), so a job never waits for ever."""
         ...
 
     def new_state(self, config: JobConfig) -> Any:

@@ -152,6 +152,9 @@ class Evaluate:
             f"return {summary.return_mean:.1f} ± {summary.return_std:.1f}",
         )
 
+    def final_evaluation(self, job: Job, now_s: float, timeout_s: float) -> bool:
+        return False  # the job is its evaluation
+
     def new_state(self, config: JobConfig) -> EvaluationState:
         return EvaluationState()
 

@@ -39,6 +39,10 @@ log = logging.getLogger(__name__)
 class TrainingState:
     #: Train iteration of the newest policy sent for evaluation.
     eval_requested_iter: int = 0
+    #: Since when (the coordinator's clock) the job, its budget spent, waits for its
+    #: final evaluation (`final_eval`); None: it does not. Not recorded: after a restart
+    #: the wait starts again, still bounded.
+    final_since_s: float | None = None
 
 
 class AsyncTraining:
@@ -84,6 +88,9 @@ class AsyncTraining:
     def plan(self, job: Job, planner: Planner) -> list[Dispatch]:
         kinds = planner.active_kinds(job)
         plan: list[Dispatch] = []
+        if job.workflow_state.final_since_s is not None:
+            # The budget is spent: only its final evaluation is left to run.
+            return self._plan_evaluation(job, planner, kinds)
         if kinds.get("learn", 0) == 0 and planner.share(job, "learner") > 0:
             # One learner (which may be a group of ranks).
             learners = [w for w in planner.free_workers("learner", "learn") if not w.task_ids]
@@ -100,16 +107,21 @@ class AsyncTraining:
                 round_steps=self.round_steps(job, planner),
             )
             plan.append(planner.assign(job, worker, spec))
-        if kinds.get("evaluate", 0) == 0 and self._eval_due(job):
-            evaluators = planner.free_workers("collector", "evaluate")
-            if evaluators:
-                assert job.policy is not None
-                # The least busy collector evaluates, so collection slows the least (of
-                # those, one of the job's own: the planner offers them first).
-                worker = min(evaluators, key=lambda w: len(w.task_ids))
-                job.workflow_state.eval_requested_iter = job.policy.train_iter
-                plan.append(planner.assign(job, worker, self.evaluate_spec(job, planner)))
-        return plan
+        return plan + self._plan_evaluation(job, planner, kinds)
+
+    def _plan_evaluation(self, job: Job, planner: Planner, kinds: dict[str, int]) -> list[Dispatch]:
+        """An evaluation of the newest policy, when one is due and none runs."""
+        if kinds.get("evaluate", 0) or not self._eval_due(job):
+            return []
+        evaluators = planner.free_workers("collector", "evaluate")
+        if not evaluators:
+            return []
+        assert job.policy is not None
+        # The least busy collector evaluates, so collection slows the least (of those,
+        # one of the job's own: the planner offers them first).
+        worker = min(evaluators, key=lambda w: len(w.task_ids))
+        job.workflow_state.eval_requested_iter = job.policy.train_iter
+        return [planner.assign(job, worker, self.evaluate_spec(job, planner))]
 
     def evaluate_spec(self, job: Job, planner: Planner) -> EvaluateSpec:
         """An evaluation of the job's newest policy version."""
@@ -129,6 +141,8 @@ class AsyncTraining:
     def _eval_due(job: Job) -> bool:
         if job.policy is None or job.policy.version == 0:
             return False
+        if job.workflow_state.final_since_s is not None:
+            return not job.evals or job.evals[-1].policy_version < job.policy.version
         # An evaluation is recorded at the job's env steps when its result comes, and
         # one runs at a time: one planned only once env steps passed the last one's has
         # a point of its own on the env-steps axis (TensorBoard, the metrics). Without
@@ -204,11 +218,33 @@ class AsyncTraining:
     def scalars(self, job: Job) -> dict[str, float]:
         return {}
 
+    def final_evaluation(self, job: Job, now_s: float, timeout_s: float) -> bool:
+        policy, state = job.policy, job.workflow_state
+        if not job.config.policy.eval.evaluator.final_eval or policy is None:
+            return False
+        if policy.version == 0 or (job.evals and job.evals[-1].policy_version >= policy.version):
+            return False  # nothing to evaluate, or its newest policy is evaluated
+        if state.final_since_s is None:
+            state.final_since_s = now_s
+            log.info(
+                "job %s: its budget is spent; evaluating policy version %d before it ends",
+                job.job_id,
+                policy.version,
+            )
+        if now_s - state.final_since_s < timeout_s:
+            return True
+        log.warning(
+            "job %s: no final evaluation within %g s; it ends without one",
+            job.job_id,
+            timeout_s,
+        )
+        return False
+
     def new_state(self, config: JobConfig) -> TrainingState:
         return TrainingState()
 
     def record(self, state: TrainingState) -> dict[str, Any]:
-        return dataclasses.asdict(state)
+        return {"eval_requested_iter": state.eval_requested_iter}
 
     def restore(self, record: dict[str, Any], config: JobConfig) -> TrainingState:
         return TrainingState(eval_requested_iter=int(record.get("eval_requested_iter", 0)))
