@@ -54,7 +54,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.job_figures import DATA_PLANE, CpuSampler, learner_busy_fraction  # noqa: E402
 from bench.learner_scaling import cpu_line  # noqa: E402
-from bench.results import write_figures  # noqa: E402
+from bench.results import checkout_commit, write_figures  # noqa: E402
 from common.config import deep_merge  # noqa: E402
 from jobconfig import load_config_file  # noqa: E402
 
@@ -197,6 +197,58 @@ def read_record(job_dir: Path) -> dict:
     return read(job_dir)
 
 
+# --- what a row ran, kept for --table-only -----------------------------------------------
+
+#: Each row's runs as this bench measured them, in the row's folder.
+RUNS = "runs.json"
+
+
+def runs_record(result: RowResult) -> dict[str, list[dict]]:
+    return {
+        side: [
+            dataclasses.asdict(r) | {"job_dir": None if r.job_dir is None else str(r.job_dir)}
+            for r in runs
+        ]
+        for side, runs in result.runs.items()
+    }
+
+
+def runs_in(folder: Path) -> dict[str, list[SideRun]]:
+    """A row's runs: as it kept them, or, from a run before it kept them, from their job
+    records and the learner's scalars (the data plane's CPU, read live, is then unknown)."""
+    kept = folder / RUNS
+    if kept.exists():
+        record = json.loads(kept.read_text())
+        return {
+            side: [
+                SideRun(**(r | {"job_dir": None if r["job_dir"] is None else Path(r["job_dir"])}))
+                for r in record[side]
+            ]
+            for side in SIDES
+        }
+    found = {
+        "drover": sorted(folder.glob("drover/*/job-*")),
+        "stable-baselines3": sorted(folder.glob("stable-baselines3/sb3-*")),
+    }
+    runs: dict[str, list[SideRun]] = {}
+    for side, job_dirs in found.items():
+        side_runs = []
+        for job_dir in job_dirs:
+            record = read_record(job_dir)
+            started = record.get("running_since") or record["started_at"]
+            side_runs.append(
+                SideRun(
+                    int(record["config"]["system"]["seed"]),
+                    job_dir,
+                    float(record["finished_at"]) - float(started),
+                    int(record["env_steps"]),
+                    busy=learner_busy_fraction(job_dir) if side == "drover" else None,
+                )
+            )
+        runs[side] = sorted(side_runs, key=lambda r: r.seed)
+    return runs
+
+
 # --- the tables ---------------------------------------------------------------------------
 
 
@@ -250,10 +302,43 @@ def final_returns(runs: list[SideRun]) -> list[float]:
     return finals
 
 
+def evaluations(run: SideRun) -> list[tuple[int, float]]:
+    """(env steps, mean return) of the run's evaluations."""
+    if run.job_dir is None:
+        return []
+    return [
+        (int(e["env_steps"]), float(e["return_mean"])) for e in read_record(run.job_dir)["evals"]
+    ]
+
+
+def common_steps(result: RowResult) -> int | None:
+    """The env steps of the last evaluation every run of both sides reached (within
+    1% of the row's interval): where both sides' returns are compared at equal env steps."""
+    lasts = [
+        max(s for s, _ in evals)
+        for side in SIDES
+        for r in result.runs[side]
+        if (evals := evaluations(r))
+    ]
+    return min(lasts) if lasts else None
+
+
+def returns_at(runs: list[SideRun], steps: int, slack: int) -> list[float]:
+    """Each run's return at its last evaluation by `steps` (+ `slack`) env steps."""
+    found = []
+    for run in runs:
+        before = [(s, r) for s, r in evaluations(run) if s <= steps + slack]
+        if before:
+            found.append(before[-1][1])
+    return found
+
+
 def row_table(result: RowResult, reported: dict[str, dict[str, str]]) -> tuple[list, dict]:
     """The bench's table of one row (Markdown cells) and its figures for --json."""
     sb3_finals = final_returns(result.runs["stable-baselines3"])
     score = statistics.median(sb3_finals) if sb3_finals else None
+    common = common_steps(result)
+    slack = result.row.eval_every_steps // 100
     lines, figures = [], {}
     for side in SIDES:
         runs = [r for r in result.runs[side] if r.job_dir is not None and not r.note]
@@ -263,12 +348,14 @@ def row_table(result: RowResult, reported: dict[str, dict[str, str]]) -> tuple[l
         ]
         busy = [r.busy for r in runs if r.busy is not None]
         plane = [r.data_plane_cores for r in runs if r.data_plane_cores is not None]
+        at_common = returns_at(runs, common, slack) if common is not None else []
         lines.append(
             [
                 side,
                 f"{len(runs)}/{len(result.runs[side])}",
                 rep.get("final return, IQM", "-"),
                 rep.get("final return, median", "-"),
+                _estimate(at_common),
                 rep.get("return AUC, IQM", "-"),
                 rep.get("return AUC, median", "-"),
                 spread([r.steps_per_s for r in runs], 1),
@@ -281,6 +368,7 @@ def row_table(result: RowResult, reported: dict[str, dict[str, str]]) -> tuple[l
         finals = final_returns(runs)
         figures[side] = {
             "final_iqm": _iqm(finals),
+            "common_iqm": _iqm(at_common),
             "wall_s_median": statistics.median([r.wall_s for r in runs]) if runs else None,
             "steps_per_s_median": statistics.median([r.steps_per_s for r in runs])
             if runs
@@ -289,9 +377,18 @@ def row_table(result: RowResult, reported: dict[str, dict[str, str]]) -> tuple[l
         }
     drover, sb3 = figures["drover"], figures["stable-baselines3"]
     figures["final_iqm_ratio"] = _ratio(drover["final_iqm"], sb3["final_iqm"])
+    figures["common_steps"] = common
+    figures["common_iqm_ratio"] = _ratio(drover["common_iqm"], sb3["common_iqm"])
     figures["wall_ratio"] = _ratio(drover["wall_s_median"], sb3["wall_s_median"])
     figures["score"] = score
     return lines, figures
+
+
+def _estimate(values: list[float]) -> str:
+    """IQM [95% CI] of `values`, or '-'."""
+    from drover import stats
+
+    return stats.estimate(values, stats.iqm).text(1) if values else "-"
 
 
 def _iqm(values: list[float]) -> float | None:
@@ -309,6 +406,7 @@ COLUMNS = [
     "seeds",
     "final return, IQM [95% CI]",
     "final return, median [95% CI]",
+    "return at the last common env steps, IQM [95% CI]",
     "return AUC, IQM [95% CI]",
     "return AUC, median [95% CI]",
     "env steps/s",
@@ -335,8 +433,10 @@ def markdown(result: RowResult, lines: list, figures: dict, budget: int) -> list
         "|" + "---|" * len(COLUMNS),
         *("| " + " | ".join(cells) + " |" for cells in lines),
         "",
+        f"The last env steps both sides evaluated at: {_fmt(figures['common_steps'], 0)}. "
         f"drover / stable-baselines3: IQM final return "
-        f"{_fmt(figures['final_iqm_ratio'])}x, median wall time to the budget "
+        f"{_fmt(figures['final_iqm_ratio'])}x, IQM return at those env steps "
+        f"{_fmt(figures['common_iqm_ratio'])}x, median wall time to the budget "
         f"{_fmt(figures['wall_ratio'])}x. The report (curves, profile): "
         f"`{row.name}/report/report.md`.",
         "",
@@ -347,8 +447,8 @@ def markdown(result: RowResult, lines: list, figures: dict, budget: int) -> list
     return text + ([*(f"- {n}" for n in notes), ""] if notes else [])
 
 
-def _fmt(value: float | None) -> str:
-    return "-" if value is None else f"{value:.2f}"
+def _fmt(value: float | None, digits: int = 2) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
 
 
 def main() -> None:
@@ -371,11 +471,20 @@ def main() -> None:
     parser.add_argument(
         "--timeout-s", type=float, default=None, help="per run (default: from the budget)"
     )
+    parser.add_argument(
+        "--table-only",
+        action="store_true",
+        help="run nothing: the tables and the report again from the runs in --out",
+    )
     args = parser.parse_args()
+    if args.table_only and args.out is None:
+        parser.error("--table-only: name the folder of the runs with --out")
     names = [n for n in args.rows.split(",") if n]
     unknown = [n for n in names if n not in ROWS]
     if unknown:
         parser.error(f"--rows: unknown row {unknown[0]!r} (rows: {', '.join(ROWS)})")
+    # The code the runs ran: the checkout may move on during an hour's bench.
+    commit = checkout_commit()
     out = args.out or ROOT / "runs" / f"parity-{datetime.now():%Y%m%d-%H%M%S}"
     console = Console(width=200)
     console.print(f"parity: {cpu_line()}; results in {out}")
@@ -396,7 +505,9 @@ def main() -> None:
         folder = out / name
         folder.mkdir(parents=True, exist_ok=True)
         result = RowResult(row)
-        for seed in range(args.seeds):
+        if args.table_only:
+            result.runs = runs_in(folder)
+        for seed in range(0 if args.table_only else args.seeds):
             config = seeded_example(row, seed, budget, folder, args.learning_starts)
             order = SIDES if seed % 2 == 0 else SIDES[::-1]
             for side in order:
@@ -409,12 +520,14 @@ def main() -> None:
                     f"{name} seed {seed} {side}: {run.env_steps:,} env steps in "
                     f"{run.wall_s:,.1f} s {run.note}"
                 )
+        if not args.table_only:
+            (folder / RUNS).write_text(json.dumps(runs_record(result), indent=1) + "\n")
         lines, figures = row_table(result, report_of(result, folder))
         all_figures[name] = figures | {
             "env_id": load_config_file(row.example)["env"]["env_id"],
             "algo": load_config_file(row.example)["policy"]["type"],
             "budget": budget,
-            "seeds": args.seeds,
+            "seeds": len(result.runs["drover"]),
             "collectors": args.collectors,
         }
         document += markdown(result, lines, figures, budget)
@@ -426,7 +539,7 @@ def main() -> None:
         console.print(table)
     (out / "parity.md").write_text("\n".join(document))
     console.print(f"parity: tables in {out / 'parity.md'}")
-    write_figures(args.json, "parity", all_figures)
+    write_figures(args.json, "parity", all_figures, commit=None if args.table_only else commit)
 
 
 if __name__ == "__main__":

@@ -15,9 +15,13 @@ from pathlib import Path
 from typing import Any
 
 
-def write_figures(path: Path | None, bench: str, figures: dict[str, Any]) -> None:
+def write_figures(
+    path: Path | None, bench: str, figures: dict[str, Any], *, commit: str | None = None
+) -> None:
     """Write `figures` (numbers by name) to `path`, with the machine they were
-    measured on, the commit and the date; nothing when `path` is None."""
+    measured on, the commit (`commit`: the one the bench started at, for a bench
+    longer than a commit; else the checkout's now) and the date; nothing when `path`
+    is None."""
     if path is None:
         return
     from bench.learner_scaling import cpu_line
@@ -25,7 +29,7 @@ def write_figures(path: Path | None, bench: str, figures: dict[str, Any]) -> Non
     record = {
         "bench": bench,
         "machine": cpu_line(),
-        "commit": _commit(),
+        "commit": commit or checkout_commit(),
         "date": datetime.date.today().isoformat(),
         "figures": figures,
     }
@@ -33,7 +37,7 @@ def write_figures(path: Path | None, bench: str, figures: dict[str, Any]) -> Non
     path.write_text(json.dumps(record, indent=1) + "\n")
 
 
-def _commit() -> str:
+def checkout_commit() -> str:
     """The checkout's commit (with `+` when its tracked files differ from it)."""
     root = Path(__file__).resolve().parents[1]
     try:
