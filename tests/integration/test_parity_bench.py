@@ -39,13 +39,23 @@ def test_parity_bench_runs_both_sides_into_one_report(tmp_path: Path) -> None:
     # Its evaluations: one interval after training began, then every 300 env steps.
     assert [e["env_steps"] for e in job["evals"]] == [700, 1000, 1200]
 
+    # drover's side evaluated the policy its job ended with (`final_eval`), at the budget.
+    (drover_record,) = (out / "sac-hopper" / "drover").glob("*/job-*/coordinator/record.json")
+    drover_job = json.loads(drover_record.read_text())["job"]
+    assert drover_job["evals"][-1]["env_steps"] >= 1200, drover_job["evals"]
+    assert drover_job["evals"][-1]["policy_version"] == drover_job["policy"]["version"]
+
     table = (out / "parity.md").read_text()
     rows = [line for line in table.splitlines() if line.startswith(("| drover", "| stable"))]
     assert len(rows) == 2, table
-    drover = rows[0].split(" | ")
-    busy = float(drover[9].split()[0])
+    header = next(line for line in table.splitlines() if line.startswith("| side"))
+    names, cells = header.strip("| ").split(" | "), rows[0].strip("| ").split(" | ")
+    drover = dict(zip(names, cells, strict=True))
+    busy = float(drover["learner busy"].split()[0])
     assert 0.0 < busy <= 1.0, rows[0]  # the learner's busy fraction, read from its scalars
     result = json.loads(figures.read_text())["figures"]["sac-hopper"]
     assert result["drover"]["final_iqm"] is not None
     assert result["stable-baselines3"]["final_iqm"] is not None
     assert result["wall_ratio"] > 0
+    # Both sides evaluated at 1,000 env steps, the last before drover's budget ran out.
+    assert result["common_steps"] >= 1000 and result["common_iqm_ratio"] > 0
