@@ -14,6 +14,7 @@ Usage::
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from common.tensorboard import job_tb_dir
@@ -53,10 +54,51 @@ def learner_busy_fraction(job_dir: Path, *, skip_first: int = 1) -> float | None
 DATA_PLANE = ("coordinator", "services.buffer", "services.learner.feeder")
 
 
-class CpuSampler:
-    """CPU seconds of every process under `root_pid`, by role, read every
-    `interval_s` on a thread of its own until `stop()`: a process's last reading before
-    it exits is what it used (a second's work at most goes unseen).
+class ProcessCpu:
+    """CPU seconds of the processes below `root_pid`, by role (bench/memory.py
+    `role_of`: a service by its log file, a helper process by its module), from each
+    process's newest reading (`read`): a process that exits loses what it spent since.
+    `baseline` makes the processes running then count from that moment on (a cluster
+    started before the work measured)."""
+
+    def __init__(self, root_pid: int) -> None:
+        self.root_pid = root_pid
+        #: The newest reading of each process: (role, CPU seconds).
+        self.readings: dict[int, tuple[str, float]] = {}
+        self._before: dict[int, float] = {}
+
+    def baseline(self) -> None:
+        self.read()
+        self._before = {pid: used for pid, (_, used) in self.readings.items()}
+
+    def read(self, skip: Callable[[int], bool] | None = None) -> None:
+        """Read every process below the root now, but those `skip` names."""
+        from bench.memory import descendants, role_of
+        from bench.procfs import cpu_s
+
+        for pid in descendants(self.root_pid):
+            if pid == self.root_pid or (skip is not None and skip(pid)):
+                continue
+            try:
+                used = cpu_s(pid)
+                role = role_of(pid, self.root_pid)
+            except (OSError, ValueError, IndexError):
+                continue  # exited meanwhile
+            if role:
+                self.readings[pid] = (role, used)
+
+    def seconds(self, prefixes: tuple[str, ...]) -> float:
+        """CPU seconds of the processes whose role starts with one of `prefixes`."""
+        return sum(
+            used - self._before.get(pid, 0.0)
+            for pid, (role, used) in self.readings.items()
+            if role.startswith(prefixes)
+        )
+
+
+class CpuSampler(ProcessCpu):
+    """`ProcessCpu` read every `interval_s` on a thread of its own, while a `with`
+    block runs (a second's work at most goes unseen).
 
     Usage::
 
@@ -66,9 +108,8 @@ class CpuSampler:
     """
 
     def __init__(self, root_pid: int, interval_s: float = 1.0) -> None:
-        self.root_pid, self.interval_s = root_pid, interval_s
-        #: The newest reading of each process: (role, CPU seconds).
-        self.readings: dict[int, tuple[str, float]] = {}
+        super().__init__(root_pid)
+        self.interval_s = interval_s
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._loop, name="cpu-sampler", daemon=True)
 
@@ -81,19 +122,5 @@ class CpuSampler:
         self._thread.join(timeout=10.0)
 
     def _loop(self) -> None:
-        from bench.memory import descendants, role_of
-        from bench.procfs import cpu_s
-
         while not self._stop.wait(self.interval_s):
-            for pid in descendants(self.root_pid):
-                try:
-                    used = cpu_s(pid)
-                    role = role_of(pid, self.root_pid)
-                except (OSError, ValueError, IndexError):
-                    continue  # exited meanwhile
-                if role:
-                    self.readings[pid] = (role, used)
-
-    def seconds(self, prefixes: tuple[str, ...]) -> float:
-        """CPU seconds of the processes whose role starts with one of `prefixes`."""
-        return sum(s for role, s in self.readings.values() if role.startswith(prefixes))
+            self.read()

@@ -81,9 +81,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.fleet import machine_busy_s  # noqa: E402
-from bench.job_figures import learner_busy_fraction  # noqa: E402
+from bench.job_figures import ProcessCpu, learner_busy_fraction  # noqa: E402
 from bench.learner_scaling import cpu_line  # noqa: E402
-from bench.memory import descendants, role_of  # noqa: E402
 from bench.procfs import cpu_s  # noqa: E402
 from bench.results import write_figures  # noqa: E402
 from bench.single_process import evaluate  # noqa: E402
@@ -326,49 +325,6 @@ ROLES = {
 }
 
 
-class ClusterCpu:
-    """CPU seconds of each role's processes (`ROLES`) since `start`, read at every `read`
-    from the processes below this one: the collectors, the learner and its feeder, the
-    data plane (the coordinator and the job's buffer processes; the spare buffer
-    process, which waits for the next job, is left out). A process that exits loses
-    what it spent since the last read."""
-
-    def __init__(self) -> None:
-        self.before: dict[int, float] = {}
-        self.last: dict[int, tuple[str, float]] = {}
-
-    def _processes(self) -> list[tuple[int, str]]:
-        me = os.getpid()
-        found = []
-        for pid in descendants(me):
-            if pid == me:
-                continue
-            role = role_of(pid, me)
-            for name, prefixes in ROLES.items():
-                if role.startswith(prefixes):
-                    found.append((pid, name))
-                    break
-        return found
-
-    def start(self) -> None:
-        for pid, _ in self._processes():
-            with contextlib.suppress(OSError):
-                self.before[pid] = cpu_s(pid)
-
-    def read(self, job_id: str) -> None:
-        for pid, role in self._processes():
-            if role == "data plane" and _is_spare_buffer(pid, job_id):
-                continue
-            with contextlib.suppress(OSError):
-                self.last[pid] = (role, cpu_s(pid))
-
-    def seconds(self) -> dict[str, float]:
-        spent = dict.fromkeys(ROLES, 0.0)
-        for pid, (role, cpu) in self.last.items():
-            spent[role] += cpu - self.before.get(pid, 0.0)
-        return spent
-
-
 def _is_spare_buffer(pid: int, job_id: str) -> bool:
     """Whether `pid` is a buffer process that does not serve `job_id` (it works in its
     job's folder)."""
@@ -431,8 +387,10 @@ def run_one(algo: str, collectors: int, seed: int, args: argparse.Namespace, wor
     try:
         cluster.start()
         cluster.wait_for_workers(timeout_s=120.0)
-        cpu = ClusterCpu()
-        cpu.start()
+        # The roles' CPU from here on; the spare buffer process, which waits for the
+        # next job, is left out.
+        cpu = ProcessCpu(os.getpid())
+        cpu.baseline()
         busy0, bench0 = machine_busy_s(), cpu_s(os.getpid())
         job_id = cluster.client.submit_job(config).job_id
         example = load_config_file(ALGOS[algo][0])
@@ -448,7 +406,7 @@ def run_one(algo: str, collectors: int, seed: int, args: argparse.Namespace, wor
             except ServiceUnavailable:  # a coordinator slow to answer: read again
                 continue
             reads.append((time.time(), status.env_steps))
-            cpu.read(job_id)
+            cpu.read(skip=lambda pid: _is_spare_buffer(pid, job_id))
             if status.phase != "running":
                 break
             dead = cluster.dead_services()
@@ -468,7 +426,7 @@ def run_one(algo: str, collectors: int, seed: int, args: argparse.Namespace, wor
         if watch is not None:
             watch.stop()
         cluster.stop()
-    spent = cpu.seconds()
+    spent = {role: cpu.seconds(prefixes) for role, prefixes in ROLES.items()}
     ran_at = float(record.get("running_since") or record["started_at"])
     job_s = float(record["finished_at"]) - ran_at
     goal = watch.goal
