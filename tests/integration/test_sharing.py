@@ -124,8 +124,16 @@ def test_two_jobs_take_turns_on_one_learner_resuming_from_their_checkpoints(tmp_
     slack), its learn task released after a checkpoint and resumed from it later; both
     jobs train to their budgets, their policy versions only ever grow, and nothing
     acknowledged is lost."""
-    env = {"DROVER_METRICS_TOKEN": METRICS_TOKEN, "DROVER_LEARNER_SLACK_S": "3"}
-    budget = deep_merge(DQN, {"system": {"max_env_step": 6000}})
+    env = {"DROVER_METRICS_TOKEN": METRICS_TOKEN, "DROVER_LEARNER_SLACK_S": "1"}
+    # The learner sets each job's pace (samples_per_insert), so neither can reach its
+    # budget in one turn on a fast machine: here each took 3 to 7 turns of ~1 s.
+    budget = deep_merge(
+        DQN,
+        {
+            "policy": {"other": {"replay_buffer": {"samples_per_insert": 32.0}}},
+            "system": {"max_env_step": 6000},
+        },
+    )
     with LocalCluster(tmp_path / "run", num_collectors=2, num_learners=1, extra_env=env) as c:
         c.wait_for_workers()
         jobs = [c.client.submit_job(budget, name=f"turns-{i}").job_id for i in range(2)]
@@ -141,6 +149,6 @@ def test_two_jobs_take_turns_on_one_learner_resuming_from_their_checkpoints(tmp_
         for job_id in jobs:
             assert_nothing_lost(c, job_id)
             assert versions[job_id] == sorted(versions[job_id])
-            assert c.client.job(job_id).tasks_preempted >= 1
+            assert c.client.job(job_id).tasks_preempted >= 1, versions[job_id]
         learner = scrape(c.learners[0].url, METRICS_TOKEN)
         assert total(learner, "drover_tasks", kind="learn", outcome="released") >= 2
