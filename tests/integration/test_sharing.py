@@ -120,7 +120,7 @@ def test_a_sync_round_holds_its_collectors_in_turns_beside_another_job(cluster):
 
 
 def test_two_jobs_take_turns_on_one_learner_resuming_from_their_checkpoints(tmp_path):
-    """One learner, two jobs: each holds it for a few seconds in turn (a short learner
+    """One learner, two jobs: each holds it for about a second in turn (a short learner
     slack), its learn task released after a checkpoint and resumed from it later; both
     jobs train to their budgets, their policy versions only ever grow, and nothing
     acknowledged is lost."""
