@@ -158,9 +158,13 @@ def table(results: dict[str, Any]) -> str:
         if path.exists():
             record = json.loads(path.read_text())
             rows += SEPARATE_ROWS[name](record["figures"])
+            # A bench whose rows ran apart (parity: an hour a row) stamps each row.
+            stamps = sorted(
+                {(f["commit"], f["date"]) for f in record["figures"].values() if "commit" in f}
+            ) or [(record["commit"], record["date"])]
+            at = ", ".join(f"{commit} ({date})" for commit, date in stamps)
             footer.append(
-                f"`bench/{name}.py`: its own run, on {record['machine']}, at commit "
-                f"{record['commit']} ({record['date']})."
+                f"`bench/{name}.py`: its own runs, on {record['machine']}, at commit {at}."
             )
     lines = [
         "| bench | what is compared | measured | ratio | target |",

@@ -203,6 +203,19 @@ def read_record(job_dir: Path) -> dict:
 RUNS = "runs.json"
 
 
+COMMIT = "commit.txt"
+
+
+def record_commit(folder: Path, commit: str | None) -> str:
+    """The commit a row's runs ran: kept beside them when they run (`commit`), read
+    back when they are tabled again."""
+    kept = folder / COMMIT
+    if commit is not None:
+        kept.write_text(commit + "\n")
+        return commit
+    return kept.read_text().strip() if kept.exists() else "unknown"
+
+
 def runs_record(result: RowResult) -> dict[str, list[dict]]:
     return {
         side: [
@@ -529,6 +542,9 @@ def main() -> None:
             "budget": budget,
             "seeds": len(result.runs["drover"]),
             "collectors": args.collectors,
+            # A row is its own run (an hour each): the file keeps the rows not run now.
+            "commit": record_commit(folder, commit if not args.table_only else None),
+            "date": f"{datetime.now():%Y-%m-%d}",
         }
         document += markdown(result, lines, figures, budget)
         table = Table(title=f"{name}, {budget:,} env steps")
@@ -539,6 +555,11 @@ def main() -> None:
         console.print(table)
     (out / "parity.md").write_text("\n".join(document))
     console.print(f"parity: tables in {out / 'parity.md'}")
+    if args.json is not None and args.json.exists():
+        kept = json.loads(args.json.read_text())["figures"]
+        all_figures = {
+            n: f for n, f in kept.items() if n in ROWS and n not in all_figures
+        } | all_figures
     write_figures(args.json, "parity", all_figures, commit=None if args.table_only else commit)
 
 
