@@ -36,8 +36,11 @@ UNIT_COLUMNS: dict[CollectUnit, frozenset[str]] = {
     "unrolls": frozenset(
         {"obs", "action", "reward", "logp", "done", "truncated", "final_obs", "bootstrap_obs"}
     ),
-    # the battle loop (self-play) writes the legal-action mask of each step too
-    "rounds": frozenset({"obs", "action", "logp", "adv", "ret", "action_mask"}),
+    # the battle loop (self-play) writes the legal-action mask of each step too, and
+    # the sync loop each env's discounted return so far (reward normalization)
+    "rounds": frozenset(
+        {"obs", "action", "logp", "adv", "ret", "action_mask", "discounted_return"}
+    ),
 }
 
 
@@ -115,6 +118,11 @@ class SamplingActor(Actor, Protocol):
 
     def value(self, obs: np.ndarray) -> np.ndarray:
         """State values for a batch of obs."""
+        ...
+
+    def scale_rewards(self, reward: np.ndarray) -> np.ndarray:
+        """Rewards as the round's advantages are computed from (the `rounds` loop):
+        scaled where the version carries reward statistics, else as they are."""
         ...
 
 

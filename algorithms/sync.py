@@ -67,6 +67,10 @@ class GradientSync(Protocol):
         values together (unchanged when they are one value in all)."""
         ...
 
+    def sum(self, values: torch.Tensor) -> torch.Tensor:
+        """The element-wise sum of every rank's `values` (the same shape on all)."""
+        ...
+
 
 class LocalSync:
     """One process: nothing to agree on."""
@@ -84,6 +88,9 @@ class LocalSync:
         if len(values) <= 1:
             return values
         return (values - values.mean()) / (values.std() + NORMALIZE_EPS)
+
+    def sum(self, values: torch.Tensor) -> torch.Tensor:
+        return values
 
 
 LOCAL = LocalSync()
@@ -151,6 +158,11 @@ class AllReduceSync:
         # Unbiased, as torch.std: the same statistic one rank computes on the whole batch.
         std = (max(squares - n * mean * mean, 0.0) / (n - 1)) ** 0.5
         return (values - mean) / (std + NORMALIZE_EPS)
+
+    def sum(self, values: torch.Tensor) -> torch.Tensor:
+        total = values.clone()
+        collective(dist.all_reduce, total, group=self.group)
+        return total
 
 
 def _buckets(params: list[torch.Tensor], bucket_bytes: int) -> list[list[torch.Tensor]]:

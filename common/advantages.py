@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
+#: The round column of each env's discounted return so far (`DiscountedReturns`).
+DISCOUNTED_RETURN = "discounted_return"
+
 
 def gae(
     rewards: np.ndarray,
@@ -32,3 +35,25 @@ def gae(
         running = delta[t] + gamma * lam * (1.0 - ended[t]) * running
         adv[t] = running
     return adv, adv + values
+
+
+class DiscountedReturns:
+    """Each env's discounted return so far in its episode, from the rewards as the env
+    gave them: what reward normalization (PPO's `policy.normalize.reward`) keeps the
+    running spread of, and divides rewards by.
+
+    Usage::
+
+        returns = DiscountedReturns(num_envs, gamma)
+        column = returns.step(step.reward, step.ended)   # then 0 where an episode ended
+    """
+
+    def __init__(self, num_envs: int, gamma: float) -> None:
+        self.gamma = gamma
+        self.value = np.zeros(num_envs, np.float64)
+
+    def step(self, reward: np.ndarray, ended: np.ndarray) -> np.ndarray:
+        self.value = self.value * self.gamma + reward
+        out = self.value.astype(np.float32)
+        self.value[np.asarray(ended, bool)] = 0.0
+        return out

@@ -22,6 +22,7 @@ its last step).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -55,13 +56,21 @@ class Column:
     #: Only a job whose env gives a legal-action mask (`policy.model.action_mask`) has
     #: it: the mask itself, or what only masked play records.
     masked_only: bool = False
+    #: Only a job whose policy config this says yes to has it (what an option of the
+    #: algorithm's needs recorded, such as PPO's reward normalization).
+    needs: Callable[[PolicyConfig], bool] | None = None
 
 
 def job_columns(columns: tuple[Column, ...], policy: PolicyConfig) -> tuple[Column, ...]:
     """The columns of `columns` (an algorithm's) that a job's step data holds: those
-    `masked_only` ones only when the job's env gives action masks."""
+    `masked_only` ones only when the job's env gives action masks, those with `needs`
+    only when the job's policy config has what they need."""
     masked = bool(policy.model.action_mask)
-    return tuple(column for column in columns if masked or not column.masked_only)
+    return tuple(
+        column
+        for column in columns
+        if (masked or not column.masked_only) and (column.needs is None or column.needs(policy))
+    )
 
 
 def _size(model: object, entry: int | str) -> int:

@@ -132,8 +132,14 @@ def _data_only(value: Any, path: str, notes: list[str]) -> Any:
         return [_data_only(v, path, notes) for v in value]
     if value is None or isinstance(value, str | bool | int | float):
         return value
+    name = repr(value)
+    # DI-engine's model activation (`nn.ReLU()`): PPO's `policy.model.activation`.
+    activation = name.removeprefix("nn.").removesuffix("()").lower()
+    if path == "policy.model.activation." and activation in ("tanh", "relu"):
+        notes.append(f"policy.model.activation: {name} is {activation!r}")
+        return activation
     notes.append(f"{path.rstrip('.')}: a Python object ({value!r}), passed on as its name")
-    return repr(value)
+    return name
 
 
 def _algorithm(raw: dict[str, Any], policy_type: Any, notes: list[str]) -> None:

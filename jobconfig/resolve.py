@@ -392,6 +392,13 @@ def check_consistency(config: JobConfig) -> None:
             "each item once (at most 1 sample per insert)",
         )
     _check_sequences(config)
+    normalize = getattr(config.policy, "normalize", None)  # PPO's
+    if normalize is not None and normalize.reward and config.system.workflow != "sync":
+        raise ConfigError(
+            "policy.normalize.reward",
+            "rewards are scaled in the sync workflow's rounds, not in the "
+            f"{config.system.workflow} workflow's",
+        )
     if buffer.type == "fifo" and learn.batch_size * learn.num_batches > buffer.replay_buffer_size:
         raise ConfigError(
             "policy.learn.num_batches",

@@ -86,6 +86,8 @@ def config_of(algo: str) -> JobConfig:
     if algo == "ppo":
         raw["policy"]["learn"] = {"batch_size": PPO_MINIBATCH, "epoch_per_collect": 2}
         raw["policy"]["collect"] = {"n_sample": PPO_ROUND}
+        # Running statistics the ranks must add up alike (algorithms/normalize.py).
+        raw["policy"]["normalize"] = {"obs": True, "reward": True}
     config, _ = resolve_job_config(raw)
     if algo == "sac":
         return with_spaces(config, OBS, ACTIONS, "continuous", ([-1.0] * ACTIONS, [1.0] * ACTIONS))

@@ -12,14 +12,20 @@ from typing import TYPE_CHECKING
 
 from algorithms.base import AlgorithmSpec
 from algorithms.ppo.config import PPOConfig
+from common.advantages import DISCOUNTED_RETURN
 from common.columns import Column
+from common.config import PolicyConfig
 
 if TYPE_CHECKING:
     import torch
 
     from algorithms.ppo.actor import ActorCriticPolicy
     from algorithms.ppo.learner import PPO
-    from common.config import PolicyConfig
+
+
+def _normalizes_rewards(policy: PolicyConfig) -> bool:
+    return bool(policy.normalize.reward)  # type: ignore[attr-defined]  # a PPOConfig
+
 
 #: One step of a round a row, with the advantage and return the collectors computed
 #: with GAE and the collecting version's critic.
@@ -32,9 +38,13 @@ ROUND_ROWS = (
     # Games: the actions that were legal; acting and the loss give the others no
     # probability.
     Column("action_mask", "mask", masked_only=True),
+    # Reward normalization: the env's discounted return so far in the row's episode, of
+    # which the learner keeps the running spread that the next versions' collectors
+    # divide rewards by (algorithms/normalize.py).
+    Column(DISCOUNTED_RETURN, "float", needs=_normalizes_rewards),
 )
-#: The columns of a job whose env gives no action masks.
-COLUMNS = tuple(column.name for column in ROUND_ROWS if not column.masked_only)
+#: The columns of a job whose env gives no action masks and that normalizes no rewards.
+COLUMNS = tuple(c.name for c in ROUND_ROWS if not c.masked_only and c.needs is None)
 
 
 def make_actor(policy: PolicyConfig) -> ActorCriticPolicy:

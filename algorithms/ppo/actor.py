@@ -7,7 +7,7 @@ import numpy as np
 import torch
 
 from algorithms.export import Acting, actor_critic_mode, obs_port
-from algorithms.ppo.networks import ActorCritic
+from algorithms.ppo.networks import ActorCritic, Shape
 from common.config import PolicyConfig
 from common.models import load_numpy_state
 
@@ -19,7 +19,7 @@ class ActorCriticPolicy:
     def __init__(self, config: PolicyConfig) -> None:
         model = config.model
         self.device = torch.device(config.torch_device)
-        self.network = ActorCritic(model).to(self.device).eval()
+        self.network = ActorCritic(model, Shape.of(config)).to(self.device).eval()
         self.obs = obs_port(model)
         self.num_actions = model.action_shape
         self.continuous = model.action_space == "continuous"
@@ -64,6 +64,17 @@ class ActorCriticPolicy:
     def value(self, obs: np.ndarray) -> np.ndarray:
         with torch.inference_mode():
             return self.network.value(self._tensor(obs)).cpu().numpy()
+
+    def scale_rewards(self, reward: np.ndarray) -> np.ndarray:
+        """Rewards as the advantages are computed from: divided by the spread of the
+        discounted return this version carries (`policy.normalize.reward`), else as
+        they are."""
+        norm = self.network.return_norm
+        if norm is None:
+            return reward
+        with torch.inference_mode():
+            scaled = norm.scale(torch.as_tensor(reward, dtype=torch.float32))
+        return scaled.numpy()
 
     def greedy(
         self, obs: np.ndarray, rng: np.random.Generator, mask: np.ndarray | None = None

@@ -20,8 +20,8 @@ import numpy as np
 import torch
 
 from algorithms.checkpoint import OneModelState
-from algorithms.ppo import ROUND_ROWS
-from algorithms.ppo.networks import ActorCritic
+from algorithms.ppo import DISCOUNTED_RETURN, ROUND_ROWS
+from algorithms.ppo.networks import ActorCritic, Shape
 from algorithms.step import adam, device_step, learning_rate, to_device, to_floats
 from common.columns import job_columns
 from common.config import PolicyConfig
@@ -45,7 +45,7 @@ class PPO(OneModelState):
     def __init__(self, config: PolicyConfig, device: str | torch.device = "cpu") -> None:
         self.config = config
         self.device = torch.device(device)
-        self.model = ActorCritic(config.model).to(self.device)
+        self.model = ActorCritic(config.model, Shape.of(config)).to(self.device)
         self.optimizer = adam(self.model.parameters(), lr=config.learn.learning_rate, eps=1e-5)
         self.train_iter = 0  # minibatch updates so far
         self.online = self.model  # what a policy version publishes
@@ -93,7 +93,11 @@ class PPO(OneModelState):
     def train_round(self, columns: dict[str, np.ndarray], seed: int | None = None) -> RoundInfo:
         """`epoch_per_collect` passes of shuffled minibatches over one round's data."""
         learn = self.config.learn
-        data = {k: to_device(columns[k], self.device) for k in self.column_names}
+        data = {
+            k: to_device(columns[k], self.device)
+            for k in self.column_names
+            if k != DISCOUNTED_RETURN
+        }
         n = len(data["obs"])
         generator = torch.Generator().manual_seed(seed if seed is not None else self.train_iter)
         totals: dict[str, float] = {}
@@ -121,6 +125,7 @@ class PPO(OneModelState):
         scalars = {k: v / max(updates, 1) for k, v in totals.items()}
         scalars["optim/grad_norm"] = sum(norms) / len(norms) if norms else math.nan
         scalars["optim/learning_rate"] = learning_rate(self.optimizer)
+        scalars |= self._update_statistics(data["obs"], columns)
         return RoundInfo(
             loss=scalars["loss/total"],
             policy_loss=scalars["loss/policy"],
@@ -131,3 +136,19 @@ class PPO(OneModelState):
             updates=updates,
             scalars=scalars,
         )
+
+    def _update_statistics(
+        self, obs: torch.Tensor, columns: dict[str, np.ndarray]
+    ) -> dict[str, float]:
+        """After the round's updates: its observations and discounted returns into the
+        running statistics (`policy.normalize`) that the next version acts with, so
+        that the round was collected and trained on with the same ones."""
+        scalars: dict[str, float] = {}
+        obs_norm, return_norm = self.model.obs_norm, self.model.return_norm
+        if obs_norm is not None:
+            obs_norm.update(obs, self.sync)
+            scalars["normalize/obs_std_mean"] = float(obs_norm.var.sqrt().mean())
+        if return_norm is not None:
+            return_norm.update(torch.as_tensor(columns[DISCOUNTED_RETURN]), self.sync)
+            scalars["normalize/return_std"] = float(return_norm.var.sqrt())
+        return scalars

@@ -1,23 +1,61 @@
-"""PPO's network (IMPALA's too): separate actor and critic MLPs."""
+"""PPO's network (IMPALA's too): separate actor and critic MLPs, with PPO's running
+normalization of observations and rewards (algorithms/normalize.py) where asked."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 from torch import nn
 
-from common.config import ModelConfig, obs_shape_of
+from algorithms.normalize import RunningMeanStd
+from common.config import ModelConfig, PolicyConfig, obs_shape_of
 from common.models import encoder_kind, make_encoder
 
+ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
-def mlp_tanh(sizes: list[int]) -> nn.Sequential:
-    """Tanh layers with orthogonal weights (gain sqrt 2) and zero biases, as PPO's
-    reference implementations start them."""
+
+@dataclass(frozen=True)
+class Shape:
+    """How an ActorCritic's MLPs are built and what it normalizes (PPO's keys; IMPALA
+    takes the defaults)."""
+
+    activation: str = "tanh"
+    ortho_init: bool = True
+    log_std_init: float = 0.0
+    #: Clip of standardized observations; None: observations are not normalized.
+    obs_clip: float | None = None
+    #: Clip of scaled rewards; None: rewards are not scaled.
+    reward_clip: float | None = None
+
+    @classmethod
+    def of(cls, policy: PolicyConfig) -> Shape:
+        from algorithms.ppo.config import PPOConfig
+
+        if not isinstance(policy, PPOConfig):
+            return cls()
+        model, norm = policy.model, policy.normalize
+        return cls(
+            activation=model.activation,
+            ortho_init=model.ortho_init,
+            log_std_init=model.log_std_init,
+            obs_clip=norm.clip_obs if norm.obs else None,
+            reward_clip=norm.clip_reward if norm.reward else None,
+        )
+
+
+def hidden_mlp(
+    sizes: list[int], activation: str = "tanh", ortho_init: bool = True
+) -> nn.Sequential:
+    """Hidden layers of `activation`; with `ortho_init`, orthogonal weights (gain
+    sqrt 2) and zero biases, as PPO's reference implementations start them."""
     layers: list[nn.Module] = []
     for fan_in, fan_out in zip(sizes[:-1], sizes[1:], strict=True):
         linear = nn.Linear(fan_in, fan_out)
-        nn.init.orthogonal_(linear.weight, gain=2**0.5)
-        nn.init.zeros_(linear.bias)
-        layers += [linear, nn.Tanh()]
+        if ortho_init:
+            nn.init.orthogonal_(linear.weight, gain=2**0.5)
+            nn.init.zeros_(linear.bias)
+        layers += [linear, ACTIVATIONS[activation]()]
     return nn.Sequential(*layers)
 
 
@@ -26,15 +64,31 @@ class ActorCritic(nn.Module):
     one shared CNN encoder with linear actor and critic heads (as Atari PPO and IMPALA
     use). Discrete actions: the actor gives logits. Continuous actions: it gives the
     mean of a Gaussian whose log std is a learned parameter per action dimension
-    (state-independent, as in PPO's paper)."""
+    (state-independent, as in PPO's paper).
 
-    def __init__(self, config: ModelConfig) -> None:
+    With `shape.obs_clip`, every input passes the running observation statistics
+    (`obs_norm`) first; with `shape.reward_clip`, the network carries the running
+    statistics of the discounted return (`return_norm`) that the collectors scale
+    rewards by. Both are buffers: in its state dict, each version's policy file and
+    its export."""
+
+    def __init__(self, config: ModelConfig, shape: Shape = Shape()) -> None:
         super().__init__()
         if config.obs_shape is None or config.action_shape is None:
             raise ValueError("model.obs_shape and model.action_shape must be resolved first")
         hidden = list(config.encoder_hidden_size_list)
         self.continuous = config.action_space == "continuous"
         self.shared = encoder_kind(config) != "mlp"
+        if shape.obs_clip is not None and self.shared:
+            raise ValueError("policy.normalize.obs: observation normalization takes vectors")
+        self.obs_norm = (
+            RunningMeanStd(tuple(obs_shape_of(config)), shape.obs_clip)
+            if shape.obs_clip is not None
+            else None
+        )
+        self.return_norm = (
+            RunningMeanStd((), shape.reward_clip) if shape.reward_clip is not None else None
+        )
         if self.shared:
             self.encoder = make_encoder(config)
             features = self.encoder.out_features
@@ -45,23 +99,32 @@ class ActorCritic(nn.Module):
             last = self.actor
         else:
             width = obs_shape_of(config)[0]
+            act, ortho = shape.activation, shape.ortho_init
             self.actor = nn.Sequential(
-                mlp_tanh([width, *hidden]), nn.Linear(hidden[-1], config.action_shape)
+                hidden_mlp([width, *hidden], act, ortho), nn.Linear(hidden[-1], config.action_shape)
             )
-            self.critic = nn.Sequential(mlp_tanh([width, *hidden]), nn.Linear(hidden[-1], 1))
+            self.critic = nn.Sequential(
+                hidden_mlp([width, *hidden], act, ortho), nn.Linear(hidden[-1], 1)
+            )
             last = self.actor[-1]
         if self.continuous:
-            self.log_std = nn.Parameter(torch.zeros(config.action_shape))
-        # Small last layers: a near-uniform first policy and near-zero first values.
-        nn.init.orthogonal_(last.weight, gain=0.01)
-        nn.init.zeros_(last.bias)
+            self.log_std = nn.Parameter(torch.full((config.action_shape,), shape.log_std_init))
+        if shape.ortho_init or self.shared:
+            # Small last layers: a near-uniform first policy and near-zero first values.
+            nn.init.orthogonal_(last.weight, gain=0.01)
+            nn.init.zeros_(last.bias)
+
+    def _vector(self, obs: torch.Tensor) -> torch.Tensor:
+        """A vector observation as the MLPs take it: float, normalized where asked."""
+        x = obs.float()
+        return x if self.obs_norm is None else self.obs_norm(x)
 
     def heads(self, obs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The actor's output (logits, or the Gaussian's mean) and the state values."""
         if self.shared:
             features = self.encoder(obs)
             return self.actor(features), self.critic(features).squeeze(-1)
-        x = obs.float()
+        x = self._vector(obs)
         return self.actor(x), self.critic(x).squeeze(-1)
 
     def _dist(
@@ -88,12 +151,12 @@ class ActorCritic(nn.Module):
     ) -> torch.distributions.Distribution:
         if self.shared:
             return self._dist(self.actor(self.encoder(obs)), mask)
-        return self._dist(self.actor(obs.float()), mask)
+        return self._dist(self.actor(self._vector(obs)), mask)
 
     def value(self, obs: torch.Tensor) -> torch.Tensor:
         if self.shared:
             return self.critic(self.encoder(obs)).squeeze(-1)
-        return self.critic(obs.float()).squeeze(-1)
+        return self.critic(self._vector(obs)).squeeze(-1)
 
     def log_prob(
         self, dist: torch.distributions.Distribution, action: torch.Tensor

@@ -34,6 +34,7 @@ import torch
 from prometheus_client import CollectorRegistry
 
 from algorithms.base import Actor, RecurrentActor, SamplingActor, TransitionActor
+from common.advantages import DISCOUNTED_RETURN, DiscountedReturns
 from common.checkpoint_file import read_checkpoint
 from common.config import EnvConfig, JobConfig
 from common.devices import acting_device, local_cuda
@@ -359,12 +360,14 @@ class CollectorRunner:
         obs = env.reset(seed=spec.seed)
         own = actor_columns(config)
         episodes = EpisodeTracker(spec.num_envs)
+        # Across rounds, as an episode can be: a job that normalizes rewards ships them.
+        returns = DiscountedReturns(spec.num_envs, policy_cfg.discount_factor)
         last_version, env_steps, seq = 0, 0, 0
         started = time.monotonic()
         try:
             while wait_for_newer(ctx, policy, follower, uploader, last_version):
                 version = policy.version
-                record: dict[str, list] = {k: [] for k in (*ROUND_COLUMNS, *own)}
+                record: dict[str, list] = {k: [] for k in (*ROUND_COLUMNS, DISCOUNTED_RETURN, *own)}
                 for _ in range(steps):
                     action, logp, value = policy.sample(obs)
                     for key, item in zip(own, recorded(policy, own), strict=True):
@@ -375,10 +378,13 @@ class CollectorRunner:
                         ("action", action),
                         ("logp", logp),
                         ("value", value),
-                        ("reward", step.reward),
+                        # Divided by this version's return spread where the job
+                        # normalizes rewards; the episodes' returns stay the env's own.
+                        ("reward", policy.scale_rewards(step.reward)),
                         ("terminated", step.terminated),
                         ("ended", step.ended),
                         ("next_value", ended_values(policy, step)),
+                        (DISCOUNTED_RETURN, returns.step(step.reward, step.ended)),
                     ):
                         record[key].append(item)
                     episodes.step(step.reward, step.ended)

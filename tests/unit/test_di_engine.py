@@ -165,12 +165,15 @@ def test_python_objects_in_a_config_pass_on_as_their_names():
         def __repr__(self):
             return "Tanh()"
 
-    main = {"policy": {"model": {"activation": Tanh()}}}
+    main = {"policy": {"model": {"activation": Tanh(), "head": Tanh()}}}
     raw, notes = from_di_engine(main, create("ppo", "pendulum"))
-    assert raw["policy"]["model"]["activation"] == "Tanh()"
-    assert any("policy.model.activation: a Python object" in n for n in notes)
-    _, warnings = resolve_job_config(raw)  # a key drover does not know: warned, dropped
-    assert any(w.startswith("policy.model.activation: unknown key") for w in warnings)
+    assert raw["policy"]["model"]["head"] == "Tanh()"
+    assert any("policy.model.head: a Python object" in n for n in notes)
+    # PPO's model activation is a key drover knows: the object's name is its value.
+    assert raw["policy"]["model"]["activation"] == "tanh"
+    config, warnings = resolve_job_config(raw)  # a key drover does not know: warned, dropped
+    assert any(w.startswith("policy.model.head: unknown key") for w in warnings)
+    assert config.policy.model.activation == "tanh"
 
 
 def test_update_per_collect_is_no_ratio_for_a_fifo_buffer():

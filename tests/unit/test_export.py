@@ -17,18 +17,23 @@ from common.storage import SharedStore
 from drover.cli import main
 from tests.algorithm_runs import CASES, JOB, job_config
 
-ort = pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
-pytest.importorskip("onnxscript", reason="onnxscript is not installed")
-
 OBSERVATIONS = 1000
 #: R2D2 acts on this many envs at once, OBSERVATIONS / ENVS steps in a row.
 ENVS = 8
 
 
-def trained_job(tmp_path, algo, space):
+def onnx_runtime():
+    """onnxruntime, to run an ONNX export; the ONNX cases alone are skipped without it
+    (and onnxscript, which torch's exporter needs): the TorchScript ones still run."""
+    pytest.importorskip("onnxscript", reason="onnxscript is not installed")
+    return pytest.importorskip("onnxruntime", reason="onnxruntime is not installed")
+
+
+def trained_job(tmp_path, algo, space, **overrides):
     """A job folder with its config and one policy of weights far from their init (so
-    that no two actions' values are near a tie), as a learner publishes it."""
-    config = job_config(algo, space)
+    that no two actions' values are near a tie), as a learner publishes it; running
+    normalization statistics (PPO's `policy.normalize`) far from theirs too."""
+    config = job_config(algo, space, **overrides)
     store = SharedStore(tmp_path)
     store.write_json(f"{JOB}/job.json", to_dict(config))
     learner = ALGORITHMS[algo].make_learner(config.policy, "cpu")
@@ -38,6 +43,11 @@ def trained_job(tmp_path, algo, space):
             # Of a trained network's scale: activations of about 1 in every layer.
             fan_in = parameter.shape[-1] if parameter.dim() > 1 else 100
             parameter.normal_(0.0, 1.0 / fan_in**0.5)
+        for name, buffer in learner.online.named_buffers():
+            if name.endswith("norm.mean"):
+                buffer.normal_(0.0, 2.0)
+            elif name.endswith("norm.var"):
+                buffer.uniform_(0.25, 4.0)
     path, _ = store.write_policy(JOB, 1, 100, algo, state_to_numpy(learner.online))
     store.write_json(f"{JOB}/policies/latest.json", {"version": 1, "path": path})
     actor = ALGORITHMS[algo].make_actor(config.policy)
@@ -48,13 +58,24 @@ def trained_job(tmp_path, algo, space):
 @pytest.mark.parametrize(("algo", "space"), CASES, ids=[f"{a}-{s}" for a, s in CASES])
 @pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
 def test_the_exported_network_acts_as_drovers_actor(tmp_path, algo, space, fmt):
-    job_dir, config, actor = trained_job(tmp_path, algo, space)
+    acts_as_drovers_actor(tmp_path, algo, space, fmt)
+
+
+@pytest.mark.parametrize("fmt", ["onnx", "torchscript"])
+def test_an_exported_ppo_normalizes_its_observations_as_drovers_actor(tmp_path, fmt):
+    normalized = {"policy": {"normalize": {"obs": True, "reward": True}}}
+    acts_as_drovers_actor(tmp_path, "ppo", "continuous", fmt, **normalized)
+
+
+def acts_as_drovers_actor(tmp_path, algo, space, fmt, **overrides):
+    ort = onnx_runtime() if fmt == "onnx" else None
+    job_dir, config, actor = trained_job(tmp_path, algo, space, **overrides)
     out = tmp_path / "out"
     assert main(["export", str(job_dir), "--format", fmt, "--out", str(out)]) == 0
     model = out / ("policy.onnx" if fmt == "onnx" else "policy.pt")
     readme = (out / "README.md").read_text()
     assert f"{algo} on {config.env.env_id}" in readme and "| `obs` |" in readme
-    if fmt == "onnx":
+    if ort is not None:
         session = ort.InferenceSession(str(model))
         run = lambda *inputs: session.run(  # noqa: E731
             None, {i.name: x for i, x in zip(session.get_inputs(), inputs, strict=True)}

@@ -25,6 +25,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from algorithms.normalize import PRIOR_COUNT
 from algorithms.sync import LocalSync
 from common.messages import SampledBatch, SampledSegment, dump
 from common.storage import SharedStore
@@ -284,6 +285,11 @@ def test_ppo_ranks_stay_identical_over_rounds(group_run):
     assert changed(fresh, ranks[0], "online.")
     for rank in range(WORLD_SIZE):
         assert group_run.json("ppo", f"rows-{rank}") == [share] * PPO_ROUNDS
+    # Each rank added its half of every round to the running statistics, and holds
+    # those of every row (`policy.normalize`): the same on both, as assert_identical says.
+    for norm in ("obs_norm", "return_norm"):
+        count = float(ranks[0][f"online.{norm}.count"])
+        assert count == pytest.approx(PPO_ROUNDS * PPO_ROUND + PRIOR_COUNT)
 
 
 @pytest.mark.torchrun
