@@ -56,7 +56,7 @@ from bench.job_figures import DATA_PLANE, CpuSampler, learner_busy_fraction  # n
 from bench.learner_scaling import cpu_line  # noqa: E402
 from bench.results import checkout_commit, write_figures  # noqa: E402
 from common.config import deep_merge  # noqa: E402
-from jobconfig import load_config_file  # noqa: E402
+from jobconfig import load_config_file, resolve_job_config  # noqa: E402
 
 EXAMPLES = ROOT / "examples" / "mujoco"
 
@@ -74,6 +74,8 @@ class Row:
 ROWS = {
     "sac-hopper": Row("sac-hopper", EXAMPLES / "hopper_sac.yaml", 50_000, 5_000),
     "sac-halfcheetah": Row("sac-halfcheetah", EXAMPLES / "halfcheetah_sac.yaml", 50_000, 5_000),
+    # A PPO evaluation every 5,000 env steps would be 100 of them: SB3 runs them in line.
+    "ppo-hopper": Row("ppo-hopper", EXAMPLES / "hopper_ppo.yaml", 500_000, 25_000),
 }
 SIDES = ("drover", "stable-baselines3")
 
@@ -117,7 +119,7 @@ def seeded_example(
         "system": {"seed": seed, "max_env_step": budget},
         "policy": {"eval": {"evaluator": {"eval_freq": eval_freq}}},
     }
-    if learning_starts is not None:
+    if learning_starts is not None and raw["policy"]["type"] == "sac":
         changes["policy"] |= {
             "collect": {"random_collect_size": learning_starts},
             "other": {"replay_buffer": {"min_size_to_sample": learning_starts}},
@@ -129,10 +131,16 @@ def seeded_example(
 
 
 def updates_per_env_step(raw: dict) -> float:
-    """Train iterations per env step the example's replay ratio asks for (SAC)."""
-    policy = raw["policy"]
-    ratio = policy["other"]["replay_buffer"]["samples_per_insert"]
-    return float(ratio) / float(policy["learn"]["batch_size"])
+    """Train iterations per env step: what the example's replay ratio asks for (SAC),
+    or its epochs of minibatches over each round (PPO)."""
+    policy = resolve_job_config(raw)[0].policy
+    learn = policy.learn
+    if policy.type == "ppo":
+        rows, epochs = policy.collect.n_sample, learn.epoch_per_collect  # type: ignore[attr-defined]
+        return epochs * -(-rows // learn.batch_size) / rows
+    ratio = policy.other.replay_buffer.samples_per_insert
+    assert ratio is not None, "SAC's examples set a replay ratio"
+    return float(ratio) / float(learn.batch_size)
 
 
 def run_drover(seed: int, config: Path, collectors: int, out: Path, timeout_s: float) -> SideRun:

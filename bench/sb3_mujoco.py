@@ -65,7 +65,58 @@ def sb3_kwargs(config: JobConfig) -> dict[str, Any]:
             "ent_coef": f"auto_{learn.init_alpha}",
             "policy_kwargs": {"net_arch": hidden},
         }
-    raise ValueError(f"policy.type {policy.type!r}: only sac has a stable-baselines3 side here")
+    if policy.type == "ppo":
+        from torch import nn
+
+        model = policy.model
+        return {
+            "learning_rate": learn.learning_rate,
+            # One env on SB3's side: its rollout is drover's whole round.
+            "n_steps": policy.collect.n_sample,
+            "batch_size": learn.batch_size,
+            "n_epochs": learn.epoch_per_collect,
+            "gamma": policy.discount_factor,
+            "gae_lambda": policy.collect.gae_lambda,
+            "clip_range": learn.clip_ratio,
+            "ent_coef": learn.entropy_weight,
+            # SB3's value loss is the mean squared error; drover's has a 1/2 before it.
+            "vf_coef": learn.value_weight / 2,
+            "max_grad_norm": learn.max_grad_norm,
+            "normalize_advantage": learn.adv_norm,
+            "policy_kwargs": {
+                "log_std_init": model.log_std_init,
+                "ortho_init": model.ortho_init,
+                "activation_fn": {"relu": nn.ReLU, "tanh": nn.Tanh}[model.activation],
+                "net_arch": {"pi": hidden, "vf": hidden},
+            },
+        }
+    raise ValueError(
+        f"policy.type {policy.type!r}: only sac and ppo have a stable-baselines3 side here"
+    )
+
+
+def normalize_kwargs(config: JobConfig) -> dict[str, Any] | None:
+    """VecNormalize's arguments for a job that normalizes (PPO's `policy.normalize`;
+    RL Zoo's `normalize: true`), its discount the job's; None for one that does not."""
+    norm = getattr(config.policy, "normalize", None)
+    if norm is None or not (norm.obs or norm.reward):
+        return None
+    return {
+        "norm_obs": norm.obs,
+        "norm_reward": norm.reward,
+        "clip_obs": norm.clip_obs,
+        "clip_reward": norm.clip_reward,
+        "gamma": config.policy.discount_factor,
+    }
+
+
+def updates_by(config: JobConfig, kwargs: dict[str, Any], steps: int) -> int:
+    """Gradient steps SB3 has taken by `steps` env steps: SAC `gradient_steps` an env
+    step once learning started; PPO its epochs of minibatches a whole rollout."""
+    if config.policy.type == "ppo":
+        minibatches = -(-kwargs["n_steps"] // kwargs["batch_size"])
+        return steps // kwargs["n_steps"] * kwargs["n_epochs"] * minibatches
+    return max(0, steps - kwargs["learning_starts"]) * kwargs["gradient_steps"]
 
 
 def first_eval_steps(config: JobConfig, eval_every_steps: int) -> int:
@@ -87,10 +138,11 @@ def main() -> None:
 
     import gymnasium as gym
     import torch
-    from stable_baselines3 import SAC
+    from stable_baselines3 import PPO, SAC
     from stable_baselines3.common.callbacks import BaseCallback
     from stable_baselines3.common.evaluation import evaluate_policy
     from stable_baselines3.common.monitor import Monitor
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecNormalize
 
     if args.torch_threads is not None:
         torch.set_num_threads(args.torch_threads)
@@ -100,9 +152,23 @@ def main() -> None:
     config, _ = resolve_job_config(raw)
     env_config = config.env
     job_id = args.job_id or f"sb3-{config.exp_name}-seed{args.seed}"
+    kwargs = sb3_kwargs(config)
+    normalize = normalize_kwargs(config)
     # Monitor: episode returns as the env gives them (what evaluate_policy asks for).
-    eval_env = Monitor(gym.make(env_config.env_id))
-    eval_env.reset(seed=args.seed + 10_000)
+    eval_gym = Monitor(gym.make(env_config.env_id))
+    eval_gym.reset(seed=args.seed + 10_000)
+    train_gym = gym.make(env_config.env_id)
+    env, eval_env = train_gym, eval_gym
+    if normalize is not None:
+        # As RL Zoo trains with `normalize: true`; evaluation sees observations
+        # normalized by the training statistics of the moment, and raw rewards.
+        env = VecNormalize(DummyVecEnv([lambda: train_gym]), **normalize)
+        eval_env = VecNormalize(
+            DummyVecEnv([lambda: eval_gym]),
+            training=False,
+            **(normalize | {"norm_reward": False}),
+        )
+        eval_env.seed(args.seed + 10_000)
     evals: list[EvalSummary] = []
     metrics: list[MetricsPoint] = []
     first_eval = first_eval_steps(config, args.eval_every_steps)
@@ -124,11 +190,15 @@ def main() -> None:
                 t=time.time(),
                 env_steps=self.num_timesteps,
                 train_iters=updates(self.num_timesteps),
-                buffer_size=min(self.num_timesteps, int(self.model.buffer_size)),
+                buffer_size=min(
+                    self.num_timesteps, kwargs.get("buffer_size", kwargs.get("n_steps", 0))
+                ),
                 policy_version=0,
             )
 
         def evaluate(self) -> None:
+            if normalize is not None:
+                eval_env.obs_rms = env.obs_rms.copy()
             returns, _ = evaluate_policy(
                 self.model,
                 eval_env,
@@ -153,16 +223,12 @@ def main() -> None:
             # wall_seconds): a point before the evaluation places it there.
             metrics.append(self.point())
 
-    env = gym.make(env_config.env_id)
-    kwargs = sb3_kwargs(config)
-
     def updates(steps: int) -> int:
-        """Gradient steps taken by `steps` env steps (SAC: `gradient_steps` an env step
-        once learning started)."""
-        return max(0, steps - kwargs["learning_starts"]) * kwargs["gradient_steps"]
+        return updates_by(config, kwargs, steps)
 
     started = time.time()
-    model = SAC("MlpPolicy", env, seed=args.seed, verbose=0, **kwargs)
+    algorithm = PPO if config.policy.type == "ppo" else SAC
+    model = algorithm("MlpPolicy", env, seed=args.seed, verbose=0, **kwargs)
     model.learn(total_timesteps=args.budget, callback=Recorder())
     finished = time.time()
     record = {

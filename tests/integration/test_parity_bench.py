@@ -59,3 +59,26 @@ def test_parity_bench_runs_both_sides_into_one_report(tmp_path: Path) -> None:
     assert result["wall_ratio"] > 0
     # Both sides evaluated at 1,000 env steps, the last before drover's budget ran out.
     assert result["common_steps"] >= 1000 and result["common_iqm_ratio"] > 0
+
+
+def test_parity_bench_runs_ppo_with_normalization_on_both_sides(tmp_path: Path) -> None:
+    """The PPO row: drover's sync rounds against SB3's PPO under VecNormalize, one
+    report; SB3 evaluates on raw rewards with the training observation statistics."""
+    out = tmp_path / "parity"
+    command = [sys.executable, str(ROOT / "bench" / "parity.py"), "--rows", "ppo-hopper"]
+    command += ["--seeds", "1", "--budget", "2048", "--eval-every-steps", "1024"]
+    command += ["--out", str(out)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    report = (out / "ppo-hopper" / "report" / "report.md").read_text()
+    assert "| hopper_ppo | 1 | 1/1 |" in report, report
+    assert "| hopper_ppo (stable-baselines3) | 1 | 1/1 |" in report, report
+    (sb3_record,) = (out / "ppo-hopper" / "stable-baselines3").glob("*/coordinator/record.json")
+    job = json.loads(sb3_record.read_text())["job"]
+    assert [e["env_steps"] for e in job["evals"]] == [1024, 2048]
+    # 4 rollouts of 512 env steps, each 5 epochs of 16 minibatches of 32.
+    assert job["train_iters"] == 4 * 5 * 16
+    (drover_record,) = (out / "ppo-hopper" / "drover").glob("*/job-*/coordinator/record.json")
+    drover_job = json.loads(drover_record.read_text())["job"]
+    assert drover_job["phase"] == "succeeded", drover_job.get("reason")
+    assert drover_job["evals"][-1]["env_steps"] >= 2048, drover_job["evals"]
