@@ -155,10 +155,18 @@ def parse_sweep(section: Any) -> Sweep:
         raise ConfigError("sweep.axes", "a mapping of dotted config keys to values or ranges")
     axes = tuple(parse_axis(str(key), value) for key, value in axes_raw.items())
     sweep = Sweep(axes, seed_list, samples, draw_seed, parallel)
-    count = len(expand_points(sweep)) * len(seed_list)
+    count = job_count(sweep)
     if count > MAX_EXPERIMENT_JOBS:
-        raise ConfigError("sweep", f"{count} jobs: at most {MAX_EXPERIMENT_JOBS}")
+        raise ConfigError("sweep", f"{count:,} jobs: at most {MAX_EXPERIMENT_JOBS:,}")
     return sweep
+
+
+def job_count(sweep: Sweep) -> int:
+    """How many jobs the sweep expands to, counted without expanding it: a sweep far
+    over the limit (10^7 samples, a grid of 10^9 points) costs nothing to refuse."""
+    grid = math.prod(len(axis.values) for axis in sweep.axes if axis.values is not None)
+    draws = sweep.samples if any(axis.kind is not None for axis in sweep.axes) else 1
+    return grid * draws * len(sweep.seeds)
 
 
 def parse_axis(key: str, value: Any, section: str = "sweep.axes") -> Axis:

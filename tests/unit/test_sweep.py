@@ -10,6 +10,9 @@ from jobconfig import load_config_file
 from jobconfig.sweep import MAX_EXPERIMENT_JOBS, plan_sweep
 from tests.helpers import EXAMPLE
 
+#: Four integer keys of every job's `policy.learn` section (grid axes in the tests).
+KEYS_4 = ("batch_size", "num_batches", "publish_every_iters", "checkpoint_every_iters")
+
 BASE = load_config_file(EXAMPLE)  # examples/cartpole_dqn.yaml
 
 
@@ -140,3 +143,22 @@ def test_drover_sweep_refuses_a_bad_axis_before_it_starts_anything(tmp_path, cap
     said = capsys.readouterr().err
     assert "sweep.axes.policy.learn.learning_rat" in said and "learning_rate" in said
     assert not runs.exists()  # no run folder: nothing started
+
+
+@pytest.mark.parametrize(
+    "sweep",
+    [
+        {"samples": 10_000_000, "axes": {"policy.learn.learning_rate": {"uniform": [0.1, 1]}}},
+        # Four 40-value axes: a grid of 2.56 million points; and one of 10^9.
+        {"axes": {f"policy.learn.{k}": list(range(1, 41)) for k in KEYS_4}},
+        {"axes": {f"policy.learn.{k}": list(range(1, 1001)) for k in KEYS_4[:3]}},
+    ],
+)
+def test_a_sweep_over_the_job_limit_is_refused_without_expanding_it(sweep, monkeypatch):
+    def expanded(*_):
+        raise AssertionError("the sweep was expanded before it was counted")
+
+    monkeypatch.setattr("jobconfig.sweep.expand_points", expanded)
+    with pytest.raises(ConfigError) as refused:
+        plan_sweep(with_sweep(sweep))
+    assert refused.value.field == "sweep" and "at most 1,000" in refused.value.message
