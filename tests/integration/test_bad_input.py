@@ -407,7 +407,11 @@ def test_poisoned_segments_are_skipped_and_listed_never_trained_on(running):
         for pid in (learner.process.pid, *descendants(learner.process.pid))
     ]
     try:
-        time.sleep(1.0)
+        wait_until(
+            lambda: cluster.client.buffer_stats(job_id)["waiting_samplers"] > 0,
+            30,
+            "the rate limiter to hold the learner's samples",
+        )
         for pid in learning:
             os.kill(pid, signal.SIGSTOP)
         # A file that is swapped for a FIFO after its insert must not block the learner.

@@ -102,17 +102,17 @@ def test_a_new_job_takes_a_collector_from_the_busy_one_and_nothing_is_lost(clust
 def test_a_sync_round_holds_its_collectors_in_turns_beside_another_job(cluster):
     ppo = cluster.client.submit_job(PPO, name="ppo").job_id
     dqn = cluster.client.submit_job(DQN, name="dqn").job_id
-    held = set()
+    held = set()  # collectors the PPO job held, at each look while it ran
     deadline = time.monotonic() + DEADLINE_S
     while time.monotonic() < deadline:
         statuses = [cluster.client.job(j) for j in (ppo, dqn)]
         if all(s.phase != "running" for s in statuses):
             break
         share = statuses[0].collector_share
-        if share is not None:
+        if statuses[0].phase == "running" and share is not None:
             held.add(share.held)
         time.sleep(0.2)
-    assert held <= {0, 1, 2} and 2 in held  # it ran with its whole set
+    assert 2 in held, held  # its rounds ran with its whole set
     for job_id in (ppo, dqn):
         assert_nothing_lost(cluster, job_id)
     # On-policy all the same: every item trained on was collected by the version trained.

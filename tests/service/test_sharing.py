@@ -369,7 +369,8 @@ def test_an_evaluation_runs_on_one_of_the_jobs_own_collectors(tmp_path):
     cluster.step()
     for job_id in (first, second):
         ref = write_segment(cluster.core, job_id, 0)
-        assert post(cluster.client, f"/api/v1/jobs/{job_id}/segments", {"segments": [ref]})
+        inserted = post(cluster.client, f"/api/v1/jobs/{job_id}/segments", {"segments": [ref]})
+        assert inserted.status_code == 200 and inserted.json["accepted"] == 1, inserted.json
     path, sha = cluster.core.store.write_policy(second, 1, 10, "dqn", {"w": np.ones(2, np.float32)})
     body = {"version": 1, "path": path, "sha256": sha, "train_iter": 10}
     assert post(cluster.client, f"/api/v1/jobs/{second}/policies", body).status_code == 201
