@@ -37,7 +37,7 @@ from jobconfig.population import Population, parse_population
 from jobconfig.resolve import resolve_job_config, unknown_key
 from jobconfig.sections import check_keys, split_section, value_at, whole_number
 
-#: Jobs one experiment may hold.
+#: Jobs one experiment may hold (a coordinator's `DROVER_MAX_EXPERIMENT_JOBS`).
 MAX_EXPERIMENT_JOBS = 1000
 #: The range kinds an axis may be.
 RANGES = ("uniform", "log_uniform")
@@ -84,9 +84,12 @@ def short(value: Any) -> str:
     return f"{value:.4g}" if isinstance(value, float) else str(value)
 
 
-def plan_sweep(raw: dict[str, Any]) -> tuple[Sweep, list[tuple[Point, dict[str, Any]]]]:
+def plan_sweep(
+    raw: dict[str, Any], max_jobs: int = MAX_EXPERIMENT_JOBS
+) -> tuple[Sweep, list[tuple[Point, dict[str, Any]]]]:
     """The experiment a config with a `sweep:` section asks for: the sweep, and each
-    job's point and config (the base config with the point's values and seed).
+    job's point and config (the base config with the point's values and seed). Its
+    job count is checked against `max_jobs` before anything is expanded or resolved.
 
     Raises:
         ConfigError: the section, an axis or an expanded config is invalid.
@@ -95,7 +98,7 @@ def plan_sweep(raw: dict[str, Any]) -> tuple[Sweep, list[tuple[Point, dict[str, 
     if section is None:
         raise ConfigError("sweep", "an experiment's config needs a sweep section (axes, seeds)")
     base, pbt = split_section(base, "pbt")
-    sweep = parse_sweep(section)
+    sweep = parse_sweep(section, max_jobs)
     resolved, _ = resolve_job_config(base)  # the base alone first: its faults are its own
     sweep = dataclasses.replace(sweep, axes=checked_axes(sweep.axes, to_dict(resolved)))
     points = expand(sweep)
@@ -127,7 +130,7 @@ def plan_sweep(raw: dict[str, Any]) -> tuple[Sweep, list[tuple[Point, dict[str, 
     return sweep, jobs
 
 
-def parse_sweep(section: Any) -> Sweep:
+def parse_sweep(section: Any, max_jobs: int = MAX_EXPERIMENT_JOBS) -> Sweep:
     if not isinstance(section, dict):
         raise ConfigError("sweep", "must be a mapping (axes, seeds, samples, parallel)")
     check_keys(section, {"axes", "seeds", "samples", "draw_seed", "parallel"}, "sweep")
@@ -135,8 +138,8 @@ def parse_sweep(section: Any) -> Sweep:
     if isinstance(seeds, bool) or not isinstance(seeds, int | list):
         raise ConfigError("sweep.seeds", "a count of seeds (0..N-1) or a list of seeds")
     if isinstance(seeds, int):
-        if not 1 <= seeds <= MAX_EXPERIMENT_JOBS:
-            raise ConfigError("sweep.seeds", f"between 1 and {MAX_EXPERIMENT_JOBS}")
+        if not 1 <= seeds <= max_jobs:
+            raise ConfigError("sweep.seeds", f"between 1 and {max_jobs:,}")
         seed_list = tuple(range(seeds))
     else:
         whole = [isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in seeds]
@@ -156,8 +159,8 @@ def parse_sweep(section: Any) -> Sweep:
     axes = tuple(parse_axis(str(key), value) for key, value in axes_raw.items())
     sweep = Sweep(axes, seed_list, samples, draw_seed, parallel)
     count = job_count(sweep)
-    if count > MAX_EXPERIMENT_JOBS:
-        raise ConfigError("sweep", f"{count:,} jobs: at most {MAX_EXPERIMENT_JOBS:,}")
+    if count > max_jobs:
+        raise ConfigError("sweep", f"{count:,} jobs: at most {max_jobs:,} an experiment")
     return sweep
 
 

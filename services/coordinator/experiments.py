@@ -47,7 +47,7 @@ class ExperimentBook:
 
     def submit(self, submit: ExperimentSubmit, planner: Planner) -> ExperimentCreated:
         try:
-            sweep, points = plan_sweep(submit.config)
+            sweep, points = plan_sweep(submit.config, self.state.limits.max_experiment_jobs)
         except ConfigError as exc:
             own = exc.field.startswith(("sweep", "pbt"))
             field = exc.field if own else f"config.{exc.field}"

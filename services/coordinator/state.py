@@ -89,6 +89,9 @@ class CoordinatorLimits:
     #: at once and retried by their collectors. Kept below the server's threads, so a
     #: learner's sample, the request that lets them go, always finds one; 0: no bound.
     max_waiting_inserts: int = 6
+    #: Jobs one experiment may expand to; a sweep over it is refused (400 naming
+    #: `sweep`) before anything is expanded.
+    max_experiment_jobs: int = 1000
     #: How long a job whose budget is spent waits for its final evaluation
     #: (`policy.eval.evaluator.final_eval`) before it ends without it.
     final_eval_timeout_s: float = 300.0

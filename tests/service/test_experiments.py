@@ -94,3 +94,27 @@ def test_an_experiment_is_back_after_a_restart(tmp_path, client, core):
         assert shown.parallel == 1
     finally:
         again.close()
+
+
+def test_an_experiment_over_the_coordinators_job_limit_is_refused_naming_it(tmp_path):
+    """`DROVER_MAX_EXPERIMENT_JOBS` (here 3): a sweep of 4 jobs is a 400 naming `sweep`
+    and the limit, and nothing of it exists; one of 3 is taken."""
+    from services.coordinator.app import create_app
+    from services.coordinator.settings import CoordinatorSettings, limits_from_env
+    from tests.coordinator_app import TOKEN
+
+    limits = limits_from_env({"DROVER_MAX_EXPERIMENT_JOBS": "3", "DROVER_MAX_BUFFER_ITEMS": "1000"})
+    assert limits.max_experiment_jobs == 3
+    core = Coordinator(SharedStore(tmp_path), limits)
+    try:
+        client = create_app(CoordinatorSettings(shared_dir=tmp_path, token=TOKEN), core=core)
+        client = client.test_client()
+        refused = submit(client, sweep())  # 2 learning rates x 2 seeds
+        assert refused.status_code == 400, refused.json
+        assert refused.json["message"] == "sweep: 4 jobs: at most 3 an experiment"
+        assert get(client, "/api/v1/jobs").json["jobs"] == []
+        assert get(client, "/api/v1/experiments").json["experiments"] == []
+        taken = submit(client, sweep(seeds=3, axes={"policy.learn.learning_rate": [1e-3]}))
+        assert taken.status_code == 201 and len(taken.json["job_ids"]) == 3, taken.json
+    finally:
+        core.close()
