@@ -17,13 +17,16 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from common.config import ConfigError
 from drover.export import ExportError, Source, find_policy
 from drover.say import console, error
+
+if TYPE_CHECKING:
+    from common.video import VideoWriter
 
 
 def add_parser(sub: Any) -> None:
@@ -49,12 +52,16 @@ def run(args: argparse.Namespace) -> int:
         source = find_policy(args.source)
         window = args.out is None and has_display()
         out = None if window else (args.out or default_out(source))
-        returns, frames, fps = play(source, args, window)
-        if out is not None:
-            from common.video import encode
+        if out is None:
+            returns = play(source, args, None)
+        else:
+            from common.video import VideoWriter
 
+            fmt = out.suffix.lstrip(".")
+            with VideoWriter((fmt,)) as video:  # every episode, encoded as it plays
+                returns = play(source, args, video)
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_bytes(encode(frames, fps, out.suffix.lstrip(".")))
+            out.write_bytes(video.data[fmt])
     except (ExportError, ConfigError) as exc:
         return error(str(exc))
     except CannotRender as exc:
@@ -73,20 +80,17 @@ def default_out(source: Source) -> Path:
     return source.job_dir / "videos" / f"enjoy-{source.policy.version:08d}.mp4"
 
 
-def play(
-    source: Source, args: argparse.Namespace, window: bool
-) -> tuple[list[float], list[np.ndarray], int]:
-    """Each episode's return, and every episode's frames one after the other."""
+def play(source: Source, args: argparse.Namespace, video: VideoWriter | None) -> list[float]:
+    """Each episode's return; every episode's frames go to `video` one after the other
+    (None: in a window)."""
     from common.games import check_baseline, make_baseline
     from common.video import record_episode, record_game
 
     config = source.config
     actor = source.actor()
     rng = np.random.default_rng(args.seed)
-    mode = "human" if window else "rgb_array"
+    mode = "human" if video is None else "rgb_array"
     returns: list[float] = []
-    frames: list[np.ndarray] = []
-    fps = 30
     game = config.env.adapter == "pettingzoo"
     if game:
         check_baseline(args.opponent, config.env.env_id, field="--opponent")
@@ -96,13 +100,11 @@ def play(
         players = (mine, theirs) if args.seat == 0 else (theirs, mine)
     for i in range(args.episodes):
         if game:
-            episode = record_game(config.env, players, args.seed + i, render_mode=mode)
+            episode = record_game(config.env, players, args.seed + i, render_mode=mode, sink=video)
             sign = 1.0 if args.seat == 0 else -1.0  # the policy's result, not seat 0's
             returns.append(sign * episode.episode_return)
         else:
             act = lambda obs: actor.greedy(obs, rng)  # noqa: E731
-            episode = record_episode(config.env, act, args.seed + i, render_mode=mode)
+            episode = record_episode(config.env, act, args.seed + i, render_mode=mode, sink=video)
             returns.append(episode.episode_return)
-        frames.extend(episode.frames)
-        fps = episode.fps
-    return returns, frames, fps
+    return returns

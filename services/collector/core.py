@@ -41,7 +41,7 @@ from common.devices import acting_device, local_cuda
 from common.envs import make_env
 from common.messages import CollectSpec, EvalResult, EvaluateSpec, SegmentRef, dump
 from common.storage import SharedStore
-from common.video import CannotRender, encode, record_episode, video_path
+from common.video import CannotRender, VideoWriter, record_episode, video_path
 from jobconfig import algorithm_of, insert_rows_bound, read_job_config
 from services.collector.battle import BattleLoop, battle_evaluation
 from services.collector.follower import PolicyFollower
@@ -628,12 +628,18 @@ class CollectorRunner:
         in the result; the evaluation counts all the same."""
         rng = np.random.default_rng(spec.seed)
         try:
-            episode = record_episode(
-                config.env, lambda obs: policy.greedy(obs, rng), spec.seed, stop=ctx.stopped
-            )
+            # Encoded as it is rendered: a long episode's frames are never all held.
+            with VideoWriter(("mp4", "gif")) as video:
+                record_episode(
+                    config.env,
+                    lambda obs: policy.greedy(obs, rng),
+                    spec.seed,
+                    stop=ctx.stopped,
+                    sink=video,
+                )
             name = video_path(ctx.task.job_id, spec.policy_version)
             for fmt in ("mp4", "gif"):
-                self.store.write_bytes(f"{name}.{fmt}", encode(episode.frames, episode.fps, fmt))
+                self.store.write_bytes(f"{name}.{fmt}", video.data[fmt])
         except CannotRender as exc:
             log.warning("no video of job %s: %s", ctx.task.job_id, exc)
             return dataclasses.replace(result, video_error=str(exc)[:500])

@@ -42,3 +42,29 @@ def test_a_video_and_its_play_end_at_its_frame_limit_or_when_told_to_stop():
 def test_an_env_that_cannot_render_says_so():
     with pytest.raises(CannotRender, match="'DroverBlind-v0' cannot render rgb_array"):
         record_episode(env_config(ENV_ID), lambda obs: np.zeros(1, np.int64), 0)
+
+
+def test_a_video_writer_encodes_frames_as_they_come_and_keeps_none():
+    """The evaluation video's path: frames go to ffmpeg as they are rendered (the episode
+    keeps none), and the MP4 and GIF hold what the kept frames' encoding holds."""
+    from common.video import VideoWriter
+
+    act = lambda obs: np.zeros(1, np.int64)  # noqa: E731
+    kept = record_episode(env_config("CartPole-v1"), act, 0)
+    with VideoWriter(("mp4", "gif")) as video:
+        streamed = record_episode(env_config("CartPole-v1"), act, 0, sink=video)
+    assert streamed.frames == [] and streamed.frame_count == len(kept.frames) == video.frames
+    mp4 = decode(video.data["mp4"], "mp4")
+    assert mp4.shape == (len(kept.frames), 400, 600, 3)
+    assert np.abs(mp4.astype(int) - np.stack(kept.frames)).mean() < 3
+    gif = decode(video.data["gif"], "gif")
+    assert gif.shape[1:] == (213, 320, 3) and 2 < len(gif) <= (len(kept.frames) + 1) // 2
+
+
+def test_a_video_writer_that_failed_leaves_no_file_and_no_data():
+    from common.video import VideoWriter
+
+    with pytest.raises(RuntimeError), VideoWriter(("mp4",)) as video:
+        video.add(np.zeros((10, 10, 3), np.uint8), 30)
+        raise RuntimeError("the episode failed")
+    assert video.data == {} and not video._path.parent.exists()
