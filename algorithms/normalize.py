@@ -42,10 +42,7 @@ class RunningMeanStd(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """`x` standardized (and clipped to +-clip), in `x`'s dtype."""
-        mean = self.mean.to(x.dtype)
-        std = torch.sqrt(self.var + VARIANCE_EPS).to(x.dtype)
-        out = (x - mean) / std
-        return out if self.clip is None else out.clamp(-self.clip, self.clip)
+        return self.scale(x - self.mean.to(x.dtype))
 
     def scale(self, x: torch.Tensor) -> torch.Tensor:
         """`x` divided by the standard deviation (not centred), clipped: how rewards are

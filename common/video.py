@@ -65,6 +65,20 @@ class Episode:
     #: Frames rendered (kept, or handed to the sink).
     frame_count: int = 0
 
+    def take(self, frame: np.ndarray, sink: FrameSink | None) -> None:
+        """A rendered frame: to `sink` as it comes, else kept in `frames`."""
+        if sink is not None:
+            sink.add(frame, self.fps)
+        else:
+            self.frames.append(frame)
+        self.frame_count += 1
+
+    def full(self, max_frames: int) -> bool:
+        """Whether it has `max_frames` frames, or its kept ones MAX_VIDEO_BYTES."""
+        if self.frames:
+            max_frames = min(max_frames, MAX_VIDEO_BYTES // self.frames[0].nbytes)
+        return self.frame_count >= max_frames
+
 
 class FrameSink(Protocol):
     """Where an episode's frames go as they are rendered (`VideoWriter`)."""
@@ -156,31 +170,20 @@ def record_episode(
             )
         keep = render_mode == "rgb_array"
         episode = Episode(fps=int(env.metadata.get("render_fps") or DEFAULT_FPS))
-        limit = max_frames
-
-        def take(frame: np.ndarray) -> None:
-            nonlocal limit
-            if sink is not None:
-                sink.add(frame, episode.fps)
-            else:
-                episode.frames.append(frame)
-                limit = min(max_frames, MAX_VIDEO_BYTES // episode.frames[0].nbytes)
-            episode.frame_count += 1
-
         obs, _ = env.reset(seed=seed)
         if keep:
             frame = env.render()
             if frame is None:
                 raise CannotRender(f"'{config.env_id}' rendered no frame")
-            take(np.asarray(frame))
+            episode.take(np.asarray(frame), sink)
         while True:
             action = act(np.asarray(obs)[None])[0]
             obs, reward, terminated, truncated, _ = env.step(action)
             episode.episode_return += float(reward)
             episode.length += 1
             if keep:
-                take(np.asarray(env.render()))
-            full = keep and episode.frame_count >= limit
+                episode.take(np.asarray(env.render()), sink)
+            full = keep and episode.full(max_frames)
             if terminated or truncated or full or stop():
                 return episode
     finally:
@@ -211,16 +214,8 @@ def record_game(
         episode = Episode(fps=int(env.metadata.get("render_fps") or 2))
         env.reset(seed=seed)
         keep = render_mode == "rgb_array"
-
-        def take(frame: np.ndarray) -> None:
-            if sink is not None:
-                sink.add(frame, episode.fps)
-            else:
-                episode.frames.append(frame)
-            episode.frame_count += 1
-
         if keep:
-            take(np.asarray(env.render()))
+            episode.take(np.asarray(env.render()), sink)
         raw = env.unwrapped
         while not _game_over(raw):
             agent = raw.agent_selection
@@ -230,7 +225,7 @@ def record_game(
             env.step(int(players[game.agents.index(agent)](obs, mask)[0]))
             episode.length += 1
             if keep and episode.frame_count < max_frames:
-                take(np.asarray(env.render()))
+                episode.take(np.asarray(env.render()), sink)
             elif not keep:
                 env.render()
         episode.episode_return = float(raw.rewards[game.agents[0]])

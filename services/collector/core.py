@@ -378,9 +378,7 @@ class CollectorRunner:
                         ("action", action),
                         ("logp", logp),
                         ("value", value),
-                        # Divided by this version's return spread where the job
-                        # normalizes rewards; the episodes' returns stay the env's own.
-                        ("reward", policy.scale_rewards(step.reward)),
+                        ("reward", step.reward),
                         ("terminated", step.terminated),
                         ("ended", step.ended),
                         ("next_value", ended_values(policy, step)),
@@ -394,6 +392,9 @@ class CollectorRunner:
                 record["next_value"] = next_values(
                     record["value"], record["ended"], record["next_value"], policy.value(obs)
                 )
+                # Divided by this version's return spread where the job normalizes
+                # rewards, once a round; the episodes' returns stay the env's own.
+                record["reward"] = policy.scale_rewards(np.asarray(record["reward"]))
                 columns = declared_only(config, round_columns(record, policy_cfg))
                 env_steps += self._ship(
                     ctx,

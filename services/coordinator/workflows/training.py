@@ -142,7 +142,7 @@ class AsyncTraining:
         if job.policy is None or job.policy.version == 0:
             return False
         if job.workflow_state.final_since_s is not None:
-            return not job.evals or job.evals[-1].policy_version < job.policy.version
+            return not _newest_evaluated(job)
         # An evaluation is recorded at the job's env steps when its result comes, and
         # one runs at a time: one planned only once env steps passed the last one's has
         # a point of its own on the env-steps axis (TensorBoard, the metrics). Without
@@ -222,7 +222,7 @@ class AsyncTraining:
         policy, state = job.policy, job.workflow_state
         if not job.config.policy.eval.evaluator.final_eval or policy is None:
             return False
-        if policy.version == 0 or (job.evals and job.evals[-1].policy_version >= policy.version):
+        if policy.version == 0 or _newest_evaluated(job):
             return False  # nothing to evaluate, or its newest policy is evaluated
         if state.final_since_s is None:
             state.final_since_s = now_s
@@ -295,3 +295,12 @@ class SyncTraining(AsyncTraining):
         job is given whole."""
         expected = max(1, planner.share(job, "collector"))
         return -(-job.config.policy.collect.n_sample // expected)
+
+
+def _newest_evaluated(job: Job) -> bool:
+    """Whether the job's last evaluation is of its newest policy version."""
+    return (
+        bool(job.evals)
+        and job.policy is not None
+        and (job.evals[-1].policy_version >= job.policy.version)
+    )
