@@ -181,9 +181,14 @@ def main() -> None:
             if steps % METRICS_EVERY_STEPS == 0:
                 metrics.append(self.point())
             due = steps >= first_eval and (steps - first_eval) % args.eval_every_steps == 0
-            if due or steps >= args.budget:
+            if due and steps < args.budget:
                 self.evaluate()
             return True
+
+        def _on_training_end(self) -> None:
+            # The policy the run ends with, as drover's final evaluation: once, after
+            # the last update (PPO's last rollout runs past the budget to its end).
+            self.evaluate()
 
         def point(self) -> MetricsPoint:
             return MetricsPoint(
