@@ -135,9 +135,13 @@ def test_inserts_waiting_beyond_the_bound_are_refused_at_once_and_a_sample_frees
     buf.insert([ref(0)])
     buf.insert([ref(1)])  # from here every insert waits for a sample
     results = []
+    # Two collectors' inserts (one collector's go one at a time, in order: a later
+    # one's sequence number makes an earlier one a duplicate, whichever wakes first).
     waiters = [
-        threading.Thread(target=lambda s=s: results.append(buf.insert([ref(s)], timeout_s=5)))
-        for s in (2, 3)
+        threading.Thread(
+            target=lambda w=w: results.append(buf.insert([ref(2, worker=w)], timeout_s=5))
+        )
+        for w in ("a", "b")
     ]
     for t in waiters:
         t.start()
