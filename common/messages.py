@@ -264,6 +264,11 @@ class WorkerInfo:
     resources: Resources = field(default_factory=dict)
     #: The job of each of its tasks, by task id.
     jobs: dict[str, str] = field(default_factory=dict)
+    #: Seconds before it is given a new task (0: it may be now): it lost tasks, or
+    #: failed to take them, in a row (`lost_tasks`, `WorkerRegistry.lost`).
+    held_back_s: float = 0.0
+    #: Tasks in a row it lost: never confirmed, or missing from its heartbeats.
+    lost_tasks: int = 0
 
 
 # --- tasks -----------------------------------------------------------------------
@@ -850,6 +855,9 @@ class JobStatus:
     storage_full_s: float | None = None
     #: The experiment it is a job of (None: submitted alone).
     experiment_id: str | None = None
+    #: Train iterations since those of its last evaluated policy (a training job with
+    #: a policy; None otherwise): past a few `eval_freq`s, its reason says why.
+    train_iters_since_eval: int | None = None
 
 
 # --- small answers -------------------------------------------------------------------

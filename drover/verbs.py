@@ -319,7 +319,7 @@ def list_workers(remote: Remote, args: argparse.Namespace) -> int:
             worker.worker_id,
             worker.role,
             escape(worker.url),
-            worker.state,
+            worker_state_text(worker),
             ", ".join(worker.task_ids) or "-",
             ", ".join(sorted(set(worker.jobs.values()))) or "-",
             "; ".join(progress_text(p) for p in worker.progress.values()) or "-",
@@ -327,6 +327,13 @@ def list_workers(remote: Remote, args: argparse.Namespace) -> int:
         )
     output().print(table)
     return 0
+
+
+def worker_state_text(worker: WorkerInfo) -> str:
+    """Idle or busy, and held back while it is (with the tasks it lost in a row)."""
+    if worker.held_back_s <= 0:
+        return worker.state
+    return f"{worker.state}, held back {worker.held_back_s:.0f}s ({worker.lost_tasks} lost)"
 
 
 # --- logs ---------------------------------------------------------------------------------

@@ -67,6 +67,7 @@ from services.coordinator.metrics import CoordinatorMetrics, JobGauges
 from services.coordinator.persistence import Persistence
 from services.coordinator.planning import Planning
 from services.coordinator.policies import PolicyPointer
+from services.coordinator.reserve import RESERVE_NAME, RoomReserve
 from services.coordinator.state import (
     ACTIVE,
     CoordinatorLimits,
@@ -133,6 +134,11 @@ class Coordinator:
             "shared volume (tried again every snapshot period)",
             registry=self.metrics.registry,
         ).set_function(lambda: self.state.guard.latest.kept)
+        if self.limits.record_reserve_bytes > 0:
+            self.state.reserve = RoomReserve(
+                store.root / RESERVE_NAME, self.limits.record_reserve_bytes
+            )
+            self.state.reserve.keep()
         if buffers is not None and buffers.enabled:
             self.state.buffers = BufferProcesses(buffers, on_report=self.data.count_report)
 

@@ -19,6 +19,8 @@ from common.messages import (
 )
 from common.ranks import RANK_DEVICES, learner_ranks
 from services.coordinator.state import CoordinatorState, Job
+from services.coordinator.workflows import workflow_of
+from services.coordinator.workflows.training import train_iters_since_eval
 
 
 def metrics_from_record(record: dict[str, Any], job: Job) -> JobMetrics:
@@ -90,6 +92,10 @@ def status_of(
     own (the end it is about to show); `held`: the workers its tasks hold now, by role
     (`held_of`; as the last scheduling pass counted them when None)."""
     shown, reason, finished_at = phase or (job.phase, job.reason, job.finished_at)
+    if phase is None and job.unrecorded and job.ending is not None:
+        # Its end could not be written (a full volume): shown all the same, as such.
+        shown, reason, finished_at = job.ending
+        reason = f"{reason} ({job.unrecorded})"
     return JobStatus(
         job_id=job.job_id,
         name=job.name,
@@ -103,7 +109,7 @@ def status_of(
         best_eval_return=job.best_eval.return_mean if job.best_eval else None,
         best_policy_version=job.best_eval.policy_version if job.best_eval else None,
         stop_value=job.config.env.stop_value,
-        reason=reason or (job.waiting if (job.running or job.queued) and phase is None else ""),
+        reason=reason or (_live_reason(job) if phase is None else ""),
         started_at=job.started_at,
         finished_at=finished_at,
         learners=learners or [],
@@ -123,7 +129,19 @@ def status_of(
             else None
         ),
         experiment_id=job.experiment_id,
+        train_iters_since_eval=(
+            train_iters_since_eval(job) if "learner" in workflow_of(job.config).roles else None
+        ),
     )
+
+
+def _live_reason(job: Job) -> str:
+    """What a running or queued job waits for, and why its evaluations stall."""
+    if job.queued:
+        return job.waiting
+    if not job.running:
+        return ""
+    return "; ".join(why for why in (job.waiting, job.eval_stall) if why)
 
 
 def _share_view(job: Job, role: str, held: dict[str, int] | None) -> WorkerShare:

@@ -43,6 +43,7 @@ from services.coordinator.job_status import (
     status_of,
 )
 from services.coordinator.lock import BoundedWaits
+from services.coordinator.reserve import write_kept
 from services.coordinator.snapshot import (
     as_record,
     eval_from,
@@ -408,24 +409,33 @@ class JobBook:
         if remote is not None:
             # Its process's last report: every insert it took is counted.
             record["env_steps"] = max(record["env_steps"], remote.inserted_env_steps)
+        store, reserve = self.state.store, self.state.reserve
         try:
             with self.state.record_writes:
-                write_job_record(self.state.store, job.job_id, record)
+                write_kept(reserve, lambda: write_job_record(store, job.job_id, record))
+            with self.state.guard.changing():
+                if job.terminal_durable or job.ending is None:
+                    return
+                job.env_steps = max(job.env_steps, record["env_steps"])
+                phase, reason, finished_at = job.ending
+                summary = dump(status_of(job, phase=(phase, reason, finished_at)))
+            # The summary is on disk before anybody is shown the end as recorded (a
+            # reader who sees the phase finds it); a crash before this line leaves a
+            # record without it, and the restore writes it (`write_missing_summary`).
+            write_kept(reserve, lambda: store.write_json(f"{job.job_id}/summary.json", summary))
         except OSError as exc:
-            log.error("job %s: cannot record its end yet (%s); will retry", job.job_id, exc)
+            # Even the reserve's room is spent: the end is shown, said to be not yet
+            # recorded (whoever waits for it returns, told why), and written when the
+            # volume has room (the snapshot thread tries again).
+            with self.state.guard.changing():
+                if not job.unrecorded:
+                    log.error("job %s: cannot record its end yet (%s); will retry", job.job_id, exc)
+                job.unrecorded = f"not yet recorded: {exc}"
+                self.state.guard.notify()
             return
         with self.state.guard.changing():
-            if job.terminal_durable or job.ending is None:
-                return
-            job.env_steps = max(job.env_steps, record["env_steps"])
-            phase, reason, finished_at = job.ending
-            summary = dump(status_of(job, phase=(phase, reason, finished_at)))
-        # The summary is on disk before anybody is shown the end (a reader who sees the
-        # phase finds it); a crash before this line leaves a record without it, and the
-        # restore writes it (`write_missing_summary`).
-        self.state.store.write_json(f"{job.job_id}/summary.json", summary)
-        with self.state.guard.changing():
             job.phase, job.reason, job.finished_at = phase, reason, finished_at
+            job.unrecorded = ""
             job.terminal_durable = True
             job.final_buffer = final
             replay, job.replay = job.replay, None
@@ -480,7 +490,10 @@ class JobBook:
         state = self.state
         with state.guard.changing():
             job = self.get(job_id)
-            self.end_polls.wait_for(lambda: state.closing or job.phase in TERMINAL_PHASES, wait_s)
+            self.end_polls.wait_for(
+                lambda: state.closing or job.phase in TERMINAL_PHASES or bool(job.unrecorded),
+                wait_s,
+            )
             return status_of(job, learners_of(state, job), held=held_of(state, job))
 
     def listing(

@@ -79,6 +79,13 @@ class CoordinatorMetrics:
             ["kind", "state"],
             registry=registry,
         )
+        self.tasks_lost_by_worker = Counter(
+            "drover_tasks_lost_by_worker",
+            "Tasks a live worker lost (never confirmed, or missing from its heartbeats): "
+            "it is held back",
+            ["kind"],
+            registry=registry,
+        )
 
     def forget_job(self, job_id: str) -> None:
         """Remove a forgotten job's series (a scrape no longer shows them)."""
@@ -120,6 +127,11 @@ class JobGauges(Collector):
                 ("priority", "A running or queued job's system.priority"),
                 ("tasks_preempted", "Tasks of a job released so their worker went to another"),
                 (
+                    "train_iters_since_eval",
+                    "Train iterations since those of a running training job's last "
+                    "evaluated policy (its evaluations stall when it grows past eval_freq)",
+                ),
+                (
                     "storage_full_seconds",
                     "Seconds a running job's writes have waited for room on the shared "
                     "volume without progress (0: they have room)",
@@ -133,6 +145,8 @@ class JobGauges(Collector):
             gauges["policy_version"].add_metric(job_id, status.policy_version)
             gauges["buffer_size"].add_metric(job_id, sizes.get(status.job_id, 0))
             gauges["tasks_preempted"].add_metric(job_id, status.tasks_preempted)
+            if status.phase == "running" and status.train_iters_since_eval is not None:
+                gauges["train_iters_since_eval"].add_metric(job_id, status.train_iters_since_eval)
             if status.phase == "running":
                 gauges["storage_full_seconds"].add_metric(job_id, status.storage_full_s or 0.0)
             if status.phase in ("running", "queued"):

@@ -58,6 +58,8 @@ class Persistence:
         with self._one_at_a_time:
             # Pointer and record writes that found no room before: their turn first.
             self.state.guard.retry_kept()
+            if self.state.reserve is not None:
+                self.state.reserve.keep()  # taken again once there is room
             return self._snapshot_jobs()
 
     def _snapshot_jobs(self) -> dict[str, tuple[float, float]]:

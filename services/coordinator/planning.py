@@ -99,7 +99,7 @@ class Planning:
         with state.guard.changing():
             state.passes += 1
             self.workers.expire_leases()
-            self.tasks.expire_assignments()
+            self.workers.expire_assignments()
             plan, state.cancels = state.cancels, []
             self.sharing.admit()
             plan.extend(self.sharing.divide())
@@ -159,6 +159,9 @@ class Planning:
             # A released task ends at a safe point with what it did handed in.
             released = task.release_by_s is not None
             self.tasks.end(task, TaskState.PREEMPTED if released else TaskState.DONE)
+            worker = self.state.workers.get(task.worker_id)
+            if worker is not None:
+                worker.lost_tasks = 0  # it runs what it takes
             if outcome is not None:
                 workflow_of(job.config).evaluated(job, task, outcome, self)
                 self.jobs.settle(job)

@@ -33,6 +33,7 @@ from services.buffer.core import BufferClosed, ReplayBuffer
 from services.coordinator.buffers import BufferProcess, BufferProcesses
 from services.coordinator.lock import ChangeLock
 from services.coordinator.metrics import CoordinatorMetrics
+from services.coordinator.reserve import RoomReserve
 
 
 class TaskState(StrEnum):
@@ -71,8 +72,18 @@ class CoordinatorLimits:
     #: A segment file no insert has claimed for this long is indexed (or deleted when
     #: stale or unreadable): what a collector killed between write and insert leaves.
     orphan_grace_s: float = 30.0
-    #: A worker that refused or missed an assignment gets none for this long.
+    #: A worker that refused or missed an assignment gets none for this long, twice
+    #: as long for each further one in a row (a worker that lost tasks the same) ...
     dispatch_backoff_s: float = 1.0
+    #: ... up to this long.
+    max_backoff_s: float = 300.0
+    #: A confirmed task missing from this many heartbeats in a row of its worker is
+    #: lost: the worker took it and does not run it (one missing beat can be a beat
+    #: sent before the task started).
+    unreported_beats_lost: int = 2
+    #: A training job shows, in its status and a metric, that its evaluations stall
+    #: when this many `eval_freq`s of train iterations went by without one.
+    eval_stall_periods: int = 3
     #: Sample long-polls allowed to wait at once; more are answered 503 at once, so
     #: slow or many clients can never hold every server thread.
     max_waiting_samples: int = 16
@@ -134,6 +145,9 @@ class CoordinatorLimits:
     #: A task released for another job ends by itself at its next safe point; one that
     #: has not ended this long after is cancelled.
     release_grace_s: float = 15.0
+    #: Bytes of the shared volume kept for the coordinator's records (reserve.py), so
+    #: that a job's end is recorded on a volume that stays full (0: none kept).
+    record_reserve_bytes: int = 16 << 20
 
 
 @dataclass
@@ -149,6 +163,9 @@ class Task:
     #: Set when it is released so that its worker goes to another job: it is cancelled
     #: if it has not ended by then (monotonic seconds).
     release_by_s: float | None = None
+    #: Heartbeats in a row from its worker that did not list it, once confirmed: a
+    #: worker that took the task and does not run it (`WorkerRegistry.heartbeat`).
+    unreported_beats: int = 0
 
     @property
     def kind(self) -> TaskKind:
@@ -173,7 +190,20 @@ class Worker:
     not_before_s: float = float("-inf")
     #: Assignments in a row this worker failed to take.
     dispatch_failures: int = 0
+    #: Tasks in a row it lost: never confirmed, or confirmed and then not reported in
+    #: its heartbeats (a stuck task runner, a broken env, a bad node). Each holds it
+    #: back twice as long as the one before; a task it hands in clears it.
+    lost_tasks: int = 0
     progress: dict[str, dict[str, float]] = field(default_factory=dict)
+
+    def hold_back(self, now_s: float, strikes: int, limits: CoordinatorLimits) -> float:
+        """No new task for `dispatch_backoff_s` doubled for each strike after the first,
+        up to `max_backoff_s`: a worker that keeps failing is asked less and less often
+        (never a retry storm), and asked again (it may have been a blip). Returns the
+        seconds it is held back."""
+        held_s = min(limits.max_backoff_s, limits.dispatch_backoff_s * 2 ** max(0, strikes - 1))
+        self.not_before_s = now_s + held_s
+        return held_s
 
 
 @dataclass(frozen=True)
@@ -271,6 +301,9 @@ class Job:
     replay: ReplayBuffer | BufferProcess | None
     #: When it was submitted (wall time).
     started_at: float
+    #: Why its end could not be recorded yet ("": it could, or it has not ended): its
+    #: end is shown meanwhile, said to be not yet recorded, and written when it can.
+    unrecorded: str = ""
     phase: str = "running"
     #: When it began to run, past any wait in the queue (wall time; None: queued).
     running_since: float | None = None
@@ -332,6 +365,10 @@ class Job:
     #: Why no learn task may start now (""): a population step copying a checkpoint
     #: in (services/coordinator/population.py); never saved.
     learn_hold: str = ""
+    #: Why its evaluations stall (""): set each scheduling pass by its workflow once
+    #: `eval_stall_periods` eval_freqs of train iterations went by without one; shown
+    #: beside `waiting`; never saved.
+    eval_stall: str = ""
 
     @property
     def running(self) -> bool:
@@ -413,6 +450,8 @@ class CoordinatorState:
     #: Held while a job's record is written: the snapshot thread's running record of a
     #: job never lands after (and over) the record of its end.
     record_writes: threading.Lock = field(default_factory=threading.Lock)
+    #: Room kept on the shared volume for job records (reserve.py; None: none kept).
+    reserve: RoomReserve | None = None
 
 
 def must_be(caller: str | None, worker_id: str, what: str) -> None:

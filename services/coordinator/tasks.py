@@ -153,14 +153,6 @@ class TaskBoard:
             task=task.assignment(),
         )
 
-    def expire_assignments(self) -> None:
-        """A task whose dispatch never completed (neither taken nor refused) is lost."""
-        deadline = self.state.clock() - self.state.limits.assigning_timeout_s
-        for task in [t for t in self.state.tasks.values() if t.state == TaskState.ASSIGNING]:
-            if task.planned_at_s < deadline:
-                log.warning("task %s was never confirmed by its worker", task.task_id)
-                self.end(task, TaskState.LOST)
-
 
 def cancel_dispatch(worker: Worker, task_id: str) -> Dispatch:
     """The call that stops the worker's task now."""

@@ -20,7 +20,7 @@ from common.messages import (
 )
 from common.storage_full import ROOM_WAIT_KEY
 from services.coordinator.jobs import JobBook
-from services.coordinator.state import CoordinatorState, TaskState, Worker, must_be
+from services.coordinator.state import CoordinatorState, Task, TaskState, Worker, must_be
 from services.coordinator.tasks import TaskBoard
 from services.coordinator.urls import check_worker_url
 
@@ -92,6 +92,7 @@ class WorkerRegistry:
             worker = self.get(worker_id)
             worker.last_heartbeat_s = self.state.clock()
             cancel, release = [], []
+            self._count_unreported(worker, {report.task_id for report in beat.tasks})
             for report in beat.tasks:
                 task = self.state.tasks.get(report.task_id)
                 if task is None or task.worker_id != worker_id:
@@ -100,6 +101,7 @@ class WorkerRegistry:
                 if task.release_by_s is not None:
                     release.append(task.task_id)
                 task.state = TaskState.RUNNING
+                task.unreported_beats = 0
                 worker.progress[task.task_id] = dict(report.progress)
                 job = self.state.jobs[task.job_id]
                 if len(job.unusable_segments) < 1000:
@@ -120,6 +122,40 @@ class WorkerRegistry:
                     if self.jobs.verdict(job) is not None:
                         self.state.guard.notify()
             return HeartbeatReply(cancel=cancel, release=release)
+
+    def _count_unreported(self, worker: Worker, reported: set[str]) -> None:
+        """A task its worker confirmed and no longer lists in its heartbeats is lost
+        (it accepted the task and does not run it): planned again, on another worker
+        while this one is held back. Without this, a collector that accepts
+        evaluations and never runs them would be idle, and so first in line for every
+        evaluation of the job, which would then never have one."""
+        limits = self.state.limits
+        for task_id in sorted(worker.task_ids - reported):
+            task = self.state.tasks[task_id]
+            if task.state != TaskState.RUNNING:
+                continue  # still being assigned: expire_assignments' to judge
+            task.unreported_beats += 1
+            if task.unreported_beats >= limits.unreported_beats_lost:
+                self.lost(worker, task, f"missing from {task.unreported_beats} heartbeats")
+
+    def lost(self, worker: Worker, task: Task, why: str) -> None:
+        """The worker lost its task: planned again, and the worker held back."""
+        self.tasks.end(task, TaskState.LOST)
+        worker.lost_tasks += 1
+        held_s = worker.hold_back(self.state.clock(), worker.lost_tasks, self.state.limits)
+        self.state.metrics.tasks_lost_by_worker.labels(task.kind).inc()
+        log.warning(
+            "%s task %s of %s lost by %s (%s): planned again; %s held back %.0f s "
+            "(%d lost in a row)",
+            task.kind,
+            task.task_id,
+            task.job_id,
+            worker.worker_id,
+            why,
+            worker.worker_id,
+            held_s,
+            worker.lost_tasks,
+        )
 
     def leave(self, worker_id: str, *, caller: str | None = None) -> None:
         must_be(caller, worker_id, "end the registration")
@@ -173,6 +209,8 @@ class WorkerRegistry:
                     progress={t: p for t, p in w.progress.items() if t in w.task_ids},
                     resources=dict(w.resources),
                     jobs={t: self.state.tasks[t].job_id for t in w.task_ids},
+                    held_back_s=round(max(0.0, w.not_before_s - now), 1),
+                    lost_tasks=w.lost_tasks,
                 )
                 for w in self.state.workers.values()
             ]
@@ -225,6 +263,16 @@ class WorkerRegistry:
             if worker.dispatch_failures >= limits.max_dispatch_failures:
                 self.drop(worker.worker_id, f"failed {worker.dispatch_failures} assignments")
             else:
-                # Exponential backoff: a slow worker is asked less and less often.
-                backoff_s = limits.dispatch_backoff_s * 2 ** (worker.dispatch_failures - 1)
-                worker.not_before_s = self.state.clock() + backoff_s
+                worker.hold_back(self.state.clock(), worker.dispatch_failures, limits)
+
+    def expire_assignments(self) -> None:
+        """A task whose dispatch never completed (neither taken nor refused) is lost,
+        and its worker held back."""
+        deadline = self.state.clock() - self.state.limits.assigning_timeout_s
+        for task in [t for t in self.state.tasks.values() if t.state == TaskState.ASSIGNING]:
+            if task.planned_at_s < deadline:
+                worker = self.state.workers.get(task.worker_id)
+                if worker is None:
+                    self.tasks.end(task, TaskState.LOST)
+                else:
+                    self.lost(worker, task, "never confirmed")

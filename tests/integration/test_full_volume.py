@@ -5,6 +5,9 @@ succeeds with every acknowledged insert counted (a real tmpfs as the shared root
 mounting one needs root)."""
 
 import json
+import os
+import subprocess
+import sys
 import time
 
 import pytest
@@ -12,7 +15,7 @@ import yaml
 
 from common.config import deep_merge
 from drover.local import LocalCluster
-from tests.helpers import EXAMPLES, fill, tmpfs, wait_for_end, wait_until
+from tests.helpers import EXAMPLES, ROOT, fill, tmpfs, wait_for_end, wait_until
 
 pytestmark = [pytest.mark.processes, pytest.mark.chaos]
 
@@ -63,3 +66,61 @@ def test_a_volume_full_for_a_while_pauses_the_job_and_it_succeeds(volume):
         assert buffer["inserts"] == status.env_steps, (buffer, status)
         logs = "".join(p.read_text(errors="replace") for p in cluster.log_dir.glob("*.log"))
         assert "has no room for segment" in logs  # the collectors did wait for room
+
+
+# --- a volume that stays full ---------------------------------------------------------
+
+#: The same job, failing after 5 s of a full volume without progress.
+SHORT_GRACE = deep_merge(JOB, {"system": {"storage_grace_s": 5, "max_env_step": 10**7}})
+
+
+def test_a_volume_that_stays_full_fails_the_job_and_its_end_is_recorded_in_the_reserve(volume):
+    """The coordinator's reserve of room (services/coordinator/reserve.py) is given
+    back for the end's record: the job ends, durably, and a waiting client returns."""
+    with LocalCluster(volume / "run", num_collectors=2) as cluster:
+        cluster.wait_for_workers()
+        job_id = cluster.client.submit_job(SHORT_GRACE).job_id
+        wait_until(lambda: cluster.client.job(job_id).env_steps > 0, 90, "collection")
+        fill(volume / "filler")
+        full_at = time.monotonic()
+        status = cluster.client.job(job_id, wait_s=0)
+        while status.phase == "running" and time.monotonic() - full_at < 60:
+            status = cluster.client.job(job_id, wait_s=5)
+        assert status.phase == "failed", status
+        assert "shared volume" in status.reason and "not yet recorded" not in status.reason
+        (record,) = (volume / "run").rglob(f"{job_id}/coordinator/record.json")
+        assert json.loads(record.read_text())["job"]["phase"] == "failed"
+        assert not (volume / "run" / ".drover-record-reserve").exists()  # spent on it
+
+
+def test_drover_run_returns_naming_the_volume_when_even_the_reserve_is_spent(volume, tmp_path):
+    """No room at all for the end's record (no reserve kept): the job's end is shown
+    as not yet recorded, and `drover run` exits non-zero naming the volume instead of
+    waiting for a record that cannot be written."""
+    config = tmp_path / "full.yaml"
+    config.write_text(yaml.safe_dump(SHORT_GRACE))
+    runs = volume / "runs"
+    log = tmp_path / "drover.log"
+    env = {**os.environ, "DROVER_RECORD_RESERVE_BYTES": "0", "COLUMNS": "200"}
+    with log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "drover", "run", str(config), "--runs-dir", str(runs)],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+    try:
+        wait_until(lambda: "submitted" in log.read_text(), 120, "the job's submission")
+        fill(volume / "filler")
+        full_at = time.monotonic()
+        code = proc.wait(timeout=90)
+        ended_s = time.monotonic() - full_at
+        text = log.read_text()
+        assert code != 0, text[-3000:]
+        assert "shared volume" in text and "not yet recorded" in text, text[-3000:]
+        assert ended_s < 60, ended_s
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)

@@ -398,7 +398,7 @@ async function workersView() {
       { class: "worker", "data-role": w.role },
       el("td", {}, w.worker_id),
       el("td", {}, w.role),
-      el("td", {}, w.state),
+      el("td", {}, w.held_back_s > 0 ? `${w.state}, held back ${fmt(w.held_back_s)} s (${w.lost_tasks} lost)` : w.state),
       el("td", {}, w.task_ids.join(", ") || "–"),
       el("td", {}, progress.length ? steps : "–"),
       el("td", {}, age(w.last_heartbeat_s)),

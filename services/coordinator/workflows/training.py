@@ -30,7 +30,7 @@ from jobconfig import algorithm_of
 from services.coordinator.workflows.base import Demand, Outcome, Planner
 
 if TYPE_CHECKING:
-    from services.coordinator.state import Dispatch, Job, Task, TaskState
+    from services.coordinator.state import Dispatch, Job, Task, TaskState, Worker
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +43,8 @@ class TrainingState:
     #: final evaluation (`final_eval`); None: it does not. Not recorded: after a restart
     #: the wait starts again, still bounded.
     final_since_s: float | None = None
+    #: Its evaluations that were lost (their worker gone, or never running them).
+    evaluations_lost: int = 0
 
 
 class AsyncTraining:
@@ -111,10 +113,9 @@ class AsyncTraining:
 
     def _plan_evaluation(self, job: Job, planner: Planner, kinds: dict[str, int]) -> list[Dispatch]:
         """An evaluation of the newest policy, when one is due and none runs."""
-        if kinds.get("evaluate", 0) or not self._eval_due(job):
-            return []
         evaluators = planner.free_workers("collector", "evaluate")
-        if not evaluators:
+        job.eval_stall = self._eval_stall(job, planner, evaluators)
+        if kinds.get("evaluate", 0) or not self._eval_due(job) or not evaluators:
             return []
         assert job.policy is not None
         # The least busy collector evaluates, so collection slows the least (of those,
@@ -122,6 +123,21 @@ class AsyncTraining:
         worker = min(evaluators, key=lambda w: len(w.task_ids))
         job.workflow_state.eval_requested_iter = job.policy.train_iter
         return [planner.assign(job, worker, self.evaluate_spec(job, planner))]
+
+    @staticmethod
+    def _eval_stall(job: Job, planner: Planner, evaluators: list[Worker]) -> str:
+        """Why the job has had no evaluation for `eval_stall_periods` eval_freqs of
+        train iterations ("" while they keep up): a job with a `stop_value` would
+        never stop, and nothing else would say so."""
+        eval_freq = job.config.policy.eval.evaluator.eval_freq
+        since = train_iters_since_eval(job)
+        if since is None or since < planner.limits.eval_stall_periods * eval_freq:
+            return ""
+        lost = job.workflow_state.evaluations_lost
+        return (
+            f"no evaluation for {since} train iterations (eval_freq {eval_freq}): "
+            f"{lost} evaluations lost, {len(evaluators)} collectors free to evaluate"
+        )
 
     def evaluate_spec(self, job: Job, planner: Planner) -> EvaluateSpec:
         """An evaluation of the job's newest policy version."""
@@ -196,6 +212,8 @@ class AsyncTraining:
 
     def task_ended(self, job: Job, task: Task, state: TaskState) -> None:
         if task.kind == "evaluate":
+            if state == "lost":
+                job.workflow_state.evaluations_lost += 1
             # Whatever ended it (a refused dispatch, a failure, a lost lease), the
             # evaluation is due again at the next pass, not a whole eval_freq later.
             job.workflow_state.eval_requested_iter = job.evals[-1].train_iter if job.evals else 0
@@ -304,3 +322,11 @@ def _newest_evaluated(job: Job) -> bool:
         and job.policy is not None
         and (job.evals[-1].policy_version >= job.policy.version)
     )
+
+
+def train_iters_since_eval(job: Job) -> int | None:
+    """Train iterations since those of the last evaluated policy (since the start
+    before the first); None for a job with no learner or no policy yet."""
+    if job.policy is None or job.policy.version == 0:
+        return None
+    return max(0, job.train_iters - (job.evals[-1].train_iter if job.evals else 0))
