@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import queue
+import random
 import signal
 import socket
 import subprocess
@@ -68,6 +69,15 @@ SPARE_DELAY_S = 10.0
 ENDED_KEPT = 10_000
 #: Linux's prctl option: the signal a child gets when its parent dies.
 _PR_SET_PDEATHSIG = 1
+#: A restart after the first in a window waits this long, doubled for each one more
+#: (jittered), up to RESTART_BACKOFF_MAX_S: a process that dies at once is not
+#: started again in a tight loop.
+RESTART_BACKOFF_S, RESTART_BACKOFF_MAX_S = 0.5, 10.0
+#: A process that has not answered its report for this long is shown as silent in
+#: its job's status (frozen, or starting slowly).
+SILENT_AFTER_S = 3.0
+#: The last lines of its output each process's failure is told with.
+LOG_LINES_KEPT = 20
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -88,6 +98,10 @@ class BufferProcessSettings:
     metrics_token: str = ""
     #: What a buffer process reads of the coordinator's settings (limits, periods).
     passed_env: dict[str, str] = field(default_factory=dict)
+    #: A process that exits more than `max_restarts` times within `restart_window_s`
+    #: is not started again: its job fails, with the process's last lines of output.
+    max_restarts: int = 5
+    restart_window_s: float = 60.0
 
     @property
     def url_host(self) -> str:
@@ -126,6 +140,18 @@ class ShardProcess:
         )
         self.process: subprocess.Popen[bytes] | None = None
         self.restarts = 0
+        #: When it exited, for each exit within the restart window (monotonic s).
+        self.exits: collections.deque[float] = collections.deque()
+        #: When the exited process is started again (None: it runs, or is not to be).
+        self.restart_at: float | None = None
+        #: When its report was last answered, or it was (re)started (monotonic s).
+        self.answered_s = time.monotonic()
+        #: The last lines of its output (stderr, where it logs).
+        self.output: collections.deque[str] = collections.deque(maxlen=LOG_LINES_KEPT)
+        #: Its own watcher (`BufferProcesses._watch_shard`): a frozen process delays
+        #: only its own job's reports.
+        self.watcher: threading.Thread | None = None
+        self.stopped = threading.Event()
         self.report = ShardReport(env_steps=0, size=0)
         self.returns_seq = 0
         #: It answered once: its job's data tasks may go out (until then they would
@@ -146,14 +172,15 @@ class ShardProcess:
 
     def spawn(self) -> None:
         env = {**self._env, "DROVER_PORT": str(self.port)}
-        self.process = subprocess.Popen(  # noqa: S603 - our own module, our own env
-            [sys.executable, "-m", "services.buffer"],
-            env=env,
-            cwd=str(self._settings.shared_dir),
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - one libc call, no locks
-        )
+        self.process = start_buffer_process(env, self._settings.shared_dir)
+        self._follow(self.process)
         if not self._sender.is_alive():
             self._sender.start()
+
+    def _follow(self, process: subprocess.Popen[bytes]) -> None:
+        """Pass its output through, keeping the last lines; it is (re)started now."""
+        self.answered_s = time.monotonic()
+        follow_output(process, self.output)
 
     def adopt(self, spare: subprocess.Popen[bytes]) -> bool:
         """Give a spare process (started without a job, its imports done) this shard:
@@ -170,15 +197,21 @@ class ShardProcess:
         except OSError:
             return False
         self.process = spare
+        self._follow(spare)
         if not self._sender.is_alive():
             self._sender.start()
         return True
+
+    def silent_s(self) -> float:
+        """Seconds since its report was last answered (or it was started)."""
+        return time.monotonic() - self.answered_s
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
     def stop(self, timeout_s: float = 30.0) -> None:
         """SIGTERM: it writes its last snapshot and exits."""
+        self.stopped.set()
         self._commands.put(None)
         process = self.process
         if process is None or process.poll() is not None:
@@ -236,6 +269,7 @@ class ShardProcess:
         with self._reading:
             report = self.control.report(self.returns_seq)
             self.ready = True
+            self.answered_s = time.monotonic()
             last, self.report = self.report, report
             if report.returns_seq < self.returns_seq:
                 self.returns_seq = 0  # a restarted process numbers its episodes anew
@@ -278,6 +312,17 @@ class BufferProcess:
     @property
     def restarts(self) -> int:
         return sum(shard.restarts for shard in self.shards)
+
+    def silence(self) -> str:
+        """Which of its processes have not answered for `SILENT_AFTER_S` ("": none),
+        for its job's status: frozen, restarting, or starting slowly."""
+        silent = [
+            f"{shard.name} has not answered for {shard.silent_s():.0f} s"
+            + (f" ({shard.restarts} restarts)" if shard.restarts else "")
+            for shard in self.shards
+            if not shard.stopped.is_set() and shard.silent_s() >= SILENT_AFTER_S
+        ]
+        return "; ".join(silent)
 
     # --- a worker's access -----------------------------------------------------------------
 
@@ -413,6 +458,41 @@ class ReportRead:
     served: dict[str, int]
 
 
+def start_buffer_process(
+    env: dict[str, str], shared_dir: Path, *, spare: bool = False
+) -> subprocess.Popen[bytes]:
+    """`python -m services.buffer` with `env`; its output (its log) on a pipe that
+    `follow_output` passes through; a spare reads its job from its input."""
+    return subprocess.Popen(  # noqa: S603 - our own module, our own env
+        [sys.executable, "-m", "services.buffer"],
+        env=env,
+        cwd=str(shared_dir),
+        stdin=subprocess.PIPE if spare else None,
+        stderr=subprocess.PIPE,
+        preexec_fn=_die_with_parent,  # noqa: PLW1509 - one libc call, no locks
+    )
+
+
+def follow_output(process: subprocess.Popen[bytes], lines: collections.deque[str]) -> None:
+    """Copy the process's output to ours as it comes (the coordinator's log is the
+    buffers' too), keeping its last lines in `lines`, on a thread that ends with it."""
+    pipe = process.stderr
+    if pipe is None:
+        return
+
+    def copy() -> None:
+        out = sys.stderr.buffer if hasattr(sys.stderr, "buffer") else None
+        for line in iter(pipe.readline, b""):
+            lines.append(line.decode(errors="replace").rstrip())
+            if out is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    out.write(line)
+                    out.flush()
+        pipe.close()
+
+    threading.Thread(target=copy, name=f"buffer-output-{process.pid}", daemon=True).start()
+
+
 def _connect_host(bind_host: str) -> str:
     """Where the coordinator reaches a process it started: itself."""
     return "127.0.0.1" if bind_host in ("0.0.0.0", "", "::") else bind_host
@@ -424,6 +504,9 @@ class BufferProcesses:
     Args:
         on_report: called with a job's id and its report read (`ReportRead`), from the
             watching thread, for every report read.
+        on_failed: called with a job's id and why, from the watching thread, when one
+            of its processes exited more than `max_restarts` times in the window: it
+            is not started again, and the job must fail.
     """
 
     def __init__(
@@ -431,10 +514,12 @@ class BufferProcesses:
         settings: BufferProcessSettings,
         on_report: Callable[[str, ReportRead], None],
         *,
+        on_failed: Callable[[str, str], None] = lambda job_id, why: None,
         poll_s: float = POLL_S,
     ) -> None:
         self.settings = settings
         self._on_report = on_report
+        self._on_failed = on_failed
         self._poll_s = poll_s
         self._lock = threading.Lock()
         self._processes: dict[str, BufferProcess] = {}
@@ -472,6 +557,14 @@ class BufferProcesses:
             for shard in shards[1:]:
                 shard.spawn()
             self._processes[job_id] = buffer
+            for shard in shards:
+                shard.watcher = threading.Thread(
+                    target=self._watch_shard,
+                    args=(buffer, shard),
+                    name=f"watch-{shard.job_id}-{shard.index}",
+                    daemon=True,
+                )
+                shard.watcher.start()
         log.info(
             "job %s: its buffer runs in %d process(es) of its own at %s",
             job_id,
@@ -501,12 +594,8 @@ class BufferProcesses:
                 return
             if time.monotonic() < self._spare_after or self._stop.is_set():
                 return
-            self._spare = subprocess.Popen(  # noqa: S603 - our own module, our own env
-                [sys.executable, "-m", "services.buffer"],
-                env={**self._base_env(), SPARE_VARIABLE: "1"},
-                cwd=str(self.settings.shared_dir),
-                stdin=subprocess.PIPE,
-                preexec_fn=_die_with_parent,  # noqa: PLW1509 - one libc call, no locks
+            self._spare = start_buffer_process(
+                {**self._base_env(), SPARE_VARIABLE: "1"}, self.settings.shared_dir, spare=True
             )
 
     def first_reports(self, timeout_s: float = START_TIMEOUT_S) -> None:
@@ -579,38 +668,68 @@ class BufferProcesses:
         raise RuntimeError(f"no free port for a buffer process in {self.settings.ports}")
 
     def _watch(self) -> None:
+        """Keep a spare process ready (each shard has a watcher of its own)."""
         while not self._stop.wait(self._poll_s):
             self._keep_spare()
-            with self._lock:
-                jobs = list(self._processes.values())
-            for job in jobs:
-                if job.closed:
-                    continue
-                reads = []
-                for shard in job.shards:
-                    if not shard.alive():
-                        self._restart(job, shard)
-                        continue
-                    try:
-                        reads.append(shard.poll_report())
-                    except (ServiceUnavailable, ApiError):
-                        continue  # starting, or restarting: read next time
-                if not reads:
-                    continue
-                job.relay_limiter_counts()
-                try:
-                    self._on_report(job.job_id, job.merged(reads))
-                except Exception:
-                    log.exception("counting the report of %s's buffer failed", job.job_id)
 
-    def _restart(self, job: BufferProcess, shard: ShardProcess) -> None:
-        code = shard.process.returncode if shard.process is not None else None
-        shard.restarts += 1
-        log.warning(
-            "%s's process exited (code %s); restarting it (restart %d)",
-            shard.name,
-            code,
-            shard.restarts,
-        )
-        shard.spawn()
-        job.tell_again(shard)
+    def _watch_shard(self, job: BufferProcess, shard: ShardProcess) -> None:
+        """Read the shard's report every `poll_s` and count it; restart it when it
+        exited (`_exited`). One thread per process: a frozen one holds up its own
+        reads (up to its client's timeout), never another job's counts."""
+        while not (self._stop.wait(self._poll_s) or shard.stopped.is_set()):
+            if job.closed:
+                continue  # ending: its end reads the last report
+            if not shard.alive():
+                self._exited(job, shard)
+                continue
+            try:
+                read = shard.poll_report()
+            except (ServiceUnavailable, ApiError):
+                continue  # starting, restarting or frozen: `silent_s` grows
+            job.relay_limiter_counts()
+            try:
+                self._on_report(job.job_id, job.merged([read]))
+            except Exception:
+                log.exception("counting the report of %s's buffer failed", job.job_id)
+
+    def _exited(self, job: BufferProcess, shard: ShardProcess) -> None:
+        """A process that exited is started again: at once the first time in the
+        restart window, then after a jittered backoff that doubles; past
+        `max_restarts` in the window it is not, and its job fails with its last
+        lines of output."""
+        now, settings = time.monotonic(), self.settings
+        if shard.restart_at is None:
+            shard.exits.append(now)
+            while shard.exits and shard.exits[0] < now - settings.restart_window_s:
+                shard.exits.popleft()
+            recent = len(shard.exits)
+            code = shard.process.returncode if shard.process is not None else None
+            if recent > settings.max_restarts:
+                shard.stopped.set()
+                lines = " | ".join(line for line in list(shard.output)[-5:] if line)
+                why = (
+                    f"{shard.name} process exited {recent} times in "
+                    f"{settings.restart_window_s:g} s (last exit code {code}; "
+                    f"DROVER_BUFFER_MAX_RESTARTS {settings.max_restarts}): {lines or 'no output'}"
+                )
+                log.error("%s; not started again", why)
+                self._on_failed(job.job_id, why[:2000])
+                return
+            backoff_s = 0.0
+            if recent > 1:
+                backoff_s = min(RESTART_BACKOFF_MAX_S, RESTART_BACKOFF_S * 2 ** (recent - 2))
+                backoff_s *= random.uniform(0.5, 1.0)
+            shard.restart_at = now + backoff_s
+            log.warning(
+                "%s's process exited (code %s, %d times in %g s); restarting it in %.1f s",
+                shard.name,
+                code,
+                recent,
+                settings.restart_window_s,
+                backoff_s,
+            )
+        if now >= shard.restart_at:
+            shard.restart_at = None
+            shard.restarts += 1
+            shard.spawn()
+            job.tell_again(shard)

@@ -140,7 +140,9 @@ class Coordinator:
             )
             self.state.reserve.keep()
         if buffers is not None and buffers.enabled:
-            self.state.buffers = BufferProcesses(buffers, on_report=self.data.count_report)
+            self.state.buffers = BufferProcesses(
+                buffers, on_report=self.data.count_report, on_failed=self.job_book.buffer_failed
+            )
 
     # What tests and the app read directly.
 

@@ -141,7 +141,8 @@ def _live_reason(job: Job) -> str:
         return job.waiting
     if not job.running:
         return ""
-    return "; ".join(why for why in (job.waiting, job.eval_stall) if why)
+    silence = job.remote.silence() if job.remote is not None else ""
+    return "; ".join(why for why in (job.waiting, job.eval_stall, silence) if why)
 
 
 def _share_view(job: Job, role: str, held: dict[str, int] | None) -> WorkerShare:

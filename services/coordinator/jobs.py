@@ -294,6 +294,14 @@ class JobBook:
         # The end is on disk now (the change's deferred work ran): answer with it.
         return self.status(job_id)
 
+    def buffer_failed(self, job_id: str, why: str) -> None:
+        """A buffer process of the job's that is not started again (it kept exiting):
+        the job fails, saying why."""
+        with self.state.guard.changing():
+            job = self.state.jobs.get(job_id)
+            if job is not None:
+                self.finish(job, "failed", why)
+
     def finish(self, job: Job, phase: str, reason: str) -> None:
         """End a job: stop its data and its tasks now; its new phase shows once it is
         on disk (`complete_end`, run when the lock is let go), and its step data is

@@ -58,6 +58,8 @@ def buffers_from_env(env: Mapping[str, str]) -> BufferProcessSettings:
         shared_dir=Path(env_str(env, "DROVER_SHARED_DIR", "runs")),
         token=read_token(env),
         metrics_token=read_secret(env, "DROVER_METRICS_TOKEN"),
+        max_restarts=env_int(env, "DROVER_BUFFER_MAX_RESTARTS", 5),
+        restart_window_s=env_float(env, "DROVER_BUFFER_RESTART_WINDOW_S", 60.0),
     )
 
 

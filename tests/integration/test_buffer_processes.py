@@ -71,7 +71,7 @@ def test_a_buffer_process_killed_mid_job_comes_back_and_loses_nothing(tmp_path):
         assert_nothing_lost(cluster, job_id)
         assert cluster.client.job(job_id).train_iters > 0
         log = cluster.coordinator.log_path.read_text()
-        assert "exited (code -9); restarting it" in log
+        assert "exited (code -9, 1 times in 60 s); restarting it in 0.0 s" in log
         # The job ended: its process went with it.
         wait_until(lambda: not buffer_pids(cluster), 30, "the ended job's buffer process gone")
 
@@ -245,3 +245,57 @@ def test_a_sync_job_over_two_fifo_shards_trains_on_whole_rounds_through_a_shard_
         buffer = cluster.client.buffer_stats(job_id)
         assert buffer["held_items"] <= 2048, buffer
         assert buffer["evictions"].get("max_use", 0) >= buffer["samples"] - 2 * 2048, buffer
+
+
+def test_a_buffer_process_that_keeps_dying_fails_its_job_and_a_frozen_one_is_shown(tmp_path):
+    """Supervised: a job's buffer process frozen (SIGSTOP) is named in its job's status
+    while another job's counts go on (each process has a watcher of its own); killed
+    more than DROVER_BUFFER_MAX_RESTARTS times in the window, restarted after a
+    growing backoff, it is not started again and its job fails naming it."""
+    # A collector and a learner each: both jobs train side by side.
+    endless = deep_merge(DQN, {"system": {"max_env_step": 10**7, "collector_num": 1}})
+    with LocalCluster(
+        tmp_path / "run",
+        num_collectors=2,
+        num_learners=2,
+        extra_env={"DROVER_BUFFER_MAX_RESTARTS": "3"},
+    ) as cluster:
+        cluster.wait_for_workers()
+        doomed = cluster.client.submit_job(endless).job_id
+        other = cluster.client.submit_job(endless).job_id
+        pids = lambda: buffer_processes(cluster.coordinator.process.pid)  # noqa: E731
+        wait_until(lambda: len(pids()) == 2, 60, "both jobs' buffer processes")
+        wait_until(lambda: cluster.client.job(other).env_steps > 0, 60, "the other's steps")
+        frozen = pids()[doomed]
+        os.kill(frozen, signal.SIGSTOP)
+        try:
+            wait_until(
+                lambda: "has not answered for" in cluster.client.job(doomed).reason,
+                15,
+                "the frozen buffer process in its job's status",
+            )
+            before = cluster.client.job(other).env_steps
+            wait_until(
+                lambda: cluster.client.job(other).env_steps > before + 100,
+                30,
+                "the other job's env steps counted while one buffer process is frozen",
+            )
+        finally:
+            os.kill(frozen, signal.SIGCONT)
+        killed = set()
+        deadline = time.monotonic() + 90
+        while cluster.client.job(doomed).phase == "running" and time.monotonic() < deadline:
+            pid = pids().get(doomed)
+            if pid is not None and pid not in killed:
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            time.sleep(0.1)
+        status = cluster.client.job(doomed)
+        assert status.phase == "failed", status
+        assert "buffer process exited 4 times" in status.reason, status.reason
+        assert "DROVER_BUFFER_MAX_RESTARTS 3" in status.reason
+        assert len(killed) == 4
+        assert cluster.client.job(other).phase == "running"
+        log = cluster.coordinator.log_path.read_text()
+        # The third exit in the window waited its backoff (0.5 s doubled once, jittered).
+        assert re.search(r"exited \(code -9, 3 times in 60 s\); restarting it in (0\.[5-9]|1\.0) s", log)
