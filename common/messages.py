@@ -764,8 +764,28 @@ class CheckpointList:
 
 
 @message
+class ExperimentSummary:
+    """An experiment as its listing shows it: its jobs counted, not each shown (`GET
+    /experiments/<id>` shows them)."""
+
+    experiment_id: str
+    name: str
+    phase: Literal["running", "ended", "stopped"]
+    created_at: float
+    parallel: int | None
+    #: Its jobs, and how many of them have ended (or are forgotten).
+    jobs: int
+    jobs_ended: int
+    #: It trains its jobs as one population (`pbt:`).
+    population: bool = False
+
+
+@message
 class ExperimentList:
-    experiments: list[ExperimentStatus]
+    experiments: list[ExperimentSummary]
+    #: More experiments follow: pass it as `?page_token=` for the next page (None: no
+    #: more).
+    next_page_token: str | None = None
 
 
 @message

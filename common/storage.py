@@ -306,6 +306,19 @@ class SharedStore:
         except (ValueError, RecursionError) as exc:  # bad JSON, bad UTF-8, deep nesting
             raise CorruptFileError(f"{rel}: not valid JSON ({exc})") from None
 
+    def append_line(self, rel: str, line: bytes) -> None:
+        """Append `line` and a newline to a log file (made when missing), durable when
+        this returns. A crash mid-append can leave its last line cut short: readers
+        skip a line that does not parse."""
+        target = self.resolve(rel)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(target, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+        try:
+            os.write(fd, line + b"\n")
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
     def exists(self, rel: str) -> bool:
         return self.resolve(rel).exists()
 

@@ -4,9 +4,10 @@ against its algorithm (ConfigError naming the key when they do not fit)."""
 from __future__ import annotations
 
 import dataclasses
+import json
 
-from common.config import ConfigError, JobConfig, obs_shape_of
-from common.envs import env_spaces
+from common.config import ConfigError, EnvConfig, JobConfig, obs_shape_of
+from common.envs import Spaces, env_spaces
 from jobconfig.resolve import algorithm_of
 
 _SPACE_NAMES = {"discrete": "discrete", "continuous": "continuous (Box)"}
@@ -77,11 +78,11 @@ def with_spaces(
     return dataclasses.replace(config, policy=policy)
 
 
-def fit_to_env(config: JobConfig) -> JobConfig:
+def fit_to_env(config: JobConfig, spaces: Spaces | None = None) -> JobConfig:
     """The config with its model's sizes and action space filled in from its env's
     spaces, checked against the algorithm (ConfigError naming the key when they do
-    not fit). Makes the env once."""
-    spaces = env_spaces(config.env)
+    not fit). Makes the env once, or not at all given its `spaces`."""
+    spaces = env_spaces(config.env) if spaces is None else spaces
     return with_spaces(
         config,
         spaces.obs_shape,
@@ -91,3 +92,14 @@ def fit_to_env(config: JobConfig) -> JobConfig:
         spaces.obs_dtype,
         spaces.action_mask,
     )
+
+
+def known_env_spaces(env: EnvConfig, known: dict[str, Spaces] | None) -> Spaces | None:
+    """The spaces of `env` made before, kept in `known` by its section; made now and
+    kept there when they were not (None without `known`: `fit_to_env` makes them)."""
+    if known is None:
+        return None
+    key = json.dumps(dataclasses.asdict(env), sort_keys=True, default=str)
+    if key not in known:
+        known[key] = env_spaces(env)
+    return known[key]

@@ -20,6 +20,7 @@ from common.messages import (
     ExperimentList,
     ExperimentStatus,
     ExperimentSubmit,
+    ExperimentSummary,
     GameResult,
     GameResults,
     Heartbeat,
@@ -143,8 +144,17 @@ class CoordinatorClient(ServiceClient):
     def experiment(self, experiment_id: str) -> ExperimentStatus:
         return self.call_as(ExperimentStatus, "GET", f"{API}/experiments/{experiment_id}")
 
-    def experiments(self) -> list[ExperimentStatus]:
-        return self.call_as(ExperimentList, "GET", f"{API}/experiments").experiments
+    def experiments(self) -> list[ExperimentSummary]:
+        """Every experiment, newest first (page after page)."""
+        found: list[ExperimentSummary] = []
+        token: str | None = None
+        while True:
+            query = None if token is None else {"page_token": token}
+            page = parse(ExperimentList, self.call("GET", f"{API}/experiments", params=query))
+            found += page.experiments
+            token = page.next_page_token
+            if token is None:
+                return found
 
     def stop_experiment(self, experiment_id: str) -> ExperimentStatus:
         return self.call_as(ExperimentStatus, "DELETE", f"{API}/experiments/{experiment_id}")

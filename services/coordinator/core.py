@@ -193,8 +193,10 @@ class Coordinator:
     def experiment_status(self, experiment_id: str) -> ExperimentStatus:
         return self.experiment_book.status(experiment_id)
 
-    def list_experiments(self) -> ExperimentList:
-        return self.experiment_book.listing()
+    def list_experiments(
+        self, *, limit: int = MAX_PAGE, page_token: str | None = None
+    ) -> ExperimentList:
+        return self.experiment_book.listing(limit=limit, page_token=page_token)
 
     def stop_experiment(self, experiment_id: str) -> ExperimentStatus:
         return self.experiment_book.stop(experiment_id)

@@ -11,10 +11,12 @@ again when it is stopped, so a restarted coordinator has it back, its jobs with 
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import Any
 
 from common.config import ConfigError
+from common.envs import Spaces
 from common.errors import bad_request, not_found
 from common.messages import (
     ExperimentCreated,
@@ -22,6 +24,8 @@ from common.messages import (
     ExperimentMember,
     ExperimentStatus,
     ExperimentSubmit,
+    ExperimentSummary,
+    MessageError,
     PopulationStep,
     dump,
     new_id,
@@ -30,8 +34,8 @@ from common.messages import (
 from common.storage import CorruptFileError, SharedStore
 from jobconfig.population import Population
 from jobconfig.sweep import plan_sweep
-from services.coordinator.jobs import JobBook
-from services.coordinator.state import CoordinatorState, Experiment, ExperimentJob
+from services.coordinator.jobs import MAX_PAGE, JobBook
+from services.coordinator.state import CoordinatorState, Experiment, ExperimentJob, Job
 from services.coordinator.workflows import Planner
 
 log = logging.getLogger(__name__)
@@ -52,8 +56,11 @@ class ExperimentBook:
             own = exc.field.startswith(("sweep", "pbt"))
             field = exc.field if own else f"config.{exc.field}"
             raise bad_request(field, exc.message) from None
-        # Every job checked before any exists.
-        admitted = [self.jobs.admissible(config, planner) for _, config in points]
+        # Every job checked before any exists; each env the sweep has made once.
+        known_spaces: dict[str, Spaces] = {}
+        admitted = [
+            self.jobs.admissible(config, planner, known_spaces=known_spaces) for _, config in points
+        ]
         experiment_id = new_id("exp")
         name = submit.name or admitted[0][0].exp_name
         experiment = Experiment(
@@ -69,20 +76,20 @@ class ExperimentBook:
         self._write(experiment)  # before its jobs: a restart finds what they belong to
         warnings: list[str] = []
         try:
-            for (point, _), (config, job_warnings) in zip(points, admitted, strict=True):
-                label = point.label()
-                created = self.jobs.create(
-                    config,
-                    job_warnings,
-                    f"{name} {label} seed={point.seed}".strip(),
-                    planner,
-                    experiment_id=experiment_id,
+            entries = [
+                (config, job_warnings, f"{name} {point.label()} seed={point.seed}".strip())
+                for (point, _), (config, job_warnings) in zip(points, admitted, strict=True)
+            ]
+            made = self.jobs.create_many(entries, experiment_id=experiment_id)
+            with self.state.guard.changing():
+                experiment.jobs.extend(
+                    ExperimentJob(created.job_id, point.values, point.seed)
+                    for (point, _), created in zip(points, made, strict=True)
                 )
-                with self.state.guard.changing():
-                    experiment.jobs.append(ExperimentJob(created.job_id, point.values, point.seed))
+            for created in made:
                 warnings.extend(w for w in created.warnings if w not in warnings)
         finally:
-            self._write(experiment)  # with every job made, even if one could not be
+            self._write(experiment)  # with its jobs, or none if they could not be made
         log.info("experiment %s (%s): %d jobs", experiment_id, name, len(experiment.jobs))
         return ExperimentCreated(
             experiment_id=experiment_id,
@@ -98,12 +105,49 @@ class ExperimentBook:
 
     def status(self, experiment_id: str) -> ExperimentStatus:
         with self.state.guard.changing():
-            return self._status(self.get(experiment_id))
+            experiment = self.get(experiment_id)
+            # What is read of its jobs, under the lock; the answer is built after.
+            seen = [(member, self.state.jobs.get(member.job_id)) for member in experiment.jobs]
+            rows = [(member, job and _member_facts(job)) for member, job in seen]
+            lineage = list(experiment.lineage)
+            stopped = experiment.stopped
+        return _status(experiment, rows, lineage, stopped)
 
-    def listing(self) -> ExperimentList:
+    def listing(self, *, limit: int = MAX_PAGE, page_token: str | None = None) -> ExperimentList:
+        """Experiments newest first, `limit` at a time (`page_token`: the last answer's
+        `next_page_token`), each with its jobs counted."""
+        after = _page_key(page_token) if page_token else None
         with self.state.guard.changing():
-            experiments = sorted(self.state.experiments.values(), key=lambda e: -e.created_at)
-            return ExperimentList(experiments=[self._status(e) for e in experiments])
+            experiments = sorted(self.state.experiments.values(), key=_order, reverse=True)
+            if after is not None:
+                experiments = [e for e in experiments if _order(e) < after]
+            page = experiments[:limit]
+            counted = [(e, self._count(e)) for e in page]
+        summaries = [
+            ExperimentSummary(
+                experiment_id=e.experiment_id,
+                name=e.name,
+                phase=phase,  # type: ignore[arg-type]
+                created_at=e.created_at,
+                parallel=e.parallel,
+                jobs=len(e.jobs),
+                jobs_ended=ended,
+                population=e.population is not None,
+            )
+            for e, (phase, ended) in counted
+        ]
+        more = len(experiments) > limit
+        return ExperimentList(
+            experiments=summaries, next_page_token=_page_token(page[-1]) if more else None
+        )
+
+    def _count(self, experiment: Experiment) -> tuple[str, int]:
+        """Its phase, and how many of its jobs ended (or are forgotten)."""
+        live = 0
+        for member in experiment.jobs:
+            job = self.state.jobs.get(member.job_id)
+            live += job is not None and job.phase in ("queued", "running")
+        return _phase(experiment.stopped, live > 0), len(experiment.jobs) - live
 
     def stop(self, experiment_id: str) -> ExperimentStatus:
         """Stop every job of the experiment that has not ended."""
@@ -116,46 +160,6 @@ class ExperimentBook:
                     self.jobs.finish(job, "stopped", f"its experiment {experiment_id} was stopped")
         self._write(experiment)
         return self.status(experiment_id)
-
-    def _status(self, experiment: Experiment) -> ExperimentStatus:
-        members = []
-        for member in experiment.jobs:
-            job = self.state.jobs.get(member.job_id)
-            if job is None:
-                members.append(
-                    ExperimentMember(
-                        job_id=member.job_id,
-                        values=member.values,
-                        seed=member.seed,
-                        phase="forgotten",
-                    )
-                )
-                continue
-            members.append(
-                ExperimentMember(
-                    job_id=member.job_id,
-                    values=member.values,
-                    seed=member.seed,
-                    # As its own status shows it: an end only once it is on disk.
-                    phase=job.phase,
-                    env_steps=job.env_steps,
-                    last_eval_return=job.evals[-1].return_mean if job.evals else None,
-                    best_eval_return=job.best_eval.return_mean if job.best_eval else None,
-                    reason=job.reason,
-                )
-            )
-        running = any(m.phase in ("queued", "running") for m in members)
-        phase = "running" if running else ("stopped" if experiment.stopped else "ended")
-        return ExperimentStatus(
-            experiment_id=experiment.experiment_id,
-            name=experiment.name,
-            phase=phase,  # type: ignore[arg-type]
-            created_at=experiment.created_at,
-            parallel=experiment.parallel,
-            members=members,
-            population=None if experiment.population is None else experiment.population.record(),
-            lineage=list(experiment.lineage),
-        )
 
     # --- on disk -------------------------------------------------------------------------
 
@@ -173,11 +177,64 @@ class ExperimentBook:
         return [e.experiment_id for e in experiments]
 
 
+def forget_old_experiments(state: CoordinatorState) -> list[str]:
+    """Forget the experiments none of whose jobs this coordinator keeps any more
+    (each forgotten with the same retention: `JobBook.forget_old`), and their
+    records (call under the lock). Returns their ids."""
+    kept_s = state.limits.ended_job_retention_s
+    gone = [
+        e.experiment_id
+        for e in state.experiments.values()
+        if all(m.job_id not in state.jobs for m in e.jobs)
+        # One still being submitted has no job yet.
+        and (e.jobs or e.created_at < state.wall() - kept_s)
+    ]
+    store = state.store
+    for experiment_id in gone:
+        del state.experiments[experiment_id]
+        for path in (record_path(experiment_id), lineage_path(experiment_id)):
+            state.guard.defer(lambda path=path: store.delete(path))
+        log.info("experiment %s forgotten (its jobs were)", experiment_id)
+    return gone
+
+
+def record_path(experiment_id: str) -> str:
+    return f"{FOLDER}/{experiment_id}.json"
+
+
+def lineage_path(experiment_id: str) -> str:
+    """Its population's steps, a JSON line each, appended as they are taken."""
+    return f"{FOLDER}/{experiment_id}.lineage.jsonl"
+
+
+def append_lineage(state: CoordinatorState, experiment: Experiment, step: PopulationStep) -> None:
+    """A population step joins the experiment's lineage (call under the lock): kept,
+    and appended to its file once the lock is let go; a lineage is never rewritten."""
+    experiment.lineage.append(step)
+    line = json.dumps(dump(step), sort_keys=True).encode()
+    path = lineage_path(experiment.experiment_id)
+    state.guard.defer(lambda: state.store.append_line(path, line))
+
+
+def read_lineage(store: SharedStore, experiment_id: str) -> list[PopulationStep]:
+    """Its lineage file's steps (a line cut short by a crash mid-append is left out)."""
+    path = lineage_path(experiment_id)
+    if not store.exists(path):
+        return []
+    steps = []
+    for line in store.read_bytes(path).splitlines():
+        try:
+            steps.append(parse(PopulationStep, json.loads(line)))
+        except (ValueError, MessageError):
+            log.warning("%s: a step cut short is left out", path)
+    return steps
+
+
 def write_experiment(state: CoordinatorState, experiment: Experiment) -> None:
     """Write the experiment's record as it is now, once the lock is let go: records
     built by two threads land in the order they were built (`latest_of`), and one that
     finds no room is kept and tried again."""
-    path = f"{FOLDER}/{experiment.experiment_id}.json"
+    path = record_path(experiment.experiment_id)
     with state.guard.changing():
         record = experiment_record(experiment)
         state.guard.defer(lambda: state.store.write_json(path, record), latest_of=path)
@@ -191,7 +248,9 @@ def read_experiments(store: SharedStore) -> tuple[list[Experiment], list[str]]:
         if not name.endswith(".json"):
             continue
         try:
-            experiments.append(experiment_from(store.read_json(f"{FOLDER}/{name}")))
+            experiment = experiment_from(store.read_json(f"{FOLDER}/{name}"))
+            experiment.lineage.extend(read_lineage(store, experiment.experiment_id))
+            experiments.append(experiment)
         except (OSError, CorruptFileError, KeyError, TypeError, ValueError) as exc:
             unreadable.append(f"{FOLDER}/{name}: {exc}")
     return experiments, unreadable
@@ -206,7 +265,6 @@ def experiment_record(experiment: Experiment) -> dict[str, Any]:
         "stopped": experiment.stopped,
         "jobs": [{"job_id": j.job_id, "values": j.values, "seed": j.seed} for j in experiment.jobs],
         "population": None if experiment.population is None else experiment.population.record(),
-        "lineage": [dump(step) for step in experiment.lineage],
         "ranked_at_evals": experiment.ranked_at_evals,
     }
 
@@ -222,7 +280,8 @@ def experiment_from(record: dict[str, Any]) -> Experiment:
             ExperimentJob(str(j["job_id"]), dict(j["values"]), int(j["seed"]))
             for j in record["jobs"]
         ],
-        # Records of before population-based training lack the three.
+        # Records of before population-based training lack these; those written
+        # before its lineage was a file of its own hold it.
         population=(
             None
             if record.get("population") is None
@@ -231,3 +290,75 @@ def experiment_from(record: dict[str, Any]) -> Experiment:
         lineage=[parse(PopulationStep, step) for step in record.get("lineage", [])],
         ranked_at_evals={str(k): int(v) for k, v in record.get("ranked_at_evals", {}).items()},
     )
+
+
+def _member_facts(job: Job) -> tuple[str, int, float | None, float | None, str]:
+    """What a member's row shows of its job, read under the lock."""
+    return (
+        job.phase,  # as its own status shows it: an end only once it is on disk
+        job.env_steps,
+        job.evals[-1].return_mean if job.evals else None,
+        job.best_eval.return_mean if job.best_eval else None,
+        job.reason,
+    )
+
+
+def _status(
+    experiment: Experiment,
+    rows: list[tuple[ExperimentJob, tuple[str, int, float | None, float | None, str] | None]],
+    lineage: list[PopulationStep],
+    stopped: bool,
+) -> ExperimentStatus:
+    members = []
+    for member, facts in rows:
+        if facts is None:
+            members.append(
+                ExperimentMember(
+                    job_id=member.job_id, values=member.values, seed=member.seed, phase="forgotten"
+                )
+            )
+            continue
+        phase, env_steps, last, best, reason = facts
+        members.append(
+            ExperimentMember(
+                job_id=member.job_id,
+                values=member.values,
+                seed=member.seed,
+                phase=phase,
+                env_steps=env_steps,
+                last_eval_return=last,
+                best_eval_return=best,
+                reason=reason,
+            )
+        )
+    running = any(m.phase in ("queued", "running") for m in members)
+    return ExperimentStatus(
+        experiment_id=experiment.experiment_id,
+        name=experiment.name,
+        phase=_phase(stopped, running),  # type: ignore[arg-type]
+        created_at=experiment.created_at,
+        parallel=experiment.parallel,
+        members=members,
+        population=None if experiment.population is None else experiment.population.record(),
+        lineage=lineage,
+    )
+
+
+def _phase(stopped: bool, running: bool) -> str:
+    return "running" if running else ("stopped" if stopped else "ended")
+
+
+def _order(experiment: Experiment) -> tuple[float, str]:
+    return (experiment.created_at, experiment.experiment_id)
+
+
+def _page_token(experiment: Experiment) -> str:
+    return f"{experiment.created_at!r}/{experiment.experiment_id}"
+
+
+def _page_key(token: str) -> tuple[float, str]:
+    created_at, _, experiment_id = token.partition("/")
+    try:
+        return (float(created_at), experiment_id)
+    except ValueError:
+        raise bad_request("page_token", "not a token from a previous listing") from None

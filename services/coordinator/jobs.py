@@ -10,11 +10,14 @@ reported as ended.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import statistics
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from common.config import ConfigError, JobConfig, to_dict
+from common.envs import Spaces
 from common.errors import ApiError, bad_request, conflict, not_found
 from common.http_client import ServiceUnavailable
 from common.messages import (
@@ -33,6 +36,7 @@ from common.messages import (
 )
 from common.storage import SharedStore
 from jobconfig import error_buffer_of, fit_to_env, from_resolved, resolve_job_config
+from jobconfig.spaces import known_env_spaces
 from services.buffer.core import ReplayBuffer
 from services.coordinator.buffers import BufferProcess
 from services.coordinator.devices import refuse_unless_fits, waiting_reason
@@ -65,6 +69,10 @@ from services.coordinator.workflows.base import Outcome
 
 log = logging.getLogger(__name__)
 
+#: Threads that write a batch of new jobs' files at once (`create_many`): the
+#: volume's round trips overlap.
+WRITERS = 8
+
 #: Jobs one listing answers at the most.
 MAX_PAGE = 1000
 
@@ -88,8 +96,16 @@ class JobBook:
         config, warnings = self.admissible(submit.config, planner)
         return self.create(config, warnings, submit.name, planner, experiment_id=experiment_id)
 
-    def admissible(self, raw: dict[str, Any], planner: Planner) -> tuple[JobConfig, list[str]]:
+    def admissible(
+        self,
+        raw: dict[str, Any],
+        planner: Planner,
+        *,
+        known_spaces: dict[str, Spaces] | None = None,
+    ) -> tuple[JobConfig, list[str]]:
         """The resolved config of a job this coordinator would take, and its warnings.
+        `known_spaces`: env spaces already made, by env section (an experiment's jobs
+        share a few envs: each is made once, not once a job).
 
         Raises:
             ApiError: 400 naming the config's field that is refused, or 409 for a job
@@ -98,7 +114,7 @@ class JobBook:
         try:
             config, warnings = resolve_job_config(raw)
             workflow = check_workflow(config)
-            config = fit_to_env(config)
+            config = fit_to_env(config, known_env_spaces(config.env, known_spaces))
         except ConfigError as exc:
             raise bad_request(f"config.{exc.field}", exc.message) from None
         self._check_limits(config)
@@ -121,62 +137,130 @@ class JobBook:
         experiment_id: str | None = None,
     ) -> JobCreated:
         """Create a job of an `admissible` config: durable before it is answered."""
-        workflow = workflow_of(config)
+        (created,) = self.create_many([(config, warnings, name)], experiment_id=experiment_id)
+        return created
+
+    def create_many(
+        self,
+        entries: list[tuple[JobConfig, list[str], str | None]],
+        *,
+        experiment_id: str | None = None,
+    ) -> list[JobCreated]:
+        """Create jobs of `admissible` configs (config, warnings, name), in order, each
+        durable before any is answered. O(jobs): their phases are decided in one pass,
+        their files written a few at a time (`WRITERS` threads), and they are registered
+        in one hold of the lock; an experiment's thousand jobs take seconds."""
         with self.state.guard.changing():
             workers = list(self.state.workers.values())
-        waiting = waiting_reason(config, workflow.roles, workers)
-        if waiting:
-            warnings = [*warnings, waiting]
-        job_id = new_id("job")
+            phases = self._entry_phases(experiment_id, len(entries))
+        jobs: list[Job] = []
+        answers: list[list[str]] = []
+        for (config, warnings, name), phase in zip(entries, phases, strict=True):
+            workflow = workflow_of(config)
+            waiting = waiting_reason(config, workflow.roles, workers)
+            job_id = new_id("job")
+            jobs.append(
+                Job(
+                    job_id=job_id,
+                    name=name or config.exp_name,
+                    config=config,
+                    # A queued job's buffer (a process of its own) starts as it leaves
+                    # the queue (`start_running`): a sweep of a thousand costs no
+                    # thousand processes.
+                    replay=self.new_buffer(job_id, config) if phase == "running" else None,
+                    started_at=self.state.wall(),
+                    phase=phase,
+                    waiting=waiting,
+                    workflow_state=workflow.new_state(config),
+                    experiment_id=experiment_id,
+                )
+            )
+            answers.append([*warnings, waiting] if waiting else list(warnings))
+            for warning in answers[-1]:
+                log.warning("job %s config: %s", job_id, warning)
+        # Durable before they are answered: a coordinator that dies right after the 201
+        # finds them again.
         store = self.state.store
-        store.write_json(f"{job_id}/job.json", to_dict(config))
-        with self.state.guard.changing():
-            phase = self._entry_phase(experiment_id)
-        job = Job(
-            job_id=job_id,
-            name=name or config.exp_name,
-            config=config,
-            replay=self.new_buffer(job_id, config),
-            started_at=self.state.wall(),
-            phase=phase,
-            waiting=waiting,
-            workflow_state=workflow.new_state(config),
-            experiment_id=experiment_id,
-        )
-        for warning in warnings:
-            log.warning("job %s config: %s", job_id, warning)
-        # Durable before it is answered: a coordinator that dies right after the 201
-        # finds the job again.
-        write_job_record(store, job_id, job_record(job))
+        try:
+            with ThreadPoolExecutor(min(WRITERS, len(jobs))) as writers:
+                list(writers.map(self._write_new, jobs))
+        except BaseException:
+            # None of them is answered: none is left behind for a restart to find.
+            for job in jobs:
+                if job.remote is not None:
+                    job.remote.stop()
+                with contextlib.suppress(OSError):
+                    store.delete_tree(job.job_id)
+            raise
         with self.state.guard.changing():
             # Decided again with the lock held, so that jobs submitted at once cannot
             # all take the last place; a record that says otherwise is written anew (a
             # restart before that only queues the job again).
-            job.phase = self._entry_phase(experiment_id)
-            if job.phase == "running":
-                job.running_since = job.started_at
-            if job.phase != phase:
-                record = job_record(job)
-                self.state.guard.defer(lambda: write_job_record(store, job_id, record))
-            self.state.jobs[job_id] = job
+            for job, phase in zip(jobs, self._entry_phases(experiment_id, len(jobs)), strict=True):
+                if phase == "running":
+                    job.running_since = job.started_at
+                    if job.replay is None:  # another job left the queue meanwhile
+                        job.replay = self.new_buffer(job.job_id, job.config)
+                if job.phase != phase:
+                    job.phase = phase
+                    record = job_record(job)
+                    self.state.guard.defer(
+                        lambda job=job, record=record: write_job_record(store, job.job_id, record)
+                    )
+                self.state.jobs[job.job_id] = job
             self.state.guard.notify()
-        log.info("job %s (%s) submitted (%s): %s", job_id, job.name, job.phase, config.env.env_id)
-        return JobCreated(job_id=job_id, phase=job.phase, warnings=warnings)
+        for job in jobs:
+            log.info(
+                "job %s (%s) submitted (%s): %s",
+                job.job_id,
+                job.name,
+                job.phase,
+                job.config.env.env_id,
+            )
+        return [
+            JobCreated(job_id=job.job_id, phase=job.phase, warnings=warnings)
+            for job, warnings in zip(jobs, answers, strict=True)
+        ]
 
-    def _entry_phase(self, experiment_id: str | None = None) -> str:
-        """The phase a job submitted now starts in: queued when the running jobs and
-        the queue already fill `max_running_jobs` (the queue goes first), or its
-        experiment's running and queued jobs its `parallel`."""
+    def _write_new(self, job: Job) -> None:
+        """A new job's resolved config and its record, on disk."""
+        store = self.state.store
+        store.write_json(f"{job.job_id}/job.json", config_record(job))
+        write_job_record(store, job.job_id, job_record(job))
+
+    def _entry_phases(self, experiment_id: str | None, count: int) -> list[str]:
+        """The phases `count` jobs submitted now start in, in order: queued once the
+        running jobs and the queue fill `max_running_jobs` (the queue goes first), or
+        once its experiment's running and queued jobs fill its `parallel`."""
         limit = self.state.limits.max_running_jobs
         busy = sum(j.running or j.queued for j in self.state.jobs.values())
-        if limit and busy >= limit:
-            return "queued"
         experiment = self.state.experiments.get(experiment_id or "")
+        places = None
         if experiment is not None and experiment.parallel is not None:
-            mine = [j for j in self.state.jobs.values() if j.experiment_id == experiment_id]
-            if sum(j.running or j.queued for j in mine) >= experiment.parallel:
-                return "queued"
-        return "running"
+            mine = sum(
+                (j.running or j.queued) and j.experiment_id == experiment_id
+                for j in self.state.jobs.values()
+            )
+            places = experiment.parallel - mine
+        phases = []
+        for i in range(count):
+            full = (limit and busy + i >= limit) or (places is not None and i >= places)
+            phases.append("queued" if full else "running")
+        return phases
+
+    def start_running(self, job: Job) -> None:
+        """A queued job runs from now on: its buffer starts (a process of its own,
+        the spare one when there is one), and its record says so before it gets a
+        task."""
+        job.phase, job.queue_position, job.waiting = "running", None, ""
+        job.running_since = self.state.wall()
+        if job.replay is None:
+            job.replay = self.new_buffer(job.job_id, job.config)
+        log.info("job %s leaves the queue and runs", job.job_id)
+        record = job_record(job)
+        store = self.state.store
+        self.state.guard.defer(lambda: write_job_record(store, job.job_id, record))
+        self.state.guard.notify()
 
     def new_buffer(
         self, job_id: str, config: JobConfig, *, here: bool = False
@@ -231,7 +315,12 @@ class JobBook:
             job_id=record["job_id"],
             name=record["name"],
             config=config,
-            replay=None if ended else self.new_buffer(record["job_id"], config),
+            # A queued job's buffer starts as it leaves the queue (`start_running`).
+            replay=(
+                None
+                if ended or record["phase"] == "queued"
+                else self.new_buffer(record["job_id"], config)
+            ),
             started_at=float(record["started_at"]),
             running_since=record.get("running_since"),
             phase=record["phase"],
@@ -663,7 +752,7 @@ def job_record(job: Job) -> dict[str, Any]:
     return {
         "job_id": job.job_id,
         "name": job.name,
-        "config": to_dict(job.config),
+        "config": config_record(job),
         "started_at": job.started_at,
         "running_since": job.running_since,
         "phase": job.phase,
@@ -694,6 +783,15 @@ def job_record(job: Job) -> dict[str, Any]:
         "unusable_segments": sorted(job.unusable_segments),
         "buffer": as_record(job.final_buffer),
     }
+
+
+def config_record(job: Job) -> dict[str, Any]:
+    """The job's resolved config as JSON data, made once for each config it has (every
+    record of it holds it: its snapshots every few seconds too)."""
+    made = job.config_record
+    if made is None or made[0] is not job.config:
+        made = job.config_record = (job.config, to_dict(job.config))
+    return made[1]
 
 
 def ending_record(job: Job) -> dict[str, Any]:

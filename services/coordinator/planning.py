@@ -16,6 +16,7 @@ from common.ranks import learner_ranks
 from common.storage import SharedStore
 from services.coordinator.data import DataPlane
 from services.coordinator.devices import can_run, waiting_reason
+from services.coordinator.experiments import forget_old_experiments
 from services.coordinator.jobs import JobBook
 from services.coordinator.population import PopulationTraining
 from services.coordinator.sharing import KIND_OF_ROLE, Sharing
@@ -49,7 +50,7 @@ class Planning:
         self.tasks = tasks
         self.workers = workers
         self.data = data
-        self.sharing = Sharing(state, tasks)
+        self.sharing = Sharing(state, tasks, jobs.start_running)
         self.population = PopulationTraining(state, tasks)
         self._last_metrics_s = float("-inf")
 
@@ -126,6 +127,7 @@ class Planning:
                 try:
                     self.jobs.sample_metrics()
                     self.jobs.forget_old()
+                    forget_old_experiments(state)
                 except Exception:
                     log.exception("sampling metrics failed")
             return plan

@@ -37,7 +37,8 @@ from jobconfig.population import Population, perturbed
 from jobconfig.resolve import resolve_job_config
 from jobconfig.sections import value_at
 from jobconfig.sweep import Point, member_config
-from services.coordinator.experiments import write_experiment
+from services.coordinator.experiments import append_lineage, write_experiment
+from services.coordinator.jobs import config_record
 from services.coordinator.state import CoordinatorState, Experiment, Job
 from services.coordinator.tasks import TaskBoard
 
@@ -92,12 +93,15 @@ class PopulationTraining:
     def exploit(
         self, experiment: Experiment, job: Job, donor: Job, spec: Population, draw: random.Random
     ) -> None:
-        """Step 1 (module doc): decide, fence off the member's learner, copy later."""
-        mine, theirs = to_dict(job.config), to_dict(donor.config)
+        """Step 1 (module doc): decide, fence off the member's learner, copy later (the
+        explored config is resolved then, off the lock)."""
+        mine, theirs = config_record(job), config_record(donor)
         before = {key: value_at(mine, key) for key in spec.params}
         taken = {key: value_at(theirs, key) for key in spec.params}
-        after = {key: perturbed(value, draw.choice(spec.perturb)) for key, value in taken.items()}
-        config, after = explored(job.config, [after, taken, before])
+        perturbed_values = {
+            key: perturbed(value, draw.choice(spec.perturb)) for key, value in taken.items()
+        }
+        choices = [perturbed_values, taken, before]
         job.learner_epoch += 1
         epoch = job.learner_epoch
         job.learn_hold = f"taking {donor.job_id}'s checkpoint (population-based training)"
@@ -112,26 +116,42 @@ class PopulationTraining:
             donor_return=donor.evals[-1].return_mean,
             checkpoint=None,
             before=before,
-            after=after,
+            after=perturbed_values,
             policy_version=job.policy.version if job.policy is not None else 0,
         )
         log.info(
-            "population %s: job %s (%.1f) takes job %s's checkpoint (%.1f); %s",
+            "population %s: job %s (%.1f) takes job %s's checkpoint (%.1f)",
             experiment.experiment_id,
             job.job_id,
             step.eval_return,
             donor.job_id,
             step.donor_return,
-            ", ".join(
-                f"{k.rsplit('.', 1)[-1]} {before[k]:.4g} -> {v:.4g}" for k, v in after.items()
-            ),
         )
-        self.state.guard.defer(lambda: self._copy(experiment, job, step, epoch, config))
+        config = job.config
+        self.state.guard.defer(
+            lambda: self._copy(experiment, job, step, epoch, explored(config, choices))
+        )
 
     def _copy(
-        self, experiment: Experiment, job: Job, step: PopulationStep, epoch: int, config: JobConfig
+        self,
+        experiment: Experiment,
+        job: Job,
+        step: PopulationStep,
+        epoch: int,
+        explored_config: tuple[JobConfig, dict[str, float]],
     ) -> None:
-        """Steps 2 and 3 (module doc), off the lock."""
+        """Steps 2 and 3 (module doc), off the lock: `explored_config` (its config
+        and the values it took) resolved there too."""
+        config, after = explored_config
+        step = dataclasses.replace(step, after=after)
+        log.info(
+            "population %s: job %s explores %s",
+            experiment.experiment_id,
+            job.job_id,
+            ", ".join(
+                f"{k.rsplit('.', 1)[-1]} {step.before[k]:.4g} -> {v:.4g}" for k, v in after.items()
+            ),
+        )
         store = self.state.store
         checkpoint = None
         wrote_config = False
@@ -156,11 +176,13 @@ class PopulationTraining:
                     job.config = config
                 job.learn_hold = ""
                 after = step.after if wrote_config else step.before
-                experiment.lineage.append(
-                    dataclasses.replace(step, checkpoint=checkpoint, after=after)
+                append_lineage(
+                    self.state,
+                    experiment,
+                    dataclasses.replace(step, checkpoint=checkpoint, after=after),
                 )
                 self.state.guard.notify()  # its learn task may start now
-        write_experiment(self.state, experiment)
+        write_experiment(self.state, experiment)  # its members' ranks
 
 
 def rng(spec: Population, job: Job) -> random.Random:

@@ -22,11 +22,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+from collections.abc import Callable
 
 from services.coordinator.devices import can_run
-from services.coordinator.jobs import job_record
 from services.coordinator.shares import Claim, Division, divide, settle_credit, starting_credit
-from services.coordinator.snapshot import write_job_record
 from services.coordinator.state import (
     CoordinatorState,
     Dispatch,
@@ -45,9 +44,13 @@ KIND_OF_ROLE = {"collector": "collect", "learner": "learn"}
 
 
 class Sharing:
-    def __init__(self, state: CoordinatorState, tasks: TaskBoard) -> None:
+    def __init__(
+        self, state: CoordinatorState, tasks: TaskBoard, start_running: Callable[[Job], None]
+    ) -> None:
         self.state = state
         self.tasks = tasks
+        #: Runs a job that leaves the queue (`JobBook.start_running`).
+        self.start_running = start_running
         #: When the balances were last moved on (monotonic seconds).
         self._last_pass_s: float | None = None
 
@@ -78,7 +81,7 @@ class Sharing:
             running += 1
             if job.experiment_id in places:
                 places[job.experiment_id] -= 1
-            self.start(job)
+            self.start_running(job)
         for position, job in enumerate(queue, start=1):
             job.queue_position = position
             experiment = state.experiments.get(job.experiment_id or "")
@@ -92,16 +95,6 @@ class Sharing:
                     f"queued: {ordinal(position)} of {len(queue)} waiting for one of the "
                     f"{limit} places among running jobs (DROVER_MAX_RUNNING_JOBS)"
                 )
-
-    def start(self, job: Job) -> None:
-        """A queued job runs from now on; its record says so before it gets a task."""
-        job.phase, job.queue_position, job.waiting = "running", None, ""
-        job.running_since = self.state.wall()
-        log.info("job %s leaves the queue and runs", job.job_id)
-        record = job_record(job)
-        store = self.state.store
-        self.state.guard.defer(lambda: write_job_record(store, job.job_id, record))
-        self.state.guard.notify()
 
     # --- dividing the workers ----------------------------------------------------------
 

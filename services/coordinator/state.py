@@ -369,6 +369,9 @@ class Job:
     #: `eval_stall_periods` eval_freqs of train iterations went by without one; shown
     #: beside `waiting`; never saved.
     eval_stall: str = ""
+    #: Its config as JSON data, for the config it was made of (jobs.py
+    #: `config_record`): made once, not at every snapshot.
+    config_record: tuple[JobConfig, dict[str, Any]] | None = None
 
     @property
     def running(self) -> bool:

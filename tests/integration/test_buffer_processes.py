@@ -298,4 +298,6 @@ def test_a_buffer_process_that_keeps_dying_fails_its_job_and_a_frozen_one_is_sho
         assert cluster.client.job(other).phase == "running"
         log = cluster.coordinator.log_path.read_text()
         # The third exit in the window waited its backoff (0.5 s doubled once, jittered).
-        assert re.search(r"exited \(code -9, 3 times in 60 s\); restarting it in (0\.[5-9]|1\.0) s", log)
+        assert re.search(
+            r"exited \(code -9, 3 times in 60 s\); restarting it in (0\.[5-9]|1\.0) s", log
+        )

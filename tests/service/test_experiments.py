@@ -118,3 +118,77 @@ def test_an_experiment_over_the_coordinators_job_limit_is_refused_naming_it(tmp_
         assert taken.status_code == 201 and len(taken.json["job_ids"]) == 3, taken.json
     finally:
         core.close()
+
+
+def test_queued_jobs_hold_no_buffer_until_they_leave_the_queue(client, core):
+    """A sweep of a thousand must not start a thousand buffers (with buffer processes:
+    a thousand processes) for jobs that only wait."""
+    job_ids = submit(client, sweep(parallel=1)).json["job_ids"]
+    held = [core.jobs[j].replay is not None for j in job_ids]
+    assert held == [True, False, False, False]
+    client.delete(f"/api/v1/jobs/{job_ids[0]}", headers=AUTH)
+    core.plan()
+    assert core.jobs[job_ids[1]].phase == "running" and core.jobs[job_ids[1]].replay is not None
+    assert core.jobs[job_ids[2]].replay is None
+    # A restarted coordinator restores them the same way.
+    again = Coordinator(core.store, core.limits)
+    again.restore_jobs()
+    assert [again.jobs[j].replay is not None for j in job_ids[1:]] == [True, False, False]
+
+
+def test_an_experiment_whose_jobs_cannot_be_written_leaves_none_behind(client, core, monkeypatch):
+    written = []
+
+    def write_json(rel, record, real=core.store.write_json):
+        if len(written) == 5:
+            raise OSError(28, "No space left on device")
+        written.append(rel)
+        return real(rel, record)
+
+    monkeypatch.setattr(core.store, "write_json", write_json)
+    refused = submit(client, sweep())
+    assert refused.status_code >= 500
+    monkeypatch.undo()
+    job_folders = [p for p in core.store.root.iterdir() if p.name.startswith("job-")]
+    assert job_folders == [] and core.jobs == {}
+
+
+def test_experiments_are_listed_a_page_at_a_time_with_their_jobs_counted(client, core):
+    made = [submit(client, sweep(parallel=1)).json["experiment_id"] for _ in range(3)]
+    first = get(client, "/api/v1/experiments?limit=2").json
+    assert [e["experiment_id"] for e in first["experiments"]] == made[::-1][:2]
+    assert first["experiments"][0]["jobs"] == 4 and first["experiments"][0]["jobs_ended"] == 0
+    token = first["next_page_token"]
+    rest = get(client, f"/api/v1/experiments?limit=2&page_token={token}").json
+    assert [e["experiment_id"] for e in rest["experiments"]] == [made[0]]
+    assert rest["next_page_token"] is None
+    assert get(client, "/api/v1/experiments?limit=0").status_code == 400
+    assert get(client, "/api/v1/experiments?page_token=nonsense").status_code == 400
+
+
+def test_an_experiment_is_forgotten_with_its_jobs(tmp_path):
+    """Past the ended jobs a coordinator keeps (here 1), an experiment none of whose
+    jobs it keeps goes too, with its record: experiments are never unbounded."""
+    from services.coordinator.app import create_app
+    from services.coordinator.settings import CoordinatorSettings
+    from tests.coordinator_app import TOKEN
+
+    limits = CoordinatorLimits(max_ended_jobs=1, metrics_period_s=0.0)  # forgets each pass
+    core = Coordinator(SharedStore(tmp_path), limits)
+    try:
+        client = create_app(CoordinatorSettings(shared_dir=tmp_path, token=TOKEN), core=core)
+        client = client.test_client()
+        created = submit(client, sweep(seeds=1)).json
+        experiment_id = created["experiment_id"]
+        for job_id in created["job_ids"]:
+            client.delete(f"/api/v1/jobs/{job_id}", headers=AUTH)
+        core.plan()  # one forgotten: the other still kept, and the experiment with it
+        assert len(core.jobs) == 1 and experiment_id in core.state.experiments
+        later = submit(client, sweep(seeds=1, axes={"policy.learn.learning_rate": [0.003]}))
+        client.delete(f"/api/v1/jobs/{later.json['job_ids'][0]}", headers=AUTH)
+        core.plan()
+        assert experiment_id not in core.state.experiments
+        assert get(client, f"/api/v1/experiments/{experiment_id}").status_code == 404
+        assert not (tmp_path / "experiments" / f"{experiment_id}.json").exists()
+    finally:
+        core.close()

@@ -144,9 +144,15 @@ def test_the_member_behind_takes_the_better_ones_checkpoint_and_a_new_rate(tmp_p
     complete(client, evaluations(core)[strong], 250.0)
     assert len(get(client, f"/api/v1/experiments/{experiment_id}").json["lineage"]) == 1
 
-    # The lineage is in the experiment's record, back after a restart.
+    # The lineage is appended to a file of its own (the record is not rewritten with
+    # it), back after a restart; a step cut short by a crash mid-append is left out.
     core.snapshot_jobs()
     core.close()
+    lineage = tmp_path / "experiments" / f"{experiment_id}.lineage.jsonl"
+    assert len(lineage.read_text().splitlines()) == 1
+    assert "lineage" not in core.store.read_json(f"experiments/{experiment_id}.json")
+    with lineage.open("a") as f:
+        f.write('{"at": 1.0, "job_id": "job-cut-sh')
     restarted = Coordinator(SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000))
     try:
         restarted.restore_jobs()

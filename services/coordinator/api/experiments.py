@@ -2,12 +2,14 @@
 
 from typing import Any
 
-from flask import Blueprint
+from flask import Blueprint, request
 
+from common.errors import bad_request
 from common.http import body, reply
 from common.messages import ExperimentCreated, ExperimentList, ExperimentStatus, ExperimentSubmit
 from common.openapi import documented
-from services.coordinator.api import core
+from services.coordinator.api import core, version_query
+from services.coordinator.jobs import MAX_PAGE
 
 bp = Blueprint("experiments", __name__, url_prefix="/api/v1/experiments")
 
@@ -24,9 +26,20 @@ def submit() -> Any:
 
 
 @bp.get("")
-@documented(summary="List experiments, newest first", reply=ExperimentList)
+@documented(
+    summary="List experiments, newest first, a page at a time, each with its jobs counted",
+    reply=ExperimentList,
+    query={
+        "limit": {"type": "string", "pattern": "^[0-9]+$"},
+        "page_token": {"type": "string", "maxLength": 256},
+    },
+)
 def listing() -> Any:
-    return reply(core().list_experiments())
+    limit = version_query("limit")
+    if limit is not None and not 1 <= limit <= MAX_PAGE:
+        raise bad_request("limit", f"{limit} is not from 1 to {MAX_PAGE}")
+    page_token = request.args.get("page_token")
+    return reply(core().list_experiments(limit=limit or MAX_PAGE, page_token=page_token))
 
 
 @bp.get("/<experiment_id>")

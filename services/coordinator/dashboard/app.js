@@ -434,14 +434,13 @@ function median(values) {
 async function experimentsView() {
   const data = await api("/experiments");
   const rows = data.experiments.map((e) => {
-    const ended = e.members.filter((m) => !["queued", "running"].includes(m.phase)).length;
     return el(
       "tr",
       { class: "experiment", onclick: () => (location.hash = `#/experiments/${e.experiment_id}`) },
       el("td", {}, el("a", { href: `#/experiments/${e.experiment_id}` }, e.experiment_id)),
       el("td", {}, e.name),
       el("td", {}, phase(e.phase)),
-      el("td", {}, `${ended} of ${e.members.length}`),
+      el("td", {}, `${e.jobs_ended} of ${e.jobs}`),
       el("td", {}, e.parallel === null ? "–" : String(e.parallel)),
     );
   });
