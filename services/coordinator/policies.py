@@ -7,7 +7,7 @@ import logging
 
 from common.errors import ApiError, bad_request, conflict, not_found
 from common.messages import EvaluateSpec, LearnSpec, PolicyRef, dump
-from common.storage import CorruptFileError, WrongAlgorithm, sha256_hex
+from common.storage import CorruptFileError, SharedStore, WrongAlgorithm, sha256_hex
 from common.video import VIDEO_NAME
 from services.coordinator.jobs import JobBook
 from services.coordinator.lock import BoundedWaits
@@ -20,6 +20,9 @@ log = logging.getLogger(__name__)
 
 #: Learn lease epochs a restarted coordinator skips (`PolicyPointer.recover`).
 RESTART_EPOCH_GAP = 1000
+#: The file in a job's coordinator folder that holds the epoch a restart raised its
+#: learn leases to (`PolicyPointer.recover`).
+EPOCH_FLOOR = "epoch.json"
 
 
 class PolicyPointer:
@@ -161,10 +164,14 @@ class PolicyPointer:
 
         Its learn lease epochs go on past every one handed out before, also those
         handed out after its last snapshot (far fewer than `RESTART_EPOCH_GAP`): a
-        learner of before the restart keeps an epoch no later learner gets."""
+        learner of before the restart keeps an epoch no later learner gets. The raised
+        epoch is durable (`EPOCH_FLOOR`) before the job is published: a second restart
+        before the next snapshot raises it again from there, never hands one out
+        twice."""
         store = self.state.store
-        stale_below = job.learner_epoch
-        job.learner_epoch += RESTART_EPOCH_GAP
+        stale_below = max(job.learner_epoch, read_epoch_floor(store, job.job_id))
+        job.learner_epoch = stale_below + RESTART_EPOCH_GAP
+        write_epoch_floor(store, job.job_id, job.learner_epoch)
         folder = f"{job.job_id}/policies"
         current = job.policy.version if job.policy else 0
         versions = sorted(
@@ -199,3 +206,26 @@ class PolicyPointer:
                 job.replay.set_learner_version(version)
             log.info("job %s: newest policy on disk is version %d", job.job_id, version)
             return
+
+
+def epoch_floor_path(job_id: str) -> str:
+    """Where a restored job's learn lease epoch is kept as it is raised (EPOCH_FLOOR)."""
+    return f"{job_id}/coordinator/{EPOCH_FLOOR}"
+
+
+def read_epoch_floor(store: SharedStore, job_id: str) -> int:
+    """The epoch the job's last restart raised its learn leases to (0: none yet)."""
+    path = epoch_floor_path(job_id)
+    if not store.exists(path):
+        return 0
+    try:
+        return int(store.read_json(path)["learner_epoch"])
+    except (CorruptFileError, KeyError, TypeError, ValueError) as exc:
+        # Cut short by a crash mid-write cannot happen (writes are atomic); a damaged
+        # one says nothing: the snapshot's epoch and the gap still hold.
+        log.warning("%s unreadable (%s): the snapshot's epoch is the floor", path, exc)
+        return 0
+
+
+def write_epoch_floor(store: SharedStore, job_id: str, epoch: int) -> None:
+    store.write_json(epoch_floor_path(job_id), {"learner_epoch": epoch})

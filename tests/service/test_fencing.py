@@ -75,3 +75,35 @@ def test_a_restart_passes_over_a_stale_leases_file_and_skips_epochs(tmp_path, cl
         assert job.learner_epoch == epoch + RESTART_EPOCH_GAP
     finally:
         again.close()
+
+
+def test_two_restarts_within_one_snapshot_period_never_hand_out_an_epoch_twice(
+    tmp_path, client, core
+):
+    """The epoch a restart raises is durable before the job is published: a second
+    restart before any snapshot raises it again from there (docs/architecture.md:
+    epochs are never handed out twice)."""
+    job_id, _, task = job_with_learner(client, core)
+    core.snapshot_jobs()
+    core.close()
+    seen = [task.spec.epoch]
+    for _ in range(2):  # no snapshot in between: the snapshot's epoch is the first's
+        again = Coordinator(SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000))
+        try:
+            again.restore_jobs()
+            register(again_client(tmp_path, again), "learner", "http://127.0.0.1:8203")
+            (learn,) = [d.task for d in again.plan() if d.task and d.task.kind == "learn"]
+            seen.append(learn.spec.epoch)
+        finally:
+            again.close()
+    assert seen[0] < seen[1] < seen[2], seen
+    assert seen[2] - seen[1] >= RESTART_EPOCH_GAP
+
+
+def again_client(tmp_path, core):
+    from services.coordinator.app import create_app
+    from services.coordinator.settings import CoordinatorSettings
+    from tests.coordinator_app import TOKEN
+
+    settings = CoordinatorSettings(shared_dir=tmp_path, token=TOKEN)
+    return create_app(settings, core=core).test_client()
