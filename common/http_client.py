@@ -91,6 +91,10 @@ class ServiceClient:
         # One pool per thread, so that no thread waits for another's connection.
         self._local = threading.local()
 
+    def renew(self, credential: str) -> None:
+        """Send this credential from now on (a worker's task credential, renewed)."""
+        self.credential = credential
+
     @property
     def bearer(self) -> str:
         """The secret this client sends: its own credential once set, else the token

@@ -247,6 +247,10 @@ class HeartbeatReply:
     #: Tasks to end at their next safe point (a segment boundary, a checkpoint), what
     #: they did handed in, and then report complete: their worker goes to another job.
     release: list[str] = field(default_factory=list)
+    #: A fresh credential for each of its tasks whose data goes to a buffer process
+    #: (by task id): credentials expire (`DROVER_CREDENTIAL_TTL_S`), and a restarted
+    #: buffer process takes only those signed after it started.
+    credentials: dict[str, str] = field(default_factory=dict)
 
 
 @message

@@ -35,7 +35,10 @@ class FakeCoordinator:
         self.left: list[str] = []
         self.cancel_next: list[str] = []
         self.release_next: list[str] = []
+        #: Fresh buffer credentials the next heartbeat answer carries, by task id.
+        self.credentials_next: dict[str, str] = {}
         self.credential: str | None = None
+        self.timeout_s = 5.0
         #: The resources of each registration, in order.
         self.registrations: list[dict[str, Any]] = []
 
@@ -53,7 +56,8 @@ class FakeCoordinator:
     def heartbeat(self, worker_id: str, tasks: list) -> HeartbeatReply:
         cancel, self.cancel_next = self.cancel_next, []
         release, self.release_next = self.release_next, []
-        return HeartbeatReply(cancel=cancel, release=release)
+        credentials, self.credentials_next = self.credentials_next, {}
+        return HeartbeatReply(cancel=cancel, release=release, credentials=credentials)
 
     def complete_task(self, task_id: str, result: dict) -> None:
         self.completed.append((task_id, result))

@@ -49,7 +49,9 @@ def main() -> int:
         settings.config,
         error_buffer=settings.error_buffer,
         seed=settings.seed,
-        grants=TaskGrants(credential_key(settings.token), settings.job_id),
+        grants=TaskGrants(
+            credential_key(settings.token), settings.job_id, ttl_s=settings.credential_ttl_s
+        ),
         limits=settings.limits,
         shard=settings.shard,
     )

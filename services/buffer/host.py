@@ -63,7 +63,7 @@ from services.buffer.checks import (
     sweep_orphans,
 )
 from services.buffer.core import BufferClosed, RateLimited, ReplayBuffer, SampleTimeout
-from services.buffer.credentials import TaskGrant, TaskGrants
+from services.buffer.credentials import Stale, TaskGrant, TaskGrants
 from services.buffer.sharding import shard_config
 
 log = logging.getLogger(__name__)
@@ -190,7 +190,16 @@ class ShardHost:
     def for_credential(self, credential: str) -> Caller | None:
         """The worker a task credential speaks for (None: not a live task of this
         job's)."""
-        grant = self.grants.grant(credential)
+        try:
+            grant = self.grants.grant(credential)
+        except Stale as exc:
+            # A live task's next heartbeat brings a fresh one: retry, do not fail.
+            raise ApiError(
+                503,
+                "credential_stale",
+                f"the task credential was {exc}: its worker's next heartbeat renews it",
+                retry_after_s=1.0,
+            ) from None
         if grant is None:
             return None
         with self._lock:

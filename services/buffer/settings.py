@@ -62,6 +62,9 @@ class BufferSettings:
     snapshot_period_s: float = 2.0
     threads: int = 16
     limits: ShardLimits = field(default_factory=ShardLimits)
+    #: How long a task credential is accepted after it was signed (the coordinator's
+    #: `DROVER_CREDENTIAL_TTL_S`; each heartbeat of its worker renews it).
+    credential_ttl_s: float = 120.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> BufferSettings:
@@ -80,6 +83,7 @@ class BufferSettings:
             seed=int(spec["seed"]),
             snapshot_period_s=env_float(env, "DROVER_SNAPSHOT_PERIOD_S", 2.0),
             threads=env_int(env, "DROVER_BUFFER_THREADS", 16),
+            credential_ttl_s=env_float(env, "DROVER_CREDENTIAL_TTL_S", 120.0),
             limits=ShardLimits(
                 max_concurrent_inserts=env_int(env, "DROVER_MAX_CONCURRENT_INSERTS", 4),
                 max_waiting_samples=env_int(env, "DROVER_MAX_WAITING_SAMPLES_PER_JOB", 4),

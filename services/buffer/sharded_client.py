@@ -55,6 +55,12 @@ def data_client(
 class ShardedData:
     """The data routes of a job's shards, as one (see the module's text)."""
 
+    def renew(self, credential: str) -> None:
+        """Use a fresh task credential from now on (on every shard)."""
+        self.bearer = credential
+        for shard in self.shards:
+            shard.renew(credential)
+
     def __init__(self, urls: list[str], credential: str, *, timeout_s: float) -> None:
         self.shards = [CoordinatorClient(url, credential, timeout_s=timeout_s) for url in urls]
         self.base_urls = list(urls)

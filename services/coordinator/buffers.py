@@ -17,7 +17,8 @@ on a buffer it hosts itself, answered for the process:
 `BufferProcesses` starts them and watches them: every `poll_s` it reads each one's
 report (env steps, episode returns, size), which the coordinator counts its job by
 (`on_report`), and restarts a process that died, on the same port when it can, telling
-it again which tasks ended and the learner's version. A process restores its buffer
+it again the learner's version (the tasks that ended before need no telling: it takes
+only credentials signed since it started). A process restores its buffer
 from its own snapshot and indexes the segment files written since, so nothing
 acknowledged is lost; meanwhile workers retry. The processes die with the coordinator
 (the kernel's parent-death signal) and a restarted coordinator starts them anew.
@@ -65,8 +66,6 @@ END_PATIENCE_S = 5.0
 #: A spare process taken by a new job is replaced this long after (a burst of new
 #: jobs does not start processes while they start themselves).
 SPARE_DELAY_S = 10.0
-#: Tasks ended remembered per job, to tell a restarted process again.
-ENDED_KEPT = 10_000
 #: Linux's prctl option: the signal a child gets when its parent dies.
 _PR_SET_PDEATHSIG = 1
 #: A restart after the first in a window waits this long, doubled for each one more
@@ -294,8 +293,8 @@ class BufferProcess:
         self.job_id = job_id
         self.shards = shards
         self._key = credential_key(settings.token)
-        #: What a restarted process is told again.
-        self.ended: collections.deque[str] = collections.deque(maxlen=ENDED_KEPT)
+        #: What a restarted process is told again (not the tasks that ended: it takes
+        #: only credentials signed since it started, services/buffer/credentials.py).
         self.learner_version = 0
         self.closed = False
 
@@ -326,10 +325,11 @@ class BufferProcess:
 
     # --- a worker's access -----------------------------------------------------------------
 
-    def access(self, task_id: str, worker_id: str, kind: str) -> DataAccess:
+    def access(self, task_id: str, worker_id: str, kind: str, epoch: int = 0) -> DataAccess:
         """Where a task of this job inserts or samples, and its credential there (one
-        for every shard: they check it with the same key)."""
-        grant = TaskGrant(self.job_id, task_id, worker_id, kind)
+        for every shard: they check it with the same key), signed now; `epoch`: a
+        learn task's lease."""
+        grant = TaskGrant(self.job_id, task_id, worker_id, kind, epoch)
         return DataAccess(
             urls=[shard.url for shard in self.shards], credential=sign(self._key, grant)
         )
@@ -346,7 +346,6 @@ class BufferProcess:
 
     def task_ended(self, task_id: str) -> None:
         """Its credential is refused from now on; what a learn task held goes back."""
-        self.ended.append(task_id)
         for shard in self.shards:
             shard.send("task_ends", [task_id])
 
@@ -403,9 +402,7 @@ class BufferProcess:
             shard.stop()
 
     def tell_again(self, shard: ShardProcess) -> None:
-        """A restarted process: the tasks that ended, the learner's version."""
-        if self.ended:
-            shard.send("task_ends", list(self.ended))
+        """A restarted process: the learner's version."""
         if self.learner_version:
             shard.send("learner_version", self.learner_version)
 

@@ -164,10 +164,7 @@ class JobBook:
                     job_id=job_id,
                     name=name or config.exp_name,
                     config=config,
-                    # A queued job's buffer (a process of its own) starts as it leaves
-                    # the queue (`start_running`): a sweep of a thousand costs no
-                    # thousand processes.
-                    replay=self.new_buffer(job_id, config) if phase == "running" else None,
+                    replay=None,  # started once its folder exists (below)
                     started_at=self.state.wall(),
                     phase=phase,
                     waiting=waiting,
@@ -192,6 +189,12 @@ class JobBook:
                 with contextlib.suppress(OSError):
                     store.delete_tree(job.job_id)
             raise
+        for job in jobs:
+            # Its buffer (a process of its own, working in the job's folder) starts now;
+            # a queued job's as it leaves the queue (`start_running`): a sweep of a
+            # thousand costs no thousand processes.
+            if job.phase == "running":
+                job.replay = self.new_buffer(job.job_id, job.config)
         with self.state.guard.changing():
             # Decided again with the lock held, so that jobs submitted at once cannot
             # all take the last place; a record that says otherwise is written anew (a

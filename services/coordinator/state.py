@@ -148,6 +148,9 @@ class CoordinatorLimits:
     #: Bytes of the shared volume kept for the coordinator's records (reserve.py), so
     #: that a job's end is recorded on a volume that stays full (0: none kept).
     record_reserve_bytes: int = 16 << 20
+    #: How long a buffer process accepts a task credential after it was signed; each
+    #: heartbeat of the task's worker brings a fresh one (services/buffer/credentials.py).
+    credential_ttl_s: float = 120.0
 
 
 @dataclass

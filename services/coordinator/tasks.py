@@ -132,8 +132,9 @@ class TaskBoard:
         remote = job.remote
         if remote is not None and isinstance(spec, CollectSpec | LearnSpec):
             # Its data goes to the job's buffer process, with a credential for it alone.
+            epoch = spec.epoch if isinstance(spec, LearnSpec) else 0
             spec = dataclasses.replace(
-                spec, data=remote.access(task_id, worker.worker_id, spec.kind)
+                spec, data=remote.access(task_id, worker.worker_id, spec.kind, epoch)
             )
         task = Task(
             task_id=task_id,

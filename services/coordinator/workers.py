@@ -11,8 +11,10 @@ import secrets
 from common.errors import ApiError, not_found
 from common.http import Caller
 from common.messages import (
+    CollectSpec,
     Heartbeat,
     HeartbeatReply,
+    LearnSpec,
     Registered,
     WorkerInfo,
     WorkerRegistration,
@@ -91,7 +93,7 @@ class WorkerRegistry:
         with self.state.guard.changing():
             worker = self.get(worker_id)
             worker.last_heartbeat_s = self.state.clock()
-            cancel, release = [], []
+            cancel, release, credentials = [], [], {}
             self._count_unreported(worker, {report.task_id for report in beat.tasks})
             for report in beat.tasks:
                 task = self.state.tasks.get(report.task_id)
@@ -100,6 +102,9 @@ class WorkerRegistry:
                     continue
                 if task.release_by_s is not None:
                     release.append(task.task_id)
+                credential = self._fresh_credential(task)
+                if credential is not None:
+                    credentials[task.task_id] = credential
                 task.state = TaskState.RUNNING
                 task.unreported_beats = 0
                 worker.progress[task.task_id] = dict(report.progress)
@@ -121,7 +126,17 @@ class WorkerRegistry:
                     # woken now, ends the job in its own thread.
                     if self.jobs.verdict(job) is not None:
                         self.state.guard.notify()
-            return HeartbeatReply(cancel=cancel, release=release)
+            return HeartbeatReply(cancel=cancel, release=release, credentials=credentials)
+
+    def _fresh_credential(self, task: Task) -> str | None:
+        """The task's buffer credential signed anew (None: its data is not in a
+        buffer process)."""
+        job = self.state.jobs.get(task.job_id)
+        remote = job.remote if job is not None and job.running else None
+        if remote is None or not isinstance(task.spec, CollectSpec | LearnSpec):
+            return None
+        epoch = task.spec.epoch if isinstance(task.spec, LearnSpec) else 0
+        return remote.access(task.task_id, task.worker_id, task.kind, epoch).credential
 
     def _count_unreported(self, worker: Worker, reported: set[str]) -> None:
         """A task its worker confirmed and no longer lists in its heartbeats is lost

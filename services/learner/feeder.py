@@ -14,7 +14,8 @@ The conversation, one stream socket, each frame a kind, a JSON head and a binary
 
 - learner -> feeder: `FeederStart` once; `taken` for each frame it takes to train (so
   the feeder may send one more); `Trained` for each reply trained on that has a hold
-  or new priorities (the priorities in the body); `stop`.
+  or new priorities (the priorities in the body); a fresh task credential whenever
+  the learner's heartbeats bring one (`credential`, the credential as its head); `stop`.
 - feeder -> learner: `FedFrame`s of each sample reply's batches, as many batches a
   frame as fit in `FRAME_BYTES` (a batch larger goes alone), the reply's last frame
   marked, with its hold (a reply with no batches, none in time: one frame of none);
@@ -77,7 +78,7 @@ log = logging.getLogger(__name__)
 
 #: A frame: its kind, its head's length, its body's length; then the head, the body.
 FRAME = struct.Struct("!BIQ")
-START, TAKEN, TRAINED, STOP, BATCH, END = 1, 2, 3, 4, 5, 6
+START, TAKEN, TRAINED, STOP, BATCH, END, CREDENTIAL = 1, 2, 3, 4, 5, 6, 7
 #: Arrays in a body start at multiples of this (aligned for any dtype's views).
 ALIGN = 64
 #: Frames the feeder may send before the learner takes them to train.
@@ -502,6 +503,10 @@ class ProcessFeed:
         if hold_id is not None or keys:
             self._send(TRAINED, *trained_frame(hold_id, keys, priorities))
 
+    def renew(self, credential: str) -> None:
+        """The feeder's requests carry this credential from now on."""
+        self._send(CREDENTIAL, credential.encode())
+
     def _send(self, kind: int, head: bytes, body: bytes = b"") -> None:
         try:
             send_frame(self.sock, kind, head, body, self._send_lock)
@@ -660,6 +665,7 @@ class Feeder:
         self.replies: queue.Queue[SampleReply | BaseException] = queue.Queue()
         self.send_lock = threading.Lock()
         client = data_client(start.data_urls, start.bearer, timeout_s=start.call_timeout_s)
+        self.client = client
         self.sampler = Sampler(
             client,
             start.job_id,
@@ -794,6 +800,8 @@ class Feeder:
                 self.credits.release()
             elif kind == TRAINED:
                 self.outbox.add(*read_trained(head, body))
+            elif kind == CREDENTIAL:
+                self.client.renew(head.decode())
             elif kind == STOP:
                 self.stop.set()
                 self.sampler.send_last_priorities()

@@ -212,7 +212,10 @@ class BatchSession:
             sample_timeout_s=learn.sample_timeout_s,
             sequence_length=self.cache.sequence_length,
         )
-        return ProcessFeed.start(start, self.ctx.stop, self.cache.unusable)
+        feed = ProcessFeed.start(start, self.ctx.stop, self.cache.unusable)
+        # Its requests carry the task's credential: renewed there as heartbeats renew it.
+        self.ctx.on_renew.append(feed.renew)
+        return feed
 
     def fetch(self) -> SampleReply | None:
         """The next sample request (on the prefetch thread, while the batches of the

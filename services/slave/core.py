@@ -80,6 +80,9 @@ class TaskContext:
     progress: dict[str, float] = field(default_factory=dict)
     #: Segment files this task had to skip; reported with the heartbeats.
     unusable_segments: set[str] = field(default_factory=set)
+    #: Called with each fresh buffer credential its heartbeats bring (`renew`): what
+    #: uses the task's data access elsewhere (a learner's feeder process).
+    on_renew: list[Callable[[str], None]] = field(default_factory=list)
 
     @functools.cached_property
     def data(self) -> CoordinatorClient | ShardedData:
@@ -90,7 +93,19 @@ class TaskContext:
         access = getattr(getattr(self.task, "spec", None), "data", None)
         if access is None:
             return self.coordinator
-        return data_client(access.urls, access.credential, timeout_s=self.coordinator.timeout_s)
+        credential = self.__dict__.get("renewed_credential", access.credential)
+        return data_client(access.urls, credential, timeout_s=self.coordinator.timeout_s)
+
+    def renew(self, credential: str) -> None:
+        """A fresh credential for the task's buffer processes (each heartbeat brings
+        one: they expire, and a restarted process takes only fresh ones)."""
+        data = self.__dict__.get("data")  # made, or not yet (`data` then signs in with it)
+        if data is not None and data is not self.coordinator:
+            data.renew(credential)
+        else:
+            self.__dict__["renewed_credential"] = credential
+        for renewed in list(self.on_renew):
+            renewed(credential)
 
     def stopped(self) -> bool:
         """The task's loops end: it was cancelled or released."""
@@ -384,6 +399,11 @@ class Slave:
         for task_id in answer.release:
             if self.release(task_id):
                 log.info("coordinator released task %s", task_id)
+        for task_id, credential in answer.credentials.items():
+            with self._lock:
+                entry = self._running.get(task_id)
+            if entry is not None:
+                entry[0].renew(credential)
 
 
 def patiently(stop: threading.Event, call: Callable[..., T], *args: Any) -> T:

@@ -57,7 +57,8 @@ def test_a_credential_names_one_task_of_one_job():
     signed = sign(KEY, grant)
     assert verify(KEY, signed) == grant
     assert verify(credential_key("another token"), signed) is None
-    forged = signed.replace("collector-1", "collector-2")
+    other = sign(KEY, TaskGrant(JOB, "collect-1", "collector-2", "collect"))
+    forged = other.rpartition(".")[0] + "." + signed.rpartition(".")[2]  # this signature
     assert verify(KEY, forged) is None
     assert verify(KEY, "bt1.a.b") is None
     with pytest.raises(ValueError):
@@ -238,3 +239,60 @@ def test_the_end_closes_the_buffer_and_releases_its_files(shard):
     host.stop()  # the deletes queued are done
     assert not host.store.exists(ref["path"])
     assert not host.store.exists(f"{JOB}/buffer-0/state.json")
+
+
+def test_credentials_end_without_a_list_expired_or_older_than_their_process(tmp_path, monkeypatch):
+    """A restarted buffer process (or a restarted coordinator's new one) takes only
+    credentials signed since it started: an ended task's are refused with no list of
+    ended tasks replayed to it, and a live task's are answered 503 (retried) until its
+    next heartbeat renews them; one older than the TTL is refused the same way."""
+    before = credential("collect-1", "collector-1")
+    started = time.time() + 2  # the process starts after the credential was signed
+    grants = TaskGrants(KEY, JOB, ttl_s=60.0, started_s=started)
+    host = ShardHost.open(
+        SharedStore(tmp_path),
+        JOB,
+        ReplayBufferConfig(type="uniform", replay_buffer_size=1000, min_size_to_sample=10),
+        error_buffer=100.0,
+        seed=0,
+        grants=grants,
+        limits=ShardLimits(),
+    )
+    try:
+        client = create_app(host, TOKEN).test_client()
+        ref = write_segment(
+            SimpleNamespace(store=host.store), JOB, 0, worker="collector-1.collect-1"
+        )
+        body = {"segments": [ref], "task_id": "collect-1"}
+        refused = client.post(f"/api/v1/jobs/{JOB}/segments", json=body, headers=bearer(before))
+        assert refused.status_code == 503 and refused.json["error"] == "credential_stale"
+        assert refused.headers["Retry-After"]
+        # Its next heartbeat's credential, signed after the process started.
+        monkeypatch.setattr("itsdangerous.timed.time.time", lambda: started + 1)
+        renewed = credential("collect-1", "collector-1")
+        assert (
+            client.post(
+                f"/api/v1/jobs/{JOB}/segments", json=body, headers=bearer(renewed)
+            ).status_code
+            == 200
+        )
+        # Past its TTL, without a renewal (its worker's heartbeats stopped).
+        monkeypatch.setattr("itsdangerous.timed.time.time", lambda: started + 100)
+        expired = client.post(f"/api/v1/jobs/{JOB}/segments", json=body, headers=bearer(renewed))
+        assert expired.status_code == 503 and "120" not in expired.json["message"]
+        assert "issued more than 60 s ago" in expired.json["message"]
+    finally:
+        host.stop()
+
+
+def test_a_learn_credential_of_an_older_lease_is_refused_once_a_newer_one_is_seen(shard):
+    """Fencing at the data plane: the learner of a lease that was taken over cannot
+    sample or send priorities with its credential, still signed and unexpired."""
+    host, client, _ = shard
+    old = bearer(sign(KEY, TaskGrant(JOB, "learn-1", "learner-1", "learn", epoch=1)))
+    new = bearer(sign(KEY, TaskGrant(JOB, "learn-2", "learner-2", "learn", epoch=2)))
+    ask = {"batch_size": 8, "timeout_s": 0}
+    url = f"/api/v1/jobs/{JOB}/samples"
+    assert client.post(url, json=ask | {"task_id": "learn-1"}, headers=old).status_code != 401
+    assert client.post(url, json=ask | {"task_id": "learn-2"}, headers=new).status_code != 401
+    assert client.post(url, json=ask | {"task_id": "learn-1"}, headers=old).status_code == 401

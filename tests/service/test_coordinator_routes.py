@@ -117,13 +117,13 @@ def test_workers_register_heartbeat_and_leave(client, core):
     worker_id = reg.json["worker_id"]
     assert reg.json["lease_timeout_s"] > reg.json["heartbeat_interval_s"] > 0
     beat = post(client, f"/api/v1/workers/{worker_id}/heartbeat", {"tasks": []})
-    assert beat.status_code == 200 and beat.json == {"cancel": [], "release": []}
+    assert beat.status_code == 200 and beat.json == {"cancel": [], "release": [], "credentials": {}}
     unknown = post(
         client,
         f"/api/v1/workers/{worker_id}/heartbeat",
         {"tasks": [{"task_id": "collect-zzz", "state": "running"}]},
     )
-    assert unknown.json == {"cancel": ["collect-zzz"], "release": []}  # not ours: stop it
+    assert unknown.json["cancel"] == ["collect-zzz"]  # not ours: stop it
     workers = get(client, "/api/v1/workers").json["workers"]
     assert workers[0]["worker_id"] == worker_id and workers[0]["state"] == "idle"
     assert client.delete(f"/api/v1/workers/{worker_id}", headers=AUTH).status_code == 202
@@ -149,7 +149,7 @@ def test_scheduler_plans_collect_and_learn_tasks(client, core):
         f"/api/v1/workers/{c['worker_id']}/heartbeat",
         {"tasks": [{"task_id": collect.task_id, "state": "running", "progress": {"env_steps": 5}}]},
     )
-    assert beat.json == {"cancel": [], "release": []}
+    assert beat.json == {"cancel": [], "release": [], "credentials": {}}
     # a worker that leaves hands its task back: the next plan gives it to another
     client.delete(f"/api/v1/workers/{c['worker_id']}", headers=AUTH)
     register(client, "collector", "http://c2")

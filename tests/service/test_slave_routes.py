@@ -173,3 +173,20 @@ def test_close_leaves_the_coordinator(tmp_path):
     slave, coordinator = started_slave(tmp_path)
     slave.close(timeout_s=5)
     assert coordinator.left == ["collector-fake"]
+
+
+def test_a_tasks_data_credential_is_renewed_by_its_heartbeats(setup):
+    """Buffer credentials expire and a restarted buffer process takes only fresh ones:
+    each heartbeat answer's credential replaces the task's (and reaches what uses it
+    elsewhere, a learner's feeder process, through `on_renew`)."""
+    client, slave, coordinator = setup
+    access = {"urls": ["http://127.0.0.1:9"], "credential": "first"}
+    client.post("/v1/tasks", json=task("collect-1", data=access), headers=AUTH)
+    wait_until(lambda: slave.status().tasks, what="the task")
+    ctx = slave._running["collect-1"][0]
+    told = []
+    ctx.on_renew.append(told.append)
+    assert ctx.data.bearer == "first"
+    coordinator.credentials_next = {"collect-1": "second", "collect-404": "nobody's"}
+    wait_until(lambda: ctx.data.bearer == "second", what="the renewed credential")
+    assert told == ["second"]

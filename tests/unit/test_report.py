@@ -1,11 +1,13 @@
 """`drover report` over a run folder whose jobs' records are made here: configs grouped
 by their experiment's point, the figures worked out by hand, the PNGs written."""
 
-from common.messages import PopulationStep
+import json
+
+from common.messages import PopulationStep, dump
 from common.storage import SharedStore
 from drover.cli import main
 from jobconfig.population import Population
-from services.coordinator.experiments import FOLDER, experiment_record
+from services.coordinator.experiments import FOLDER, experiment_record, lineage_path
 from services.coordinator.snapshot import write_job_record
 from services.coordinator.state import Experiment, ExperimentJob
 
@@ -123,8 +125,9 @@ def test_a_population_report_tables_and_draws_its_lineage(tmp_path):
     )
     population = Population(params=(LR,))
     experiment = Experiment("exp-p", "pbt", 0.0, None, members, population=population)
-    experiment.lineage.append(step)
     store.write_json(f"{FOLDER}/exp-p.json", experiment_record(experiment))
+    # Its lineage, appended step by step beside its record (as the coordinator does).
+    store.append_line(lineage_path("exp-p"), json.dumps(dump(step)).encode())
     assert main(["report", str(tmp_path)]) == 0
     report = (tmp_path / "report" / "report.md").read_text()
     assert "## Population-based training: pbt (exp-p)" in report
