@@ -322,6 +322,9 @@ class ShardHost:
     def data_urls(self, job_id: str) -> list[str]:
         return []  # served here
 
+    def check_task_owner(self, job_id: str, task_id: str | None, caller: str) -> None:
+        """Its own routes check the task with each request (`_check_sender`)."""
+
     def buffer_stats(self, job_id: str) -> BufferStats:
         if job_id != self.job_id:
             raise ApiError(404, "not_found", f"this buffer serves {self.job_id}, not {job_id}")

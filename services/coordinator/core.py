@@ -77,6 +77,7 @@ from services.coordinator.state import (
     Task,
     TaskState,
     Worker,
+    must_be,
 )
 from services.coordinator.tasks import TaskBoard
 from services.coordinator.workers import WorkerRegistry
@@ -360,6 +361,12 @@ class Coordinator:
         self.job_book.boards.close_all()
         if self.state.buffers is not None:
             self.state.buffers.close()  # each writes its last snapshot
+
+    def check_task_owner(self, job_id: str, task_id: str | None, caller: str) -> None:
+        with self.state.guard.changing():
+            task = self.state.tasks.get(task_id or "")
+            if task is not None and task.job_id == job_id:
+                must_be(caller, task.worker_id, f"act for task {task.task_id}")
 
     def data_urls(self, job_id: str) -> list[str]:
         """Where the job's data is served, when not here: its buffer processes."""

@@ -95,6 +95,21 @@ def test_data_goes_to_the_buffer_process_and_an_operator_reaches_it_through_the_
         assert resp.status_code == 200 and len(resp.json()["batches"][0]["keys"]) == 4
         stats = cluster.client.buffer_stats(job_id)
         assert stats["size"] > 0
+        # A worker is refused there: acting for another worker's task is a 403 first;
+        # for a task of its own, its task's data access says where to send (409).
+        (collect,) = [t for w in cluster.client.workers() for t in w.task_ids if "collect" in t]
+        other = requests.post(
+            f"{cluster.coordinator_url}/api/v1/workers",
+            json={"role": "collector", "url": "http://127.0.0.1:9", "slave_token": "s" * 32},
+            headers={"Authorization": f"Bearer {cluster.registration_token}"},
+            timeout=10,
+        ).json()
+        as_other = {"Authorization": f"Bearer {other['credential']}"}
+        insert = f"{cluster.coordinator_url}/api/v1/jobs/{job_id}/segments"
+        for task_id, status in ((collect, 403), ("collect-notmine", 409)):
+            body = {"segments": [], "task_id": task_id}
+            resp = requests.post(insert, json=body, headers=as_other, timeout=10)
+            assert resp.status_code == status, resp.json()
         cluster.client.stop_job(job_id)
 
 

@@ -46,6 +46,11 @@ class BufferHost(DataHost, Protocol):
         or each of its shards; empty: here."""
         ...
 
+    def check_task_owner(self, job_id: str, task_id: str | None, caller: str) -> None:
+        """Raises ApiError 403 when `task_id` is a task of the job held by another
+        worker than `caller` (what a worker may not act for, wherever it sends)."""
+        ...
+
 
 def blueprints() -> list[Blueprint]:
     from services.buffer.api import priorities, samples, segments, stats

@@ -57,7 +57,12 @@ def serving(job_id: str) -> DataHost | Response:
     urls = host.data_urls(job_id)
     if not urls:
         return host
-    if caller() is not None:
+    worker = caller()
+    if worker is not None:
+        # Acting for another worker's task is refused as such (403), wherever sent.
+        body = request.get_json(silent=True) if request.is_json else None
+        task_id = body.get("task_id") if isinstance(body, dict) else None
+        host.check_task_owner(job_id, task_id if isinstance(task_id, str) else None, worker)
         raise ApiError(
             409,
             "data_elsewhere",
