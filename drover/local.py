@@ -273,11 +273,10 @@ class LocalCluster:
             service.start()
         self.wait_ready(ready_timeout_s)
 
-    def add_collector(self) -> Service:
-        """Start one more collector while the cluster runs (it joins at once)."""
-        service = self._service(
-            f"collector-{len(self.collectors)}", "services.collector", free_port()
-        )
+    def add_collector(self, module: str = "services.collector") -> Service:
+        """Start one more collector while the cluster runs (it joins at once);
+        `module`: another implementation of one (a fault bench's double)."""
+        service = self._service(f"collector-{len(self.collectors)}", module, free_port())
         service.fork_server = self._fork_server
         self.collectors.append(service)
         service.start()
