@@ -10,12 +10,22 @@ job has trained, the volume is filled for `--full-s` seconds; then the filler go
 the job must go on and succeed, every acknowledged insert counted.
 
     python bench/full_volume.py --full-s 60
+    python bench/full_volume.py --stays-full --grace-s 30
+
+With `--stays-full` the volume is filled right after `drover run` submits the job and
+stays full: the job must fail at its `system.storage_grace_s` and `drover run` exit
+non-zero naming the volume, with the coordinator's reserve of room for records
+(`DROVER_RECORD_RESERVE_BYTES`) and without one (the end then shown as "not yet
+recorded"): how long after the fill it exited, its code and the line saying how the
+job ended.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import os
+import subprocess
 import sys
 import tempfile
 import time
@@ -74,10 +84,65 @@ def run(folder: Path, full_s: float) -> dict:
     }
 
 
+def stays_full(folder: Path, grace_s: float, reserve: bool) -> dict:
+    """`drover run` of the job on a fresh tmpfs that fills right after the submission
+    and stays full: seconds from the fill to its exit, its exit code, and the line
+    that says how the job ended."""
+    config = folder / "job.yaml"
+    folder.mkdir(parents=True, exist_ok=True)
+    config.write_text(yaml.safe_dump(deep_merge(JOB, {"system": {"storage_grace_s": grace_s}})))
+    env = {**os.environ, "COLUMNS": "200"}
+    if not reserve:
+        env["DROVER_RECORD_RESERVE_BYTES"] = "0"
+    log = folder / "drover.log"
+    with tmpfs(folder / "volume", "256m") as volume, log.open("w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "drover", "run", str(config), "--runs-dir", str(volume)],
+            cwd=ROOT,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        try:
+            wait_until(lambda: "submitted" in log.read_text(), 120, "the submission")
+            fill(volume / "filler")
+            full_at = time.monotonic()
+            code = proc.wait(timeout=grace_s + 300)
+            exited_s = time.monotonic() - full_at
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(30)
+    lines = [line for line in log.read_text().splitlines() if line.strip()]
+    said = next((line for line in reversed(lines) if " failed: " in line), lines[-1])
+    return {"exited_s": exited_s, "code": code, "said": said.strip()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--full-s", type=float, default=60.0, help="how long the volume is full")
+    parser.add_argument(
+        "--stays-full", action="store_true", help="the volume stays full (see above)"
+    )
+    parser.add_argument("--grace-s", type=float, default=30.0, help="system.storage_grace_s")
     args = parser.parse_args()
+    if args.stays_full:
+        table = Table(title=f"the default job, its volume full for good (grace {args.grace_s:g} s)")
+        for column in ("record reserve", "drover run exited after", "exit code", "said"):
+            table.add_column(column)
+        ok = True
+        with tempfile.TemporaryDirectory() as tmp:
+            for reserve in (True, False):
+                r = stays_full(Path(tmp) / f"reserve-{reserve}", args.grace_s, reserve)
+                ok &= r["code"] != 0 and "volume" in r["said"]
+                table.add_row(
+                    "16 MiB" if reserve else "none",
+                    f"{r['exited_s']:.0f} s",
+                    str(r["code"]),
+                    r["said"][:110],
+                )
+        Console(width=180).print(table)
+        return 0 if ok else 1
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for full_s in (0.0, args.full_s):

@@ -5,17 +5,15 @@ succeeds with every acknowledged insert counted (a real tmpfs as the shared root
 mounting one needs root)."""
 
 import json
-import os
-import subprocess
-import sys
 import time
 
 import pytest
 import yaml
 
+from bench.full_volume import stays_full
 from common.config import deep_merge
 from drover.local import LocalCluster
-from tests.helpers import EXAMPLES, ROOT, fill, tmpfs, wait_for_end, wait_until
+from tests.helpers import EXAMPLES, fill, tmpfs, wait_for_end, wait_until
 
 pytestmark = [pytest.mark.processes, pytest.mark.chaos]
 
@@ -93,34 +91,11 @@ def test_a_volume_that_stays_full_fails_the_job_and_its_end_is_recorded_in_the_r
         assert not (volume / "run" / ".drover-record-reserve").exists()  # spent on it
 
 
-def test_drover_run_returns_naming_the_volume_when_even_the_reserve_is_spent(volume, tmp_path):
+def test_drover_run_returns_naming_the_volume_when_even_the_reserve_is_spent(tmp_path):
     """No room at all for the end's record (no reserve kept): the job's end is shown
     as not yet recorded, and `drover run` exits non-zero naming the volume instead of
-    waiting for a record that cannot be written."""
-    config = tmp_path / "full.yaml"
-    config.write_text(yaml.safe_dump(SHORT_GRACE))
-    runs = volume / "runs"
-    log = tmp_path / "drover.log"
-    env = {**os.environ, "DROVER_RECORD_RESERVE_BYTES": "0", "COLUMNS": "200"}
-    with log.open("w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "drover", "run", str(config), "--runs-dir", str(runs)],
-            cwd=ROOT,
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=env,
-        )
-    try:
-        wait_until(lambda: "submitted" in log.read_text(), 120, "the job's submission")
-        fill(volume / "filler")
-        full_at = time.monotonic()
-        code = proc.wait(timeout=90)
-        ended_s = time.monotonic() - full_at
-        text = log.read_text()
-        assert code != 0, text[-3000:]
-        assert "shared volume" in text and "not yet recorded" in text, text[-3000:]
-        assert ended_s < 60, ended_s
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(timeout=30)
+    waiting for a record that cannot be written (bench/full_volume.py --stays-full)."""
+    ran = stays_full(tmp_path, grace_s=5, reserve=False)
+    assert ran["code"] != 0, ran
+    assert "shared volume" in ran["said"] and "not yet recorded" in ran["said"], ran
+    assert ran["exited_s"] < 60, ran
