@@ -49,6 +49,8 @@ ENV = {
     "DROVER_SCHEDULER_PERIOD_S": "0.2",
     "DROVER_SNAPSHOT_PERIOD_S": "1",
     "DROVER_ORPHAN_GRACE_S": "2",
+    # The round's bad collector is a test double (tests/black_hole.py).
+    "PYTHONPATH": str(ROOT),
 }
 
 
@@ -165,17 +167,29 @@ def _volume_fault(volume: FaultVolume, rng: random.Random, result: ChaosResult) 
 
 
 def _buffer_fault(cluster: LocalCluster, rng: random.Random, result: ChaosResult) -> None:
-    """The job's buffer process killed (its coordinator starts it again)."""
+    """The job's buffer process killed (its coordinator starts it again), or frozen for
+    a few seconds (its job's status says so; nothing else waits on it)."""
     coordinator = cluster.coordinator.process
     pids = list(buffer_processes(coordinator.pid).values()) if coordinator else []
     if not pids:
-        result.faults.append("no buffer process to kill (restarting)")
+        result.faults.append("no buffer process to hit (restarting)")
         return
-    signum = rng.choice([signal.SIGKILL, signal.SIGKILL, signal.SIGTERM])
+    signum = rng.choice([signal.SIGKILL, signal.SIGKILL, signal.SIGTERM, signal.SIGSTOP])
     for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signum)
+    if signum == signal.SIGSTOP:
+        frozen_s = rng.uniform(2.0, 6.0)
+        for pid in pids:
+            threading.Timer(frozen_s, _resume, (pid,)).start()
+        result.faults.append(f"SIGSTOP buffer {frozen_s:.0f}s")
+        return
     result.faults.append(f"{'kill -9' if signum == signal.SIGKILL else 'SIGTERM'} buffer")
+
+
+def _resume(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGCONT)
 
 
 def _fault(
@@ -232,6 +246,10 @@ def chaos_round(
     shared = run_dir if volume is None else volume.root / run_dir.name
     with LocalCluster(shared, num_collectors=3, extra_env=ENV, logs_at=run_dir / "logs") as cluster:
         cluster.wait_for_workers()
+        collectors = list(cluster.collectors)  # the fault victims: not the double below
+        # Beside them all round, a collector that takes tasks and runs none.
+        cluster.add_collector("tests.black_hole")
+        result.faults.append("a collector that takes tasks and runs none")
         job_id = cluster.client.submit_job(config).job_id
         _kill(cluster.coordinator, signal.SIGKILL)  # right after the 201
         cluster.coordinator.wait(5)
@@ -241,7 +259,7 @@ def chaos_round(
         # Every role in turn, in a seeded order, so a short job still sees each one hit.
         roles: list[Service | str] = [
             cluster.coordinator,
-            *cluster.collectors,
+            *collectors,
             *cluster.learners,
             BUFFER,
             *([VOLUME] if volume is not None else []),
@@ -251,7 +269,7 @@ def chaos_round(
         while watch.phase == "running":
             if time.monotonic() - started > deadline_s:
                 raise TimeoutError(f"seed {seed}: the job did not end in {deadline_s}s")
-            injected = len(result.faults) - 1
+            injected = len(result.faults) - 2  # past the bad collector and the first kill
             if injected < max_faults and time.monotonic() >= next_fault_s:
                 _fault(cluster, roles[injected % len(roles)], rng, result, volume)
                 next_fault_s = time.monotonic() + rng.uniform(0.5, 1.5)
