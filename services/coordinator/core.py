@@ -361,6 +361,9 @@ class Coordinator:
         self.job_book.boards.close_all()
         if self.state.buffers is not None:
             self.state.buffers.close()  # each writes its last snapshot
+        if self.state.reserve is not None:
+            # Not left behind in a run folder: a coordinator that starts takes it again.
+            self.state.reserve.release()
 
     def check_task_owner(self, job_id: str, task_id: str | None, caller: str) -> None:
         with self.state.guard.changing():

@@ -82,6 +82,11 @@ class RoomReserve:
             )
             return True
 
+    def release(self) -> None:
+        """Give the room back as the coordinator stops (quietly)."""
+        with self._lock, contextlib.suppress(FileNotFoundError):
+            self.path.unlink()
+
     def write(self, write: Callable[[], T]) -> T:
         """`write()`; when it finds the volume full, again in the reserve's room. Raises
         its error when that is spent too, or the error is not a full volume."""
