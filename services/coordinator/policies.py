@@ -8,9 +8,11 @@ import logging
 from common.errors import ApiError, bad_request, conflict, not_found
 from common.messages import EvaluateSpec, LearnSpec, PolicyRef, dump
 from common.storage import CorruptFileError, SharedStore, WrongAlgorithm, sha256_hex
+from common.storage_full import retry_while_full
 from common.video import VIDEO_NAME
 from services.coordinator.jobs import JobBook
 from services.coordinator.lock import BoundedWaits
+from services.coordinator.reserve import write_kept
 from services.coordinator.state import CoordinatorState, Job
 from services.coordinator.tasks import TaskBoard
 from services.coordinator.workers import WorkerRegistry
@@ -171,7 +173,16 @@ class PolicyPointer:
         store = self.state.store
         stale_below = max(job.learner_epoch, read_epoch_floor(store, job.job_id))
         job.learner_epoch = stale_below + RESTART_EPOCH_GAP
-        write_epoch_floor(store, job.job_id, job.learner_epoch)
+        # A coordinator restarted while the volume is full waits for room (in the
+        # reserve's, if it has some) rather than exit or hand out an epoch not durable.
+        epoch = job.learner_epoch
+        retry_while_full(
+            lambda: write_kept(
+                self.state.reserve, lambda: write_epoch_floor(store, job.job_id, epoch)
+            ),
+            grace_s=job.config.system.storage_grace_s,
+            what=f"{job.job_id}'s learn lease epoch",
+        )
         folder = f"{job.job_id}/policies"
         current = job.policy.version if job.policy else 0
         versions = sorted(

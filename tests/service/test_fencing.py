@@ -107,3 +107,35 @@ def again_client(tmp_path, core):
 
     settings = CoordinatorSettings(shared_dir=tmp_path, token=TOKEN)
     return create_app(settings, core=core).test_client()
+
+
+def test_a_restart_on_a_full_volume_waits_for_room_to_make_its_epoch_durable(
+    tmp_path, client, core, monkeypatch
+):
+    """Restarted while the volume is full (its reserve spent too), the coordinator
+    waits for room to write the raised epoch, instead of exiting at start."""
+    import errno
+
+    job_id, _, _ = job_with_learner(client, core)
+    core.snapshot_jobs()
+    core.close()
+    again = Coordinator(
+        SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000, record_reserve_bytes=0)
+    )
+    real, refused = again.store.write_json, []
+
+    def full_twice(rel, record):
+        if rel.endswith("epoch.json") and len(refused) < 2:
+            refused.append(rel)
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(rel, record)
+
+    monkeypatch.setattr(again.store, "write_json", full_twice)
+    monkeypatch.setattr("common.storage_full.RETRY_BASE_S", 0.01)
+    try:
+        again.restore_jobs()
+        assert len(refused) == 2
+        assert again.jobs[job_id].learner_epoch > RESTART_EPOCH_GAP
+        assert (tmp_path / job_id / "coordinator" / "epoch.json").exists()
+    finally:
+        again.close()
