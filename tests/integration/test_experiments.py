@@ -2,6 +2,7 @@
 sweep` runs a sweep's jobs on a local cluster and `drover report` reads them back;
 `drover tune` runs an Optuna study's trials as jobs and writes the best config."""
 
+import json
 import subprocess
 import sys
 
@@ -97,8 +98,9 @@ def test_a_population_takes_checkpoints_and_its_report_draws_the_lineage(tmp_pat
     swept = drover("sweep", str(config), "--runs-dir", str(runs), "--learners", "2", timeout_s=300)
     assert swept.returncode == 0, swept.stderr[-3000:]
     (run_dir,) = runs.iterdir()
-    (record,) = (run_dir / "experiments").iterdir()
-    lineage = yaml.safe_load(record.read_text())["lineage"]
+    # Its lineage: a step a line, appended beside the experiment's record.
+    (steps,) = (run_dir / "experiments").glob("*.lineage.jsonl")
+    lineage = [json.loads(line) for line in steps.read_text().splitlines()]
     taken = [step for step in lineage if step["checkpoint"]]
     assert taken, lineage
     # A member's learner resumed from the copy of what it took, under the step's epoch.
