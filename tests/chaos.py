@@ -89,7 +89,13 @@ class FaultVolume:
     def slow_for(self, seconds: float, latency_s: float) -> None:
         """Every fsync and read waits `latency_s` from now, for `seconds`."""
         set_latency(self.root, latency_s)
-        threading.Timer(seconds, set_latency, (self.root, 0.0)).start()
+        threading.Timer(seconds, self._fast_again).start()
+
+    def _fast_again(self) -> None:
+        """No added latency any more, if the volume is still mounted (a round that
+        ended sooner unmounted it)."""
+        with contextlib.suppress(KeyError, OSError):
+            set_latency(self.root, 0.0)
 
 
 @contextlib.contextmanager
