@@ -449,6 +449,12 @@ class SimWorker:
                 if self.tally.answered("heartbeat", sent, status, answer) == "ok":
                     self.tally.heartbeats += self.tally.timed(sent)
                     reply = json.loads(answer)
+                    # Its task's buffer credential, signed anew (they expire), as a
+                    # slave's heartbeats renew it.
+                    if self.task is not None:
+                        fresh = reply.get("credentials", {}).get(self.task["task_id"])
+                        if fresh and self.data_auth != self.credential:
+                            self.data_auth = fresh
                     # A steady fleet's jobs hold their shares: a release is as wrong.
                     if reply.get("cancel") or reply.get("release"):
                         self.cancelled = True
