@@ -316,3 +316,24 @@ def test_a_buffer_process_that_keeps_dying_fails_its_job_and_a_frozen_one_is_sho
         assert re.search(
             r"exited \(code -9, 3 times in 60 s\); restarting it in (0\.[5-9]|1\.0) s", log
         )
+
+
+def test_a_job_runs_on_through_many_credential_lifetimes(tmp_path):
+    """Task credentials expire (here after 3 s): each heartbeat brings a fresh one to the
+    collectors and to the learner's feeder process, so collection and training go on
+    far past a credential's life, with no task failed and no request refused as stale."""
+    endless = deep_merge(DQN, {"system": {"max_env_step": 10**8}})
+    with LocalCluster(
+        tmp_path / "run", num_collectors=2, extra_env={"DROVER_CREDENTIAL_TTL_S": "3"}
+    ) as cluster:
+        cluster.wait_for_workers()
+        job_id = cluster.client.submit_job(endless).job_id
+        wait_until(lambda: cluster.client.job(job_id).train_iters > 0, 60, "training")
+        time.sleep(8)  # past two credential lifetimes
+        before = cluster.client.job(job_id)
+        time.sleep(4)
+        after = cluster.client.job(job_id)
+        assert after.env_steps > before.env_steps and after.train_iters > before.train_iters
+        assert after.task_failures == 0 and after.tasks_reassigned == 0, after
+        logs = "".join(p.read_text() for p in cluster.log_dir.glob("*.log"))
+        assert "credential_stale" not in logs
