@@ -35,6 +35,7 @@ from common.storage import CorruptFileError, SharedStore
 from jobconfig.population import Population
 from jobconfig.sweep import plan_sweep
 from services.coordinator.jobs import MAX_PAGE, JobBook
+from services.coordinator.paging import newest_first
 from services.coordinator.state import CoordinatorState, Experiment, ExperimentJob, Job
 from services.coordinator.workflows import Planner
 
@@ -116,12 +117,13 @@ class ExperimentBook:
     def listing(self, *, limit: int = MAX_PAGE, page_token: str | None = None) -> ExperimentList:
         """Experiments newest first, `limit` at a time (`page_token`: the last answer's
         `next_page_token`), each with its jobs counted."""
-        after = _page_key(page_token) if page_token else None
         with self.state.guard.changing():
-            experiments = sorted(self.state.experiments.values(), key=_order, reverse=True)
-            if after is not None:
-                experiments = [e for e in experiments if _order(e) < after]
-            page = experiments[:limit]
+            page, next_token = newest_first(
+                self.state.experiments.values(),
+                lambda e: (e.created_at, e.experiment_id),
+                limit,
+                page_token,
+            )
             counted = [(e, self._count(e)) for e in page]
         summaries = [
             ExperimentSummary(
@@ -136,10 +138,7 @@ class ExperimentBook:
             )
             for e, (phase, ended) in counted
         ]
-        more = len(experiments) > limit
-        return ExperimentList(
-            experiments=summaries, next_page_token=_page_token(page[-1]) if more else None
-        )
+        return ExperimentList(experiments=summaries, next_page_token=next_token)
 
     def _count(self, experiment: Experiment) -> tuple[str, int]:
         """Its phase, and how many of its jobs ended (or are forgotten)."""
@@ -346,19 +345,3 @@ def _status(
 
 def _phase(stopped: bool, running: bool) -> str:
     return "running" if running else ("stopped" if stopped else "ended")
-
-
-def _order(experiment: Experiment) -> tuple[float, str]:
-    return (experiment.created_at, experiment.experiment_id)
-
-
-def _page_token(experiment: Experiment) -> str:
-    return f"{experiment.created_at!r}/{experiment.experiment_id}"
-
-
-def _page_key(token: str) -> tuple[float, str]:
-    created_at, _, experiment_id = token.partition("/")
-    try:
-        return (float(created_at), experiment_id)
-    except ValueError:
-        raise bad_request("page_token", "not a token from a previous listing") from None

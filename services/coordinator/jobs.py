@@ -10,7 +10,6 @@ reported as ended.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import statistics
 from concurrent.futures import ThreadPoolExecutor
@@ -47,6 +46,7 @@ from services.coordinator.job_status import (
     status_of,
 )
 from services.coordinator.lock import BoundedWaits
+from services.coordinator.paging import newest_first
 from services.coordinator.reserve import write_kept
 from services.coordinator.snapshot import (
     as_record,
@@ -182,12 +182,10 @@ class JobBook:
             with ThreadPoolExecutor(min(WRITERS, len(jobs))) as writers:
                 list(writers.map(self._write_new, jobs))
         except BaseException:
-            # None of them is answered: none is left behind for a restart to find.
+            # None of them is answered: none is left behind for a restart to find (no
+            # buffer has started yet: they start below).
             for job in jobs:
-                if job.remote is not None:
-                    job.remote.stop()
-                with contextlib.suppress(OSError):
-                    store.delete_tree(job.job_id)
+                store.delete_tree(job.job_id)
             raise
         for job in jobs:
             # Its buffer (a process of its own, working in the job's folder) starts now;
@@ -602,9 +600,8 @@ class JobBook:
         """Jobs newest first, `limit` at a time: `page_token` (the last answer's
         `next_page_token`) continues after the previous page. `phase`: one phase, or
         "ended" for any terminal one."""
-        after = _page_key(page_token) if page_token else None
         with self.state.guard.changing():
-            jobs = sorted(
+            page, next_token = newest_first(
                 (
                     j
                     for j in self.state.jobs.values()
@@ -612,17 +609,14 @@ class JobBook:
                     or j.phase == phase
                     or (phase == "ended" and j.phase in TERMINAL_PHASES)
                 ),
-                key=_order,
-                reverse=True,
+                lambda j: (j.started_at, j.job_id),
+                limit,
+                page_token,
             )
-            if after is not None:
-                jobs = [j for j in jobs if _order(j) < after]
-            page = jobs[:limit]
             statuses = [
                 status_of(j, learners_of(self.state, j), held=held_of(self.state, j)) for j in page
             ]
-        more = len(jobs) > limit
-        return JobList(jobs=statuses, next_page_token=_page_token(page[-1]) if more else None)
+        return JobList(jobs=statuses, next_page_token=next_token)
 
     def forget_old(self) -> list[str]:
         """Forget ended jobs past their retention, and the oldest ended ones past the
@@ -707,22 +701,6 @@ class JobBook:
             self.boards.record(job, point)
             while len(job.metrics) > limits.metrics_points:
                 job.metrics.popleft()
-
-
-def _order(job: Job) -> tuple[float, str]:
-    return (job.started_at, job.job_id)
-
-
-def _page_token(job: Job) -> str:
-    return f"{job.started_at!r}/{job.job_id}"
-
-
-def _page_key(token: str) -> tuple[float, str]:
-    started_at, _, job_id = token.partition("/")
-    try:
-        return (float(started_at), job_id)
-    except ValueError:
-        raise bad_request("page_token", "not a token from a previous listing") from None
 
 
 def _final_size(job: Job) -> int:
