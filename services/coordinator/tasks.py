@@ -11,7 +11,8 @@ import dataclasses
 import logging
 
 from common.errors import bad_request, conflict, not_found
-from common.messages import CollectSpec, LearnSpec, TaskSpec, new_id
+from common.messages import CollectSpec, DataAccess, LearnSpec, TaskSpec, new_id
+from services.coordinator.buffers import BufferProcess
 from services.coordinator.state import (
     CoordinatorState,
     Dispatch,
@@ -132,9 +133,8 @@ class TaskBoard:
         remote = job.remote
         if remote is not None and isinstance(spec, CollectSpec | LearnSpec):
             # Its data goes to the job's buffer process, with a credential for it alone.
-            epoch = spec.epoch if isinstance(spec, LearnSpec) else 0
             spec = dataclasses.replace(
-                spec, data=remote.access(task_id, worker.worker_id, spec.kind, epoch)
+                spec, data=data_access(remote, task_id, worker.worker_id, spec)
             )
         task = Task(
             task_id=task_id,
@@ -153,6 +153,16 @@ class TaskBoard:
             worker_id=worker.worker_id,
             task=task.assignment(),
         )
+
+
+def data_access(
+    remote: BufferProcess, task_id: str, worker_id: str, spec: CollectSpec | LearnSpec
+) -> DataAccess:
+    """Where a task's data goes at its job's buffer processes, with its credential
+    signed now (a learn task's under its lease epoch): at its creation, and anew at
+    each heartbeat of its worker (credentials expire)."""
+    epoch = spec.epoch if isinstance(spec, LearnSpec) else 0
+    return remote.access(task_id, worker_id, spec.kind, epoch)
 
 
 def cancel_dispatch(worker: Worker, task_id: str) -> Dispatch:

@@ -23,7 +23,7 @@ from common.messages import (
 from common.storage_full import ROOM_WAIT_KEY
 from services.coordinator.jobs import JobBook
 from services.coordinator.state import CoordinatorState, Task, TaskState, Worker, must_be
-from services.coordinator.tasks import TaskBoard
+from services.coordinator.tasks import TaskBoard, data_access
 from services.coordinator.urls import check_worker_url
 
 log = logging.getLogger(__name__)
@@ -135,8 +135,7 @@ class WorkerRegistry:
         remote = job.remote if job is not None and job.running else None
         if remote is None or not isinstance(task.spec, CollectSpec | LearnSpec):
             return None
-        epoch = task.spec.epoch if isinstance(task.spec, LearnSpec) else 0
-        return remote.access(task.task_id, task.worker_id, task.kind, epoch).credential
+        return data_access(remote, task.task_id, task.worker_id, task.spec).credential
 
     def _count_unreported(self, worker: Worker, reported: set[str]) -> None:
         """A task its worker confirmed and no longer lists in its heartbeats is lost
