@@ -9,16 +9,14 @@ from __future__ import annotations
 
 import logging
 import sys
-from pathlib import Path
 
 from flask import Flask
 
 from common.messages import TaskAssignment
 from common.metrics import service_registry
 from common.settings import SlaveSettings
-from services.coordinator.client import CoordinatorClient
 from services.slave.app import create_slave_app
-from services.slave.core import Slave, TaskContext
+from services.slave.core import Slave, TaskContext, build_slave
 from services.slave.main import run_slave
 
 log = logging.getLogger(__name__)
@@ -41,17 +39,13 @@ class BlackHole(Slave):
 
 
 def create_app(settings: SlaveSettings) -> Flask:
-    slave = BlackHole(
-        role="collector",
-        runner=NoRunner(),
-        coordinator=CoordinatorClient(
-            settings.coordinator_url,
-            settings.token,
-            registration_token=settings.registration_token,
-        ),
-        advertise_url=settings.address_now,
-        shared_root=Path(settings.shared_dir).resolve(),
+    slave = build_slave(
+        "collector",
+        NoRunner(),
+        settings,
+        resources={},
         metrics=service_registry(),
+        slave_type=BlackHole,
     )
     return create_slave_app("drover.black-hole", slave, settings.token, settings.metrics_token)
 

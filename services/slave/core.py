@@ -445,12 +445,14 @@ def build_slave(
     *,
     resources: dict[str, Any],
     metrics: CollectorRegistry | None = None,
+    slave_type: type[Slave] = Slave,
 ) -> Slave:
     """A slave for `role`, configured from its settings, that registers with
     `resources` (what its service has: `common.devices.local_resources()` asks torch,
     which the collector and learner load anyway and this framework need not) and
-    counts in `metrics` (the registry its runner counts in)."""
-    return Slave(
+    counts in `metrics` (the registry its runner counts in); `slave_type`: a `Slave`
+    that takes its tasks otherwise (a fault bench's double)."""
+    return slave_type(
         role=role,
         runner=runner,
         coordinator=CoordinatorClient(
