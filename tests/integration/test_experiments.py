@@ -112,7 +112,7 @@ def test_a_population_takes_checkpoints_and_its_report_draws_the_lineage(tmp_pat
     for step in lineage:
         last[step["job_id"]] = step["after"]["policy.learn.learning_rate"]
     for job_id, rate in last.items():
-        job = yaml.safe_load((run_dir / job_id / "job.json").read_text())
+        job = json.loads((run_dir / job_id / "job.json").read_text())
         assert job["policy"]["learn"]["learning_rate"] == rate
     reported = drover("report", str(run_dir), timeout_s=120)
     assert reported.returncode == 0, reported.stderr
