@@ -86,8 +86,16 @@ def check_segment_file(store: SharedStore, job_id: str, ref: SegmentRef, field: 
 
 
 class InsertSlot:
+    """One taken slot; given back by `release`, or at the end of a `with` block."""
+
     def __init__(self, slots: InsertSlots | None) -> None:
         self._slots = slots
+
+    def __enter__(self) -> InsertSlot:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
     def release(self) -> None:
         """Give the slot back (once; later calls do nothing)."""
@@ -97,7 +105,7 @@ class InsertSlot:
 
 
 class InsertSlots:
-    """A count of the inserts being indexed, bounded by `limit` (0: unbounded)."""
+    """A count of the inserts in progress, bounded by `limit` (0: unbounded)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit

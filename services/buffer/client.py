@@ -35,8 +35,8 @@ class BufferControl(ServiceClient):
     def close_job(self, *, timeout_s: float | None = None) -> BufferStats:
         return self.call_as(BufferStats, "POST", "/v1/shard/close", timeout_s=timeout_s)
 
-    def release(self) -> None:
-        self.call("POST", "/v1/shard/release")
+    def release(self, *, timeout_s: float | None = None) -> None:
+        self.call("POST", "/v1/shard/release", timeout_s=timeout_s)
 
     def stats(self, job_id: str) -> BufferStats:
         return self.call_as(BufferStats, "GET", f"/api/v1/jobs/{job_id}/buffer")

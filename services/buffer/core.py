@@ -50,7 +50,7 @@ import sys
 import threading
 import time
 import zlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
@@ -163,9 +163,15 @@ _Containers = tuple[list[_Hold], dict[int, _Segment], set[int]]
 
 @dataclass(frozen=True)
 class InsertResult:
+    #: Segments this insert indexed (`accepted_refs`: theirs, to count).
     accepted: int
+    #: Segments indexed before (a retry of an answered insert): left as they were.
     duplicates: int
     accepted_refs: list[SegmentRef]
+    #: Segments the orphan sweep had found on disk and indexed while their writer's
+    #: insert was on its way (a buffer process starting): the insert's own, indexed
+    #: once, already counted. Its sender is answered them as accepted, not duplicates.
+    claimed: int = 0
 
 
 @dataclass(frozen=True)
@@ -261,6 +267,10 @@ class ReplayBuffer:
         # Highest accepted sequence number per collector folder: a re-sent segment whose
         # items already left the buffer is still recognised as a duplicate.
         self._last_seq: dict[str, int] = {}
+        # Paths the orphan sweep indexed (a forced insert) that no insert has named
+        # since: the first insert naming one claims it (`InsertResult.claimed`). Bounded
+        # by the segments held: a path leaves with its segment.
+        self._unclaimed: set[str] = set()
         self._dead: set[int] = set()
         self._learner_version = 0
         # Sampled items by policy lag (learner version - collecting version), the last
@@ -339,14 +349,28 @@ class ReplayBuffer:
                 self._add_segment(ref, rows, lengths)
                 self._last_seq[worker] = max(seq, self._last_seq.get(worker, -1))
                 self._inserted_env_steps += ref.env_steps
+            if force:
+                self._unclaimed.update(fresh)
+                claimed = 0
+            else:
+                claimed = self._claim(ref.path for ref in refs if ref.path not in fresh)
             self.limiter.inserted += num_items
             self._release_dead()
             self._cond.notify_all()
         return InsertResult(
             accepted=len(fresh),
-            duplicates=len(refs) - len(fresh),
+            duplicates=len(refs) - len(fresh) - claimed,
             accepted_refs=[ref for ref, _, _ in fresh.values()],
+            claimed=claimed,
         )
+
+    def _claim(self, paths: Iterable[str]) -> int:
+        """Take the sweep's unclaimed paths among `paths` (held under the condition)."""
+        if not self._unclaimed:
+            return 0
+        claimed = self._unclaimed.intersection(paths)
+        self._unclaimed -= claimed
+        return len(claimed)
 
     def _insert_waits_full(self) -> bool:
         """Whether `max_waiting_inserts` inserts are waiting for the limiter now."""
@@ -765,6 +789,7 @@ class ReplayBuffer:
             # Total: the path leaves the index only if it still names this segment.
             if self._segment_ids.get(entry.path) == sid:
                 del self._segment_ids[entry.path]
+                self._unclaimed.discard(entry.path)
             self._dead.discard(sid)
             self._files.delete(entry.path)
             self._counters.released_segments += 1
@@ -1067,6 +1092,7 @@ class ReplayBuffer:
                 dead = set(arrays["dead_segments"].tolist())
             self._segments = segments
             self._segment_ids = {s.path: sid for sid, s in self._segments.items()}
+            self._unclaimed = set()
             self._dead = dead
             self._next_segment_id = int(meta["next_segment_id"])
             self._last_seq = {k: int(v) for k, v in meta["last_seq"].items()}

@@ -56,6 +56,7 @@ from common.messages import (
 from common.storage import SharedStore
 from services.buffer import chain
 from services.buffer.checks import (
+    InsertSlot,
     InsertSlots,
     check_own_folder,
     check_sample_request,
@@ -143,7 +144,7 @@ class ShardHost:
         self.limits = limits
         self.folder = shard_folder(self.job_id, shard)
         self._files = files
-        self._slots = InsertSlots(limits.max_concurrent_inserts)
+        self.insert_slots = InsertSlots(limits.max_concurrent_inserts)
         self._lock = threading.Lock()
         self._waiting_samples = 0
         #: (sequence number, return) of the last episodes that ended, newest last.
@@ -232,13 +233,17 @@ class ShardHost:
 
     # --- the routes' BufferHost ----------------------------------------------------------
 
+    def insert_slot(self) -> InsertSlot:
+        slot = self.insert_slots.take()
+        if slot is None:
+            self._tally("inserts_busy")
+            raise self.insert_slots.busy()
+        return slot
+
     def insert_segments(
         self, job_id: str, insert: SegmentInsert, *, caller: str | None = None
     ) -> InsertReply:
-        slot = self._slots.take()
-        if slot is None:
-            self._tally("inserts_busy")
-            raise self._slots.busy()
+        slot = self.insert_slot()
         try:
             self._check_open()
             self._check_sender(job_id, insert.task_id, "collect", caller)
@@ -259,7 +264,7 @@ class ShardHost:
             self._count(result.accepted_refs)
             self._tally("segments_inserted", result.accepted)
             return InsertReply(
-                accepted=result.accepted,
+                accepted=result.accepted + result.claimed,
                 duplicates=result.duplicates,
                 env_steps=self.buffer.inserted_env_steps,
             )

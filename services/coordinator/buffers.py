@@ -251,15 +251,15 @@ class ShardProcess:
                         break
                     time.sleep(0.2)  # restarting: told again once it is back anyway
 
-    def patiently(self, call: Callable[[], Any], patience_s: float = START_TIMEOUT_S) -> Any:
-        """`call()`, tried again while the process starts or restarts (a job can end
-        before its buffer process first answers)."""
-        deadline = time.monotonic() + patience_s
+    def patiently(self, call: Callable[[float], Any], deadline_s: float) -> Any:
+        """`call(timeout_s)`, tried again while the process starts or restarts (a job
+        can end before its buffer process first answers) until `deadline_s` (the
+        monotonic clock's): each try has what is left of it."""
         while True:
             try:
-                return call()
+                return call(max(0.1, deadline_s - time.monotonic()))
             except ServiceUnavailable:
-                if time.monotonic() > deadline or self.process is None:
+                if time.monotonic() + 0.2 > deadline_s or self.process is None:
                     raise
                 time.sleep(0.2)
 
@@ -297,6 +297,8 @@ class BufferProcess:
         #: only credentials signed since it started, services/buffer/credentials.py).
         self.learner_version = 0
         self.closed = False
+        #: Whether a process did not answer within the end's patience (`final_stats`).
+        self.unanswered_at_end = False
 
     @property
     def url(self) -> str:
@@ -374,32 +376,40 @@ class BufferProcess:
             ) from None
 
     def final_stats(self) -> BufferStats:
-        """Close the buffer (no more data in or out) and read its last reports."""
+        """Close the buffer (no more data in or out) and read its last reports, all
+        shards within END_PATIENCE_S together (the request that ended the job waits)."""
+        deadline_s = time.monotonic() + END_PATIENCE_S
         stats = []
-        for shard in self.shards:
-            stats.append(
-                shard.patiently(
-                    lambda s=shard: s.control.close_job(timeout_s=END_PATIENCE_S),
-                    patience_s=END_PATIENCE_S,
+        try:
+            for shard in self.shards:
+                stats.append(
+                    shard.patiently(lambda t, s=shard: s.control.close_job(timeout_s=t), deadline_s)
                 )
-            )
-            shard.report = shard.patiently(
-                lambda s=shard: s.control.report(s.returns_seq, timeout_s=END_PATIENCE_S),
-                patience_s=END_PATIENCE_S,
-            )
+                shard.report = shard.patiently(
+                    lambda t, s=shard: s.control.report(s.returns_seq, timeout_s=t), deadline_s
+                )
+        except ServiceUnavailable:
+            self.unanswered_at_end = True
+            raise
         return merge_stats(stats)
 
     def release_all(self) -> None:
-        """The job's end is on disk: its segments go, and so do the processes."""
+        """The job's end is on disk: its segments go, and so do the processes. Those
+        that did not answer at the end are not waited for again: they are stopped, and
+        the job's segments go with its folder's sweep (`JobBook.sweep_segments`)."""
         try:
-            for shard in self.shards:
-                shard.patiently(shard.control.release)
+            if not self.unanswered_at_end:
+                deadline_s = time.monotonic() + END_PATIENCE_S
+                for shard in self.shards:
+                    shard.patiently(lambda t, s=shard: s.control.release(timeout_s=t), deadline_s)
         finally:
-            self.stop()
+            # Its end is recorded: a last snapshot is worth no wait past the patience,
+            # and none at all from a process that did not answer (killed at once).
+            self.stop(timeout_s=0.0 if self.unanswered_at_end else END_PATIENCE_S)
 
-    def stop(self) -> None:
+    def stop(self, timeout_s: float = 30.0) -> None:
         for shard in self.shards:
-            shard.stop()
+            shard.stop(timeout_s)
 
     def tell_again(self, shard: ShardProcess) -> None:
         """A restarted process: the learner's version."""

@@ -58,6 +58,7 @@ from common.messages import (
 )
 from common.metrics import service_registry
 from common.storage import SharedStore
+from services.buffer.checks import InsertSlot
 from services.coordinator.buffers import BufferProcesses, BufferProcessSettings
 from services.coordinator.data import DataPlane
 from services.coordinator.experiments import ExperimentBook
@@ -370,6 +371,9 @@ class Coordinator:
             task = self.state.tasks.get(task_id or "")
             if task is not None and task.job_id == job_id:
                 must_be(caller, task.worker_id, f"act for task {task.task_id}")
+
+    def insert_slot(self) -> InsertSlot:
+        return self.data.insert_slot()
 
     def data_urls(self, job_id: str) -> list[str]:
         """Where the job's data is served, when not here: its buffer processes."""

@@ -45,7 +45,8 @@ class DataPlane:
         self.tasks = tasks
         self.waiting_samples = 0
         self._waiting_by_job: collections.Counter[str] = collections.Counter()
-        self._insert_slots = InsertSlots(state.limits.max_concurrent_inserts)
+        #: Inserts indexed here or passed on to a buffer process at once (forward.py).
+        self.insert_slots = InsertSlots(state.limits.max_concurrent_inserts)
 
     # --- inserts -------------------------------------------------------------------
 
@@ -54,14 +55,28 @@ class DataPlane:
     ) -> InsertReply:
         """Check and index a collector's segments. At most `max_concurrent_inserts`
         are indexed at once; one more is answered 429 `busy` at once."""
-        slot = self._insert_slots.take()
-        if slot is None:
-            self.state.metrics.inserts_busy.inc()
-            raise self._insert_slots.busy()
+        slot = self.insert_slot()
         try:
             return self._insert(job_id, insert, caller, slot)
         finally:
             slot.release()
+
+    def insert_slot(self) -> InsertSlot:
+        """A slot for one insert, indexed here or passed on to a buffer process (all
+        jobs' together: each holds one of this coordinator's threads, and past a few
+        at once, the inserts' HTTP work keeps samples waiting). A passed-on insert holds
+        its slot until the buffer process answers, a wait in its rate limiter too: an
+        operator's tool sends `timeout_s` 0 (the client's default) to be answered 429
+        at once instead.
+
+        Raises:
+            ApiError: 429 busy, when `max_concurrent_inserts` are taken (counted).
+        """
+        slot = self.insert_slots.take()
+        if slot is None:
+            self.state.metrics.inserts_busy.inc()
+            raise self.insert_slots.busy()
+        return slot
 
     def _insert(
         self, job_id: str, insert: SegmentInsert, caller: str | None, slot: InsertSlot
@@ -93,7 +108,9 @@ class DataPlane:
         with guard.changing():
             self.account(job, result.accepted_refs)
             return InsertReply(
-                accepted=result.accepted, duplicates=result.duplicates, env_steps=job.env_steps
+                accepted=result.accepted + result.claimed,
+                duplicates=result.duplicates,
+                env_steps=job.env_steps,
             )
 
     def count_report(self, job_id: str, read: ReportRead) -> None:

@@ -10,7 +10,9 @@ import contextlib
 import os
 import re
 import signal
+import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 import requests
@@ -18,8 +20,11 @@ import yaml
 
 from common.config import deep_merge
 from common.errors import ApiError
+from common.messages import SegmentRef
+from common.storage import SharedStore
 from drover.local import LocalCluster
 from services.buffer.table import shard_of
+from tests.coordinator_app import write_segment
 from tests.helpers import (
     EXAMPLES,
     buffer_processes,
@@ -111,6 +116,97 @@ def test_data_goes_to_the_buffer_process_and_an_operator_reaches_it_through_the_
             resp = requests.post(insert, json=body, headers=as_other, timeout=10)
             assert resp.status_code == status, resp.json()
         cluster.client.stop_job(job_id)
+
+
+def test_an_operators_first_insert_into_a_new_jobs_buffer_process_is_answered_as_accepted(
+    tmp_path,
+):
+    # Written as the job's buffer process starts: its first sweep indexes the file while
+    # the forwarded insert waits to connect. The insert is the file's own, not a
+    # duplicate of itself; a retry of it is one.
+    with LocalCluster(tmp_path / "run", num_collectors=0, num_learners=0) as cluster:
+        job_id = cluster.client.submit_job(
+            deep_merge(DQN, {"system": {"max_env_step": None}})
+        ).job_id
+        core = SimpleNamespace(store=SharedStore(cluster.shared_dir))
+        for seq in range(3):
+            ref = SegmentRef(**write_segment(core, job_id, seq, worker="operator", header=True))
+            first = cluster.client.insert_segments(job_id, [ref])
+            assert (first.accepted, first.duplicates) == (1, 0), (seq, first)
+            again = cluster.client.insert_segments(job_id, [ref])
+            assert (again.accepted, again.duplicates) == (0, 1), (seq, again)
+        assert cluster.client.buffer_stats(job_id)["inserts"] == 30
+        cluster.client.stop_job(job_id)
+
+
+def test_inserts_passed_on_are_bounded_as_those_served_in_the_coordinator(tmp_path):
+    # One insert at a time (DROVER_MAX_CONCURRENT_INSERTS=1): one that waits in the job's
+    # rate limiter holds it, and another is answered 429 busy at once, not queued on a
+    # coordinator thread.
+    limited = {"samples_per_insert": 1.0, "min_size_to_sample": 10}
+    config = deep_merge(
+        DQN,
+        {"system": {"max_env_step": None}, "policy": {"other": {"replay_buffer": limited}}},
+    )
+    env = {"DROVER_MAX_CONCURRENT_INSERTS": "1"}
+    with LocalCluster(tmp_path / "run", num_collectors=0, num_learners=0, extra_env=env) as cluster:
+        job_id = cluster.client.submit_job(config).job_id
+        core = SimpleNamespace(store=SharedStore(cluster.shared_dir))
+
+        def ref(seq):
+            segment = write_segment(core, job_id, seq, rows=200, worker="operator", header=True)
+            return SegmentRef(**segment)
+
+        seq = 0
+        with pytest.raises(ApiError) as ahead:  # until the learner (none) falls behind
+            for seq in range(20):
+                cluster.client.insert_segments(job_id, [ref(seq)])
+        assert ahead.value.code == "rate_limited", ahead.value
+
+        def insert_that_waits():
+            with contextlib.suppress(ApiError):  # rate_limited, after its 5 s
+                cluster.client.insert_segments(job_id, [ref(seq + 1)], timeout_s=5.0)
+
+        waits = threading.Thread(target=insert_that_waits)
+        waits.start()
+        wait_until(
+            lambda: cluster.client.buffer_stats(job_id)["waiting_inserters"] == 1,
+            10,
+            "the insert to wait in the rate limiter",
+        )
+        started = time.monotonic()
+        with pytest.raises(ApiError) as busy:
+            cluster.client.insert_segments(job_id, [ref(seq + 2)])
+        assert busy.value.status == 429 and busy.value.code == "busy", busy.value
+        assert time.monotonic() - started < 2.0
+        waits.join(10)
+        cluster.client.stop_job(job_id)
+
+
+def test_a_job_whose_buffer_process_is_frozen_stops_within_the_ends_patience(tmp_path):
+    # The request that stops a job waits for its end to be recorded, and for the buffer
+    # process's last figures: END_PATIENCE_S (5 s) for all of that together, then the
+    # process is killed, not waited for again (it waited 10 s for figures, 60 s for a
+    # release and 30 s for an exit before, past the client's 10 s).
+    with LocalCluster(tmp_path / "run", num_collectors=0, num_learners=0) as cluster:
+        job_id = cluster.client.submit_job(
+            deep_merge(DQN, {"system": {"max_env_step": None}})
+        ).job_id
+        wait_until(lambda: buffer_pids(cluster), 30, "the job's buffer process")
+        wait_until(lambda: cluster.client.buffer_stats(job_id), 30, "its first answer")
+        (pid,) = buffer_pids(cluster)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            started = time.monotonic()
+            cluster.client.stop_job(job_id)
+            took_s = time.monotonic() - started
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        status = cluster.client.job(job_id)
+        assert status.phase == "stopped" and took_s < 9.0, (status, took_s)
+        wait_until(lambda: not running(pid), 15, "the frozen process gone")
+        assert "buffer's final statistics are lost" in cluster.coordinator.log_path.read_text()
 
 
 def test_buffer_processes_die_with_their_coordinator_and_come_back_with_it(tmp_path):

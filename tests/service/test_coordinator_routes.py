@@ -612,7 +612,7 @@ def test_inserts_past_max_concurrent_are_busy_and_a_rate_limited_one_holds_no_sl
         return post(c, f"/api/v1/jobs/{job_id}/segments", body)
 
     # An insert being indexed takes the one slot: the next is told to come back shortly.
-    slot = core.data._insert_slots.take()
+    slot = core.data.insert_slots.take()
     resp = insert(free, 0)
     assert resp.status_code == 429 and resp.json["error"] == "busy", resp.json
     assert 0.1 <= resp.json["retry_after_s"] <= 0.3 and "Retry-After" in resp.headers
@@ -636,7 +636,7 @@ def test_inserts_past_max_concurrent_are_busy_and_a_rate_limited_one_holds_no_sl
     )
     assert not answers, answers[0].json
     assert insert(free, 1).status_code == 200
-    assert core.data._insert_slots.taken == 0
+    assert core.data.insert_slots.taken == 0
     client.delete(f"/api/v1/jobs/{held}", headers=AUTH)  # wakes it
     waiting.join(5)
 

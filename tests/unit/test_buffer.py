@@ -248,11 +248,28 @@ def test_a_file_indexed_while_its_insert_waits_counts_once():
     assert swept.accepted == 1
     buf.sample(30, 1, timeout_s=0)  # lets the waiting insert go on
     t.join(5)
-    assert waiting and waiting[0].accepted == 0 and waiting[0].duplicates == 1
+    # Indexed once, by the sweep: the insert claims it (its sender's, not a duplicate).
+    (late,) = waiting
+    assert (late.accepted, late.claimed, late.duplicates) == (0, 1, 0)
     stats = buf.stats()
     assert stats.inserts == 30 and stats.live_segments == 3
     buf.release_all()  # releasing is total: every file once, no error
     assert sorted(files.deleted) == sorted(ref(i).path for i in range(3))
+
+
+def test_the_first_insert_of_a_file_the_sweep_indexed_claims_it_and_a_retry_is_a_duplicate():
+    # A buffer process starting sweeps every file at once, among them one whose insert
+    # is on its way: that insert is its sender's own, answered as such; only a retry of
+    # it, or of an insert answered before, is a duplicate.
+    buf, _ = make(capacity=1000)
+    buf.insert([ref(0)])
+    swept = buf.insert([ref(1)], force=True)
+    assert (swept.accepted, swept.claimed) == (1, 0)
+    first = buf.insert([ref(0), ref(1), ref(2)])
+    assert (first.accepted, first.claimed, first.duplicates) == (1, 1, 1)
+    again = buf.insert([ref(1), ref(2)])
+    assert (again.accepted, again.claimed, again.duplicates) == (0, 0, 2)
+    assert buf.stats().inserts == 30 and buf.inserted_env_steps == 30
 
 
 def _grouped_batch_by_batch(buf, batch_size, keys, sids, rows, lengths, weights, spans):

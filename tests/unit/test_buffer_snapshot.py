@@ -206,7 +206,7 @@ def test_at_cut_record_and_inserted_env_steps_agree_at_the_cut():
     buf = make(replay_buffer_size=100)
     buf.insert([ref(0, rows=10)])
     buf.insert([ref(1, rows=7)], force=True)
-    assert buf.insert([ref(1, rows=7)]).duplicates == 1  # counted once
+    assert buf.insert([ref(1, rows=7)]).claimed == 1  # its insert comes: counted once
     assert buf.inserted_env_steps == 17
     order = threading.Lock()
     taken = buf.cut(lambda: (order.locked(), buf.inserted_env_steps), cut_lock=order)

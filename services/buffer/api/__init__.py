@@ -17,6 +17,7 @@ from common.array_bodies import SampledItems
 from common.errors import ApiError
 from common.http import error_response
 from common.messages import InsertReply, PriorityUpdate, SampleRequest, SegmentInsert
+from services.buffer.checks import InsertSlot
 from services.buffer.core import BufferClosed, BufferStats, RateLimited, SampleTimeout
 
 HOST = "drover.buffer_host"
@@ -44,6 +45,11 @@ class BufferHost(DataHost, Protocol):
     def data_urls(self, job_id: str) -> list[str]:
         """Where the job's data is served when not by this host: its buffer process,
         or each of its shards; empty: here."""
+        ...
+
+    def insert_slot(self) -> InsertSlot:
+        """A slot for one insert served here or passed on; an ApiError 429 busy (and
+        counted as such) when the host's `max_concurrent_inserts` are taken."""
         ...
 
     def check_task_owner(self, job_id: str, task_id: str | None, caller: str) -> None:

@@ -24,7 +24,7 @@ from common.messages import (
     SampleRequest,
     SegmentInsert,
 )
-from services.buffer.api import HOST, DataHost
+from services.buffer.api import HOST, BufferHost, DataHost
 from services.buffer.sharded_client import ShardedData
 
 #: The longest a passed-on request may take: a sample's long-poll, and a margin.
@@ -49,10 +49,13 @@ _POOL = urllib3.PoolManager(maxsize=8, retries=_CONNECT_RETRIES)
 SHARD_TIMEOUT_S = 10.0
 
 
-def serving(job_id: str) -> DataHost | Response:
+def serving(job_id: str, *, insert: bool = False) -> DataHost | Response:
     """What answers a data request for `job_id` here: this app's host; for a job whose
     buffer runs in one process elsewhere, the request passed on as it came (the answer,
-    a Response); for one split over shards, its shards as one host."""
+    a Response); for one split over shards, its shards as one host. An `insert` passed
+    on takes one of the host's insert slots, as one served here does: the inserts a
+    coordinator holds a thread for are bounded whichever path they take (429 busy at
+    once past them), so that samples are not kept waiting behind them."""
     host = extension(HOST)
     urls = host.data_urls(job_id)
     if not urls:
@@ -69,18 +72,19 @@ def serving(job_id: str) -> DataHost | Response:
             f"job {job_id}'s data is served by its buffer process: send it where your "
             "task's data access says",
         )
-    if len(urls) == 1:
+    if len(urls) > 1:
+        bearer = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        return Shards(urls, bearer, host)
+    with host.insert_slot() if insert else contextlib.nullcontext():
         return forward(job_id, urls[0])
-    bearer = request.headers.get("Authorization", "").removeprefix("Bearer ").strip()
-    return Shards(urls, bearer)
 
 
 class Shards:
     """A sharded job's data routes for an operator's request, over a client of its
     shards made for the request."""
 
-    def __init__(self, urls: list[str], bearer: str) -> None:
-        self.urls, self.bearer = urls, bearer
+    def __init__(self, urls: list[str], bearer: str, host: BufferHost) -> None:
+        self.urls, self.bearer, self.host = urls, bearer, host
 
     @contextlib.contextmanager
     def _client(self) -> Iterator[ShardedData]:
@@ -97,7 +101,7 @@ class Shards:
     def insert_segments(
         self, job_id: str, insert: SegmentInsert, *, caller: str | None = None
     ) -> InsertReply:
-        with self._client() as data:
+        with self.host.insert_slot(), self._client() as data:
             return data.insert_segments(
                 job_id, insert.segments, timeout_s=insert.timeout_s, task_id=insert.task_id
             )

@@ -20,7 +20,7 @@ bp = Blueprint("segments", __name__, url_prefix="/api/v1/jobs/<job_id>/segments"
     reply=InsertReply,
 )
 def insert(job_id: str) -> Any:
-    host = serving(job_id)
+    host = serving(job_id, insert=True)
     if isinstance(host, Response):
         return host  # passed on as it came
     return reply(host.insert_segments(job_id, body(SegmentInsert), caller=caller()))
