@@ -371,7 +371,11 @@ class SimWorker:
             return 409
         self.task = task
         access = task["spec"].get("data")
-        if access is not None:
+        if self.plan["via"] == "coordinator":
+            # An operator's path: the coordinator's routes with the cluster token, passed
+            # on to the job's buffer process (or served there, with no buffer processes).
+            self.data_auth = self.plan["operator_token"]
+        elif access is not None:
             self.shards = []
             for address in access["urls"]:
                 url = urllib.parse.urlsplit(address)
@@ -453,7 +457,10 @@ class SimWorker:
                     # slave's heartbeats renew it.
                     if self.task is not None:
                         fresh = reply.get("credentials", {}).get(self.task["task_id"])
-                        if fresh and self.data_auth != self.credential:
+                        if fresh and self.data_auth not in (
+                            self.credential,
+                            self.plan["operator_token"],
+                        ):
                             self.data_auth = fresh
                     # A steady fleet's jobs hold their shares: a release is as wrong.
                     if reply.get("cancel") or reply.get("release"):
@@ -896,6 +903,7 @@ def run_row(
     with tempfile.TemporaryDirectory(prefix="fleet-") as tmp:
         # Another checkout's coordinator, to compare versions in one run.
         extra_env = {"PYTHONPATH": str(args.coordinator_from)} if args.coordinator_from else {}
+        extra_env |= dict(args.coordinator_env)
         cluster = LocalCluster(
             Path(tmp) / "shared", num_collectors=0, num_learners=0, extra_env=extra_env
         )
@@ -915,6 +923,8 @@ def run_row(
                     "coordinator_host": "127.0.0.1",
                     "coordinator_port": cluster.coordinator.port,
                     "registration_token": cluster.registration_token,
+                    "operator_token": cluster.token,
+                    "via": args.via,
                     "shared_dir": str(cluster.shared_dir),
                     "staging_dir": str(Path(tmp) / "staging"),
                     "collectors": c,
@@ -1133,8 +1143,14 @@ def table_of(rows: list[dict[str, Any]], args: argparse.Namespace) -> Any:
         f"{args.insert_rate:g}/s (those ready go in one insert, up to "
         f"{args.segments_per_insert}, as the collector's uploader sends them), each learner "
         f"samples {NUM_BATCHES} x {BATCH_SIZE} and sends "
-        f"priorities in a closed loop; {args.seconds:g} s a row after {args.warmup_s:g} s "
-        "of warm-up"
+        f"priorities in a closed loop ({args.wire} bodies"
+        + (
+            ", through the coordinator's routes with the cluster token"
+            if args.via == "coordinator"
+            else ""
+        )
+        + "".join(f", {name}={value}" for name, value in args.coordinator_env)
+        + f"); {args.seconds:g} s a row after {args.warmup_s:g} s of warm-up"
     )
     for column in (
         "collectors",
@@ -1220,6 +1236,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--shards", type=int, default=1, help="buffer processes each job's buffer is split over"
     )
+    parser.add_argument(
+        "--via",
+        choices=("buffer", "coordinator"),
+        default="buffer",
+        help="where workers send their data: where their task says (a worker's path), or "
+        "the coordinator's routes with the cluster token (an operator's path, passed on)",
+    )
+    parser.add_argument(
+        "--coordinator-env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting for the coordinator (repeatable), e.g. to compare a limit",
+    )
     parser.add_argument("--no-profile", action="store_true")
     parser.add_argument(
         "--coordinator-from",
@@ -1246,6 +1276,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error("--seconds, --insert-rate and --procs must be positive")
     if args.segments_per_insert < 1:
         parser.error("--segments-per-insert: at least 1")
+    if args.via == "coordinator" and args.shards > 1:
+        parser.error("--via coordinator: a learn task draws from shards where its task says")
+    try:
+        args.coordinator_env = [tuple(kv.split("=", 1)) for kv in args.coordinator_env]
+        if any(len(kv) != 2 or not kv[0] for kv in args.coordinator_env):
+            raise ValueError
+    except ValueError:
+        parser.error("--coordinator-env: NAME=VALUE")
     if args.profile_at is None and not args.no_profile and TARGET_COLLECTORS in args.collectors:
         args.profile_at = TARGET_COLLECTORS
     if args.no_profile:
