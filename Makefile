@@ -111,7 +111,7 @@ bench-selfplay: install
 	$(BIN)/python bench/selfplay.py
 
 bench-chaos: install
-	$(BIN)/python bench/chaos.py --seeds 10
+	$(BIN)/python bench/chaos.py --seeds 10 --stays-full 2
 
 bench-learner: install
 	$(BIN)/python bench/learner_scaling.py

@@ -8,7 +8,8 @@ the lease, or the coordinator and the learner killed together; the buffer proces
 killed with SIGKILL or SIGTERM and its coordinator restarts it), restarting whatever
 died; kill the coordinator again right after the job ends. With a `FaultVolume` as the
 shared root (a tmpfs served through the slow volume: root and FUSE), the volume is a
-role too: full for 3-8 s, or slow (50-200 ms a call) for 5 s. Throughout, the
+role too: full for 3-8 s, or slow (50-200 ms a call) for 5 s; a round may end on it,
+full for good past the job's grace (`stays_full`: the job must fail naming it). Throughout, the
 acknowledged counters read from the REST API must never go down, and the policy
 pointer must never take a version of an older learn lease than the one before (a
 stale write accepted); at the end the job must have succeeded exactly once, its
@@ -71,6 +72,31 @@ class ChaosResult:
     stale_accepted: int = 0
     summary_unchanged: bool = False
     wall_s: float = 0.0
+    #: The job's reason at its end (a round whose volume stays full: it names the volume).
+    reason: str = ""
+    #: How long that job ran on after its volume filled for good (its grace, and a margin).
+    full_to_end_s: float | None = None
+
+    @property
+    def as_expected(self) -> bool:
+        """The round's verdict: ended once as it should (succeeded; failed naming the
+        volume if it stayed full past the grace), nothing acknowledged lost, no 500, no
+        stale write taken, its summary kept."""
+        if self.stays_full:
+            ended = self.phase == "failed" and "shared volume" in self.reason
+        else:
+            ended = self.phase == "succeeded"
+        return (
+            ended
+            and self.successes == 1
+            and self.inserts_lost == self.env_steps_lost == 0
+            and self.server_errors == self.stale_accepted == 0
+            and self.summary_unchanged
+        )
+
+    @property
+    def stays_full(self) -> bool:
+        return any(fault.startswith(STAYS_FULL) for fault in self.faults)
 
 
 @dataclass
@@ -159,6 +185,11 @@ def _restart_dead(cluster: LocalCluster) -> None:
 #: Stand for the job's buffer process and the shared volume among the roles hit in turn.
 BUFFER = "buffer"
 VOLUME = "volume"
+#: The last fault of a round that ends on a full volume: full past the job's grace.
+STAYS_FULL = "volume full past the grace"
+#: That round's job fails this long after its volume fills without progress (longer
+#: than the random fills before it, 3-8 s, so those only pause it).
+STAYS_FULL_GRACE_S = 10
 
 
 def _volume_fault(volume: FaultVolume, rng: random.Random, result: ChaosResult) -> None:
@@ -242,13 +273,27 @@ def chaos_round(
     max_faults: int = 8,
     deadline_s: float = 300.0,
     volume: FaultVolume | None = None,
+    stays_full: bool = False,
 ):
     """One seeded round (see the module's docstring); returns what it measured. With
-    `volume`, the job's shared root is on it (the logs stay in `run_dir`)."""
+    `volume`, the job's shared root is on it (the logs stay in `run_dir`); with
+    `stays_full`, the last fault fills it for good: the job must fail naming it within
+    its grace (and a margin), and its end be recorded when room comes back."""
     rng = random.Random(seed)
     result = ChaosResult(seed=seed)
     started = time.monotonic()
     config = deep_merge(CONFIG, {"system": {"seed": seed}})
+    if stays_full:
+        assert volume is not None, "a volume that stays full needs a FaultVolume"
+        # No goal: only the volume ends it.
+        config = deep_merge(
+            config,
+            {
+                "env": {"stop_value": None},
+                "system": {"storage_grace_s": STAYS_FULL_GRACE_S, "max_env_step": 10**8},
+            },
+        )
+    filled_at: float | None = None
     shared = run_dir if volume is None else volume.root / run_dir.name
     with LocalCluster(shared, num_collectors=3, extra_env=ENV, logs_at=run_dir / "logs") as cluster:
         cluster.wait_for_workers()
@@ -279,9 +324,25 @@ def chaos_round(
             if injected < max_faults and time.monotonic() >= next_fault_s:
                 _fault(cluster, roles[injected % len(roles)], rng, result, volume)
                 next_fault_s = time.monotonic() + rng.uniform(0.5, 1.5)
+            elif stays_full and filled_at is None and injected >= max_faults:
+                assert volume is not None
+                time.sleep(8.0)  # the random fills before it are over
+                fill(volume.backing / "filler-for-good")
+                filled_at = time.monotonic()
+                result.faults.append(f"{STAYS_FULL} ({STAYS_FULL_GRACE_S}s)")
+            elif filled_at is not None and time.monotonic() - filled_at > 3 * STAYS_FULL_GRACE_S:
+                raise TimeoutError(
+                    f"seed {seed}: the job ran on {3 * STAYS_FULL_GRACE_S}s into a full volume"
+                )
             _restart_dead(cluster)
             watch.read()
             time.sleep(0.05)
+        if filled_at is not None:
+            assert volume is not None
+            result.full_to_end_s = time.monotonic() - filled_at
+            result.reason = cluster.client.job(job_id).reason
+            (volume.backing / "filler-for-good").unlink()  # room again: the end is kept
+            time.sleep(3.0)
         summary = cluster.shared_dir / job_id / "summary.json"
         written = summary.read_bytes() if summary.exists() else b""
         _kill(cluster.coordinator, signal.SIGKILL)  # right after the end
@@ -293,7 +354,8 @@ def chaos_round(
         result.summary_unchanged = bool(written) and summary.read_bytes() == written
         result.restarts = sum(s.restarts for s in cluster.services)
         logs = {s.name: s.log_path.read_text(errors="replace") for s in cluster.services}
-    result.successes = len(re.findall(rf"job {job_id} succeeded", logs["coordinator"]))
+    ended = "failed" if stays_full else "succeeded"
+    result.successes = len(re.findall(rf"job {job_id} {ended}", logs["coordinator"]))
     result.server_errors = sum(text.count("unhandled error") for text in logs.values())
     result.wall_s = time.monotonic() - started
     return result
