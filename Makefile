@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 CONFIG ?= examples/cartpole_dqn.yaml
 
-.PHONY: install install-browser install-fuse run test test-fast test-full test-engine lint format bench bench-learning bench-selfplay bench-chaos bench-learner bench-atari bench-atari-collect bench-atari-learner bench-fleet bench-headline bench-parity bench-soak bench-fairness bench-scaling up down clean
+.PHONY: install install-browser install-fuse run docs test test-fast test-full test-engine lint format bench bench-learning bench-selfplay bench-chaos bench-learner bench-atari bench-atari-collect bench-atari-learner bench-fleet bench-headline bench-parity bench-soak bench-fairness bench-scaling up down clean
 
 # The stamp is refreshed whenever pyproject.toml changes, so `make test` on a fresh
 # clone installs once and later runs start at once.
@@ -47,6 +47,11 @@ install-fuse:
 			|| (apt-get update -q && apt-get install -y -q --no-install-recommends $(FUSE_PACKAGE)) \
 			|| echo "install-fuse: $(FUSE_PACKAGE) could not be installed; the slow-volume tests will be skipped"; \
 	fi
+
+# The documentation site (mkdocs.yml) at http://127.0.0.1:8008, rebuilt as its pages
+# change; `make test` builds it strictly (tests/unit/test_docs_site.py).
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve -a 127.0.0.1:8008
 
 # The whole suite, as CI runs it (.ci/run), but the soak (long) and tests/engine.
 test: install install-browser install-fuse

@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -115,6 +116,7 @@ def table(results: dict[str, Any]) -> str:
             f"{collector['reference_steps_per_s']:,.0f} env steps/s",
             f"**{collector['ratio']:.2f}**",
             ">= 0.8",
+            verdicts(">= 0.8", collector["ratio"]),
         ),
         (
             "`bench/learner_feed.py`",
@@ -123,6 +125,7 @@ def table(results: dict[str, Any]) -> str:
             f"{feed['fed_iters_per_s']:,.0f} vs {feed['in_memory_iters_per_s']:,.0f} iterations/s",
             f"**{feed['ratio']:.2f}**",
             ">= 0.9",
+            verdicts(">= 0.9", feed["ratio"]),
         ),
         (
             "`bench/whole_run.py`",
@@ -132,6 +135,7 @@ def table(results: dict[str, Any]) -> str:
             f"{whole['drover_s']:.2f} s vs {whole['sb3_s']:.2f} s",
             f"**{whole['ratio']:.2f}**",
             "<= 1.0",
+            verdicts("<= 1.0", whole["ratio"]),
         ),
         (
             "`bench/memory.py`",
@@ -139,6 +143,7 @@ def table(results: dict[str, Any]) -> str:
             f"{max(memory['peak_pss_mb']):,.0f} MB",
             "-",
             "<= 600 MB",
+            verdicts("<= 600 MB", max(memory["peak_pss_mb"])),
         ),
         (
             "`bench/fleet_targets.py`",
@@ -148,6 +153,7 @@ def table(results: dict[str, Any]) -> str:
             f"{fleet_now['transitions_per_s']:,.0f} vs {fleet_before['transitions_per_s']:,.0f}",
             f"**{fleet_ratio:.1f}x**",
             ">= 5x",
+            verdicts(">= 5x", fleet_ratio),
         ),
     ]
     footer = [
@@ -167,8 +173,8 @@ def table(results: dict[str, Any]) -> str:
                 f"`bench/{name}.py`: its own runs, on {record['machine']}, at commit {at}."
             )
     lines = [
-        "| bench | what is compared | measured | ratio | target |",
-        "|---|---|---|---|---|",
+        "| bench | what is compared | measured | ratio | target | met |",
+        "|---|---|---|---|---|---|",
         *("| " + " | ".join(row) + " |" for row in rows),
         "",
         " ".join(footer),
@@ -196,6 +202,12 @@ def parity_rows(figures: dict[str, Any]) -> list[tuple[str, ...]]:
                 f"**{_num(row['common_iqm_ratio'], 2)}**; **{_num(row['final_iqm_ratio'], 2)}**; "
                 f"**{_num(row['wall_ratio'], 2)}**",
                 ">= 0.9; >= 0.9; <= 0.9",
+                verdicts(
+                    ">= 0.9; >= 0.9; <= 0.9",
+                    row["common_iqm_ratio"],
+                    row["final_iqm_ratio"],
+                    row["wall_ratio"],
+                ),
             )
         )
     return rows
@@ -216,9 +228,35 @@ def scaling_rows(figures: dict[str, Any]) -> list[tuple[str, ...]]:
             f"**{_num(row['env_steps_ratio'], 2)}**",
             # The targets are the async workflow's; the sync one is reported beside it.
             ">= 0.8; >= 6x; <= 1.5" if row["workflow"] == "async" else "-",
+            verdicts(
+                ">= 0.8; >= 6x; <= 1.5" if row["workflow"] == "async" else "-",
+                row["efficiency"],
+                row["speedup"],
+                row["env_steps_ratio"],
+            ),
         )
         for algo, row in figures.items()
     ]
+
+
+def verdicts(targets: str, *values: float | None) -> str:
+    """Whether each value meets its target (`targets` as the table shows them: ">= 0.9;
+    <= 600 MB; ..."): "met", or "**missed**", so a miss is never left for the reader to
+    find; "-" where there is no target."""
+    if targets == "-":
+        return "-"
+    said = []
+    for target, value in zip(targets.split("; "), values, strict=True):
+        match = re.fullmatch(r"(>=|<=) ([\d.]+)\D*", target)
+        if match is None:
+            raise ValueError(f"a target the table cannot check: {target!r}")
+        if value is None:
+            said.append("not measured")
+            continue
+        bound = float(match[2])
+        met = value >= bound if match[1] == ">=" else value <= bound
+        said.append("met" if met else "**missed**")
+    return "; ".join(said)
 
 
 SEPARATE_ROWS = {"parity": parity_rows, "scaling": scaling_rows}

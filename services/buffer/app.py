@@ -4,7 +4,7 @@ its own routes for the coordinator (api/shard.py)."""
 
 from __future__ import annotations
 
-from flask import Flask
+from flask import Blueprint, Flask
 from prometheus_client import CollectorRegistry
 
 import services.buffer.api as buffer_api
@@ -16,6 +16,11 @@ from services.buffer.api.shard import health_bp
 from services.buffer.host import ShardHost
 
 METRICS = "drover.metrics"
+
+
+def routes() -> list[Blueprint]:
+    """A buffer process's routes: the buffer's data routes, and the coordinator's own."""
+    return [*buffer_api.blueprints(), shard_bp, health_bp]
 
 
 def create_app(
@@ -38,8 +43,8 @@ def create_app(
         metrics=registry,
     )
     app.extensions[METRICS] = registry
+    for bp in routes():
+        app.register_blueprint(bp)
     buffer_api.install(app, host)
-    app.register_blueprint(shard_bp)
-    app.register_blueprint(health_bp)
     install_openapi(app, "drover buffer")
     return app

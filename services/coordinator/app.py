@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from flask import Flask
+from flask import Blueprint, Flask
 
 import services.buffer.api as buffer_api
 from common.http import install_http_basics
@@ -11,6 +11,12 @@ from common.storage import SharedStore
 from services.coordinator.api import CORE, blueprints
 from services.coordinator.core import Coordinator
 from services.coordinator.settings import CoordinatorSettings
+
+
+def routes() -> list[Blueprint]:
+    """The coordinator's routes: its resources', and the buffer's data routes (passed
+    on to the job's buffer process)."""
+    return [*blueprints(), *buffer_api.blueprints()]
 
 
 def create_app(
@@ -40,7 +46,7 @@ def create_app(
         metrics=core.metrics.registry,
     )
     app.extensions[CORE] = core
-    for bp in blueprints():
+    for bp in routes():
         app.register_blueprint(bp)
     buffer_api.install(app, core)
     install_openapi(app, "drover coordinator")

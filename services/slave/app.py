@@ -91,6 +91,11 @@ def metrics() -> Response:
     return metrics_response(_slave().metrics)
 
 
+def routes() -> list[Blueprint]:
+    """A collector's or learner's routes: its tasks, its health and metrics."""
+    return [tasks_bp, health_bp]
+
+
 def create_slave_app(name: str, slave: Slave, token: str = "", metrics_token: str = "") -> Flask:
     """A collector's or learner's Flask app: the task and health blueprints.
 
@@ -108,7 +113,7 @@ def create_slave_app(name: str, slave: Slave, token: str = "", metrics_token: st
         metrics=slave.metrics,
     )
     app.extensions[EXTENSION] = slave
-    app.register_blueprint(tasks_bp)
-    app.register_blueprint(health_bp)
+    for bp in routes():
+        app.register_blueprint(bp)
     install_openapi(app, f"drover {slave.role}")
     return app

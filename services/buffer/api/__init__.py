@@ -65,10 +65,9 @@ def blueprints() -> list[Blueprint]:
 
 
 def install(app: Flask, host: BufferHost) -> None:
-    """Mount the buffer routes on `app`, served by `host`."""
+    """Serve the buffer routes (`blueprints()`, registered with the app's other
+    routes) from `host`, and answer the buffer's errors."""
     app.extensions[HOST] = host
-    for bp in blueprints():
-        app.register_blueprint(bp)
 
     @app.errorhandler(RateLimited)
     def _rate_limited(err: RateLimited) -> Response:
