@@ -406,11 +406,11 @@ def http_throughput(seconds: float) -> tuple[float, int]:
                 path = store.segment_path(job_id, "w", seq)
                 store.write_segment(path, columns)
                 refs.append(SegmentRef(path=path, rows=1000, env_steps=1000, policy_version=0))
-            cluster.client.insert_segments(job_id, refs)
+            cluster.data.insert_segments(job_id, refs)
             count, deadline = 0, time.monotonic() + seconds
             started = time.monotonic()
             while time.monotonic() < deadline:
-                cluster.client.sample(job_id, batch_size=64, num_batches=8, timeout_s=1.0)
+                cluster.data.sample(job_id, batch_size=64, num_batches=8, timeout_s=1.0)
                 count += 1
             return count / (time.monotonic() - started), count
 

@@ -138,6 +138,7 @@ from jobconfig import (  # noqa: E402
     read_job_config,
     resolve_job_config,
 )
+from services.buffer.client import BufferData  # noqa: E402
 from services.buffer.core import ReplayBuffer  # noqa: E402
 from services.coordinator.client import CoordinatorClient  # noqa: E402
 from services.learner import sessions  # noqa: E402
@@ -220,7 +221,7 @@ class Segments:
     """Segment files of one job, each written just before it is inserted (as a
     collector does: the coordinator sweeps files nobody inserts)."""
 
-    def __init__(self, client: CoordinatorClient, store: SharedStore, job_id: str) -> None:
+    def __init__(self, client: BufferData, store: SharedStore, job_id: str) -> None:
         self.client, self.store, self.job_id = client, store, job_id
         self.rng = np.random.default_rng(os.getpid())
         self.seq = 0
@@ -252,9 +253,12 @@ def collect(algo: str) -> None:
     another, as fast as the limiter (`samples_per_insert`) lets them in. PPO: for each
     new policy version, one round of segments of that version (two halves, as the
     example's two collectors write it)."""
-    client = CoordinatorClient(os.environ["FEED_URL"], os.environ["FEED_TOKEN"], timeout_s=10.0)
+    url, token = os.environ["FEED_URL"], os.environ["FEED_TOKEN"]
+    client = CoordinatorClient(url, token, timeout_s=10.0)
     job_id = os.environ["FEED_JOB"]
-    segments = Segments(client, SharedStore(os.environ["FEED_DIR"]), job_id)
+    segments = Segments(
+        BufferData(url, token, timeout_s=10.0), SharedStore(os.environ["FEED_DIR"]), job_id
+    )
     config = job_config(algo)
     rows = config.policy.collect.n_sample
     if algo == "dqn":
@@ -306,23 +310,25 @@ class AsTool:
 
     def __init__(self, client: CoordinatorClient) -> None:
         self.client = client
-        # What a feeder process is started with (`learn.feed: process`).
-        self.base_url, self.bearer = client.base_url, client.bearer
-        self.timeout_s = client.timeout_s
-
-    def sample(self, job_id: str, *, task_id: str | None = None, **kw: Any) -> SampleReply:
-        return self.client.sample(job_id, **kw)
-
-    def update_priorities(
-        self, job_id: str, keys: list[int], priorities: list[float], *, task_id: str | None = None
-    ) -> None:
-        self.client.update_priorities(job_id, keys, priorities)
 
     def announce_policy(self, job_id: str, ref: PolicyRef, *, task_id: str | None = None) -> None:
         self.client.announce_policy(job_id, ref)
 
     def latest_policy(self, job_id: str, **kw: Any) -> PolicyRef | None:
         return self.client.latest_policy(job_id, **kw)
+
+
+class ToolData(BufferData):
+    """The buffer's data calls as a learn task makes them, the task id left out (as
+    AsTool's): through the coordinator's routes, with the cluster's token."""
+
+    def sample(self, job_id: str, *, task_id: str | None = None, **kw: Any) -> SampleReply:
+        return super().sample(job_id, **kw)
+
+    def update_priorities(
+        self, job_id: str, keys: list[int], priorities: list[float], *, task_id: str | None = None
+    ) -> int:
+        return super().update_priorities(job_id, keys, priorities)
 
 
 def _feeder_start_as_tool(*args: Any, **kw: Any) -> FeederStart:
@@ -376,6 +382,7 @@ class FedTask:
             task=task,
             worker_id="bench-learner",
             coordinator=AsTool(cluster.client),  # type: ignore[arg-type]
+            data=ToolData(cluster.coordinator_url, cluster.token, timeout_s=10.0),
             metrics=CollectorRegistry(),
             progress=self.progress,
         )

@@ -83,7 +83,7 @@ from common.http_client import ServiceUnavailable  # noqa: E402
 from common.messages import TaskAssignment, TaskProgress, dump, parse  # noqa: E402
 from common.storage import SharedStore  # noqa: E402
 from drover.local import LocalCluster  # noqa: E402
-from services.buffer.sharded_client import ShardedData, data_client  # noqa: E402
+from services.buffer.client import BufferData, DataClient, data_client  # noqa: E402
 from services.coordinator.client import CoordinatorClient  # noqa: E402
 from tests.helpers import buffer_processes  # noqa: E402
 
@@ -302,12 +302,12 @@ class SimWorker:
     def run(self, task: TaskAssignment) -> None:
         raise NotImplementedError
 
-    def data_for(self, task: TaskAssignment) -> CoordinatorClient | ShardedData:
+    def data_for(self, task: TaskAssignment) -> DataClient:
         """Where the task's data goes: its job's buffer processes (its spec's `data`,
         with the task's credential), or the coordinator."""
         access = getattr(task.spec, "data", None)
         if access is None:
-            return self.client
+            return BufferData(self.client.base_url, self.client.bearer, timeout_s=10.0)
         return data_client(access.urls, access.credential, timeout_s=10.0)
 
 

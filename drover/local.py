@@ -24,6 +24,7 @@ from typing import IO
 
 from common.http_client import ServiceUnavailable
 from drover.forkserver import ForkedProcess, ForkServer, become_subreaper, server_env
+from services.buffer.client import BufferData
 from services.coordinator.client import CoordinatorClient
 
 #: The services a fork server may start: the slaves that import torch. A learner
@@ -204,6 +205,9 @@ class LocalCluster:
         ]
         self.learners = [self._learner(i) for i in range(self.num_learners)]
         self.client = CoordinatorClient(self.coordinator_url, self.token, timeout_s=10.0)
+        #: An operator's data calls (inserts, samples, priorities) through the
+        #: coordinator's routes, which pass them on to the job's buffer process.
+        self.data = BufferData(self.coordinator_url, self.token, timeout_s=10.0)
         self._fork_server: ForkServer | None = None
 
     @property

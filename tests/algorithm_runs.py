@@ -137,6 +137,7 @@ def Ctx(coordinator: Any, stop: threading.Event) -> TaskContext:  # noqa: N802
         task=TaskAssignment(task_id="task-1", job_id=JOB, spec=LearnSpec(seed=0)),
         worker_id="worker-1",
         coordinator=coordinator,
+        data=coordinator,
         metrics=CollectorRegistry(),
         stop=stop,
     )

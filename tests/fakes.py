@@ -22,6 +22,7 @@ class CollectTaskContext(TaskContext):
             ),
             worker_id="collector-1",
             coordinator=coordinator,
+            data=coordinator,
             metrics=CollectorRegistry(),
         )
 

@@ -40,6 +40,7 @@ def context(coordinator: Coordinator, epoch: int) -> TaskContext:
         ),
         worker_id=f"learner-{epoch}",
         coordinator=coordinator,  # type: ignore[arg-type]
+        data=coordinator,  # type: ignore[arg-type]
         metrics=CollectorRegistry(),
     )
 

@@ -10,8 +10,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from common.array_bodies import CONTENT_TYPE as ARRAYS_TYPE
-from common.array_bodies import SAMPLE_REQUEST_ARRAYS, SampledItems, encode
 from common.http_client import ServiceClient, ServiceUnavailable
 from common.messages import (
     TERMINAL_PHASES,
@@ -25,7 +23,6 @@ from common.messages import (
     GameResults,
     Heartbeat,
     HeartbeatReply,
-    InsertReply,
     JobCreated,
     JobList,
     JobStatus,
@@ -36,13 +33,7 @@ from common.messages import (
     MatchList,
     PolicyAnnounce,
     PolicyRef,
-    PrioritiesUpdated,
-    PriorityUpdate,
     Registered,
-    SampleReply,
-    SampleRequest,
-    SegmentInsert,
-    SegmentRef,
     TaskComplete,
     TaskFail,
     TaskProgress,
@@ -228,76 +219,6 @@ class CoordinatorClient(ServiceClient):
             f"{API}/jobs/{job_id}/league/results",
             GameResults(task_id=task_id, results=results),
         )
-
-    # --- data plane ---------------------------------------------------------------
-
-    def insert_segments(
-        self,
-        job_id: str,
-        segments: list[SegmentRef],
-        *,
-        timeout_s: float = 0.0,
-        task_id: str | None = None,
-    ) -> InsertReply:
-        return self.call_as(
-            InsertReply,
-            "POST",
-            f"{API}/jobs/{job_id}/segments",
-            SegmentInsert(segments=segments, timeout_s=timeout_s, task_id=task_id),
-            timeout_s=self.timeout_s + timeout_s,
-        )
-
-    def sample(self, job_id: str, **request: Any) -> SampleReply:
-        """`sample_items` (its keyword arguments), as a reply: what a sharded job's
-        client (`ShardedData.sample`) answers too."""
-        return self.sample_items(job_id, **request).reply()
-
-    def sample_items(
-        self,
-        job_id: str,
-        *,
-        batch_size: int,
-        num_batches: int,
-        timeout_s: float,
-        task_id: str | None = None,
-        acknowledge: list[str] | None = None,
-        priority_keys: list[int] | None = None,
-        priorities: list[float] | None = None,
-        items: int | None = None,
-        give_back: list[str] | None = None,
-    ) -> SampledItems:
-        """`sample`'s items as arrays; `items`: a shard's part of a draw over shards,
-        `give_back`: holds whose items go back to the queue untrained."""
-        req = SampleRequest(
-            batch_size=batch_size,
-            num_batches=num_batches,
-            timeout_s=timeout_s,
-            task_id=task_id,
-            acknowledge=acknowledge or [],
-            give_back=give_back or [],
-            priority_keys=priority_keys or [],
-            priorities=priorities or [],
-            items=items,
-        )
-        # Binary both ways (common/array_bodies.py): the priorities a learner sends and
-        # the keys, rows and weights it gets are arrays, not numbers printed one by one.
-        resp = self.raw(
-            "POST",
-            f"{API}/jobs/{job_id}/samples",
-            encode(req, SAMPLE_REQUEST_ARRAYS),
-            timeout_s=self.timeout_s + timeout_s,
-            content_type=ARRAYS_TYPE,
-            accept=ARRAYS_TYPE,
-        )
-        return SampledItems.from_frame(resp.data)
-
-    def update_priorities(
-        self, job_id: str, keys: list[int], priorities: list[float], *, task_id: str | None = None
-    ) -> int:
-        """Returns how many keys were still in the buffer."""
-        upd = PriorityUpdate(keys=keys, priorities=priorities, task_id=task_id)
-        data = self.call("POST", f"{API}/jobs/{job_id}/priorities", upd)
-        return parse(PrioritiesUpdated, data).updated
 
     def announce_policy(self, job_id: str, ref: PolicyRef, *, task_id: str | None = None) -> None:
         announce = PolicyAnnounce(

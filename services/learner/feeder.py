@@ -69,8 +69,7 @@ from common.logs import setup_logging
 from common.messages import SampledBatch, SampleReply, dump_json, message, parse
 from common.settings import without_secrets
 from common.storage import SharedStore
-from services.buffer.sharded_client import ShardedData, data_client
-from services.coordinator.client import CoordinatorClient
+from services.buffer.client import DataClient, ShardedData, data_client
 from services.learner.sampling import JobOver, Outbox, Sampler
 from services.learner.segments import SegmentCache, SegmentSchema
 
@@ -605,7 +604,7 @@ def _take_spare() -> tuple[subprocess.Popen[bytes], socket.socket] | None:
 
 
 def feeder_start(
-    coordinator: CoordinatorClient | ShardedData,
+    coordinator: DataClient,
     job_id: str,
     task_id: str | None,
     root: str,

@@ -22,8 +22,7 @@ import threading
 from common.errors import ApiError
 from common.http_client import ServiceUnavailable
 from common.messages import MAX_KEYS_PER_UPDATE, SampleReply
-from services.buffer.sharded_client import ShardedData
-from services.coordinator.client import CoordinatorClient
+from services.buffer.client import DataClient
 
 log = logging.getLogger(__name__)
 
@@ -88,7 +87,7 @@ class Sampler:
 
     def __init__(
         self,
-        coordinator: CoordinatorClient | ShardedData,
+        coordinator: DataClient,
         job_id: str,
         task_id: str | None,
         outbox: Outbox,

@@ -13,7 +13,6 @@ A service supplies a `TaskRunner` (its core); `Slave` does the rest::
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import secrets
@@ -44,7 +43,7 @@ from common.messages import (
 )
 from common.metrics import service_registry
 from common.settings import SlaveSettings
-from services.buffer.sharded_client import ShardedData, data_client
+from services.buffer.client import BufferData, DataClient, data_client
 from services.coordinator.client import CoordinatorClient
 
 log = logging.getLogger(__name__)
@@ -74,6 +73,8 @@ class TaskContext:
     task: TaskAssignment
     worker_id: str
     coordinator: CoordinatorClient
+    #: Where the task inserts or samples (`data_for`).
+    data: DataClient
     metrics: CollectorRegistry
     stop: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
@@ -84,26 +85,10 @@ class TaskContext:
     #: uses the task's data access elsewhere (a learner's feeder process).
     on_renew: list[Callable[[str], None]] = field(default_factory=list)
 
-    @functools.cached_property
-    def data(self) -> CoordinatorClient | ShardedData:
-        """Where the task inserts or samples: its job's buffer process (or, for a
-        sharded buffer, its processes), with the credential for this task its spec
-        carries; the coordinator when it has none (the coordinator hosts the job's
-        buffer)."""
-        access = getattr(getattr(self.task, "spec", None), "data", None)
-        if access is None:
-            return self.coordinator
-        credential = self.__dict__.get("renewed_credential", access.credential)
-        return data_client(access.urls, credential, timeout_s=self.coordinator.timeout_s)
-
     def renew(self, credential: str) -> None:
         """A fresh credential for the task's buffer processes (each heartbeat brings
         one: they expire, and a restarted process takes only fresh ones)."""
-        data = self.__dict__.get("data")  # made, or not yet (`data` then signs in with it)
-        if data is not None and data is not self.coordinator:
-            data.renew(credential)
-        else:
-            self.__dict__["renewed_credential"] = credential
+        self.data.renew(credential)
         for renewed in list(self.on_renew):
             renewed(credential)
 
@@ -122,6 +107,17 @@ class TaskContext:
             # `stop` is set already for a released task: it cannot be waited on.
             if self.stop.wait(left) and self.release.is_set():
                 time.sleep(min(left, RELEASED_POLL_S))
+
+
+def data_for(task: TaskAssignment, coordinator: CoordinatorClient) -> DataClient:
+    """Where a task inserts or samples: its job's buffer process (or, for a sharded
+    buffer, its processes), with the credential for this task its spec carries; the
+    coordinator's data routes, with this worker's credential, when it has none (the
+    coordinator hosts the job's buffer)."""
+    access = getattr(task.spec, "data", None)
+    if access is None:
+        return BufferData(coordinator.base_url, coordinator.bearer, timeout_s=coordinator.timeout_s)
+    return data_client(access.urls, access.credential, timeout_s=coordinator.timeout_s)
 
 
 class TaskRunner(Protocol):
@@ -234,7 +230,11 @@ class Slave:
             if busy:
                 raise ApiError(409, "busy", f"already running {task.kind} task {busy[0]}")
             ctx = TaskContext(
-                task=task, worker_id=worker_id, coordinator=self.coordinator, metrics=self.metrics
+                task=task,
+                worker_id=worker_id,
+                coordinator=self.coordinator,
+                data=data_for(task, self.coordinator),
+                metrics=self.metrics,
             )
             thread = threading.Thread(
                 target=self._run, args=(ctx,), name=f"task-{task.task_id}", daemon=True

@@ -131,9 +131,9 @@ def test_an_operators_first_insert_into_a_new_jobs_buffer_process_is_answered_as
         core = SimpleNamespace(store=SharedStore(cluster.shared_dir))
         for seq in range(3):
             ref = SegmentRef(**write_segment(core, job_id, seq, worker="operator", header=True))
-            first = cluster.client.insert_segments(job_id, [ref])
+            first = cluster.data.insert_segments(job_id, [ref])
             assert (first.accepted, first.duplicates) == (1, 0), (seq, first)
-            again = cluster.client.insert_segments(job_id, [ref])
+            again = cluster.data.insert_segments(job_id, [ref])
             assert (again.accepted, again.duplicates) == (0, 1), (seq, again)
         assert cluster.client.buffer_stats(job_id)["inserts"] == 30
         cluster.client.stop_job(job_id)
@@ -160,12 +160,12 @@ def test_inserts_passed_on_are_bounded_as_those_served_in_the_coordinator(tmp_pa
         seq = 0
         with pytest.raises(ApiError) as ahead:  # until the learner (none) falls behind
             for seq in range(20):
-                cluster.client.insert_segments(job_id, [ref(seq)])
+                cluster.data.insert_segments(job_id, [ref(seq)])
         assert ahead.value.code == "rate_limited", ahead.value
 
         def insert_that_waits():
             with contextlib.suppress(ApiError):  # rate_limited, after its 5 s
-                cluster.client.insert_segments(job_id, [ref(seq + 1)], timeout_s=5.0)
+                cluster.data.insert_segments(job_id, [ref(seq + 1)], timeout_s=5.0)
 
         waits = threading.Thread(target=insert_that_waits)
         waits.start()
@@ -176,7 +176,7 @@ def test_inserts_passed_on_are_bounded_as_those_served_in_the_coordinator(tmp_pa
         )
         started = time.monotonic()
         with pytest.raises(ApiError) as busy:
-            cluster.client.insert_segments(job_id, [ref(seq + 2)])
+            cluster.data.insert_segments(job_id, [ref(seq + 2)])
         assert busy.value.status == 429 and busy.value.code == "busy", busy.value
         assert time.monotonic() - started < 2.0
         waits.join(10)
@@ -269,19 +269,17 @@ def test_a_buffer_split_over_two_shards_trains_and_rides_through_a_shard_kill(tm
         seen, keys = set(), []
 
         def both_shards_drawn():
-            reply = cluster.client.sample(job_id, batch_size=64, num_batches=1, timeout_s=5)
+            reply = cluster.data.sample(job_id, batch_size=64, num_batches=1, timeout_s=5)
             keys[:] = [k for batch in reply.batches for k in batch.keys]
             assert len(keys) == 64
             seen.update(shard_of(keys, 2).tolist())
             return seen == {0, 1}
 
         wait_until(both_shards_drawn, 30, "an operator's draws from both shards")
-        assert cluster.client.update_priorities(job_id, keys, [1.0] * len(keys)) > 0
+        assert cluster.data.update_priorities(job_id, keys, [1.0] * len(keys)) > 0
         # Holds are a learner's, kept by its own client of the shards: not here.
         with pytest.raises(ApiError, match="task_id"):
-            cluster.client.sample(
-                job_id, batch_size=8, num_batches=1, timeout_s=1, task_id="learn-x"
-            )
+            cluster.data.sample(job_id, batch_size=8, num_batches=1, timeout_s=1, task_id="learn-x")
         kill_and_wait_for_restart(cluster, job_id, pids[1])
         # Each shard indexes its share of the segments: read each one's own stats (at
         # the addresses the coordinator logged) until the job ends.

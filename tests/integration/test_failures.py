@@ -87,7 +87,7 @@ def test_stopped_collector_loses_its_lease_and_its_late_messages_are_refused(tmp
         store.write_segment(path, {"obs": np.zeros((4, 4), np.float32)})
         late = SegmentRef(path=path, rows=4, env_steps=4, policy_version=0)
         with pytest.raises(ApiError) as refused:
-            cluster.client.insert_segments(job_id, [late], task_id=old_task)
+            cluster.data.insert_segments(job_id, [late], task_id=old_task)
         assert refused.value.status == 409 and refused.value.code == "task_not_active"
         assert cluster.client.job(job_id).env_steps >= env_steps
         os.kill(victim.process.pid, signal.SIGCONT)
@@ -193,8 +193,8 @@ def test_duplicate_insert_counts_once_and_a_new_collector_gets_work(tmp_path):
         path = store.segment_path(job_id, "by-hand", 0)
         store.write_segment(path, {"obs": np.zeros((8, 4), np.float32)})
         ref = SegmentRef(path=path, rows=8, env_steps=8, policy_version=0)
-        first = cluster.client.insert_segments(job_id, [ref], timeout_s=10)
-        second = cluster.client.insert_segments(job_id, [ref], timeout_s=10)
+        first = cluster.data.insert_segments(job_id, [ref], timeout_s=10)
+        second = cluster.data.insert_segments(job_id, [ref], timeout_s=10)
         assert (first.accepted, second.accepted, second.duplicates) == (1, 0, 1)
         assert second.env_steps == first.env_steps or second.env_steps > first.env_steps
         finish(cluster, job_id)

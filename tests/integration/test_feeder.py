@@ -45,16 +45,15 @@ def segment(store: SharedStore, job_id: str, number: int, action: int = 0) -> Se
 @pytest.mark.timeout(120)
 def test_a_feeder_hands_over_the_buffers_rows_and_reports_an_unusable_segment(tmp_path):
     with LocalCluster(tmp_path / "run", num_collectors=0, num_learners=0) as cluster:
-        client = cluster.client
-        job_id = client.submit_job(CONFIG).job_id
+        job_id = cluster.client.submit_job(CONFIG).job_id
         store = SharedStore(cluster.shared_dir)
         good = [segment(store, job_id, n) for n in range(3)]
         bad = segment(store, job_id, 3, action=5)
-        client.insert_segments(job_id, [*good, bad])
+        cluster.data.insert_segments(job_id, [*good, bad])
         config = read_job_config(store, job_id)
         names = algorithm_of(config).column_names_for(config.policy)
         start = feeder_start(
-            client,
+            cluster.data,
             job_id,
             None,  # a tool's requests: no task of the coordinator's
             str(store.root),
@@ -92,7 +91,7 @@ def test_a_feeder_hands_over_the_buffers_rows_and_reports_an_unusable_segment(tm
 
             wait_until(a_reply_reports_the_bad_segment, 60, "the bad segment reported")
             assert unusable == {bad.path} and replies >= 1
-            client.stop_job(job_id)
+            cluster.client.stop_job(job_id)
             with pytest.raises(JobOver):
                 while (reply := feed.next()) is not None:
                     list(reply.batches)

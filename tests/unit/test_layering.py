@@ -1,8 +1,9 @@
 """Layers, bottom up: `common/` (what every part shares, the config's base sections
 included), `algorithms/` (each algorithm, its own config sections too), `jobconfig/`
 (a job's config resolved: it reads both), then `services/` and `drover/`. No layer
-imports one above it, and what the coordinator imports to read configs imports no
-torch."""
+imports one above it, a service imports of another only what `SERVICE_IMPORTS` lets
+it (the clients, not the internals), and what the coordinator imports to read configs
+imports no torch."""
 
 import ast
 import subprocess
@@ -40,6 +41,40 @@ def test_no_package_imports_one_above_it(package):
             m for m in imported_modules(path) if m.split(".")[0] in ABOVE[package]
         )
         for path in sorted((ROOT / package).rglob("*.py"))
+    }
+    assert {k: v for k, v in offenders.items() if v} == {}
+
+
+#: What each service may import of the others: a worker (collector, learner, and the
+#: slave framework they share) the clients of the coordinator and of the buffer, never
+#: their internals; the buffer nothing of any other service; the coordinator the
+#: buffer (it starts and supervises buffer processes) and the workers' client.
+SERVICE_IMPORTS = {
+    "buffer": (),
+    "slave": ("services.buffer.client", "services.coordinator.client"),
+    "collector": ("services.slave", "services.buffer.client", "services.coordinator.client"),
+    "learner": ("services.slave", "services.buffer.client", "services.coordinator.client"),
+    "coordinator": ("services.buffer", "services.slave.client"),
+}
+
+
+def test_every_service_package_has_its_rule():
+    packages = {p.parent.name for p in (ROOT / "services").glob("*/__init__.py")}
+    assert packages == set(SERVICE_IMPORTS)
+
+
+@pytest.mark.parametrize("service", sorted(SERVICE_IMPORTS))
+def test_a_service_imports_only_the_clients_of_the_others(service):
+    allowed = SERVICE_IMPORTS[service]
+    offenders = {
+        str(path.relative_to(ROOT)): sorted(
+            m
+            for m in imported_modules(path)
+            if m.startswith("services.")
+            and m.split(".")[1] != service
+            and not any(m == a or m.startswith(a + ".") for a in allowed)
+        )
+        for path in sorted((ROOT / "services" / service).rglob("*.py"))
     }
     assert {k: v for k, v in offenders.items() if v} == {}
 

@@ -45,6 +45,7 @@ def session(tmp_path, coordinator):
         task=TaskAssignment(task_id="t-1", job_id=JOB, spec=LearnSpec(seed=0)),
         worker_id="learner-1",
         coordinator=coordinator,  # type: ignore[arg-type]
+        data=coordinator,  # type: ignore[arg-type]
         metrics=CollectorRegistry(),
     )
     return BatchSession(ctx, config, SharedStore(tmp_path), DQN(config.policy), 0)

@@ -61,10 +61,12 @@ def config_of(algo="dqn"):
 
 
 def context():
+    coordinator = Coordinator()
     return TaskContext(
         task=TaskAssignment(task_id="t-1", job_id=JOB, spec=LearnSpec(seed=0)),
         worker_id="learner-1",
-        coordinator=Coordinator(),  # type: ignore[arg-type]
+        coordinator=coordinator,  # type: ignore[arg-type]
+        data=coordinator,  # type: ignore[arg-type]
         metrics=CollectorRegistry(),
     )
 
@@ -338,7 +340,8 @@ def test_a_segment_whose_read_never_returns_costs_only_its_own_rows(tmp_path, mo
     ctx = TaskContext(
         task=TaskAssignment(task_id="t-1", job_id=JOB, spec=LearnSpec(seed=0)),
         worker_id="learner-1",
-        coordinator=Sampler(reply),  # type: ignore[arg-type]
+        coordinator=(sampler := Sampler(reply)),  # type: ignore[arg-type]
+        data=sampler,  # type: ignore[arg-type]
         metrics=CollectorRegistry(),
     )
     learn = BatchSession(ctx, config, store, DQN(config.policy), 0)
@@ -420,6 +423,7 @@ def test_priorities_ride_on_the_next_sample_requests_each_sent_once(tmp_path):
         task=TaskAssignment(task_id="t-1", job_id=JOB, spec=LearnSpec(seed=0)),
         worker_id="learner-1",
         coordinator=sampler,  # type: ignore[arg-type]
+        data=sampler,  # type: ignore[arg-type]
         metrics=CollectorRegistry(),
     )
     learn = BatchSession(ctx, config, store, DQN(config.policy), 0)

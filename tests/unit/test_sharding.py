@@ -13,8 +13,8 @@ from common.config import ReplayBufferConfig
 from common.errors import ApiError
 from common.http_client import ServiceUnavailable
 from common.messages import SegmentRef
+from services.buffer.client import ShardedData
 from services.buffer.core import ReplayBuffer, segment_shard
-from services.buffer.sharded_client import ShardedData
 from services.buffer.sharding import merge, split, split_queue
 from services.buffer.table import shard_of
 from tests.fakes import DeletedFiles

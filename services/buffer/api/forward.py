@@ -2,7 +2,7 @@
 its own: passed on as it came, body and all, and its answer passed back, without being
 parsed here (the coordinator's interpreter stays out of the data plane); a job split
 over shards gets it as a learner or collector would send it, each part to its shard
-(sharded_client.py: a draw over all of them, each segment and priority to the shard
+(client.py: a draw over all of them, each segment and priority to the shard
 that holds it). A worker's is refused: its task says where its data goes."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from common.messages import (
     SegmentInsert,
 )
 from services.buffer.api import HOST, BufferHost, DataHost
-from services.buffer.sharded_client import ShardedData
+from services.buffer.client import ShardedData
 
 #: The longest a passed-on request may take: a sample's long-poll, and a margin.
 FORWARD_TIMEOUT_S = MAX_WAIT_S + 10.0
