@@ -91,6 +91,8 @@ def test_every_link_of_a_document_finds_its_file_and_heading(doc):
         file = (doc.parent / path).resolve() if path else doc
         if file == ROOT / "docs" / "index.md":
             file = ROOT / "README.md"  # the site's home page is the README (drover/docs_site.py)
+        if file == ROOT / "docs" / "rest-api.md":
+            continue  # made at each site build (drover/docs_site.py), which checks it
         if not file.exists() or ROOT not in (file, *file.parents):
             broken.append(f"{target} (no such file in the repository)")
         elif anchor and file.suffix == ".md" and anchor not in heading_anchors(file.read_text()):
