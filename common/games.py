@@ -2,6 +2,10 @@
 API), many stepped together (`GameVector`), their spaces for the job's model
 (`game_spaces`), and fixed opponents that need no policy file (`make_baseline`).
 
+One module on purpose (over 600 lines): each baseline's rules are the game's, so a game
+and the opponents that play it (random, heuristic, a perfect minimax for tic-tac-toe)
+are read together; a new game is a section of it.
+
 A request's `env.env_id` names a game by its module, such as
 `pettingzoo.classic.connect_four_v3`. A module name is code to run, so it is checked
 against the games drover ships (`GAME_MODULES`) and the operator's

@@ -1,6 +1,14 @@
 """A job's replay buffer: an index of items in segment files, a sampler, a remover,
 a rate limiter, and the segments' reference counts. No Flask.
 
+One class in one module on purpose (over 1,100 lines): one condition guards the item
+table, the segments' counts, the holds, the limiter and what a cut or a delta saves,
+and every method's correctness is a statement about all of them at once (an insert
+decided again in the hold of the lock that indexes it; a cut that saves holds and
+segments as one instant). The parts that need no lock are modules beside it: the
+table (table.py), samplers and removers (selectors.py, sumtree.py), the limiter
+(limiter.py), the snapshot file (snapshot.py).
+
 The bytes stay on the shared file system; for each item the buffer keeps which
 segment and rows it lives in, the policy version that collected it, how often it was
 sampled, and its priority. Samplers and removers are values (selectors.py); the rate

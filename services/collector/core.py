@@ -1,5 +1,9 @@
 """The collector's work: `collect` and `evaluate` tasks. No Flask.
 
+One module on purpose (over 600 lines): the task loops (transitions, unrolls, rounds,
+an evaluation) side by side, each a page, since they differ in what they build from
+the same steps; the parts they share are modules of their own (below).
+
 A collect task steps a vector env with the newest policy (reloaded only when the
 coordinator's version changes), turns steps into n-step transitions, and hands them,
 in chunks of at least `n_sample`, to the uploader thread, which writes what has queued

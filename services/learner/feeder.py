@@ -2,6 +2,10 @@
 their segments and gathers their rows, and hands the learner each batch as ready arrays
 over a Unix socket.
 
+One module on purpose (over 800 lines): both ends of one conversation, the frames they
+exchange and the process that runs one end, so that a change to a frame and to the
+two sides that read and write it lands in one place.
+
 Why a process: a learner's training thread gives the interpreter lock up at every
 torch call and waits to get it back, so Python work beside it in its own process
 (parsing sample replies, reading and gathering rows) costs it its rate about one for
