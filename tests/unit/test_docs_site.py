@@ -13,6 +13,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.processes  # mkdocs in a process of its own, about 7 s: not in `make test-fast`
 @pytest.mark.timeout(300)
 def test_the_docs_site_builds_strictly(tmp_path):
     built = subprocess.run(
