@@ -40,6 +40,9 @@ class FakeCoordinator:
         self.credentials_next: dict[str, str] = {}
         self.credential: str | None = None
         self.timeout_s = 5.0
+        #: Where a task's data calls would go without a data access of its own (nowhere
+        #: here: these tests' runners make none).
+        self.base_url, self.bearer = "http://127.0.0.1:9", "fake-credential"
         #: The resources of each registration, in order.
         self.registrations: list[dict[str, Any]] = []
 

@@ -59,10 +59,12 @@ from common.messages import (
 from common.metrics import service_registry
 from common.storage import SharedStore
 from services.buffer.checks import InsertSlot
+from services.coordinator.admission import Admission
 from services.coordinator.buffers import BufferProcesses, BufferProcessSettings
 from services.coordinator.data import DataPlane
 from services.coordinator.experiments import ExperimentBook
-from services.coordinator.jobs import MAX_PAGE, JobBook
+from services.coordinator.job_views import MAX_PAGE, JobViews
+from services.coordinator.jobs import JobBook
 from services.coordinator.matches import MatchDesk
 from services.coordinator.metrics import CoordinatorMetrics, JobGauges
 from services.coordinator.persistence import Persistence
@@ -120,15 +122,25 @@ class Coordinator:
         )
         self.tasks_board = TaskBoard(self.state)
         self.job_book = JobBook(self.state, self.tasks_board)
+        self.admission = Admission(self.state, self.job_book)
+        self.job_views = JobViews(self.state, self.job_book)
         self.registry = WorkerRegistry(self.state, self.tasks_board, self.job_book)
         self.policies = PolicyPointer(self.state, self.job_book, self.tasks_board, self.registry)
         self.data = DataPlane(self.state, self.job_book, self.tasks_board)
         self.planning = Planning(
-            self.state, self.job_book, self.tasks_board, self.registry, self.data
+            self.state,
+            self.job_book,
+            self.admission,
+            self.job_views,
+            self.tasks_board,
+            self.registry,
+            self.data,
         )
-        self.persistence = Persistence(self.state, self.job_book, self.data, self.policies)
+        self.persistence = Persistence(
+            self.state, self.job_book, self.admission, self.job_views, self.data, self.policies
+        )
         self.matches = MatchDesk(self.state, self.job_book, self.tasks_board)
-        self.experiment_book = ExperimentBook(self.state, self.job_book)
+        self.experiment_book = ExperimentBook(self.state, self.job_book, self.admission)
         self.metrics.registry.register(JobGauges(self._gauge_values))
         Gauge(
             "drover_state_writes_waiting_for_room",
@@ -184,10 +196,11 @@ class Coordinator:
     # --- jobs ------------------------------------------------------------------------
 
     def submit_job(self, submit: JobSubmit) -> JobCreated:
-        return self.job_book.submit(submit, self.planning)
+        return self.admission.submit(submit, self.planning)
 
     def stop_job(self, job_id: str) -> JobStatus:
-        return self.job_book.stop(job_id)
+        self.job_book.stop(job_id)
+        return self.job_views.status(job_id)  # its end, on disk now
 
     def submit_experiment(self, submit: ExperimentSubmit) -> ExperimentCreated:
         return self.experiment_book.submit(submit, self.planning)
@@ -204,18 +217,18 @@ class Coordinator:
         return self.experiment_book.stop(experiment_id)
 
     def job_status(self, job_id: str, *, wait_s: float = 0.0) -> JobStatus:
-        return self.job_book.status(job_id, wait_s=wait_s)
+        return self.job_views.status(job_id, wait_s=wait_s)
 
     def list_jobs(
         self, *, phase: str | None = None, limit: int = MAX_PAGE, page_token: str | None = None
     ) -> JobList:
-        return self.job_book.listing(phase=phase, limit=limit, page_token=page_token)
+        return self.job_views.listing(phase=phase, limit=limit, page_token=page_token)
 
     def job_metrics(self, job_id: str) -> JobMetrics:
-        return self.job_book.metrics(job_id)
+        return self.job_views.metrics(job_id)
 
     def buffer_sizes(self) -> dict[str, int]:
-        return self.job_book.buffer_sizes()
+        return self.job_views.buffer_sizes()
 
     def _gauge_values(self) -> tuple[list[JobStatus], dict[str, int], int]:
         """What the per-job gauges show at a scrape."""
@@ -284,7 +297,7 @@ class Coordinator:
         return self.data.update_priorities(job_id, update, caller=caller)
 
     def buffer_stats(self, job_id: str) -> BufferStats:
-        return self.job_book.buffer_stats(job_id)
+        return self.job_views.buffer_stats(job_id)
 
     # --- policies --------------------------------------------------------------------
 

@@ -34,7 +34,9 @@ from common.messages import (
 from common.storage import CorruptFileError, SharedStore
 from jobconfig.population import Population
 from jobconfig.sweep import plan_sweep
-from services.coordinator.jobs import MAX_PAGE, JobBook
+from services.coordinator.admission import Admission
+from services.coordinator.job_views import MAX_PAGE
+from services.coordinator.jobs import JobBook
 from services.coordinator.paging import newest_first
 from services.coordinator.state import CoordinatorState, Experiment, ExperimentJob, Job
 from services.coordinator.workflows import Planner
@@ -46,9 +48,10 @@ FOLDER = "experiments"
 
 
 class ExperimentBook:
-    def __init__(self, state: CoordinatorState, jobs: JobBook) -> None:
+    def __init__(self, state: CoordinatorState, jobs: JobBook, admission: Admission) -> None:
         self.state = state
         self.jobs = jobs
+        self.admission = admission
 
     def submit(self, submit: ExperimentSubmit, planner: Planner) -> ExperimentCreated:
         try:
@@ -60,7 +63,8 @@ class ExperimentBook:
         # Every job checked before any exists; each env the sweep has made once.
         known_spaces: dict[str, Spaces] = {}
         admitted = [
-            self.jobs.admissible(config, planner, known_spaces=known_spaces) for _, config in points
+            self.admission.admissible(config, planner, known_spaces=known_spaces)
+            for _, config in points
         ]
         experiment_id = new_id("exp")
         name = submit.name or admitted[0][0].exp_name
@@ -81,7 +85,7 @@ class ExperimentBook:
                 (config, job_warnings, f"{name} {point.label()} seed={point.seed}".strip())
                 for (point, _), (config, job_warnings) in zip(points, admitted, strict=True)
             ]
-            made = self.jobs.create_many(entries, experiment_id=experiment_id)
+            made = self.admission.create_many(entries, experiment_id=experiment_id)
             with self.state.guard.changing():
                 experiment.jobs.extend(
                     ExperimentJob(created.job_id, point.values, point.seed)
@@ -178,7 +182,7 @@ class ExperimentBook:
 
 def forget_old_experiments(state: CoordinatorState) -> list[str]:
     """Forget the experiments none of whose jobs this coordinator keeps any more
-    (each forgotten with the same retention: `JobBook.forget_old`), and their
+    (each forgotten with the same retention: `JobViews.forget_old`), and their
     records (call under the lock). Returns their ids."""
     kept_s = state.limits.ended_job_retention_s
     gone = [

@@ -1,5 +1,6 @@
-"""Jobs: admission, their phase and its durable end, what is shown of them (built by
-job_status.py), metrics points and records.
+"""Jobs' lifecycle: their phase, the verdict that ends them and its durable end, their
+records. Admitting and creating jobs is admission.py; what is shown of them, their
+metrics points and their retention, job_views.py; restoring them, persistence.py.
 
 A job ends in two steps: `finish` stops its data and tasks at once (under the lock);
 `complete_end` (after the lock is let go) writes its terminal record, then shows the
@@ -11,70 +12,36 @@ reported as ended.
 from __future__ import annotations
 
 import logging
-import statistics
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from common.config import ConfigError, JobConfig, to_dict
-from common.envs import Spaces
-from common.errors import ApiError, bad_request, conflict, not_found
+from common.config import to_dict
+from common.errors import ApiError, conflict, not_found
 from common.http_client import ServiceUnavailable
 from common.messages import (
-    TERMINAL_PHASES,
     BufferStats,
-    EvalSummary,
-    JobCreated,
-    JobList,
-    JobMetrics,
-    JobStatus,
-    JobSubmit,
-    MetricsPoint,
     dump,
-    new_id,
-    parse,
 )
 from common.storage import SharedStore
-from jobconfig import error_buffer_of, fit_to_env, from_resolved, resolve_job_config
-from jobconfig.spaces import known_env_spaces
-from services.buffer.core import ReplayBuffer
-from services.coordinator.buffers import BufferProcess
-from services.coordinator.devices import refuse_unless_fits, waiting_reason
 from services.coordinator.job_status import (
-    held_of,
-    learners_of,
-    metrics_from_record,
     status_of,
 )
-from services.coordinator.lock import BoundedWaits
-from services.coordinator.paging import newest_first
 from services.coordinator.reserve import write_kept
 from services.coordinator.snapshot import (
     as_record,
-    eval_from,
-    policy_from,
-    read_job_record,
     write_job_record,
 )
 from services.coordinator.state import (
     CoordinatorState,
     Job,
     RoomWait,
-    Share,
     raise_if_closing,
 )
 from services.coordinator.tasks import TaskBoard
 from services.coordinator.tensorboard import JobBoards
-from services.coordinator.workflows import Planner, check_workflow, workflow_of
+from services.coordinator.workflows import workflow_of
 from services.coordinator.workflows.base import Outcome
 
 log = logging.getLogger(__name__)
-
-#: Threads that write a batch of new jobs' files at once (`create_many`): the
-#: volume's round trips overlap.
-WRITERS = 8
-
-#: Jobs one listing answers at the most.
-MAX_PAGE = 1000
 
 
 class JobBook:
@@ -83,276 +50,6 @@ class JobBook:
         self.tasks = tasks
         #: Each job's TensorBoard scalars (`<job_id>/tb/coordinator/`).
         self.boards = JobBoards(state)
-        #: Status requests waiting for a job's end (`status`).
-        self.end_polls = BoundedWaits(state.guard, state.limits.max_waiting_job_polls)
-
-    # --- admission -------------------------------------------------------------------
-
-    def submit(
-        self, submit: JobSubmit, planner: Planner, *, experiment_id: str | None = None
-    ) -> JobCreated:
-        """Admit the job (`admissible`) and create it; `experiment_id`: the experiment
-        it is a job of."""
-        config, warnings = self.admissible(submit.config, planner)
-        return self.create(config, warnings, submit.name, planner, experiment_id=experiment_id)
-
-    def admissible(
-        self,
-        raw: dict[str, Any],
-        planner: Planner,
-        *,
-        known_spaces: dict[str, Spaces] | None = None,
-    ) -> tuple[JobConfig, list[str]]:
-        """The resolved config of a job this coordinator would take, and its warnings.
-        `known_spaces`: env spaces already made, by env section (an experiment's jobs
-        share a few envs: each is made once, not once a job).
-
-        Raises:
-            ApiError: 400 naming the config's field that is refused, or 409 for a job
-                the registered workers cannot run.
-        """
-        try:
-            config, warnings = resolve_job_config(raw)
-            workflow = check_workflow(config)
-            config = fit_to_env(config, known_env_spaces(config.env, known_spaces))
-        except ConfigError as exc:
-            raise bad_request(f"config.{exc.field}", exc.message) from None
-        self._check_limits(config)
-        workflow.admit(config, planner)
-        with self.state.guard.changing():
-            workers = list(self.state.workers.values())
-        # A CUDA job that registered workers cannot run is refused now, with the
-        # reason; with no such worker registered yet, it waits for one (planning.py),
-        # and says so from the start.
-        refuse_unless_fits(config, workflow.roles, workers)
-        return config, warnings
-
-    def create(
-        self,
-        config: JobConfig,
-        warnings: list[str],
-        name: str | None,
-        planner: Planner,
-        *,
-        experiment_id: str | None = None,
-    ) -> JobCreated:
-        """Create a job of an `admissible` config: durable before it is answered."""
-        (created,) = self.create_many([(config, warnings, name)], experiment_id=experiment_id)
-        return created
-
-    def create_many(
-        self,
-        entries: list[tuple[JobConfig, list[str], str | None]],
-        *,
-        experiment_id: str | None = None,
-    ) -> list[JobCreated]:
-        """Create jobs of `admissible` configs (config, warnings, name), in order, each
-        durable before any is answered. O(jobs): their phases are decided in one pass,
-        their files written a few at a time (`WRITERS` threads), and they are registered
-        in one hold of the lock; an experiment's thousand jobs take seconds."""
-        with self.state.guard.changing():
-            workers = list(self.state.workers.values())
-            phases = self._entry_phases(experiment_id, len(entries))
-        jobs: list[Job] = []
-        answers: list[list[str]] = []
-        for (config, warnings, name), phase in zip(entries, phases, strict=True):
-            workflow = workflow_of(config)
-            waiting = waiting_reason(config, workflow.roles, workers)
-            job_id = new_id("job")
-            jobs.append(
-                Job(
-                    job_id=job_id,
-                    name=name or config.exp_name,
-                    config=config,
-                    replay=None,  # started once its folder exists (below)
-                    started_at=self.state.wall(),
-                    phase=phase,
-                    waiting=waiting,
-                    workflow_state=workflow.new_state(config),
-                    experiment_id=experiment_id,
-                )
-            )
-            answers.append([*warnings, waiting] if waiting else list(warnings))
-            for warning in answers[-1]:
-                log.warning("job %s config: %s", job_id, warning)
-        # Durable before they are answered: a coordinator that dies right after the 201
-        # finds them again.
-        store = self.state.store
-        try:
-            with ThreadPoolExecutor(min(WRITERS, len(jobs))) as writers:
-                list(writers.map(self._write_new, jobs))
-        except BaseException:
-            # None of them is answered: none is left behind for a restart to find (no
-            # buffer has started yet: they start below).
-            for job in jobs:
-                store.delete_tree(job.job_id)
-            raise
-        for job in jobs:
-            # Its buffer (a process of its own, working in the job's folder) starts now;
-            # a queued job's as it leaves the queue (`start_running`): a sweep of a
-            # thousand costs no thousand processes.
-            if job.phase == "running":
-                job.replay = self.new_buffer(job.job_id, job.config)
-        with self.state.guard.changing():
-            # Decided again with the lock held, so that jobs submitted at once cannot
-            # all take the last place; a record that says otherwise is written anew (a
-            # restart before that only queues the job again).
-            for job, phase in zip(jobs, self._entry_phases(experiment_id, len(jobs)), strict=True):
-                if phase == "running":
-                    job.running_since = job.started_at
-                    if job.replay is None:  # another job left the queue meanwhile
-                        job.replay = self.new_buffer(job.job_id, job.config)
-                if job.phase != phase:
-                    job.phase = phase
-                    record = job_record(job)
-                    self.state.guard.defer(
-                        lambda job=job, record=record: write_job_record(store, job.job_id, record)
-                    )
-                self.state.jobs[job.job_id] = job
-            self.state.guard.notify()
-        for job in jobs:
-            log.info(
-                "job %s (%s) submitted (%s): %s",
-                job.job_id,
-                job.name,
-                job.phase,
-                job.config.env.env_id,
-            )
-        return [
-            JobCreated(job_id=job.job_id, phase=job.phase, warnings=warnings)
-            for job, warnings in zip(jobs, answers, strict=True)
-        ]
-
-    def _write_new(self, job: Job) -> None:
-        """A new job's resolved config and its record, on disk."""
-        store = self.state.store
-        store.write_json(f"{job.job_id}/job.json", config_record(job))
-        write_job_record(store, job.job_id, job_record(job))
-
-    def _entry_phases(self, experiment_id: str | None, count: int) -> list[str]:
-        """The phases `count` jobs submitted now start in, in order: queued once the
-        running jobs and the queue fill `max_running_jobs` (the queue goes first), or
-        once its experiment's running and queued jobs fill its `parallel`."""
-        limit = self.state.limits.max_running_jobs
-        busy = sum(j.running or j.queued for j in self.state.jobs.values())
-        experiment = self.state.experiments.get(experiment_id or "")
-        places = None
-        if experiment is not None and experiment.parallel is not None:
-            mine = sum(
-                (j.running or j.queued) and j.experiment_id == experiment_id
-                for j in self.state.jobs.values()
-            )
-            places = experiment.parallel - mine
-        phases = []
-        for i in range(count):
-            full = (limit and busy + i >= limit) or (places is not None and i >= places)
-            phases.append("queued" if full else "running")
-        return phases
-
-    def start_running(self, job: Job) -> None:
-        """A queued job runs from now on: its buffer starts (a process of its own,
-        the spare one when there is one), and its record says so before it gets a
-        task."""
-        job.phase, job.queue_position, job.waiting = "running", None, ""
-        job.running_since = self.state.wall()
-        if job.replay is None:
-            job.replay = self.new_buffer(job.job_id, job.config)
-        log.info("job %s leaves the queue and runs", job.job_id)
-        record = job_record(job)
-        store = self.state.store
-        self.state.guard.defer(lambda: write_job_record(store, job.job_id, record))
-        self.state.guard.notify()
-
-    def new_buffer(
-        self, job_id: str, config: JobConfig, *, here: bool = False
-    ) -> ReplayBuffer | BufferProcess:
-        """The job's replay: in a buffer process of its own when this coordinator runs
-        them (services/coordinator/buffers.py) and not `here`, else here."""
-        workflow = workflow_of(config)
-        replay = workflow.replay(config)
-        error_buffer = error_buffer_of(config)
-        if self.state.buffers is not None and workflow.replays and not here:
-            return self.state.buffers.start(
-                job_id, replay, error_buffer=error_buffer, seed=config.system.seed
-            )
-        return ReplayBuffer(
-            job_id,
-            replay,
-            DeferredDeletes(self.state.store, self.state.guard.defer),
-            error_buffer=error_buffer,
-            seed=config.system.seed,
-            max_waiting_inserts=self.state.limits.max_waiting_inserts,
-        )
-
-    def _check_limits(self, config: JobConfig) -> None:
-        limits = self.state.limits
-        collectors = config.system.collector_num
-        if collectors is not None and collectors > limits.max_collectors_per_job:
-            raise bad_request(
-                "config.system.collector_num",
-                f"{collectors} exceeds this coordinator's limit of {limits.max_collectors_per_job}",
-            )
-        shards = config.policy.other.replay_buffer.shards
-        if shards > 1 and self.state.buffers is None:
-            raise bad_request(
-                "config.policy.other.replay_buffer.shards",
-                f"{shards}: this coordinator hosts every buffer itself "
-                "(DROVER_BUFFER_PROCESSES=0), so a buffer is one shard",
-            )
-        for key in ("collector_env_num", "evaluator_env_num"):
-            value = getattr(config.env, key)
-            if value > limits.max_envs_per_task:
-                raise bad_request(
-                    f"config.env.{key}",
-                    f"{value} exceeds this coordinator's limit of {limits.max_envs_per_task}",
-                )
-
-    def from_record(self, record: dict[str, Any]) -> Job:
-        """A job from its record (`job_record`): a running one with an empty buffer,
-        an ended one with none (what its buffer held at the end is in the record)."""
-        config = from_resolved(record["config"])
-        ended = record["phase"] in TERMINAL_PHASES
-        job = Job(
-            job_id=record["job_id"],
-            name=record["name"],
-            config=config,
-            # A queued job's buffer starts as it leaves the queue (`start_running`).
-            replay=(
-                None
-                if ended or record["phase"] == "queued"
-                else self.new_buffer(record["job_id"], config)
-            ),
-            started_at=float(record["started_at"]),
-            running_since=record.get("running_since"),
-            phase=record["phase"],
-            reason=record["reason"],
-            finished_at=record["finished_at"],
-            env_steps=int(record["env_steps"]),
-            train_iters=int(record["train_iters"]),
-            policy=policy_from(record["policy"]),
-            policy_versions=[int(v) for v in record["policy_versions"]],
-            evals=[parse(EvalSummary, e) for e in record["evals"]],
-            best_eval=eval_from(record["best_eval"]),
-            tasks_created=int(record["tasks_created"]),
-            learner_epoch=int(record.get("learner_epoch", 0)),  # older records lack it
-            experiment_id=record.get("experiment_id"),
-            task_failures=int(record["task_failures"]),
-            last_task_error=str(record.get("last_task_error", "")),
-            tasks_reassigned=int(record.get("tasks_reassigned", 0)),  # older records lack it
-            tasks_preempted=int(record.get("tasks_preempted", 0)),
-            shares={role: Share.restore(r) for role, r in record.get("shares", {}).items()},
-            segments_swept=bool(record["segments_swept"]),
-            # Records of jobs that ended before it was kept have none.
-            final_buffer=parse(BufferStats, record["buffer"]) if record.get("buffer") else None,
-        )
-        if ended:
-            _let_go_of_series(job)
-            return job
-        job.episode_returns.extend(record["episode_returns"])
-        job.workflow_state = workflow_of(config).restore(_workflow_record(record), config)
-        job.metrics.extend(parse(MetricsPoint, p) for p in record["metrics"])
-        job.unusable_segments.update(record.get("unusable_segments", []))
-        return job
 
     # --- lookups -------------------------------------------------------------------
 
@@ -376,13 +73,13 @@ class JobBook:
 
     # --- the end -------------------------------------------------------------------
 
-    def stop(self, job_id: str) -> JobStatus:
+    def stop(self, job_id: str) -> None:
+        """End the job by request; its end is on disk when this returns (the change's
+        deferred work ran)."""
         with self.state.guard.changing():
             job = self.get(job_id)
             if job.running or job.queued:
                 self.finish(job, "stopped", "stopped by request")
-        # The end is on disk now (the change's deferred work ran): answer with it.
-        return self.status(job_id)
 
     def buffer_failed(self, job_id: str, why: str) -> None:
         """A buffer process of the job's that is not started again (it kept exiting):
@@ -538,7 +235,7 @@ class JobBook:
             job.final_buffer = final
             replay, job.replay = job.replay, None
             evals = list(job.evals)
-            _let_go_of_series(job)
+            let_go_of_series(job)
             self.state.guard.notify()
         self.boards.close(job.job_id, evals)
         # Step data is only for training: a finished job keeps policies, checkpoints,
@@ -579,135 +276,8 @@ class JobBook:
             store = self.state.store
             self.state.guard.defer(lambda: store.delete_tree(f"{job.job_id}/segments"))
 
-    # --- what is shown -------------------------------------------------------------
 
-    def status(self, job_id: str, *, wait_s: float = 0.0) -> JobStatus:
-        """The job's status; with `wait_s`, once it has ended or `wait_s` have passed
-        (a client watching for the end waits here instead of polling); past
-        `max_waiting_job_polls` waiting at once, at once."""
-        state = self.state
-        with state.guard.changing():
-            job = self.get(job_id)
-            self.end_polls.wait_for(
-                lambda: state.closing or job.phase in TERMINAL_PHASES or bool(job.unrecorded),
-                wait_s,
-            )
-            return status_of(job, learners_of(state, job), held=held_of(state, job))
-
-    def listing(
-        self, *, phase: str | None = None, limit: int = MAX_PAGE, page_token: str | None = None
-    ) -> JobList:
-        """Jobs newest first, `limit` at a time: `page_token` (the last answer's
-        `next_page_token`) continues after the previous page. `phase`: one phase, or
-        "ended" for any terminal one."""
-        with self.state.guard.changing():
-            page, next_token = newest_first(
-                (
-                    j
-                    for j in self.state.jobs.values()
-                    if phase is None
-                    or j.phase == phase
-                    or (phase == "ended" and j.phase in TERMINAL_PHASES)
-                ),
-                lambda j: (j.started_at, j.job_id),
-                limit,
-                page_token,
-            )
-            statuses = [
-                status_of(j, learners_of(self.state, j), held=held_of(self.state, j)) for j in page
-            ]
-        return JobList(jobs=statuses, next_page_token=next_token)
-
-    def forget_old(self) -> list[str]:
-        """Forget ended jobs past their retention, and the oldest ended ones past the
-        count kept (call under the lock). Their folders stay. Returns their ids."""
-        limits = self.state.limits
-        ended = sorted(
-            (j for j in self.state.jobs.values() if j.terminal_durable),
-            key=lambda j: j.finished_at or 0.0,
-        )
-        cutoff = self.state.wall() - limits.ended_job_retention_s
-        over = max(0, len(ended) - limits.max_ended_jobs)
-        gone = [
-            j.job_id for i, j in enumerate(ended) if i < over or (j.finished_at or 0.0) < cutoff
-        ]
-        for job_id in gone:
-            del self.state.jobs[job_id]
-            self.state.metrics.forget_job(job_id)
-            self.boards.forget(job_id)
-            log.info("job %s forgotten (ended; past its retention)", job_id)
-        return gone
-
-    def metrics(self, job_id: str) -> JobMetrics:
-        with self.state.guard.changing():
-            job = self.get(job_id)
-            if job.replay is None:
-                ended = True
-            else:
-                ended = False
-                points, evals = list(job.metrics), list(job.evals)
-                unusable = sorted(job.unusable_segments)
-                buffer = job.replay
-        if ended:
-            # An ended job keeps its series on disk only: its record, read here
-            # without the lock, is the same before and after a restart.
-            return metrics_from_record(read_job_record(self.state.store, job_id) or {}, job)
-        # The buffer's stats take its own lock, never the coordinator's.
-        return JobMetrics(
-            job_id=job_id,
-            points=points,
-            evals=evals,
-            buffer=buffer.stats(),
-            unusable_segments=unusable,
-        )
-
-    def buffer_stats(self, job_id: str) -> BufferStats:
-        """The job's buffer statistics: live while it runs, as it ended after."""
-        with self.state.guard.changing():
-            job = self.get(job_id)
-            buffer, final = job.replay, job.final_buffer
-        if buffer is not None:
-            return buffer.stats()  # its own lock, never the coordinator's
-        if final is None:
-            raise not_found(f"the buffer statistics of {job_id} (it ended before they were kept)")
-        return final
-
-    def buffer_sizes(self) -> dict[str, int]:
-        """Each job's buffer size (cheap: no stats are computed)."""
-        with self.state.guard.changing():
-            return {
-                job_id: job.replay.size if job.replay is not None else _final_size(job)
-                for job_id, job in self.state.jobs.items()
-            }
-
-    def sample_metrics(self) -> None:
-        """One metrics point per running job (call under the lock, every period)."""
-        limits = self.state.limits
-        for job in self.state.jobs.values():
-            if job.replay is None:
-                self.sweep_segments(job)
-                continue
-            job.replay.collect_garbage()
-            recent = list(job.episode_returns)
-            point = MetricsPoint(
-                t=round(self.state.wall(), 3),
-                env_steps=job.env_steps,
-                train_iters=job.train_iters,
-                buffer_size=job.replay.size,
-                policy_version=job.policy.version if job.policy else 0,
-                collect_return_mean=statistics.fmean(recent) if recent else None,
-            )
-            job.metrics.append(point)
-            self.boards.record(job, point)
-            while len(job.metrics) > limits.metrics_points:
-                job.metrics.popleft()
-
-
-def _final_size(job: Job) -> int:
-    return job.final_buffer.size if job.final_buffer is not None else 0
-
-
-def _let_go_of_series(job: Job) -> None:
+def let_go_of_series(job: Job) -> None:
     """What an ended job no longer keeps in memory: its series (they stay in its
     record on disk) and its workflow's in-flight data; its last and best evaluation
     stay, for its status."""
@@ -718,7 +288,7 @@ def _let_go_of_series(job: Job) -> None:
     job.unusable_segments.clear()
 
 
-def _workflow_record(record: dict[str, Any]) -> dict[str, Any]:
+def workflow_record(record: dict[str, Any]) -> dict[str, Any]:
     """The workflow's part of a job record. Records written before workflows kept
     their own state held the training and evaluate workflows' fields at the top."""
     if record.get("workflow") is not None:

@@ -17,14 +17,31 @@ import threading
 import time
 from typing import Any
 
-from common.messages import TERMINAL_PHASES, dump
+from common.messages import (
+    TERMINAL_PHASES,
+    BufferStats,
+    EvalSummary,
+    MetricsPoint,
+    dump,
+    parse,
+)
 from common.storage import CorruptFileError
 from jobconfig import from_resolved
 from services.buffer.chain import SnapshotChains
+from services.coordinator.admission import Admission
 from services.coordinator.data import DataPlane
-from services.coordinator.jobs import JobBook, ending_record, job_record
+from services.coordinator.job_views import JobViews
+from services.coordinator.jobs import (
+    JobBook,
+    ending_record,
+    job_record,
+    let_go_of_series,
+    workflow_record,
+)
 from services.coordinator.policies import PolicyPointer
 from services.coordinator.snapshot import (
+    eval_from,
+    policy_from,
     read_job_record,
     read_job_snapshot,
     remove_job_snapshot,
@@ -32,17 +49,26 @@ from services.coordinator.snapshot import (
     state_path,
     write_job_record,
 )
-from services.coordinator.state import CoordinatorState, Job
+from services.coordinator.state import CoordinatorState, Job, Share
+from services.coordinator.workflows import workflow_of
 
 log = logging.getLogger(__name__)
 
 
 class Persistence:
     def __init__(
-        self, state: CoordinatorState, jobs: JobBook, data: DataPlane, policies: PolicyPointer
+        self,
+        state: CoordinatorState,
+        jobs: JobBook,
+        admission: Admission,
+        views: JobViews,
+        data: DataPlane,
+        policies: PolicyPointer,
     ) -> None:
         self.state = state
         self.jobs = jobs
+        self.admission = admission
+        self.views = views
         self.data = data
         self.policies = policies
         #: Each job's snapshot on disk (a job with none gets a whole cut next).
@@ -127,6 +153,53 @@ class Persistence:
         record["env_steps"] = max(job.env_steps, job.buffer.inserted_env_steps)
         return record
 
+    def from_record(self, record: dict[str, Any]) -> Job:
+        """A job from its record (`job_record`): a running one with an empty buffer,
+        an ended one with none (what its buffer held at the end is in the record)."""
+        config = from_resolved(record["config"])
+        ended = record["phase"] in TERMINAL_PHASES
+        job = Job(
+            job_id=record["job_id"],
+            name=record["name"],
+            config=config,
+            # A queued job's buffer starts as it leaves the queue (`start_running`).
+            replay=(
+                None
+                if ended or record["phase"] == "queued"
+                else self.admission.new_buffer(record["job_id"], config)
+            ),
+            started_at=float(record["started_at"]),
+            running_since=record.get("running_since"),
+            phase=record["phase"],
+            reason=record["reason"],
+            finished_at=record["finished_at"],
+            env_steps=int(record["env_steps"]),
+            train_iters=int(record["train_iters"]),
+            policy=policy_from(record["policy"]),
+            policy_versions=[int(v) for v in record["policy_versions"]],
+            evals=[parse(EvalSummary, e) for e in record["evals"]],
+            best_eval=eval_from(record["best_eval"]),
+            tasks_created=int(record["tasks_created"]),
+            learner_epoch=int(record.get("learner_epoch", 0)),  # older records lack it
+            experiment_id=record.get("experiment_id"),
+            task_failures=int(record["task_failures"]),
+            last_task_error=str(record.get("last_task_error", "")),
+            tasks_reassigned=int(record.get("tasks_reassigned", 0)),  # older records lack it
+            tasks_preempted=int(record.get("tasks_preempted", 0)),
+            shares={role: Share.restore(r) for role, r in record.get("shares", {}).items()},
+            segments_swept=bool(record["segments_swept"]),
+            # Records of jobs that ended before it was kept have none.
+            final_buffer=parse(BufferStats, record["buffer"]) if record.get("buffer") else None,
+        )
+        if ended:
+            let_go_of_series(job)
+            return job
+        job.episode_returns.extend(record["episode_returns"])
+        job.workflow_state = workflow_of(config).restore(workflow_record(record), config)
+        job.metrics.extend(parse(MetricsPoint, p) for p in record["metrics"])
+        job.unusable_segments.update(record.get("unusable_segments", []))
+        return job
+
     def restore_jobs(self) -> list[str]:
         """Load every job under the shared root (at start); returns their ids.
 
@@ -154,7 +227,7 @@ class Persistence:
                 self.jobs.sweep_segments(job, now=True)
             with state.guard.changing():
                 state.jobs[job.job_id] = job
-                self.jobs.forget_old()  # past the count kept: the oldest ended go
+                self.views.forget_old()  # past the count kept: the oldest ended go
                 state.guard.notify()
             restored.append(job.job_id)
             log.info(
@@ -183,27 +256,27 @@ class Persistence:
                 return None  # past its retention: forgotten, its folder untouched
             if record.get("buffer") is None:
                 record = self._with_final_buffer(record)
-            return self.jobs.from_record(record)
+            return self.from_record(record)
         snapshot = store.exists(state_path(job_id))
         if self.state.buffers is not None:
             # Its buffer process restores the buffer itself (from its own snapshot, or
             # the coordinator's of when it hosted it); here, the newest record.
             if snapshot and not (record or {}).get("buffer_process"):
                 record = read_job_snapshot(store, job_id).record
-            return self.jobs.from_record(record) if record is not None else None
+            return self.from_record(record) if record is not None else None
         if snapshot:
             saved = read_job_snapshot(store, job_id)
-            job = self.jobs.from_record(saved.record)
+            job = self.from_record(saved.record)
             job.buffer.restore_snapshot(*saved.cut, deltas=saved.deltas)
             return job
-        return self.jobs.from_record(record) if record is not None else None
+        return self.from_record(record) if record is not None else None
 
     def _with_final_buffer(self, record: dict[str, Any]) -> dict[str, Any]:
         """The record of a job that ended before its buffer's final statistics were
         kept, with them: from its last snapshot (an empty buffer's without one), saved
         once, so no later start builds its index again."""
         store, job_id = self.state.store, record["job_id"]
-        buffer = self.jobs.new_buffer(job_id, from_resolved(record["config"]), here=True)
+        buffer = self.admission.new_buffer(job_id, from_resolved(record["config"]), here=True)
         if store.exists(state_path(job_id)):
             saved = read_job_snapshot(store, job_id)
             buffer.restore_snapshot(*saved.cut, deltas=saved.deltas)

@@ -14,9 +14,11 @@ from common.errors import bad_request
 from common.messages import EvalResult, MessageError, TaskSpec, parse
 from common.ranks import learner_ranks
 from common.storage import SharedStore
+from services.coordinator.admission import Admission
 from services.coordinator.data import DataPlane
 from services.coordinator.devices import can_run, waiting_reason
 from services.coordinator.experiments import forget_old_experiments
+from services.coordinator.job_views import JobViews
 from services.coordinator.jobs import JobBook
 from services.coordinator.population import PopulationTraining
 from services.coordinator.sharing import KIND_OF_ROLE, Sharing
@@ -41,16 +43,20 @@ class Planning:
         self,
         state: CoordinatorState,
         jobs: JobBook,
+        admission: Admission,
+        views: JobViews,
         tasks: TaskBoard,
         workers: WorkerRegistry,
         data: DataPlane,
     ) -> None:
         self.state = state
         self.jobs = jobs
+        self.admission = admission
+        self.views = views
         self.tasks = tasks
         self.workers = workers
         self.data = data
-        self.sharing = Sharing(state, tasks, jobs.start_running)
+        self.sharing = Sharing(state, tasks, admission.start_running)
         self.population = PopulationTraining(state, tasks)
         self._last_metrics_s = float("-inf")
 
@@ -125,8 +131,8 @@ class Planning:
             if state.clock() - self._last_metrics_s >= limits.metrics_period_s:
                 self._last_metrics_s = state.clock()
                 try:
-                    self.jobs.sample_metrics()
-                    self.jobs.forget_old()
+                    self.views.sample_metrics()
+                    self.views.forget_old()
                     forget_old_experiments(state)
                 except Exception:
                     log.exception("sampling metrics failed")

@@ -49,7 +49,7 @@ class Sharing:
     ) -> None:
         self.state = state
         self.tasks = tasks
-        #: Runs a job that leaves the queue (`JobBook.start_running`).
+        #: Runs a job that leaves the queue (`Admission.start_running`).
         self.start_running = start_running
         #: When the balances were last moved on (monotonic seconds).
         self._last_pass_s: float | None = None

@@ -222,7 +222,7 @@ def test_a_status_request_with_wait_s_is_answered_as_the_job_ends(client, core):
     other = submit(client)
 
     def stop_once_waited_for():
-        wait_until(lambda: core.job_book.end_polls.waiting == 1, timeout_s=10, what="the poll")
+        wait_until(lambda: core.job_views.end_polls.waiting == 1, timeout_s=10, what="the poll")
         core.stop_job(job_id)
 
     threading.Thread(target=stop_once_waited_for).start()
@@ -253,7 +253,7 @@ def test_status_requests_waiting_for_an_end_are_bounded(tmp_path):
     )
     waiter.start()
     # the first one waits (a busy machine may take a while to start it)
-    wait_until(lambda: core.job_book.end_polls.waiting == 1, timeout_s=10, what="a waiting poll")
+    wait_until(lambda: core.job_views.end_polls.waiting == 1, timeout_s=10, what="a waiting poll")
     started = time.monotonic()
     second = app.test_client().get(f"/api/v1/jobs/{job_id}?wait_s=2", headers=AUTH)
     assert second.json["phase"] == "running" and time.monotonic() - started < 1

@@ -54,7 +54,7 @@ def fake_job(
                     env_steps=job.env_steps,
                 )
             )
-            core.job_book.sample_metrics()
+            core.job_views.sample_metrics()
     if ended:
         core.stop_job(job_id)
     core.snapshot_jobs()

@@ -9,7 +9,7 @@ from common.http import body, reply
 from common.messages import ExperimentCreated, ExperimentList, ExperimentStatus, ExperimentSubmit
 from common.openapi import documented
 from services.coordinator.api import core, version_query
-from services.coordinator.jobs import MAX_PAGE
+from services.coordinator.job_views import MAX_PAGE
 
 bp = Blueprint("experiments", __name__, url_prefix="/api/v1/experiments")
 

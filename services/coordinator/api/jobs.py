@@ -16,7 +16,7 @@ from common.messages import (
 )
 from common.openapi import documented
 from services.coordinator.api import SECONDS_QUERY, core, seconds_query, version_query
-from services.coordinator.jobs import MAX_PAGE
+from services.coordinator.job_views import MAX_PAGE
 
 bp = Blueprint("jobs", __name__, url_prefix="/api/v1/jobs")
 
