@@ -16,9 +16,9 @@ from common.messages import JobCreated, JobSubmit, new_id
 from jobconfig import error_buffer_of, fit_to_env, resolve_job_config
 from jobconfig.spaces import known_env_spaces
 from services.buffer.core import ReplayBuffer
-from services.coordinator.buffers import BufferProcess
 from services.coordinator.devices import refuse_unless_fits, waiting_reason
 from services.coordinator.jobs import DeferredDeletes, JobBook, config_record, job_record
+from services.coordinator.remote_buffer import BufferProcess
 from services.coordinator.snapshot import write_job_record
 from services.coordinator.state import CoordinatorState, Job
 from services.coordinator.workflows import Planner, check_workflow, workflow_of

@@ -30,8 +30,8 @@ from services.buffer.checks import (
     sweep_orphans,
 )
 from services.buffer.core import BufferClosed, RateLimited, SampleTimeout
-from services.coordinator.buffers import ReportRead
 from services.coordinator.jobs import JobBook
+from services.coordinator.remote_buffer import ReportRead
 from services.coordinator.state import CoordinatorState, Job, raise_if_closing
 from services.coordinator.tasks import TaskBoard
 

@@ -30,9 +30,10 @@ from common.messages import (
 from common.storage import SharedStore
 from jobconfig.population import Population
 from services.buffer.core import BufferClosed, ReplayBuffer
-from services.coordinator.buffers import BufferProcess, BufferProcesses
+from services.coordinator.buffers import BufferProcesses
 from services.coordinator.lock import ChangeLock
 from services.coordinator.metrics import CoordinatorMetrics
+from services.coordinator.remote_buffer import BufferProcess
 from services.coordinator.reserve import RoomReserve
 
 

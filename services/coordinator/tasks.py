@@ -12,7 +12,7 @@ import logging
 
 from common.errors import bad_request, conflict, not_found
 from common.messages import CollectSpec, DataAccess, LearnSpec, TaskSpec, new_id
-from services.coordinator.buffers import BufferProcess
+from services.coordinator.remote_buffer import BufferProcess
 from services.coordinator.state import (
     CoordinatorState,
     Dispatch,

@@ -23,7 +23,7 @@ from common.messages import BufferStats, EvalSummary, MetricsPoint
 from common.storage import CorruptFileError, SharedStore
 from common.tensorboard import ScalarLog, job_tb_dir
 from services.buffer.core import ReplayBuffer
-from services.coordinator.buffers import BufferProcess
+from services.coordinator.remote_buffer import BufferProcess
 from services.coordinator.state import CoordinatorState, Job
 from services.coordinator.workflows import workflow_of
 
