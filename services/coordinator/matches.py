@@ -36,8 +36,7 @@ class MatchDesk:
 
     @staticmethod
     def _league(job: Job) -> League:
-        if job.config.system.workflow != "selfplay":
-            raise not_found(f"a league of job {job.job_id} (its workflow is not selfplay)")
+        _check_has_league(job)
         state = job.workflow_state
         assert isinstance(state, SelfPlayState) and state.league is not None
         return state.league
@@ -72,8 +71,7 @@ class MatchDesk:
         from its durable record."""
         with self.state.guard.changing():
             job = self.jobs.get(job_id)
-            if job.config.system.workflow != "selfplay":
-                raise not_found(f"a league of job {job_id} (its workflow is not selfplay)")
+            _check_has_league(job)
             if job.workflow_state is not None:
                 return _state_view(job.workflow_state)
             config = job.config
@@ -82,6 +80,14 @@ class MatchDesk:
         if workflow.get("league") is None:
             raise not_found(f"the league of job {job_id}")
         return _state_view(workflow_of(config).restore(workflow, config))
+
+
+def _check_has_league(job: Job) -> None:
+    """404 unless the job's workflow keeps a league (`Workflow.has_league`)."""
+    if not workflow_of(job.config).has_league:
+        raise not_found(
+            f"a league of job {job.job_id} (its workflow, {job.config.system.workflow}, keeps none)"
+        )
 
 
 def _state_view(state: SelfPlayState) -> dict[str, Any]:

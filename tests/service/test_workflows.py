@@ -18,6 +18,7 @@ from services.coordinator.workflows.training import AsyncTraining
 from tests.coordinator_app import (
     AUTH,
     CONFIG,
+    get,
     post,
     register,
     submit,
@@ -194,3 +195,11 @@ def test_a_workflows_own_state_survives_a_restart_and_its_outcome_ends_the_job(
     again.plan()  # settled at the next pass: the workflow said why, the coordinator ended it
     assert (job.phase, job.reason) == ("succeeded", "planned 3 times")
     assert job.workflow_state is None  # an ended job lets go of it
+
+
+def test_a_league_is_served_for_a_workflow_that_declares_one_only(client):
+    # `Workflow.has_league`: the route asks the job's workflow, not its name.
+    job_id = submit(client)  # the async DQN example: no league
+    answer = get(client, f"/api/v1/jobs/{job_id}/league")
+    assert answer.status_code == 404 and "keeps none" in answer.json["message"]
+    assert not WORKFLOWS["async"].has_league and WORKFLOWS["selfplay"].has_league

@@ -113,6 +113,9 @@ class Workflow(Protocol):
     #: Its tasks insert and sample: a coordinator that runs buffer processes serves the
     #: job's data from one (False: nothing is replayed; its token buffer stays here).
     replays: bool
+    #: Its jobs keep a league of opponents in their state (`SelfPlayState.league`),
+    #: which `/api/v1/jobs/<id>/league` and its matches serve (False: a 404 there).
+    has_league: bool
 
     def check(self, config: JobConfig) -> None:
         """Refuse (ConfigError naming the field) a config it cannot run, from the

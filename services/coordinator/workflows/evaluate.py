@@ -33,6 +33,7 @@ class Evaluate:
     collect_units = frozenset(typing.get_args(CollectUnit))
     #: Collectors evaluate; nothing is trained, nothing replayed.
     roles = frozenset({"collector"})
+    has_league = False
     replays = False
 
     def check(self, config: JobConfig) -> None:

@@ -70,6 +70,7 @@ def eval_opponents(config: JobConfig) -> list[str]:
 
 class SelfPlay(SyncTraining):
     collect_units = frozenset({"rounds"})
+    has_league = True
 
     def check(self, config: JobConfig) -> None:
         super().check(config)

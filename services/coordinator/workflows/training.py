@@ -51,6 +51,7 @@ class AsyncTraining:
     collect_units = frozenset({"transitions", "unrolls"})
     roles = frozenset({"collector", "learner"})
     replays = True
+    has_league = False
 
     def check(self, config: JobConfig) -> None:
         pass
