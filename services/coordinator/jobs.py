@@ -193,8 +193,9 @@ class JobBook:
         job.train_iters = max(job.train_iters, train_iter)
 
     def complete_end(self, job: Job, record: dict[str, Any]) -> None:
-        """Write the ending job's record (with what its buffer held at the end) and its
-        summary; then show its end; then let go of its index and delete its segments.
+        """Write the ending job's record (with what its buffer held at the end), its
+        summary and its TensorBoard files; then show its end; then let go of its index
+        and delete its segments.
         When the record cannot be written, the job stays ending and the snapshot
         thread tries again."""
         # The buffer is closed: nothing changes it any more, so these stats are final.
@@ -214,6 +215,7 @@ class JobBook:
                 job.env_steps = max(job.env_steps, record["env_steps"])
                 phase, reason, finished_at = job.ending
                 summary = dump(status_of(job, phase=(phase, reason, finished_at)))
+                evals = list(job.evals)
             # The summary is on disk before anybody is shown the end as recorded (a
             # reader who sees the phase finds it); a crash before this line leaves a
             # record without it, and the restore writes it (`write_missing_summary`).
@@ -228,16 +230,21 @@ class JobBook:
                 job.unrecorded = f"not yet recorded: {exc}"
                 self.state.guard.notify()
             return
+        # Its TensorBoard files too, the last evaluations' animations in them, before
+        # its end is shown: whoever saw the end (a run that then stops the coordinator)
+        # finds them whole.
+        try:
+            self.boards.close(job.job_id, evals)
+        except Exception:
+            log.exception("job %s: closing its TensorBoard files failed", job.job_id)
         with self.state.guard.changing():
             job.phase, job.reason, job.finished_at = phase, reason, finished_at
             job.unrecorded = ""
             job.terminal_durable = True
             job.final_buffer = final
             replay, job.replay = job.replay, None
-            evals = list(job.evals)
             let_go_of_series(job)
             self.state.guard.notify()
-        self.boards.close(job.job_id, evals)
         # Step data is only for training: a finished job keeps policies, checkpoints,
         # evaluations and logs, not segments.
         if replay is not None:
