@@ -124,6 +124,14 @@ class InsertSlots:
         with self._lock:
             self.taken -= 1
 
+    def take_or_busy(self, count_busy: Callable[[], None]) -> InsertSlot:
+        """A slot; when `limit` are taken, `count_busy()` and the 429 `busy` raised."""
+        slot = self.take()
+        if slot is None:
+            count_busy()
+            raise self.busy()
+        return slot
+
     def busy(self) -> ApiError:
         """The answer to an insert that found every slot taken."""
         return ApiError(

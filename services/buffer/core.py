@@ -69,7 +69,7 @@ from safetensors.numpy import save as st_save
 
 from common.array_bodies import SampledItems, ShardState, batch_then_segment
 from common.config import ReplayBufferConfig
-from common.messages import BufferStats, SampledBatch, SegmentRef
+from common.messages import BufferStats, InsertReply, SampledBatch, SegmentRef
 from services.buffer.limiter import RateLimiter
 from services.buffer.selectors import make_remover, make_sampler
 from services.buffer.snapshot import ArrayFileBuilder
@@ -180,6 +180,13 @@ class InsertResult:
     #: insert was on its way (a buffer process starting): the insert's own, indexed
     #: once, already counted. Its sender is answered them as accepted, not duplicates.
     claimed: int = 0
+
+    def reply(self, env_steps: int) -> InsertReply:
+        """What its sender is answered: the segments now in the buffer because of it
+        (`accepted`, claimed ones included), the repeats, the job's env steps."""
+        return InsertReply(
+            accepted=self.accepted + self.claimed, duplicates=self.duplicates, env_steps=env_steps
+        )
 
 
 @dataclass(frozen=True)

@@ -234,11 +234,7 @@ class ShardHost:
     # --- the routes' BufferHost ----------------------------------------------------------
 
     def insert_slot(self) -> InsertSlot:
-        slot = self.insert_slots.take()
-        if slot is None:
-            self._tally("inserts_busy")
-            raise self.insert_slots.busy()
-        return slot
+        return self.insert_slots.take_or_busy(lambda: self._tally("inserts_busy"))
 
     def insert_segments(
         self, job_id: str, insert: SegmentInsert, *, caller: str | None = None
@@ -263,11 +259,7 @@ class ShardHost:
                 raise
             self._count(result.accepted_refs)
             self._tally("segments_inserted", result.accepted)
-            return InsertReply(
-                accepted=result.accepted + result.claimed,
-                duplicates=result.duplicates,
-                env_steps=self.buffer.inserted_env_steps,
-            )
+            return result.reply(self.buffer.inserted_env_steps)
         finally:
             slot.release()
 

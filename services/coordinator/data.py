@@ -72,11 +72,7 @@ class DataPlane:
         Raises:
             ApiError: 429 busy, when `max_concurrent_inserts` are taken (counted).
         """
-        slot = self.insert_slots.take()
-        if slot is None:
-            self.state.metrics.inserts_busy.inc()
-            raise self.insert_slots.busy()
-        return slot
+        return self.insert_slots.take_or_busy(self.state.metrics.inserts_busy.inc)
 
     def _insert(
         self, job_id: str, insert: SegmentInsert, caller: str | None, slot: InsertSlot
@@ -107,11 +103,7 @@ class DataPlane:
         metrics.segments_inserted.labels(job_id).inc(result.accepted)
         with guard.changing():
             self.account(job, result.accepted_refs)
-            return InsertReply(
-                accepted=result.accepted + result.claimed,
-                duplicates=result.duplicates,
-                env_steps=job.env_steps,
-            )
+            return result.reply(job.env_steps)
 
     def count_report(self, job_id: str, read: ReportRead) -> None:
         """A buffer process's report: the job's env steps (its process counts every
