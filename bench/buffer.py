@@ -53,13 +53,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from common.config import ReplayBufferConfig  # noqa: E402
-from common.messages import JobSubmit, PriorityUpdate, SampleRequest, SegmentRef  # noqa: E402
+from common.messages import PriorityUpdate, SampleRequest, SegmentRef  # noqa: E402
 from common.process import yield_to_requests  # noqa: E402
 from common.storage import SharedStore  # noqa: E402
 from services.buffer.core import _HOLD_COLUMNS, ReplayBuffer  # noqa: E402
+from services.buffer.credentials import TaskGrants, credential_key  # noqa: E402
+from services.buffer.host import ShardHost, ShardLimits  # noqa: E402
 from services.buffer.selectors import PrioritizedSampler  # noqa: E402
 from services.buffer.table import COLUMNS  # noqa: E402
-from services.coordinator.core import Coordinator  # noqa: E402
 
 
 class NoFiles:
@@ -70,7 +71,11 @@ class NoFiles:
         pass
 
 
-def ref(seq: int, rows: int, job: str = "job-bench") -> SegmentRef:
+#: The one job of every buffer here.
+JOB_ID = "job-bench"
+
+
+def ref(seq: int, rows: int, job: str = JOB_ID) -> SegmentRef:
     return SegmentRef(
         path=f"{job}/segments/w/{seq:08d}.safetensors",
         rows=rows,
@@ -83,7 +88,7 @@ def filled_buffer(capacity: int) -> tuple[ReplayBuffer, int]:
     config = ReplayBufferConfig(
         type="prioritized", replay_buffer_size=capacity, min_size_to_sample=1
     )
-    buffer = ReplayBuffer("job-bench", config, NoFiles(), error_buffer=0.0)
+    buffer = ReplayBuffer(JOB_ID, config, NoFiles(), error_buffer=0.0)
     seq = 0
     while buffer.size < capacity:
         buffer.insert([ref(seq, min(10_000, capacity - buffer.size))])
@@ -96,7 +101,7 @@ def filled_segments(capacity: int, rows: int) -> ReplayBuffer:
     config = ReplayBufferConfig(
         type="prioritized", replay_buffer_size=capacity, min_size_to_sample=1
     )
-    buffer = ReplayBuffer("job-bench", config, NoFiles(), error_buffer=0.0)
+    buffer = ReplayBuffer(JOB_ID, config, NoFiles(), error_buffer=0.0)
     for seq in range(-(-capacity // rows)):
         buffer.insert([ref(seq, min(rows, capacity - buffer.size))])
     return buffer
@@ -141,7 +146,7 @@ def sample_latencies(
     seconds: float,
     rate: float,
     snapshot: Callable[[], tuple[float, float]] | None,
-    coordinator: tuple[Coordinator, str] | None = None,
+    host: ShardHost | None = None,
 ) -> tuple[list[float], list[tuple[float, float]]]:
     """Latencies (ms, from when each was due) of sample requests of 256 items due
     `rate` times a second for `seconds`, while another thread takes snapshots back to
@@ -165,18 +170,19 @@ def sample_latencies(
         if wait > 0:
             time.sleep(wait)
         priorities = rng.uniform(0, 2, 256).tolist()
-        if coordinator is None:
+        if host is None:
             (batch,) = buffer.sample(256, 1, timeout_s=10.0)
             latencies.append((time.perf_counter() - due) * 1e3)
             buffer.update_priorities(batch.keys, priorities)
         else:
-            # What a learner's request does past HTTP: the coordinator's checks and
-            # lock, then the buffer.
-            core, job_id = coordinator
+            # What a learner's request does past HTTP: the buffer process's checks,
+            # then the buffer.
             request = SampleRequest(batch_size=256, num_batches=1, timeout_s=10.0)
-            (batch,) = core.sample(job_id, request).reply().batches
+            (batch,) = host.sample(host.job_id, request).reply().batches
             latencies.append((time.perf_counter() - due) * 1e3)
-            core.update_priorities(job_id, PriorityUpdate(keys=batch.keys, priorities=priorities))
+            host.update_priorities(
+                host.job_id, PriorityUpdate(keys=batch.keys, priorities=priorities)
+            )
         due += 1.0 / rate
     stop.set()
     if thread is not None:
@@ -184,33 +190,36 @@ def sample_latencies(
     return latencies, snapshots
 
 
-def coordinator_with_job(
-    items: int, shared_dir: str, core: Coordinator | None = None
-) -> tuple[Coordinator, str]:
-    """A coordinator whose one job has a prioritized buffer of `items` items."""
-    core = core or Coordinator(SharedStore(shared_dir))
-    config = {
-        "policy": {
-            "learn": {"batch_size": 256},
-            "other": {
-                "replay_buffer": {
-                    "type": "prioritized",
-                    "replay_buffer_size": items,
-                    "min_size_to_sample": 1,
-                }
-            },
-        }
-    }
-    return core, core.submit_job(JobSubmit(config=config)).job_id
+def shard_with_buffer(items: int, store: SharedStore) -> ShardHost:
+    """A buffer process's host (what serves a job's buffer) of a prioritized buffer of
+    `items` items, empty, its snapshots kept in `store`."""
+    config = ReplayBufferConfig(type="prioritized", replay_buffer_size=items, min_size_to_sample=1)
+    return ShardHost.open(
+        store,
+        JOB_ID,
+        config,
+        error_buffer=0.0,
+        seed=0,
+        grants=TaskGrants(credential_key("bench"), JOB_ID),
+        limits=ShardLimits(),
+    )
+
+
+def timed_snapshot(host: ShardHost) -> tuple[float, float]:
+    """A buffer process's snapshot, written to disk: (longest lock hold s, duration s)."""
+    yield_to_requests()  # what its upkeep thread does first
+    started = time.perf_counter()
+    held_s = host.snapshot() or 0.0
+    return held_s, time.perf_counter() - started
 
 
 def snapshot_bench(items: int, rows: int, seconds: float, rate: float) -> Table:
     started = time.perf_counter()
     shared = tempfile.TemporaryDirectory()
-    core, job_id = coordinator_with_job(items, shared.name)
-    buffer = core.jobs[job_id].buffer
+    host = shard_with_buffer(items, SharedStore(shared.name))
+    buffer = host.buffer
     for seq in range(-(-items // rows)):
-        buffer.insert([ref(seq, min(rows, items - buffer.size), job=job_id)])
+        buffer.insert([ref(seq, min(rows, items - buffer.size), job=JOB_ID)])
     fill_s = time.perf_counter() - started
 
     def before() -> tuple[float, float]:
@@ -222,18 +231,14 @@ def snapshot_bench(items: int, rows: int, seconds: float, rate: float) -> Table:
         taken = buffer.cut()
         return taken.longest_lock_hold_s, taken.duration_s
 
-    def coordinator_snapshot() -> tuple[float, float]:
-        yield_to_requests()  # what the coordinator's snapshot thread does first
-        return core.snapshot_jobs()[job_id]
-
     runs = {
         "no snapshots": (None, None),
         "snapshots, before: full copy in the lock": (before, None),
         "snapshots, after: ReplayBuffer.cut": (after, None),
-        "no snapshots, through the coordinator": (None, (core, job_id)),
-        "snapshots, after: the coordinator's, written to disk": (
-            coordinator_snapshot,
-            (core, job_id),
+        "no snapshots, through the buffer process's host": (None, host),
+        "snapshots, after: the buffer process's, written to disk": (
+            lambda: timed_snapshot(host),
+            host,
         ),
     }
     table = Table(
@@ -262,17 +267,17 @@ def snapshot_bench(items: int, rows: int, seconds: float, rate: float) -> Table:
 
 
 class CountingStore(SharedStore):
-    """A shared store that counts the bytes it writes under one job's `coordinator/`."""
+    """A shared store that counts the bytes it writes into a buffer's snapshot folder."""
 
     written = 0
 
     def write_bytes(self, rel: str, data: bytes | memoryview) -> int:  # type: ignore[override]
-        if "/coordinator/" in rel:
+        if "/buffer-" in rel:
             self.written += len(data)
         return super().write_bytes(rel, data)
 
     def write_json(self, rel: str, data: object) -> None:  # type: ignore[override]
-        if "/coordinator/" in rel:
+        if "/buffer-" in rel:
             self.written += len(json.dumps(data))
         super().write_json(rel, data)
 
@@ -312,22 +317,21 @@ def steady_run(
     """One row of `steady_bench`."""
     shared = tempfile.TemporaryDirectory()
     store = CountingStore(shared.name)
-    core = Coordinator(store)
-    core.persistence.chains.compact_at = compact_at
-    _, job_id = coordinator_with_job(items, shared.name, core=core)
-    buffer = core.jobs[job_id].buffer
+    host = shard_with_buffer(items, store)
+    host.chains.compact_at = compact_at
+    buffer = host.buffer
     seq = 0
     while buffer.size < items:
-        buffer.insert([ref(seq, min(256, items - buffer.size), job=job_id)])
+        buffer.insert([ref(seq, min(256, items - buffer.size), job=JOB_ID)])
         seq += 1
-    core.snapshot_jobs()  # the first cut, before the timed window
+    host.snapshot()  # the first cut, before the timed window
     store.written = 0
     stop = threading.Event()
 
     def inserting() -> None:
         due, n = time.perf_counter(), seq
         while not stop.is_set():
-            buffer.insert([ref(n, 64, job=job_id)], force=True)
+            buffer.insert([ref(n, 64, job=JOB_ID)], force=True)
             n += 1
             due += 64 / insert_rate
             time.sleep(max(0.0, due - time.perf_counter()))
@@ -335,24 +339,25 @@ def steady_run(
     def snapshotting() -> None:
         yield_to_requests()
         while not stop.wait(period_s):
-            core.snapshot_jobs()
+            host.snapshot()
 
     threads = [threading.Thread(target=inserting), threading.Thread(target=snapshotting)]
     for thread in threads:
         thread.start()
     started = time.perf_counter()
-    latencies, _ = sample_latencies(buffer, seconds, sample_rate, None, (core, job_id))
+    latencies, _ = sample_latencies(buffer, seconds, sample_rate, None, host)
     stop.set()
     for thread in threads:
         thread.join()
     elapsed = time.perf_counter() - started
     written = store.written
     t0 = time.perf_counter()
-    again = Coordinator(SharedStore(shared.name))
-    again.restore_jobs()
+    again = shard_with_buffer(items, SharedStore(shared.name))
+    again.restore()
     restore_s = time.perf_counter() - t0
-    assert again.jobs[job_id].buffer.size == items
-    core.close()
+    assert again.buffer.size == items
+    again.stop()
+    host.stop()
     shared.cleanup()
     return [
         f"{written / elapsed / 1e6:,.2f} MB/s",
@@ -492,7 +497,7 @@ def sampler_probe(name: str, items: int, repeats: int) -> dict[str, float]:
     kind, reference = SAMPLERS[name]
     before_mb = rss_mb()
     config = ReplayBufferConfig(type=kind, replay_buffer_size=items, min_size_to_sample=1)
-    buffer = ReplayBuffer("job-bench", config, NoFiles(), error_buffer=0.0)
+    buffer = ReplayBuffer(JOB_ID, config, NoFiles(), error_buffer=0.0)
     if reference is not None:
         buffer.sampler = reference(items)
     for seq in range(-(-items // 10_000)):

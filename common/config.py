@@ -279,8 +279,7 @@ class ReplayBufferConfig:
     #: Buffer processes the items are split over (a collector's segments go whole
     #: to one, in runs); a learner's draw over them has the distribution of one
     #: table, a fifo buffer's takes each shard's oldest in proportion to what each
-    #: queues (services/buffer/sharding.py). More than 1 needs buffer processes
-    #: (DROVER_BUFFER_PROCESSES=1, the default).
+    #: queues (services/buffer/sharding.py).
     shards: Annotated[int, Ge(1), Le(MAX_SHARDS)] = 1
 
 

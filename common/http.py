@@ -208,6 +208,18 @@ def body(cls: type[T], arrays: dict[str, ArrayField] | None = None) -> T:
     the limit), and one with more structure than the message holds is refused by
     `check_shape` before pydantic builds anything from it.
     """
+    data = raw_body(cls, arrays)
+    if arrays is not None and request.mimetype == ARRAYS_TYPE:
+        return decode_arrays(cls, data, arrays)  # type: ignore[arg-type]
+    limit: BodyLimit = cls.body_limit  # type: ignore[attr-defined]
+    check_shape(data, limit, f"a {cls.__name__} body")
+    return parse(cls, data)
+
+
+def raw_body(cls: type[Any], arrays: dict[str, ArrayField] | None = None) -> bytes:
+    """The request's body as it came, held to `cls.body_limit`'s bytes and its media
+    type as `body` holds them (413, 415), unparsed: what a route that passes the
+    request on sends."""
     limit: BodyLimit = cls.body_limit  # type: ignore[attr-defined]
     what = f"a {cls.__name__} body"
     size = request.content_length
@@ -222,10 +234,7 @@ def body(cls: type[T], arrays: dict[str, ArrayField] | None = None) -> T:
     data = request.get_data()
     if len(data) > limit.max_bytes:
         raise ApiError(413, TOO_LARGE, f"{what} takes at most {limit.max_bytes} bytes")
-    if framed:
-        return decode_arrays(cls, data, arrays)  # type: ignore[arg-type]
-    check_shape(data, limit, what)
-    return parse(cls, data)
+    return data
 
 
 _NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"[]{},:')

@@ -302,7 +302,8 @@ class CollectSpec:
     mode: Literal["transitions", "unrolls", "rounds", "battle"] = "transitions"
     #: Rounds: env steps this collector contributes to each round.
     round_steps: PosInt | None = None
-    #: Where its segments are inserted (None: the coordinator's routes).
+    #: Where its segments are inserted: its job's buffer processes (the coordinator
+    #: sets it for every collect task of a job that replays).
     data: DataAccess | None = None
 
 
@@ -337,7 +338,8 @@ class LearnSpec:
     seed: Count
     #: Batches sampled as they come, or whole on-policy rounds (one version each).
     mode: Literal["batches", "rounds"] = "batches"
-    #: Where it samples and sends priorities (None: the coordinator's routes).
+    #: Where it samples and sends priorities: its job's buffer processes (the
+    #: coordinator sets it for every learn task).
     data: DataAccess | None = None
     #: The learn lease's epoch: each learn task of a job gets a higher one, its files
     #: and announcements carry it, and the coordinator refuses one below the job's

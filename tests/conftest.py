@@ -22,16 +22,27 @@ import pytest
 
 from common.storage import SharedStore
 from services.coordinator.app import create_app
-from services.coordinator.core import Coordinator, CoordinatorLimits
+from services.coordinator.core import CoordinatorLimits
 from services.coordinator.settings import CoordinatorSettings
+from tests.buffer_hosts import MADE, make_coordinator, stop_made
 from tests.coordinator_app import TOKEN
+
+
+@pytest.fixture(autouse=True)
+def _buffer_hosts():
+    """Every coordinator a test made (`tests.buffer_hosts.make_coordinator`): its
+    buffer hosts stop at the test's end (a module's fixture, made before, stays)."""
+    since = len(MADE)
+    yield
+    stop_made(since)
 
 
 @pytest.fixture
 def core(tmp_path):
     """A coordinator on `tmp_path` as its shared root, without its scheduler thread:
-    a test plans (`core.plan()`) when it wants to."""
-    return Coordinator(SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000))
+    a test plans (`core.plan()`) when it wants to. Its jobs' buffers are served in
+    threads of this process (tests/buffer_hosts.py)."""
+    return make_coordinator(SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000))
 
 
 @pytest.fixture

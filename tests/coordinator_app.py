@@ -79,6 +79,10 @@ def write_segment(core, job_id, seq, rows=10, worker="w1", *, header=False):
 
 
 def insert_segments(client, core, job_id, count):
+    """`count` segments inserted, and counted by the coordinator (their buffer
+    process's report read at once)."""
+    from tests.buffer_hosts import read_reports  # it imports this module's token
+
     for seq in range(count):
         resp = post(
             client,
@@ -86,3 +90,4 @@ def insert_segments(client, core, job_id, count):
             {"segments": [write_segment(core, job_id, seq)]},
         )
         assert resp.status_code == 200, resp.json
+    read_reports(core)

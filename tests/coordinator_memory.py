@@ -1,5 +1,6 @@
 """A coordinator's memory as jobs and tasks come and go, in a process of its own (so its
-RSS is the coordinator's): jobs with 1M-item buffers are submitted, get a task on each
+RSS is the coordinator's, and its jobs' buffers', served in threads of it:
+tests/buffer_hosts.py): jobs with 1M-item buffers are submitted, get a task on each
 registered worker, and are stopped; then a fresh coordinator restores them all.
 
     python -m tests.coordinator_memory --shared DIR --jobs 1000 --workers 101
@@ -22,6 +23,7 @@ from common.messages import Heartbeat, JobSubmit, WorkerRegistration
 from common.storage import SharedStore
 from services.coordinator.__main__ import give_freed_buffers_back
 from services.coordinator.core import Coordinator, CoordinatorLimits
+from tests.buffer_hosts import make_coordinator
 
 CONFIG = {
     "env": {"env_id": "CartPole-v1", "stop_value": 195},
@@ -62,7 +64,7 @@ def main() -> None:
     args = parser.parse_args()
     give_freed_buffers_back()  # as the coordinator's own process does
     limits = CoordinatorLimits(max_ended_jobs=args.jobs + args.warmup_jobs)
-    core = Coordinator(SharedStore(args.shared), limits)
+    core = make_coordinator(SharedStore(args.shared), limits)
     if args.restore:
         fresh = rss_mib()
         restored = len(core.restore_jobs())

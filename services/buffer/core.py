@@ -1189,3 +1189,22 @@ def _segments_from(arrays: dict[str, np.ndarray], prefix: str = "") -> dict[int,
     starts = [0, *ends[:-1]] if ends else []  # no segments: no paths
     ids = arrays[f"{prefix}segment_ids"].tolist()
     return {sid: blob[a:b].decode() for sid, a, b in zip(ids, starts, ends, strict=True)}
+
+
+class _NoFiles:
+    """The files of a buffer that never holds one."""
+
+    def delete(self, rel: str) -> bool:
+        raise AssertionError(f"an empty buffer deletes no file ({rel})")
+
+    def write_bytes(self, rel: str, data: bytes | memoryview) -> Any:
+        raise AssertionError(f"an empty buffer writes no file ({rel})")
+
+    def read_bytes(self, rel: str) -> bytes:
+        raise AssertionError(f"an empty buffer reads no file ({rel})")
+
+
+def empty_stats(config: ReplayBufferConfig) -> BufferStats:
+    """What an empty buffer of `config` reports: a job that replays nothing (an
+    evaluation) has no buffer, and shows this."""
+    return ReplayBuffer("", config, _NoFiles(), error_buffer=0.0).stats()

@@ -4,7 +4,7 @@ coordinator's interpreter. No Flask.
 The coordinator starts one such process for each running job (buffers.py there) and
 hands each collect and learn task the process's address and a credential for that
 task (credentials.py). `ShardHost` is the `BufferHost` of the process's buffer routes
-(the same routes, messages and answers as the coordinator's, services/buffer/api):
+(services/buffer/api; the coordinator passes an operator's requests on to them):
 
 - an insert or a sample must come from a task the credential names, that has not
   ended (the coordinator says which ended: `task_ended`); a collector inserts only
@@ -16,8 +16,8 @@ task (credentials.py). `ShardHost` is the `BufferHost` of the process's buffer r
   `release_all`).
 
 Durable on its own: `snapshot` writes the buffer's chain (chain.py) into its folder,
-`restore` reads it back (or, the first time, the chain of a coordinator that hosted
-the buffer itself) and indexes the segment files written since, so a process killed at
+`restore` reads it back (or, the first time, the chain an older coordinator kept of a
+buffer it hosted itself) and indexes the segment files written since, so a process killed at
 any moment loses no acknowledged insert. Deletes of released segments run on a thread
 of their own, never under the buffer's lock.
 
@@ -315,12 +315,6 @@ class ShardHost:
             return self.buffer.update_priorities(update.keys, update.priorities)
         except ValueError as exc:
             raise bad_request("priorities", str(exc)) from None
-
-    def data_urls(self, job_id: str) -> list[str]:
-        return []  # served here
-
-    def check_task_owner(self, job_id: str, task_id: str | None, caller: str) -> None:
-        """Its own routes check the task with each request (`_check_sender`)."""
 
     def buffer_stats(self, job_id: str) -> BufferStats:
         if job_id != self.job_id:

@@ -15,9 +15,8 @@ from common.errors import bad_request
 from common.messages import JobCreated, JobSubmit, new_id
 from jobconfig import error_buffer_of, fit_to_env, resolve_job_config
 from jobconfig.spaces import known_env_spaces
-from services.buffer.core import ReplayBuffer
 from services.coordinator.devices import refuse_unless_fits, waiting_reason
-from services.coordinator.jobs import DeferredDeletes, JobBook, config_record, job_record
+from services.coordinator.jobs import JobBook, config_record, job_record
 from services.coordinator.remote_buffer import BufferProcess
 from services.coordinator.snapshot import write_job_record
 from services.coordinator.state import CoordinatorState, Job
@@ -210,25 +209,17 @@ class Admission:
         self.state.guard.defer(lambda: write_job_record(store, job.job_id, record))
         self.state.guard.notify()
 
-    def new_buffer(
-        self, job_id: str, config: JobConfig, *, here: bool = False
-    ) -> ReplayBuffer | BufferProcess:
-        """The job's replay: in a buffer process of its own when this coordinator runs
-        them (services/coordinator/buffers.py) and not `here`, else here."""
+    def new_buffer(self, job_id: str, config: JobConfig) -> BufferProcess | None:
+        """The job's buffer, its processes started (services/coordinator/buffers.py);
+        None for a workflow that replays nothing."""
         workflow = workflow_of(config)
-        replay = workflow.replay(config)
-        error_buffer = error_buffer_of(config)
-        if self.state.buffers is not None and workflow.replays and not here:
-            return self.state.buffers.start(
-                job_id, replay, error_buffer=error_buffer, seed=config.system.seed
-            )
-        return ReplayBuffer(
+        if not workflow.replays:
+            return None
+        return self.state.buffers.start(
             job_id,
-            replay,
-            DeferredDeletes(self.state.store, self.state.guard.defer),
-            error_buffer=error_buffer,
+            workflow.replay(config),
+            error_buffer=error_buffer_of(config),
             seed=config.system.seed,
-            max_waiting_inserts=self.state.limits.max_waiting_inserts,
         )
 
     def _check_limits(self, config: JobConfig) -> None:
@@ -238,13 +229,6 @@ class Admission:
             raise bad_request(
                 "config.system.collector_num",
                 f"{collectors} exceeds this coordinator's limit of {limits.max_collectors_per_job}",
-            )
-        shards = config.policy.other.replay_buffer.shards
-        if shards > 1 and self.state.buffers is None:
-            raise bad_request(
-                "config.policy.other.replay_buffer.shards",
-                f"{shards}: this coordinator hosts every buffer itself "
-                "(DROVER_BUFFER_PROCESSES=0), so a buffer is one shard",
             )
         for key in ("collector_env_num", "evaluator_env_num"):
             value = getattr(config.env, key)

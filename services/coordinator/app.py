@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from flask import Blueprint, Flask
 
-import services.buffer.api as buffer_api
 from common.http import install_http_basics
 from common.openapi import install_openapi
 from common.storage import SharedStore
@@ -14,15 +13,15 @@ from services.coordinator.settings import CoordinatorSettings
 
 
 def routes() -> list[Blueprint]:
-    """The coordinator's routes: its resources', and the buffer's data routes (passed
-    on to the job's buffer process)."""
-    return [*blueprints(), *buffer_api.blueprints()]
+    """The coordinator's routes, one blueprint a resource (api/data.py passes data
+    requests on to the job's buffer processes)."""
+    return blueprints()
 
 
 def create_app(
     settings: CoordinatorSettings | None = None, *, core: Coordinator | None = None
 ) -> Flask:
-    """The coordinator app: jobs, workers, tasks, policies, and the buffer's routes.
+    """The coordinator app: jobs, experiments, workers, tasks, policies, data.
 
     Args:
         settings: defaults to `CoordinatorSettings.from_env()`.
@@ -31,7 +30,7 @@ def create_app(
     settings = settings or CoordinatorSettings.from_env()
     if core is None:
         core = Coordinator(
-            SharedStore(settings.shared_dir), settings.limits, buffers=settings.buffers
+            SharedStore(settings.shared_dir), settings.limits, buffers=settings.buffer_processes()
         )
         # A coordinator started over an existing shared root picks its jobs up again.
         core.restore_jobs()
@@ -48,6 +47,5 @@ def create_app(
     app.extensions[CORE] = core
     for bp in routes():
         app.register_blueprint(bp)
-    buffer_api.install(app, core)
     install_openapi(app, "drover coordinator")
     return app

@@ -13,23 +13,19 @@ only credentials signed since it started), with a jittered backoff, and not past
 command thread, its report, its output's last lines. A process restores its buffer
 from its own snapshot and indexes the segment files written since, so nothing
 acknowledged is lost; meanwhile workers retry. The processes die with the coordinator
-(the kernel's parent-death signal) and a restarted coordinator starts them anew.
+(the kernel's parent-death signal) and a restarted coordinator starts them anew; how
+one is started (and the spare kept ready) is shard_runs.py's.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
-import ctypes
-import json
 import logging
 import os
 import queue
 import random
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable
@@ -42,8 +38,9 @@ from common.errors import ApiError
 from common.http_client import ServiceUnavailable
 from common.messages import ShardReport
 from services.buffer.client import BufferControl
-from services.buffer.settings import SPARE_VARIABLE, SPEC_VARIABLE, spec_json
+from services.buffer.settings import SPEC_VARIABLE, spec_json
 from services.coordinator.remote_buffer import SERVED, BufferProcess, ReportRead
+from services.coordinator.shard_runs import ProcessRunner, ShardRun, ShardRunner
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +48,6 @@ log = logging.getLogger(__name__)
 POLL_S = 0.25
 #: How long a new process has to answer before it counts as failed to start.
 START_TIMEOUT_S = 60.0
-#: A spare process taken by a new job is replaced this long after (a burst of new
-#: jobs does not start processes while they start themselves).
-SPARE_DELAY_S = 10.0
-#: Linux's prctl option: the signal a child gets when its parent dies.
-_PR_SET_PDEATHSIG = 1
 #: A restart after the first in a window waits this long, doubled for each one more
 #: (jittered), up to RESTART_BACKOFF_MAX_S: a process that dies at once is not
 #: started again in a tight loop.
@@ -68,8 +60,6 @@ LOG_LINES_KEPT = 20
 class BufferProcessSettings:
     """How the coordinator runs buffer processes (CoordinatorSettings.buffers)."""
 
-    #: Run each job's buffer in a process of its own (False: in the coordinator).
-    enabled: bool = True
     #: Where they listen: the coordinator's own host.
     bind_host: str = "127.0.0.1"
     #: How workers reach them: the coordinator's address as workers see it (compose:
@@ -92,13 +82,6 @@ class BufferProcessSettings:
         return self.advertise_host or self.bind_host
 
 
-def _die_with_parent() -> None:
-    """In the child, before it runs: SIGKILL when the coordinator dies, however it
-    dies (a restarted coordinator starts the buffers anew from their snapshots)."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-
-
 class ShardProcess:
     """One buffer process: shard `index` of its job's buffer (the only one unless the
     job's `replay_buffer.shards` is more)."""
@@ -111,6 +94,7 @@ class ShardProcess:
         env: dict[str, str],
         settings: BufferProcessSettings,
         closed: Callable[[], bool],
+        runner: ShardRunner,
     ) -> None:
         self.job_id = job_id
         self.index = index
@@ -122,7 +106,8 @@ class ShardProcess:
         self.control = BufferControl(
             f"http://{_connect_host(settings.bind_host)}:{port}", settings.token, timeout_s=10.0
         )
-        self.process: subprocess.Popen[bytes] | None = None
+        self._runner = runner
+        self.run: ShardRun | None = None
         self.restarts = 0
         #: When it exited, for each exit within the restart window (monotonic s).
         self.exits: collections.deque[float] = collections.deque()
@@ -155,57 +140,28 @@ class ShardProcess:
     # --- the process ---------------------------------------------------------------------
 
     def spawn(self) -> None:
-        env = {**self._env, "DROVER_PORT": str(self.port)}
-        self.process = start_buffer_process(env, self._settings.shared_dir)
-        self._follow(self.process)
-        if not self._sender.is_alive():
-            self._sender.start()
-
-    def _follow(self, process: subprocess.Popen[bytes]) -> None:
-        """Pass its output through, keeping the last lines; it is (re)started now."""
+        """Start serving the shard (again): a spare process when there is one."""
+        self.run = self._runner.start({**self._env, "DROVER_PORT": str(self.port)}, self.output)
         self.answered_s = time.monotonic()
-        follow_output(process, self.output)
-
-    def adopt(self, spare: subprocess.Popen[bytes]) -> bool:
-        """Give a spare process (started without a job, its imports done) this shard:
-        the variables naming it, on its input. False: the spare had died."""
-        job = {
-            "DROVER_BUFFER_JOB": self.job_id,
-            SPEC_VARIABLE: self._env[SPEC_VARIABLE],
-            "DROVER_PORT": str(self.port),
-        }
-        assert spare.stdin is not None
-        try:
-            spare.stdin.write(json.dumps(job).encode() + b"\n")
-            spare.stdin.close()
-        except OSError:
-            return False
-        self.process = spare
-        self._follow(spare)
+        if self.run.listening:
+            self.ready = True
         if not self._sender.is_alive():
             self._sender.start()
-        return True
 
     def silent_s(self) -> float:
         """Seconds since its report was last answered (or it was started)."""
         return time.monotonic() - self.answered_s
 
     def alive(self) -> bool:
-        return self.process is not None and self.process.poll() is None
+        return self.run is not None and self.run.exit_code() is None
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """SIGTERM: it writes its last snapshot and exits."""
+        """It writes its last snapshot and exits (killed past `timeout_s`)."""
         self.stopped.set()
         self._commands.put(None)
-        process = self.process
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
+        if self.run is not None:
+            self.run.stop(timeout_s)
+        self.control.close()  # its connections, kept alive until now
 
     # --- calls -----------------------------------------------------------------------------
 
@@ -244,7 +200,7 @@ class ShardProcess:
             try:
                 return call(max(0.1, deadline_s - time.monotonic()))
             except ServiceUnavailable:
-                if time.monotonic() + 0.2 > deadline_s or self.process is None:
+                if time.monotonic() + 0.2 > deadline_s or self.run is None:
                     raise
                 time.sleep(0.2)
 
@@ -265,41 +221,6 @@ class ShardProcess:
                 # A restarted process counts from 0 again.
                 served[name] = now - before if now >= before else now
             return ReportRead(report, list(report.episode_returns), served)
-
-
-def start_buffer_process(
-    env: dict[str, str], shared_dir: Path, *, spare: bool = False
-) -> subprocess.Popen[bytes]:
-    """`python -m services.buffer` with `env`; its output (its log) on a pipe that
-    `follow_output` passes through; a spare reads its job from its input."""
-    return subprocess.Popen(  # noqa: S603 - our own module, our own env
-        [sys.executable, "-m", "services.buffer"],
-        env=env,
-        cwd=str(shared_dir),
-        stdin=subprocess.PIPE if spare else None,
-        stderr=subprocess.PIPE,
-        preexec_fn=_die_with_parent,  # noqa: PLW1509 - one libc call, no locks
-    )
-
-
-def follow_output(process: subprocess.Popen[bytes], lines: collections.deque[str]) -> None:
-    """Copy the process's output to ours as it comes (the coordinator's log is the
-    buffers' too), keeping its last lines in `lines`, on a thread that ends with it."""
-    pipe = process.stderr
-    if pipe is None:
-        return
-
-    def copy() -> None:
-        out = sys.stderr.buffer if hasattr(sys.stderr, "buffer") else None
-        for line in iter(pipe.readline, b""):
-            lines.append(line.decode(errors="replace").rstrip())
-            if out is not None:
-                with contextlib.suppress(OSError, ValueError):
-                    out.write(line)
-                    out.flush()
-        pipe.close()
-
-    threading.Thread(target=copy, name=f"buffer-output-{process.pid}", daemon=True).start()
 
 
 def _connect_host(bind_host: str) -> str:
@@ -325,16 +246,15 @@ class BufferProcesses:
         *,
         on_failed: Callable[[str, str], None] = lambda job_id, why: None,
         poll_s: float = POLL_S,
+        runner: ShardRunner | None = None,
     ) -> None:
         self.settings = settings
+        self.runner = runner if runner is not None else ProcessRunner(settings.shared_dir)
         self._on_report = on_report
         self._on_failed = on_failed
         self._poll_s = poll_s
         self._lock = threading.Lock()
         self._processes: dict[str, BufferProcess] = {}
-        #: A process started without a job, for the next one; not before `_spare_after`.
-        self._spare: subprocess.Popen[bytes] | None = None
-        self._spare_after = 0.0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._watch, name="buffers", daemon=True)
         self._thread.start()
@@ -356,14 +276,12 @@ class BufferProcesses:
                 }
                 port = self._free_port(taken)
                 taken.add(port)
-                shards.append(ShardProcess(job_id, index, port, env, self.settings, closed))
+                shards.append(
+                    ShardProcess(job_id, index, port, env, self.settings, closed, self.runner)
+                )
             buffer = BufferProcess(job_id, shards, self.settings)
-            spare, self._spare = self._spare, None
-            self._spare_after = time.monotonic() + SPARE_DELAY_S
             # Started before the watcher can see them: one not started would look dead.
-            if spare is None or spare.poll() is not None or not shards[0].adopt(spare):
-                shards[0].spawn()
-            for shard in shards[1:]:
+            for shard in shards:
                 shard.spawn()
             self._processes[job_id] = buffer
             for shard in shards:
@@ -396,21 +314,10 @@ class BufferProcesses:
         env.pop("DROVER_TOKEN_FILE", None)
         return env
 
-    def _keep_spare(self) -> None:
-        """One spare process ready (and its imports done) for the next job."""
-        with self._lock:
-            if self._spare is not None and self._spare.poll() is None:
-                return
-            if time.monotonic() < self._spare_after or self._stop.is_set():
-                return
-            self._spare = start_buffer_process(
-                {**self._base_env(), SPARE_VARIABLE: "1"}, self.settings.shared_dir, spare=True
-            )
-
-    def first_reports(self, timeout_s: float = START_TIMEOUT_S) -> None:
-        """Wait until every process answered its first report (its buffer restored)
-        and count it, or `timeout_s`; those that did not are counted by the watcher
-        once they answer."""
+    def read_reports(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Read every process's report now and count it, waiting for those that do not
+        answer yet (starting: restoring their buffers) up to `timeout_s`; those that
+        did not are counted by the watcher once they answer."""
         deadline = time.monotonic() + timeout_s
         with self._lock:
             pending = {job.job_id: (job, list(job.shards)) for job in self._processes.values()}
@@ -448,13 +355,7 @@ class BufferProcesses:
         with self._lock:
             processes = list(self._processes.values())
             self._processes.clear()
-            spare, self._spare = self._spare, None
-        if spare is not None and spare.stdin is not None:
-            spare.stdin.close()  # no job came: it exits
-            try:
-                spare.wait(5)
-            except subprocess.TimeoutExpired:
-                spare.kill()
+        self.runner.close()
         for process in processes:
             process.stop()
 
@@ -479,7 +380,7 @@ class BufferProcesses:
     def _watch(self) -> None:
         """Keep a spare process ready (each shard has a watcher of its own)."""
         while not self._stop.wait(self._poll_s):
-            self._keep_spare()
+            self.runner.keep_spare(self._base_env())
 
     def _watch_shard(self, job: BufferProcess, shard: ShardProcess) -> None:
         """Read the shard's report every `poll_s` and count it; restart it when it
@@ -512,7 +413,7 @@ class BufferProcesses:
             while shard.exits and shard.exits[0] < now - settings.restart_window_s:
                 shard.exits.popleft()
             recent = len(shard.exits)
-            code = shard.process.returncode if shard.process is not None else None
+            code = shard.run.exit_code() if shard.run is not None else None
             if recent > settings.max_restarts:
                 shard.stopped.set()
                 lines = " | ".join(line for line in list(shard.output)[-5:] if line)

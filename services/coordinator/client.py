@@ -1,7 +1,8 @@
 """Typed client for the coordinator's `/api/v1` routes.
 
-Mirrors `services/coordinator/api/*` and `services/buffer/api/*`: a route change and
-its client change land in one diff. Every call has a timeout (ServiceClient).
+Mirrors `services/coordinator/api/*` (a job's data calls are services/buffer/client.py's,
+to its buffer processes): a route change and its client change land in one diff. Every
+call has a timeout (ServiceClient).
 """
 
 from __future__ import annotations

@@ -21,13 +21,15 @@ with `dispatched()` / `dispatch_failed()`.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import time
 from collections.abc import Callable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Gauge
 
-from common.array_bodies import SampledItems
+from common.errors import conflict
 from common.http import Caller
 from common.messages import (
     BufferStats,
@@ -39,7 +41,6 @@ from common.messages import (
     GameResults,
     Heartbeat,
     HeartbeatReply,
-    InsertReply,
     JobCreated,
     JobList,
     JobMetrics,
@@ -49,10 +50,7 @@ from common.messages import (
     MatchDraw,
     MatchList,
     PolicyRef,
-    PriorityUpdate,
     Registered,
-    SampleRequest,
-    SegmentInsert,
     WorkerInfo,
     WorkerRegistration,
 )
@@ -71,6 +69,7 @@ from services.coordinator.persistence import Persistence
 from services.coordinator.planning import Planning
 from services.coordinator.policies import PolicyPointer
 from services.coordinator.reserve import RESERVE_NAME, RoomReserve
+from services.coordinator.shard_runs import ShardRunner
 from services.coordinator.state import (
     ACTIVE,
     CoordinatorLimits,
@@ -97,6 +96,22 @@ __all__ = [
 ]
 
 
+#: The coordinator's limits each buffer process keeps for its job (by the variable of
+#: the same name: services/buffer/settings.py).
+SHARD_LIMITS = (
+    "max_concurrent_inserts",
+    "max_waiting_samples_per_job",
+    "max_waiting_inserts",
+    "orphan_grace_s",
+    "credential_ttl_s",
+)
+
+
+def shard_limits_env(limits: CoordinatorLimits) -> dict[str, str]:
+    """The variables that give a buffer process this coordinator's `SHARD_LIMITS`."""
+    return {f"DROVER_{name.upper()}": str(getattr(limits, name)) for name in SHARD_LIMITS}
+
+
 class Coordinator:
     """Jobs, workers, tasks. Thread-safe: every public method takes the lock."""
 
@@ -108,14 +123,26 @@ class Coordinator:
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
         metrics: CollectorRegistry | None = None,
-        buffers: BufferProcessSettings | None = None,
+        buffers: BufferProcessSettings,
+        buffer_runner: ShardRunner | None = None,
     ) -> None:
         """`metrics`: the registry to count in (a fresh `service_registry()` when None);
-        `buffers`: how to run each job's buffer in a process of its own (None, or not
-        enabled: the buffers are hosted here)."""
+        `buffers`: how each job's buffer runs in processes of its own (buffers.py);
+        `buffer_runner`: what starts them (processes when None; a test's may serve
+        them in threads of this interpreter)."""
+        limits = limits or CoordinatorLimits()
         self.state = CoordinatorState(
             store=store,
-            limits=limits or CoordinatorLimits(),
+            limits=limits,
+            buffers=BufferProcesses(
+                dataclasses.replace(
+                    buffers, passed_env={**shard_limits_env(limits), **buffers.passed_env}
+                ),
+                # Bound late: the parts they call are made below.
+                on_report=lambda job_id, read: self.data.count_report(job_id, read),
+                on_failed=lambda job_id, why: self.job_book.buffer_failed(job_id, why),
+                runner=buffer_runner,
+            ),
             clock=clock,
             wall=wall_clock,
             metrics=CoordinatorMetrics(metrics if metrics is not None else service_registry()),
@@ -126,7 +153,7 @@ class Coordinator:
         self.job_views = JobViews(self.state, self.job_book)
         self.registry = WorkerRegistry(self.state, self.tasks_board, self.job_book)
         self.policies = PolicyPointer(self.state, self.job_book, self.tasks_board, self.registry)
-        self.data = DataPlane(self.state, self.job_book, self.tasks_board)
+        self.data = DataPlane(self.state, self.job_book)
         self.planning = Planning(
             self.state,
             self.job_book,
@@ -134,10 +161,9 @@ class Coordinator:
             self.job_views,
             self.tasks_board,
             self.registry,
-            self.data,
         )
         self.persistence = Persistence(
-            self.state, self.job_book, self.admission, self.job_views, self.data, self.policies
+            self.state, self.job_book, self.admission, self.job_views, self.policies
         )
         self.matches = MatchDesk(self.state, self.job_book, self.tasks_board)
         self.experiment_book = ExperimentBook(self.state, self.job_book, self.admission)
@@ -153,10 +179,6 @@ class Coordinator:
                 store.root / RESERVE_NAME, self.limits.record_reserve_bytes
             )
             self.state.reserve.keep()
-        if buffers is not None and buffers.enabled:
-            self.state.buffers = BufferProcesses(
-                buffers, on_report=self.data.count_report, on_failed=self.job_book.buffer_failed
-            )
 
     # What tests and the app read directly.
 
@@ -187,11 +209,6 @@ class Coordinator:
     @property
     def _lock(self) -> Any:
         return self.state.guard.lock
-
-    @property
-    def waiting_samples(self) -> int:
-        """Sample requests waiting right now (long-polls are counted and bounded)."""
-        return self.data.waiting_samples
 
     # --- jobs ------------------------------------------------------------------------
 
@@ -281,21 +298,6 @@ class Coordinator:
 
     # --- data plane ------------------------------------------------------------------
 
-    def insert_segments(
-        self, job_id: str, insert: SegmentInsert, *, caller: str | None = None
-    ) -> InsertReply:
-        return self.data.insert(job_id, insert, caller=caller)
-
-    def sample(
-        self, job_id: str, request: SampleRequest, *, caller: str | None = None
-    ) -> SampledItems:
-        return self.data.sample(job_id, request, caller=caller)
-
-    def update_priorities(
-        self, job_id: str, update: PriorityUpdate, *, caller: str | None = None
-    ) -> int:
-        return self.data.update_priorities(job_id, update, caller=caller)
-
     def buffer_stats(self, job_id: str) -> BufferStats:
         return self.job_views.buffer_stats(job_id)
 
@@ -355,26 +357,21 @@ class Coordinator:
         return self.persistence.restore_jobs()
 
     def begin_shutdown(self) -> None:
-        """Stop taking data (answers say: retry later) and wake every waiting request.
-        Buffer processes take data until they are stopped, snapshot last (`close`)."""
+        """Pass no more data requests on (answers say: retry later) and wake every
+        waiting request. Buffer processes take data until they are stopped, snapshot
+        last (`close`)."""
         with self.state.guard.changing():
             self.state.closing = True
-            for job in self.state.jobs.values():
-                if job.replay is not None and job.remote is None:
-                    job.replay.close()
             self.state.guard.notify()
 
     def close(self) -> None:
         with self.state.guard.changing():
             self.state.closing = True
             for job in self.state.jobs.values():
-                if job.replay is not None and job.remote is None:
-                    job.replay.close()
                 self.job_book.sweep_segments(job, now=True)
             self.state.guard.notify()
         self.job_book.boards.close_all()
-        if self.state.buffers is not None:
-            self.state.buffers.close()  # each writes its last snapshot
+        self.state.buffers.close()  # each writes its last snapshot
         if self.state.reserve is not None:
             # Not left behind in a run folder: a coordinator that starts takes it again.
             self.state.reserve.release()
@@ -388,9 +385,23 @@ class Coordinator:
     def insert_slot(self) -> InsertSlot:
         return self.data.insert_slot()
 
+    def sample_slot(self) -> contextlib.AbstractContextManager[None]:
+        return self.data.sample_slot()
+
+    @property
+    def waiting_samples(self) -> int:
+        """Sample requests passed on to buffer processes and not answered yet."""
+        return self.data.waiting_samples
+
     def data_urls(self, job_id: str) -> list[str]:
-        """Where the job's data is served, when not here: its buffer processes."""
+        """Where the coordinator reaches the job's buffer processes, one a shard.
+
+        Raises:
+            ApiError: 404 for no such job; 409 when it ended, waits in the queue or
+                replays nothing; 503 while the coordinator stops.
+        """
         with self.state.guard.changing():
-            job = self.state.jobs.get(job_id)
-            remote = job.remote if job is not None else None
-        return [shard.control.base_url for shard in remote.shards] if remote is not None else []
+            job = self.job_book.running(job_id)
+            if job.replay is None:
+                raise conflict("no_buffer", f"job {job_id} replays nothing: it has no buffer")
+            return [shard.control.base_url for shard in job.replay.shards]

@@ -141,7 +141,7 @@ def _live_reason(job: Job) -> str:
         return job.waiting
     if not job.running:
         return ""
-    silence = job.remote.silence() if job.remote is not None else ""
+    silence = job.replay.silence() if job.replay is not None else ""
     return "; ".join(why for why in (job.waiting, job.eval_stall, silence) if why)
 
 

@@ -23,7 +23,7 @@ from services.coordinator.job_status import (
     metrics_from_record,
     status_of,
 )
-from services.coordinator.jobs import JobBook
+from services.coordinator.jobs import JobBook, no_buffer_stats
 from services.coordinator.lock import BoundedWaits
 from services.coordinator.paging import newest_first
 from services.coordinator.snapshot import read_job_record
@@ -82,23 +82,21 @@ class JobViews:
     def metrics(self, job_id: str) -> JobMetrics:
         with self.state.guard.changing():
             job = self.jobs.get(job_id)
-            if job.replay is None:
-                ended = True
-            else:
-                ended = False
+            recorded = job.replay is None and not job.running
+            if not recorded:
                 points, evals = list(job.metrics), list(job.evals)
                 unusable = sorted(job.unusable_segments)
                 buffer = job.replay
-        if ended:
-            # An ended job keeps its series on disk only: its record, read here
-            # without the lock, is the same before and after a restart.
+        if recorded:
+            # An ended (or queued) job keeps its series on disk only: its record, read
+            # here without the lock, is the same before and after a restart.
             return metrics_from_record(read_job_record(self.state.store, job_id) or {}, job)
-        # The buffer's stats take its own lock, never the coordinator's.
+        # The buffer's stats are its processes', asked without the coordinator's lock.
         return JobMetrics(
             job_id=job_id,
             points=points,
             evals=evals,
-            buffer=buffer.stats(),
+            buffer=buffer.stats() if buffer is not None else no_buffer_stats(job),
             unusable_segments=unusable,
         )
 
@@ -107,8 +105,11 @@ class JobViews:
         with self.state.guard.changing():
             job = self.jobs.get(job_id)
             buffer, final = job.replay, job.final_buffer
+            running = job.running
         if buffer is not None:
-            return buffer.stats()  # its own lock, never the coordinator's
+            return buffer.stats()  # its processes', asked without the coordinator's lock
+        if running:
+            return no_buffer_stats(job)
         if final is None:
             raise not_found(f"the buffer statistics of {job_id} (it ended before they were kept)")
         return final
@@ -125,16 +126,15 @@ class JobViews:
         """One metrics point per running job (call under the lock, every period)."""
         limits = self.state.limits
         for job in self.state.jobs.values():
-            if job.replay is None:
+            if job.replay is None and not job.running:
                 self.jobs.sweep_segments(job)
                 continue
-            job.replay.collect_garbage()
             recent = list(job.episode_returns)
             point = MetricsPoint(
                 t=round(self.state.wall(), 3),
                 env_steps=job.env_steps,
                 train_iters=job.train_iters,
-                buffer_size=job.replay.size,
+                buffer_size=job.replay.size if job.replay is not None else 0,
                 policy_version=job.policy.version if job.policy else 0,
                 collect_return_mean=statistics.fmean(recent) if recent else None,
             )

@@ -22,6 +22,7 @@ from common.messages import (
     dump,
 )
 from common.storage import SharedStore
+from services.buffer.core import empty_stats
 from services.coordinator.job_status import (
     status_of,
 )
@@ -201,10 +202,9 @@ class JobBook:
         # The buffer is closed: nothing changes it any more, so these stats are final.
         final = self._final_stats(job)
         record = {**record, "buffer": as_record(final)}
-        remote = job.remote
-        if remote is not None:
-            # Its process's last report: every insert it took is counted.
-            record["env_steps"] = max(record["env_steps"], remote.inserted_env_steps)
+        if job.replay is not None:
+            # Its processes' last reports: every insert they took is counted.
+            record["env_steps"] = max(record["env_steps"], job.replay.inserted_env_steps)
         store, reserve = self.state.store, self.state.reserve
         try:
             with self.state.record_writes:
@@ -252,14 +252,14 @@ class JobBook:
                 replay.release_all()
             except Exception:
                 log.exception("job %s: releasing its segments failed", job.job_id)
-            if self.state.buffers is not None:
-                self.state.buffers.forget(job.job_id)
+            self.state.buffers.forget(job.job_id)
 
     def _final_stats(self, job: Job) -> BufferStats | None:
         """The ended job's buffer statistics (None: a buffer process that could not
         be asked; the job's end is recorded without them)."""
         if job.replay is None:
-            return job.final_buffer
+            replays = workflow_of(job.config).replays
+            return job.final_buffer if replays else no_buffer_stats(job)
         try:
             return job.replay.final_stats()
         except (ServiceUnavailable, ApiError) as exc:
@@ -376,3 +376,8 @@ class DeferredDeletes:
 
     def read_bytes(self, rel: str) -> bytes:
         return self._store.read_bytes(rel)
+
+
+def no_buffer_stats(job: Job) -> BufferStats:
+    """A job that replays nothing (an evaluation) has no buffer: an empty one's figures."""
+    return empty_stats(workflow_of(job.config).replay(job.config))

@@ -1,20 +1,17 @@
 """Saving and restoring the coordinator's jobs (the file layout is snapshot.py's).
 
-Every running job is snapshotted every few seconds, most times as a delta: what
-changed since the last snapshot, so a snapshot costs what changed, not the buffer's
-size (snapshot.py). An ended job's snapshot files are removed (its durable record
-holds all that is kept of it). At start, every job folder under the shared root is
-restored: an ended job as its durable record says (no
-index is built for it; one ended past its retention is not loaded at all), a running
-one from its newest snapshot plus the segment files and policy versions written
-after it.
+Every running job's record is written every few seconds when it changed; its buffer's
+processes snapshot the buffer themselves (services/buffer/chain.py). At start, every
+job folder under the shared root is restored: an ended job as its durable record says
+(one ended past its retention is not loaded at all), a running one from its newest
+record, its buffer processes started (each restores its snapshot and indexes the
+segment files written since) and its policy versions written after the record found.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
 from typing import Any
 
 from common.messages import (
@@ -22,14 +19,11 @@ from common.messages import (
     BufferStats,
     EvalSummary,
     MetricsPoint,
-    dump,
     parse,
 )
 from common.storage import CorruptFileError
 from jobconfig import from_resolved
-from services.buffer.chain import SnapshotChains
 from services.coordinator.admission import Admission
-from services.coordinator.data import DataPlane
 from services.coordinator.job_views import JobViews
 from services.coordinator.jobs import (
     JobBook,
@@ -45,7 +39,6 @@ from services.coordinator.snapshot import (
     read_job_record,
     read_job_snapshot,
     remove_job_snapshot,
-    snapshot_folder,
     state_path,
     write_job_record,
 )
@@ -62,35 +55,31 @@ class Persistence:
         jobs: JobBook,
         admission: Admission,
         views: JobViews,
-        data: DataPlane,
         policies: PolicyPointer,
     ) -> None:
         self.state = state
         self.jobs = jobs
         self.admission = admission
         self.views = views
-        self.data = data
         self.policies = policies
-        #: Each job's snapshot on disk (a job with none gets a whole cut next).
-        self.chains = SnapshotChains(state.store, state.wall)
-        #: The records last written of jobs whose buffers run in processes of their own.
+        #: The records last written of running jobs.
         self._records_written: dict[str, dict[str, Any]] = {}
         #: One snapshot at a time (the periodic thread, and the last one at shutdown).
         self._one_at_a_time = threading.Lock()
 
-    def snapshot_jobs(self) -> dict[str, tuple[float, float]]:
-        """Write every running job's state (and each finished job's once). Returns, by
-        job, the longest the locks were held for it and its whole time, in seconds."""
+    def snapshot_jobs(self) -> None:
+        """Write every running job's record when it changed (its buffer processes
+        snapshot its buffer), an end not yet on disk again, and remove the snapshot an
+        older coordinator left of an ended job's buffer."""
         with self._one_at_a_time:
             # Pointer and record writes that found no room before: their turn first.
             self.state.guard.retry_kept()
             if self.state.reserve is not None:
                 self.state.reserve.keep()  # taken again once there is room
-            return self._snapshot_jobs()
+            self._snapshot_jobs()
 
-    def _snapshot_jobs(self) -> dict[str, tuple[float, float]]:
+    def _snapshot_jobs(self) -> None:
         state = self.state
-        timings: dict[str, tuple[float, float]] = {}
         with state.guard.changing():
             for job in state.jobs.values():
                 if job.ending is not None and not job.terminal_durable:
@@ -99,28 +88,20 @@ class Persistence:
                     state.guard.defer(
                         lambda job=job, record=record: self.jobs.complete_end(job, record)
                     )
-            todo = [job for job in state.jobs.values() if job.replay is not None]
-            records = {job.job_id: (job, job_record(job)) for job in todo if job.remote is not None}
-            todo = [job for job in todo if job.remote is None]
+            records = [(job, job_record(job)) for job in state.jobs.values() if job.running]
             ended = [j for j in state.jobs.values() if j.terminal_durable and not j.final_snapshot]
         for job in ended:
-            # Its record says all that is kept: the last snapshot is of no more use.
+            # Its record says all that is kept of it.
             remove_job_snapshot(state.store, job.job_id)
             job.final_snapshot = True
-        for job in todo:
-            started = time.perf_counter()
-            hold_s = self._snapshot_job(job)
-            if hold_s is not None:
-                timings[job.job_id] = (hold_s, time.perf_counter() - started)
-        self.chains.forget({snapshot_folder(job.job_id) for job in todo})  # ended or gone
-        for job, record in records.values():
+        for job, record in records:
             self._write_record(job, record)
-        return timings
 
     def _write_record(self, job: Job, record: dict[str, Any]) -> None:
-        """A job whose buffer runs in a process of its own (which snapshots it): its
-        record alone, when it changed, marked so a restart knows it is the newest;
-        never once the job is ending (its end's record is written, or about to be)."""
+        """A running job's record, when it changed, marked as written since its buffer
+        runs in processes of its own (a restart then knows that no snapshot an older
+        coordinator left is newer); never once the job is ending (its end's record is
+        written, or about to be)."""
         record = {**record, "buffer_process": True}
         if self._records_written.get(job.job_id) == record:
             return
@@ -130,28 +111,6 @@ class Persistence:
             if running:
                 write_job_record(self.state.store, job.job_id, record)
                 self._records_written[job.job_id] = record
-
-    def _snapshot_job(self, job: Job) -> float | None:
-        """Write the job's delta, or a whole cut (services/buffer/chain.py). Returns the
-        longest the locks were held, or None when nothing changed and nothing was
-        written."""
-        # One cut of record and buffer: the record is taken holding the coordinator's
-        # lock and the buffer's, for a moment; the arrays are built after both are let
-        # go (the API never waits on a copy).
-        return self.chains.write(
-            snapshot_folder(job.job_id),
-            job.buffer,
-            lambda job=job: self._record_at_cut(job),
-            cut_lock=self.state.guard.lock,
-        )
-
-    @staticmethod
-    def _record_at_cut(job: Job) -> dict[str, Any]:
-        """The job's record at the cut (both locks held). An insert the buffer took
-        but the coordinator has not counted yet is counted: its items are in the cut."""
-        record = job_record(job)
-        record["env_steps"] = max(job.env_steps, job.buffer.inserted_env_steps)
-        return record
 
     def from_record(self, record: dict[str, Any]) -> Job:
         """A job from its record (`job_record`): a running one with an empty buffer,
@@ -203,9 +162,9 @@ class Persistence:
     def restore_jobs(self) -> list[str]:
         """Load every job under the shared root (at start); returns their ids.
 
-        Running jobs continue: their buffers come back as saved, and segment files the
-        snapshot does not know are indexed (or deleted when stale), so nothing that was
-        acknowledged is lost and nothing leaks.
+        Running jobs continue: their buffer processes bring their buffers back as
+        saved and index the segment files their snapshots do not know (or delete the
+        stale), so nothing that was acknowledged is lost and nothing leaks.
         """
         state = self.state
         restored = []
@@ -220,7 +179,6 @@ class Persistence:
             # The job is not published yet: its disk work needs no lock.
             if job.phase not in TERMINAL_PHASES:  # running, or queued
                 self.policies.recover(job)
-                self.data.sweep_orphans(job, grace_s=0.0)
             else:
                 job.terminal_durable = True
                 self.jobs.write_missing_summary(job)
@@ -237,10 +195,9 @@ class Persistence:
                 job.env_steps,
                 job.replay.size if job.replay is not None else 0,
             )
-        if state.buffers is not None:
-            # Their buffer processes restore what was acknowledged: counted before this
-            # coordinator answers anyone, so no job's env steps are seen to go down.
-            state.buffers.first_reports()
+        # Their buffer processes restore what was acknowledged: counted before this
+        # coordinator answers anyone, so no job's env steps are seen to go down.
+        state.buffers.read_reports()
         with state.guard.changing():
             return [job_id for job_id in restored if job_id in state.jobs]
 
@@ -254,32 +211,10 @@ class Persistence:
             finished_at = record["finished_at"] or 0.0
             if finished_at < self.state.wall() - self.state.limits.ended_job_retention_s:
                 return None  # past its retention: forgotten, its folder untouched
-            if record.get("buffer") is None:
-                record = self._with_final_buffer(record)
             return self.from_record(record)
-        snapshot = store.exists(state_path(job_id))
-        if self.state.buffers is not None:
-            # Its buffer process restores the buffer itself (from its own snapshot, or
-            # the coordinator's of when it hosted it); here, the newest record.
-            if snapshot and not (record or {}).get("buffer_process"):
-                record = read_job_snapshot(store, job_id).record
-            return self.from_record(record) if record is not None else None
-        if snapshot:
-            saved = read_job_snapshot(store, job_id)
-            job = self.from_record(saved.record)
-            job.buffer.restore_snapshot(*saved.cut, deltas=saved.deltas)
-            return job
+        # Its buffer processes restore the buffer themselves (from their own snapshots,
+        # or the one an older coordinator kept of a buffer it hosted); here, the newest
+        # record: that older coordinator's snapshot held a newer one than its record.
+        if store.exists(state_path(job_id)) and not (record or {}).get("buffer_process"):
+            record = read_job_snapshot(store, job_id).record
         return self.from_record(record) if record is not None else None
-
-    def _with_final_buffer(self, record: dict[str, Any]) -> dict[str, Any]:
-        """The record of a job that ended before its buffer's final statistics were
-        kept, with them: from its last snapshot (an empty buffer's without one), saved
-        once, so no later start builds its index again."""
-        store, job_id = self.state.store, record["job_id"]
-        buffer = self.admission.new_buffer(job_id, from_resolved(record["config"]), here=True)
-        if store.exists(state_path(job_id)):
-            saved = read_job_snapshot(store, job_id)
-            buffer.restore_snapshot(*saved.cut, deltas=saved.deltas)
-        record = {**record, "buffer": dump(buffer.stats())}
-        write_job_record(store, job_id, record)
-        return record

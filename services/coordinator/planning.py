@@ -15,7 +15,6 @@ from common.messages import EvalResult, MessageError, TaskSpec, parse
 from common.ranks import learner_ranks
 from common.storage import SharedStore
 from services.coordinator.admission import Admission
-from services.coordinator.data import DataPlane
 from services.coordinator.devices import can_run, waiting_reason
 from services.coordinator.experiments import forget_old_experiments
 from services.coordinator.job_views import JobViews
@@ -47,7 +46,6 @@ class Planning:
         views: JobViews,
         tasks: TaskBoard,
         workers: WorkerRegistry,
-        data: DataPlane,
     ) -> None:
         self.state = state
         self.jobs = jobs
@@ -55,7 +53,6 @@ class Planning:
         self.views = views
         self.tasks = tasks
         self.workers = workers
-        self.data = data
         self.sharing = Sharing(state, tasks, admission.start_running)
         self.population = PopulationTraining(state, tasks)
         self._last_metrics_s = float("-inf")
@@ -123,11 +120,6 @@ class Planning:
                     log.exception("planning job %s failed; its new tasks are dropped", job.job_id)
                     for task_id in set(state.tasks) - before:
                         self.tasks.end(state.tasks[task_id], TaskState.LOST)
-                if state.clock() - job.last_orphan_sweep_s >= limits.orphan_sweep_period_s:
-                    job.last_orphan_sweep_s = state.clock()
-                    state.guard.defer(
-                        lambda job=job: self.data.sweep_orphans(job, limits.orphan_grace_s)
-                    )
             if state.clock() - self._last_metrics_s >= limits.metrics_period_s:
                 self._last_metrics_s = state.clock()
                 try:
@@ -139,7 +131,7 @@ class Planning:
             return plan
 
     def plan_job(self, job: Job) -> list[Dispatch]:
-        if job.remote is not None and not job.remote.ready:
+        if job.replay is not None and not job.replay.ready:
             # Its tasks go out once its buffer process answers (within a second or two).
             job.waiting = "waiting for its buffer process to start"
             return []

@@ -37,9 +37,13 @@ def limit_variable(name: str) -> str:
 
 def buffers_from_env(env: Mapping[str, str]) -> BufferProcessSettings:
     """How the coordinator runs buffer processes, from its environment."""
-    enabled = env_str(env, "DROVER_BUFFER_PROCESSES", "1").strip().lower()
-    if enabled not in ("0", "1", "true", "false", "yes", "no"):
-        raise SettingsError(f"DROVER_BUFFER_PROCESSES={enabled!r}: 1 or 0")
+    old = env.get("DROVER_BUFFER_PROCESSES", "1").strip().lower()
+    if old not in ("1", "true", "yes"):
+        # The coordinator that hosted every buffer itself is gone: said, not ignored.
+        raise SettingsError(
+            f"DROVER_BUFFER_PROCESSES={old!r}: every job's buffer runs in processes of "
+            "its own now (unset it)"
+        )
     ports = None
     raw = env.get("DROVER_BUFFER_PORTS", "").strip()
     if raw:
@@ -51,7 +55,6 @@ def buffers_from_env(env: Mapping[str, str]) -> BufferProcessSettings:
         if not 0 < ports[0] <= ports[1] < 65536:
             raise SettingsError(f"DROVER_BUFFER_PORTS={raw!r}: a range such as 8300-8399")
     return BufferProcessSettings(
-        enabled=enabled in ("1", "true", "yes"),
         bind_host=env_str(env, "DROVER_HOST", "127.0.0.1"),
         advertise_host=env.get("DROVER_BUFFER_ADVERTISE_HOST", "").strip(),
         ports=ports,
@@ -103,13 +106,11 @@ class CoordinatorSettings:
     connection_limit: int = 1000
     #: What workers and jobs may ask of this coordinator (leases, sizes, bounds).
     limits: CoordinatorLimits = field(default_factory=CoordinatorLimits)
-    #: How each job's buffer runs in a process of its own (services/coordinator/
-    #: buffers.py): `DROVER_BUFFER_PROCESSES` (1; 0: in the coordinator),
-    #: `DROVER_BUFFER_ADVERTISE_HOST` (how workers reach them; the coordinator's host),
-    #: `DROVER_BUFFER_PORTS` (a range, `8300-8399`; any free port when unset).
-    buffers: BufferProcessSettings = field(
-        default_factory=lambda: BufferProcessSettings(enabled=False)
-    )
+    #: How each job's buffer runs in processes of its own (services/coordinator/
+    #: buffers.py): `DROVER_BUFFER_ADVERTISE_HOST` (how workers reach them; the
+    #: coordinator's host), `DROVER_BUFFER_PORTS` (a range, `8300-8399`; any free port
+    #: when unset). None: on this coordinator's host, root and tokens.
+    buffers: BufferProcessSettings | None = None
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> CoordinatorSettings:
@@ -128,6 +129,17 @@ class CoordinatorSettings:
             connection_limit=env_int(env, "DROVER_CONNECTION_LIMIT", 1000),
             limits=limits_from_env(env),
             buffers=buffers_from_env(env),
+        )
+
+    def buffer_processes(self) -> BufferProcessSettings:
+        """How the coordinator runs each job's buffer (`buffers`, or its defaults)."""
+        if self.buffers is not None:
+            return self.buffers
+        return BufferProcessSettings(
+            bind_host=self.host,
+            shared_dir=self.shared_dir,
+            token=self.token,
+            metrics_token=self.metrics_token,
         )
 
     def server_limits(self) -> ServerLimits:

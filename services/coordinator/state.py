@@ -29,7 +29,6 @@ from common.messages import (
 )
 from common.storage import SharedStore
 from jobconfig.population import Population
-from services.buffer.core import BufferClosed, ReplayBuffer
 from services.coordinator.buffers import BufferProcesses
 from services.coordinator.lock import ChangeLock
 from services.coordinator.metrics import CoordinatorMetrics
@@ -70,8 +69,9 @@ class CoordinatorLimits:
     metrics_period_s: float = 1.0
     #: After a job ends, its segments folder is removed this much later.
     segment_sweep_delay_s: float = 5.0
-    #: A segment file no insert has claimed for this long is indexed (or deleted when
-    #: stale or unreadable): what a collector killed between write and insert leaves.
+    #: A segment file no insert has claimed for this long is indexed by its buffer
+    #: process (or deleted when stale or unreadable): what a collector killed between
+    #: write and insert leaves.
     orphan_grace_s: float = 30.0
     #: A worker that refused or missed an assignment gets none for this long, twice
     #: as long for each further one in a row (a worker that lost tasks the same) ...
@@ -85,16 +85,18 @@ class CoordinatorLimits:
     #: A training job shows, in its status and a metric, that its evaluations stall
     #: when this many `eval_freq`s of train iterations went by without one.
     eval_stall_periods: int = 3
-    #: Sample long-polls allowed to wait at once; more are answered 503 at once, so
-    #: slow or many clients can never hold every server thread.
+    #: Sample requests (long-polls) the coordinator passes on to buffer processes at
+    #: once, each holding one of its threads; more are answered 503 at once, so slow or
+    #: many clients can never hold every server thread ...
     max_waiting_samples: int = 16
-    #: ... and at most this many for one job, so one job's empty buffer cannot starve
-    #: the learners of the others.
+    #: ... and long-polls one job's buffer process lets wait at once, so one job's
+    #: empty buffer cannot starve the learners of the others.
     max_waiting_samples_per_job: int = 4
-    #: Segment inserts indexed at once; more are answered 429 `busy` (a short, jittered
-    #: Retry-After), so a fleet that offers more than one core can index waits at its
-    #: collectors instead of in the server's queue, where learners' samples would wait
-    #: behind it. Lower favours samples, higher favours inserts; 0: no bound.
+    #: Segment inserts a buffer process indexes at once (and the coordinator passes on
+    #: at once); more are answered 429 `busy` (a short, jittered Retry-After), so a
+    #: fleet that offers more than one core can index waits at its collectors instead
+    #: of in the server's queue, where learners' samples would wait behind it. Lower
+    #: favours samples, higher favours inserts; 0: no bound.
     max_concurrent_inserts: int = 4
     #: Inserts one job's buffer lets wait at once for its rate limiter (each holds a
     #: server thread until the learner samples); more are answered 429 `rate_limited`
@@ -123,7 +125,6 @@ class CoordinatorLimits:
     #: A worker that failed this many assignments in a row is dropped: its URL does
     #: not answer, and it should register again when it does.
     max_dispatch_failures: int = 3
-    orphan_sweep_period_s: float = 10.0
     metrics_points: int = 3600
     #: An ended job is forgotten (by this coordinator; its folder stays) this long
     #: after it ended (`DROVER_ENDED_JOB_RETENTION`: seconds, or 90m, 12h, 7d).
@@ -299,10 +300,10 @@ class Job:
     job_id: str
     name: str
     config: JobConfig
-    #: The job's replay index while it runs, here or in a buffer process of its own;
-    #: None once the job ended and released it (what it held at the end is
-    #: `final_buffer`).
-    replay: ReplayBuffer | BufferProcess | None
+    #: The job's buffer while it runs, served by its processes (buffers.py); None for
+    #: a job that replays nothing (an evaluation), one that waits in the queue, and
+    #: once the job ended and released it (what it held at the end is `final_buffer`).
+    replay: BufferProcess | None
     #: When it was submitted (wall time).
     started_at: float
     #: Why its end could not be recorded yet ("": it could, or it has not ended): its
@@ -334,7 +335,6 @@ class Job:
     workflow_state: Any = None
     #: Segment files a learner reported unusable (their rows were skipped).
     unusable_segments: set[str] = field(default_factory=set)
-    last_orphan_sweep_s: float = float("-inf")
     evals: list[EvalSummary] = field(default_factory=list)
     best_eval: EvalSummary | None = None
     tasks_created: int = 0
@@ -390,25 +390,6 @@ class Job:
     def share(self, role: str) -> Share:
         return self.shares.setdefault(role, Share())
 
-    @property
-    def remote(self) -> BufferProcess | None:
-        """The buffer process serving the job's data (None: the coordinator hosts its
-        buffer itself, or it ended)."""
-        return self.replay if isinstance(self.replay, BufferProcess) else None
-
-    @property
-    def buffer(self) -> ReplayBuffer:
-        """The live replay index hosted here.
-
-        Raises:
-            BufferClosed: the job ended and its index was released.
-        """
-        if self.replay is None:
-            raise BufferClosed(f"job {self.job_id} has ended")
-        if isinstance(self.replay, BufferProcess):
-            raise BufferClosed(f"job {self.job_id}'s buffer runs in a process of its own")
-        return self.replay
-
 
 @dataclass(frozen=True)
 class Dispatch:
@@ -429,6 +410,8 @@ class CoordinatorState:
 
     store: SharedStore
     limits: CoordinatorLimits
+    #: The buffer processes serving the jobs' data.
+    buffers: BufferProcesses
     #: Monotonic time (leases, timeouts) and wall time (what is shown and saved).
     clock: Callable[[], float]
     wall: Callable[[], float]
@@ -452,8 +435,6 @@ class CoordinatorState:
     metrics: CoordinatorMetrics = field(
         default_factory=lambda: CoordinatorMetrics(CollectorRegistry())
     )
-    #: The buffer processes serving the jobs' data (None: the jobs' buffers are here).
-    buffers: BufferProcesses | None = None
     #: Held while a job's record is written: the snapshot thread's running record of a
     #: job never lands after (and over) the record of its end.
     record_writes: threading.Lock = field(default_factory=threading.Lock)

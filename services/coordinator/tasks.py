@@ -75,19 +75,12 @@ class TaskBoard:
         """End an active task: it leaves the task map (its facts stay in its job's
         counts, and in the bounded memory of ended tasks)."""
         job = self.state.jobs.get(task.job_id)
-        remote = job.remote if job is not None else None
-        if remote is not None and task.kind in ("collect", "learn"):
-            if job is not None and job.running:
-                # The job's buffer process refuses the task's credential from now on,
-                # and gives back what a learn task held (an ending job's buffer takes
-                # and gives nothing more: it has nobody to give them to).
-                remote.task_ended(task.task_id)
-        elif task.kind == "learn" and job is not None and job.running and state != TaskState.DONE:
-            # Items handed to this task that it never acknowledged go back (to a job
-            # that still trains: an ended one has nobody to give them to).
-            returned = job.buffer.give_back(task.task_id)
-            if returned:
-                log.info("task %s ended (%s): %d held items back", task.task_id, state, returned)
+        buffer = job.replay if job is not None and job.running else None
+        if buffer is not None and task.kind in ("collect", "learn"):
+            # The job's buffer processes refuse the task's credential from now on, and
+            # give back what a learn task held (an ending job's buffer takes and gives
+            # nothing more: it has nobody to give them to).
+            buffer.task_ended(task.task_id)
         if state in (TaskState.FAILED, TaskState.LOST, TaskState.PREEMPTED) and job is not None:
             workflow_of(job.config).task_ended(job, task, state)
             if state == TaskState.LOST:
@@ -130,11 +123,10 @@ class TaskBoard:
             # A new lease: its writes fence off those of every learner before it.
             job.learner_epoch += 1
             spec = dataclasses.replace(spec, epoch=job.learner_epoch)
-        remote = job.remote
-        if remote is not None and isinstance(spec, CollectSpec | LearnSpec):
+        if job.replay is not None and isinstance(spec, CollectSpec | LearnSpec):
             # Its data goes to the job's buffer process, with a credential for it alone.
             spec = dataclasses.replace(
-                spec, data=data_access(remote, task_id, worker.worker_id, spec)
+                spec, data=data_access(job.replay, task_id, worker.worker_id, spec)
             )
         task = Task(
             task_id=task_id,
@@ -156,13 +148,13 @@ class TaskBoard:
 
 
 def data_access(
-    remote: BufferProcess, task_id: str, worker_id: str, spec: CollectSpec | LearnSpec
+    buffer: BufferProcess, task_id: str, worker_id: str, spec: CollectSpec | LearnSpec
 ) -> DataAccess:
     """Where a task's data goes at its job's buffer processes, with its credential
     signed now (a learn task's under its lease epoch): at its creation, and anew at
     each heartbeat of its worker (credentials expire)."""
     epoch = spec.epoch if isinstance(spec, LearnSpec) else 0
-    return remote.access(task_id, worker_id, spec.kind, epoch)
+    return buffer.access(task_id, worker_id, spec.kind, epoch)
 
 
 def cancel_dispatch(worker: Worker, task_id: str) -> Dispatch:

@@ -129,13 +129,13 @@ class WorkerRegistry:
             return HeartbeatReply(cancel=cancel, release=release, credentials=credentials)
 
     def _fresh_credential(self, task: Task) -> str | None:
-        """The task's buffer credential signed anew (None: its data is not in a
-        buffer process)."""
+        """The task's buffer credential signed anew (None: a task that moves no data,
+        or of a job that no longer runs)."""
         job = self.state.jobs.get(task.job_id)
-        remote = job.remote if job is not None and job.running else None
-        if remote is None or not isinstance(task.spec, CollectSpec | LearnSpec):
+        buffer = job.replay if job is not None and job.running else None
+        if buffer is None or not isinstance(task.spec, CollectSpec | LearnSpec):
             return None
-        return data_access(remote, task.task_id, task.worker_id, task.spec).credential
+        return data_access(buffer, task.task_id, task.worker_id, task.spec).credential
 
     def _count_unreported(self, worker: Worker, reported: set[str]) -> None:
         """A task its worker confirmed and no longer lists in its heartbeats is lost

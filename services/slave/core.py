@@ -43,7 +43,7 @@ from common.messages import (
 )
 from common.metrics import service_registry
 from common.settings import SlaveSettings
-from services.buffer.client import BufferData, DataClient, data_client
+from services.buffer.client import DataClient, data_client
 from services.coordinator.client import CoordinatorClient
 
 log = logging.getLogger(__name__)
@@ -73,8 +73,8 @@ class TaskContext:
     task: TaskAssignment
     worker_id: str
     coordinator: CoordinatorClient
-    #: Where the task inserts or samples (`data_for`).
-    data: DataClient
+    #: Where the task inserts or samples (`data_for`; None: a task that moves no data).
+    data: DataClient | None
     metrics: CollectorRegistry
     stop: threading.Event = field(default_factory=threading.Event)
     release: threading.Event = field(default_factory=threading.Event)
@@ -88,7 +88,8 @@ class TaskContext:
     def renew(self, credential: str) -> None:
         """A fresh credential for the task's buffer processes (each heartbeat brings
         one: they expire, and a restarted process takes only fresh ones)."""
-        self.data.renew(credential)
+        if self.data is not None:
+            self.data.renew(credential)
         for renewed in list(self.on_renew):
             renewed(credential)
 
@@ -109,14 +110,13 @@ class TaskContext:
                 time.sleep(min(left, RELEASED_POLL_S))
 
 
-def data_for(task: TaskAssignment, coordinator: CoordinatorClient) -> DataClient:
+def data_for(task: TaskAssignment, coordinator: CoordinatorClient) -> DataClient | None:
     """Where a task inserts or samples: its job's buffer process (or, for a sharded
-    buffer, its processes), with the credential for this task its spec carries; the
-    coordinator's data routes, with this worker's credential, when it has none (the
-    coordinator hosts the job's buffer)."""
+    buffer, its processes), with the credential for this task its spec carries; None
+    for a task that moves no data (an evaluation)."""
     access = getattr(task.spec, "data", None)
     if access is None:
-        return BufferData(coordinator.base_url, coordinator.bearer, timeout_s=coordinator.timeout_s)
+        return None
     return data_client(access.urls, access.credential, timeout_s=coordinator.timeout_s)
 
 

@@ -21,8 +21,9 @@ from drover.local import free_port
 from drover.tables import learners_table, progress_text
 from services.coordinator.app import create_app
 from services.coordinator.client import CoordinatorClient
-from services.coordinator.core import Coordinator, CoordinatorLimits
+from services.coordinator.core import CoordinatorLimits
 from services.coordinator.settings import CoordinatorSettings
+from tests.buffer_hosts import make_coordinator
 
 TOKEN = "verbs-test-token"
 CARTPOLE_DQN = {
@@ -41,7 +42,7 @@ def coordinator(tmp_path, monkeypatch):
     """The coordinator's URL, and an operator's client of it; the verbs' environment
     names it and holds the token."""
     settings = CoordinatorSettings(shared_dir=tmp_path / "shared", token=TOKEN)
-    core = Coordinator(SharedStore(settings.shared_dir), settings.limits)
+    core = make_coordinator(SharedStore(settings.shared_dir), settings.limits)
     yield from serve(core, settings, monkeypatch)
 
 
@@ -50,7 +51,7 @@ def queueing(tmp_path, monkeypatch):
     """As `coordinator`, one that runs one job at a time; and its core, to plan."""
     limits = CoordinatorLimits(max_running_jobs=1)
     settings = CoordinatorSettings(shared_dir=tmp_path / "shared", token=TOKEN, limits=limits)
-    core = Coordinator(SharedStore(settings.shared_dir), settings.limits)
+    core = make_coordinator(SharedStore(settings.shared_dir), settings.limits)
     for url, client in serve(core, settings, monkeypatch):
         yield url, client, core
 

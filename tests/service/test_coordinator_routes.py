@@ -1,13 +1,15 @@
 import numpy as np
 import pytest
+import requests
 
 from common.array_bodies import CONTENT_TYPE as ARRAYS_TYPE
 from common.array_bodies import SAMPLE_REQUEST_ARRAYS, SampledItems, encode, frame
 from common.messages import SampleRequest
 from common.storage import SharedStore
 from services.coordinator.app import create_app
-from services.coordinator.core import Coordinator, CoordinatorLimits
+from services.coordinator.core import CoordinatorLimits
 from services.coordinator.settings import CoordinatorSettings
+from tests.buffer_hosts import buffer_of, make_coordinator, read_reports
 from tests.coordinator_app import (
     AUTH,
     CONFIG,
@@ -149,7 +151,9 @@ def test_scheduler_plans_collect_and_learn_tasks(client, core):
         f"/api/v1/workers/{c['worker_id']}/heartbeat",
         {"tasks": [{"task_id": collect.task_id, "state": "running", "progress": {"env_steps": 5}}]},
     )
-    assert beat.json == {"cancel": [], "release": [], "credentials": {}}
+    # Its buffer credential, signed anew (credentials expire).
+    assert beat.json["cancel"] == [] and beat.json["release"] == []
+    assert list(beat.json["credentials"]) == [collect.task_id]
     # a worker that leaves hands its task back: the next plan gives it to another
     client.delete(f"/api/v1/workers/{c['worker_id']}", headers=AUTH)
     register(client, "collector", "http://c2")
@@ -225,7 +229,7 @@ def test_priorities_sent_with_a_sample_request_are_applied_before_it_samples(cli
     url = f"/api/v1/jobs/{job_id}/samples"
     insert_segments(client, core, job_id, 3)
     keys = post(client, url, {"batch_size": 4, "timeout_s": 1}).json["batches"][0]["keys"]
-    buffer = core.jobs[job_id].buffer
+    buffer = buffer_of(core, job_id)
 
     def priority(key):
         slots, _ = buffer.table.slots_of(np.array([key]))
@@ -338,8 +342,10 @@ def test_max_env_step_ends_the_job(client, core):
     job_id = submit(client, {**CONFIG, "system": {"max_env_step": 15}})
     url = f"/api/v1/jobs/{job_id}/segments"
     post(client, url, {"segments": [write_segment(core, job_id, 0)]})
+    read_reports(core)  # what its buffer process counted
     assert get(client, f"/api/v1/jobs/{job_id}").json["phase"] == "running"
     post(client, url, {"segments": [write_segment(core, job_id, 1)]})
+    read_reports(core)
     status = get(client, f"/api/v1/jobs/{job_id}").json
     assert status["phase"] == "failed" and "max_env_step 15" in status["reason"]
 
@@ -508,14 +514,18 @@ def test_waiting_long_polls_are_bounded_per_job_and_in_all(client, core):
     ]
     for thread in waiting[:per_job]:
         thread.start()
-    wait_until(lambda: core.waiting_samples == per_job, what="one job's long-polls waiting")
+    held = buffer_of(core, jobs[0])
+    wait_until(lambda: held.stats().waiting_samplers == per_job, what="one job's long-polls")
     # One job's empty buffer takes its share of waiting requests, not the server's.
     resp = poll(client, jobs[0])
     assert resp.status_code == 503 and resp.json["error"] == "too_many_waiting"
     assert f"for job {jobs[0]}" in resp.json["message"] and "Retry-After" in resp.headers
     for thread in waiting[per_job:]:
         thread.start()
-    wait_until(lambda: core.waiting_samples == limit, what="all long-polls waiting")
+    wait_until(
+        lambda: sum(buffer_of(core, j).stats().waiting_samplers for j in jobs) == limit,
+        what="all long-polls waiting",
+    )
     resp = poll(client, jobs[-1])
     assert resp.status_code == 503 and "in all" in resp.json["message"]
     for job_id in jobs:
@@ -548,24 +558,15 @@ def test_each_worker_has_its_own_credential_and_acts_only_as_itself(client, core
         body = {"result": {}} if route == "complete" else {"error": "x"}
         resp = client.post(f"/api/v1/tasks/{task_b}/{route}", json=body, headers=as_a)
         assert resp.status_code == 403
-    # A may insert only segments in its own folder, for its own task
+    # A may not act for B's task, wherever it sends; its own task's data goes where the
+    # task says (its buffer process checks the folder: tests/service/test_buffer_process.py)
     task_a = tasks["http://a"].task_id
     own = write_segment(core, job_id, 0, worker=f"{a['worker_id']}.{task_a}")
-    theirs = write_segment(core, job_id, 0, worker=f"{b['worker_id']}.{task_b}")
     url = f"/api/v1/jobs/{job_id}/segments"
-    assert (
-        client.post(url, json={"segments": [theirs], "task_id": task_a}, headers=as_a).status_code
-        == 403
-    )
-    assert (
-        client.post(url, json={"segments": [own], "task_id": task_b}, headers=as_a).status_code
-        == 403
-    )
-    assert client.post(url, json={"segments": [own]}, headers=as_a).status_code == 400
-    assert (
-        client.post(url, json={"segments": [own], "task_id": task_a}, headers=as_a).status_code
-        == 200
-    )
+    resp = client.post(url, json={"segments": [own], "task_id": task_b}, headers=as_a)
+    assert resp.status_code == 403
+    resp = client.post(url, json={"segments": [own], "task_id": task_a}, headers=as_a)
+    assert resp.status_code == 409 and resp.json["error"] == "data_elsewhere"
     # a learner announces only for its own learn task
     path, sha = core.store.write_policy(job_id, 1, 0, "dqn", {"w": np.ones(2)})
     learn = tasks["http://l"]
@@ -591,7 +592,7 @@ def test_each_worker_has_its_own_credential_and_acts_only_as_itself(client, core
 def test_inserts_past_max_concurrent_are_busy_and_a_rate_limited_one_holds_no_slot(tmp_path):
     import threading
 
-    core = Coordinator(
+    core = make_coordinator(
         SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000, max_concurrent_inserts=1)
     )
     client = create_app(CoordinatorSettings(shared_dir=tmp_path, token=TOKEN), core=core)
@@ -620,21 +621,28 @@ def test_inserts_past_max_concurrent_are_busy_and_a_rate_limited_one_holds_no_sl
     slot.release()
     slot.release()  # once only
     assert insert(free, 0).status_code == 200
-    # An insert the rate limiter holds waits for learners, not for the core: it gives
-    # its slot back, and other jobs' inserts are indexed meanwhile.
+    # At the job's buffer process, an insert the rate limiter holds waits for learners,
+    # not for the host: it gives its slot back (a passed-on insert holds the
+    # coordinator's until it is answered: an operator's tool sends timeout_s 0).
     for seq in range(3):  # min_size_to_sample and the band: the next one waits
         assert insert(held, seq).status_code == 200
+    url = f"{core.jobs[held].replay.url}/api/v1/jobs/{held}/segments"
+
+    def direct(seq, timeout_s):
+        body = {"segments": [write_segment(core, held, seq)], "timeout_s": timeout_s}
+        return requests.post(url, json=body, headers=AUTH, timeout=10)
+
     answers = []
-    waiting = threading.Thread(
-        target=lambda: answers.append(insert(held, 3, 3.0, client.application.test_client()))
-    )
+    waiting = threading.Thread(target=lambda: answers.append(direct(3, 3.0)))
     waiting.start()
-    buffer = core.job_book.running(held).buffer
+    buffer = buffer_of(core, held)
     wait_until(
         lambda: buffer.stats().waiting_inserters == 1 or answers,
         what="the held insert waiting",
     )
-    assert not answers, answers[0].json
+    assert not answers, answers[0].json()
+    again = direct(4, 0.0)  # its one slot is free: rate limited, not busy
+    assert again.status_code == 429 and again.json()["error"] == "rate_limited", again.json()
     assert insert(free, 1).status_code == 200
     assert core.data.insert_slots.taken == 0
     client.delete(f"/api/v1/jobs/{held}", headers=AUTH)  # wakes it
@@ -650,6 +658,7 @@ def test_an_evaluation_waits_for_env_steps_past_the_last_ones(client, core):
     for dispatch in core.plan():
         core.dispatched(dispatch.task.task_id)
     insert_segments(client, core, job_id, 1)
+    read_reports(core)
 
     def announce(version, train_iter):
         path, sha = core.store.write_policy(
@@ -678,6 +687,7 @@ def test_an_evaluation_waits_for_env_steps_past_the_last_ones(client, core):
         client, f"/api/v1/jobs/{job_id}/segments", {"segments": [write_segment(core, job_id, 1)]}
     )
     assert resp.status_code == 200, resp.json
+    read_reports(core)
     (second,) = evaluations()
     assert second.spec.policy_version == 2
 
@@ -702,7 +712,7 @@ def test_a_sample_in_binary_frames_both_ways_is_the_json_sample(client, core):
     )
     paths = {s.path for b in reply.batches for s in b.segments}
     assert paths and all(p.startswith(f"{job_id}/segments/") for p in paths)
-    buffer = core.jobs[job_id].buffer
+    buffer = buffer_of(core, job_id)
     slots, _ = buffer.table.slots_of(np.array(keys[:2]))
     assert buffer.table.priority[slots[1]] - buffer.table.priority[slots[0]] == pytest.approx(2.0)
     # A JSON request may still ask for a frame, and a frame request for JSON.

@@ -10,9 +10,11 @@ from pathlib import Path
 import pytest
 
 from common.config import deep_merge
+from common.storage import SharedStore
 from jobconfig import load_config_file
 from services.coordinator.app import create_app
 from services.coordinator.settings import CoordinatorSettings
+from tests.buffer_hosts import make_coordinator
 from tests.coordinator_app import AUTH, TOKEN
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -22,7 +24,10 @@ WAIT_MS = 120_000
 
 @pytest.fixture
 def client(tmp_path):
-    return create_app(CoordinatorSettings(shared_dir=tmp_path, token=TOKEN)).test_client()
+    core = make_coordinator(SharedStore(tmp_path))
+    return create_app(
+        CoordinatorSettings(shared_dir=tmp_path, token=TOKEN), core=core
+    ).test_client()
 
 
 def test_the_page_and_its_files_need_no_token(client):

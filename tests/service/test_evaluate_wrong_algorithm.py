@@ -17,8 +17,9 @@ from common.storage import SharedStore, WrongAlgorithm
 from jobconfig import resolve_job_config, with_spaces
 from services.collector.core import CollectorRunner
 from services.coordinator.app import create_app
-from services.coordinator.core import Coordinator, CoordinatorLimits
+from services.coordinator.core import CoordinatorLimits
 from services.coordinator.settings import CoordinatorSettings
+from tests.buffer_hosts import make_coordinator
 
 TOKEN = "test-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -64,7 +65,7 @@ def test_a_collector_refuses_to_evaluate_another_algorithms_file(tmp_path, sourc
 @pytest.mark.parametrize("source", ["policy", "checkpoint"])
 def test_an_evaluate_job_of_another_algorithms_file_fails_with_the_refusal(tmp_path, source):
     store = SharedStore(tmp_path)
-    core = Coordinator(store, CoordinatorLimits(max_buffer_items=1000))
+    core = make_coordinator(store, CoordinatorLimits(max_buffer_items=1000))
     app = create_app(CoordinatorSettings(shared_dir=tmp_path, token=TOKEN), core=core)
     client = app.test_client()
     path = ppo_files(store)[source]

@@ -3,7 +3,8 @@ most `parallel` running), shown with their points, stopped together, refused who
 a bad axis or value before any job exists, and back after a restart."""
 
 from common.storage import SharedStore
-from services.coordinator.core import Coordinator, CoordinatorLimits
+from services.coordinator.core import CoordinatorLimits
+from tests.buffer_hosts import make_coordinator
 from tests.coordinator_app import AUTH, CONFIG, get, post
 
 LRS = [0.001, 0.002]
@@ -84,7 +85,7 @@ def test_an_experiment_is_back_after_a_restart(tmp_path, client, core):
     core.plan()
     core.snapshot_jobs()
     core.close()
-    again = Coordinator(SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000))
+    again = make_coordinator(SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000))
     try:
         again.restore_jobs()
         again.plan()
@@ -105,7 +106,7 @@ def test_an_experiment_over_the_coordinators_job_limit_is_refused_naming_it(tmp_
 
     limits = limits_from_env({"DROVER_MAX_EXPERIMENT_JOBS": "3", "DROVER_MAX_BUFFER_ITEMS": "1000"})
     assert limits.max_experiment_jobs == 3
-    core = Coordinator(SharedStore(tmp_path), limits)
+    core = make_coordinator(SharedStore(tmp_path), limits)
     try:
         client = create_app(CoordinatorSettings(shared_dir=tmp_path, token=TOKEN), core=core)
         client = client.test_client()
@@ -131,7 +132,7 @@ def test_queued_jobs_hold_no_buffer_until_they_leave_the_queue(client, core):
     assert core.jobs[job_ids[1]].phase == "running" and core.jobs[job_ids[1]].replay is not None
     assert core.jobs[job_ids[2]].replay is None
     # A restarted coordinator restores them the same way.
-    again = Coordinator(core.store, core.limits)
+    again = make_coordinator(core.store, core.limits)
     again.restore_jobs()
     assert [again.jobs[j].replay is not None for j in job_ids[1:]] == [True, False, False]
 
@@ -174,7 +175,7 @@ def test_an_experiment_is_forgotten_with_its_jobs(tmp_path):
     from tests.coordinator_app import TOKEN
 
     limits = CoordinatorLimits(max_ended_jobs=1, metrics_period_s=0.0)  # forgets each pass
-    core = Coordinator(SharedStore(tmp_path), limits)
+    core = make_coordinator(SharedStore(tmp_path), limits)
     try:
         client = create_app(CoordinatorSettings(shared_dir=tmp_path, token=TOKEN), core=core)
         client = client.test_client()

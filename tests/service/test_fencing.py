@@ -6,8 +6,9 @@ a policy file of a stale lease and hands out epochs past every one of before."""
 import numpy as np
 
 from common.storage import SharedStore
-from services.coordinator.core import Coordinator, CoordinatorLimits
+from services.coordinator.core import CoordinatorLimits
 from services.coordinator.policies import RESTART_EPOCH_GAP
+from tests.buffer_hosts import make_coordinator
 from tests.coordinator_app import AUTH, register, submit
 
 
@@ -67,7 +68,7 @@ def test_a_restart_passes_over_a_stale_leases_file_and_skips_epochs(tmp_path, cl
     store.write_policy(job_id, 2, 20, "dqn", {"w": np.ones(2)}, epoch=epoch - 1)
     core.close()
 
-    again = Coordinator(SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000))
+    again = make_coordinator(SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000))
     try:
         again.restore_jobs()
         job = again.jobs[job_id]
@@ -88,7 +89,7 @@ def test_two_restarts_within_one_snapshot_period_never_hand_out_an_epoch_twice(
     core.close()
     seen = [task.spec.epoch]
     for _ in range(2):  # no snapshot in between: the snapshot's epoch is the first's
-        again = Coordinator(SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000))
+        again = make_coordinator(SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000))
         try:
             again.restore_jobs()
             register(again_client(tmp_path, again), "learner", "http://127.0.0.1:8203")
@@ -119,7 +120,7 @@ def test_a_restart_on_a_full_volume_waits_for_room_to_make_its_epoch_durable(
     job_id, _, _ = job_with_learner(client, core)
     core.snapshot_jobs()
     core.close()
-    again = Coordinator(
+    again = make_coordinator(
         SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000, record_reserve_bytes=0)
     )
     real, refused = again.store.write_json, []

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from common.storage import SharedStore
-from services.coordinator.core import Coordinator, CoordinatorLimits
+from services.coordinator.core import CoordinatorLimits
+from tests.buffer_hosts import make_coordinator, read_reports
 from tests.coordinator_app import CONFIG, get, post, register, submit, write_segment
 
 FINAL = {
@@ -40,6 +41,7 @@ def spend_the_budget(client, core, job_id):
     for seq in range(2):
         body = {"segments": [write_segment(core, job_id, seq)]}
         assert post(client, f"/api/v1/jobs/{job_id}/segments", body).status_code == 200
+    read_reports(core)  # what its buffer process counted
 
 
 def test_a_spent_budget_stops_collecting_and_learning_and_ends_after_the_final_evaluation(
@@ -88,7 +90,7 @@ def test_a_final_evaluation_that_never_comes_ends_the_job_after_its_timeout(tmp_
     from tests.coordinator_app import TOKEN
 
     limits = CoordinatorLimits(max_buffer_items=1000, final_eval_timeout_s=60.0)
-    core = Coordinator(SharedStore(tmp_path), limits, clock=clock)
+    core = make_coordinator(SharedStore(tmp_path), limits, clock=clock)
     app = create_app(CoordinatorSettings(shared_dir=tmp_path, token=TOKEN), core=core)
     client = app.test_client()
     job_id = submit(client, FINAL)

@@ -13,9 +13,10 @@ from common.config import deep_merge
 from common.messages import CollectSpec, TaskAssignment
 from common.storage import SharedStore
 from services.coordinator.app import create_app
-from services.coordinator.core import Coordinator, CoordinatorLimits
+from services.coordinator.core import CoordinatorLimits
 from services.coordinator.settings import CoordinatorSettings
 from services.slave.core import Slave, TaskContext
+from tests.buffer_hosts import make_coordinator
 from tests.coordinator_app import CONFIG, TOKEN, register, submit
 from tests.fakes import FakeCoordinator
 from tests.helpers import wait_until
@@ -58,7 +59,7 @@ def in_thread(call: Any) -> tuple[threading.Thread, list[Any]]:
 
 def test_a_heartbeat_that_ends_a_job_is_answered_while_the_end_waits_on_the_disk(tmp_path):
     store = HangingStore(tmp_path)
-    core = Coordinator(store, CoordinatorLimits(max_buffer_items=1000))
+    core = make_coordinator(store, CoordinatorLimits(max_buffer_items=1000))
     app = create_app(CoordinatorSettings(shared_dir=tmp_path, token=TOKEN), core=core)
     client = app.test_client()
     # A job whose budget is 5 train iterations: the learner's report of 5 ends it.

@@ -4,14 +4,17 @@ no task objects; ended jobs listed in pages and forgotten after their retention.
 import threading
 import time
 
+import pytest
 from prometheus_client import generate_latest
 
+from common.errors import ApiError
 from common.messages import JobSubmit, WorkerRegistration
 from common.storage import SharedStore
 from services.coordinator.app import create_app
-from services.coordinator.core import Coordinator, CoordinatorLimits
+from services.coordinator.core import CoordinatorLimits
 from services.coordinator.settings import CoordinatorSettings
-from services.coordinator.snapshot import read_job_record, state_path
+from services.coordinator.snapshot import read_job_record
+from tests.buffer_hosts import make_coordinator
 from tests.coordinator_app import (
     AUTH,
     CONFIG,
@@ -34,7 +37,9 @@ class WallClock:
 
 
 def restarted(tmp_path, **limits):
-    again = Coordinator(SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000, **limits))
+    again = make_coordinator(
+        SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000, **limits)
+    )
     again.restore_jobs()
     return again
 
@@ -56,7 +61,6 @@ def test_an_ended_job_lets_go_of_its_index_and_answers_the_same_after_a_restart(
     sampled = post(client, f"/api/v1/jobs/{job_id}/samples", {"batch_size": 8, "num_batches": 2})
     assert sampled.status_code == 200, sampled.json
     core.snapshot_jobs()
-    assert core.store.exists(state_path(job_id))
     assert post(client, f"/api/v1/jobs/{job_id}/priorities", {"keys": [], "priorities": []})
     client.delete(f"/api/v1/jobs/{job_id}", headers=AUTH)
 
@@ -66,9 +70,9 @@ def test_an_ended_job_lets_go_of_its_index_and_answers_the_same_after_a_restart(
     assert before[1].inserts == 40 and before[1].samples == 16 and before[1].size == 40
     assert before[2].buffer == before[1] and len(before[2].points) >= 0
     assert read_job_record(core.store, job_id)["buffer"]["inserts"] == 40
-    core.snapshot_jobs()  # an ended job's snapshot is of no more use
-    assert not core.store.exists(state_path(job_id))
-    assert not [n for n in core.store.list_dir(f"{job_id}/coordinator") if "buffer-" in n]
+    core.snapshot_jobs()
+    # Its buffer's snapshot is of no more use: its process removed it as it let go.
+    assert not core.store.exists(f"{job_id}/buffer-0/state.json")
 
     again = restarted(tmp_path)
     assert again.jobs[job_id].replay is None  # no index is built for an ended job
@@ -102,7 +106,7 @@ def test_the_summary_is_on_disk_before_the_end_is_shown(
 
 
 def test_ended_tasks_leave_the_task_map_and_only_the_newest_are_remembered(tmp_path):
-    core = Coordinator(
+    core = make_coordinator(
         SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000, ended_tasks_kept=4)
     )
     for i in range(3):
@@ -160,7 +164,7 @@ def test_jobs_are_listed_newest_first_in_pages_and_by_phase(
 def test_ended_jobs_are_forgotten_after_their_retention_with_their_series(tmp_path):
     wall = WallClock()
     limits = CoordinatorLimits(max_buffer_items=1000, ended_job_retention_s=3600.0)
-    core = Coordinator(SharedStore(tmp_path), limits, wall_clock=wall)
+    core = make_coordinator(SharedStore(tmp_path), limits, wall_clock=wall)
     old = core.submit_job(JobSubmit(config=CONFIG)).job_id
     core.metrics.segments_inserted.labels(old).inc()
     core.stop_job(old)
@@ -174,14 +178,14 @@ def test_ended_jobs_are_forgotten_after_their_retention_with_their_series(tmp_pa
     assert old not in core.jobs and young in core.jobs
     assert f'job_id="{old}"' not in generate_latest(core.metrics.registry).decode()
     assert core.store.exists(f"{old}/job.json")  # its folder is untouched
-    again = Coordinator(SharedStore(tmp_path), limits, wall_clock=wall)
+    again = make_coordinator(SharedStore(tmp_path), limits, wall_clock=wall)
     assert again.restore_jobs() == [young]
 
 
 def test_past_the_count_kept_the_oldest_ended_jobs_go_first(tmp_path):
     wall = WallClock()
     limits = CoordinatorLimits(max_buffer_items=1000, max_ended_jobs=2)
-    core = Coordinator(SharedStore(tmp_path), limits, wall_clock=wall)
+    core = make_coordinator(SharedStore(tmp_path), limits, wall_clock=wall)
     ids = []
     for _ in range(4):
         wall.t += 1
@@ -190,28 +194,23 @@ def test_past_the_count_kept_the_oldest_ended_jobs_go_first(tmp_path):
     running = core.submit_job(JobSubmit(config=CONFIG)).job_id
     core.plan()
     assert set(core.jobs) == {ids[2], ids[3], running}
-    again = Coordinator(SharedStore(tmp_path), limits, wall_clock=wall)
+    again = make_coordinator(SharedStore(tmp_path), limits, wall_clock=wall)
     assert set(again.restore_jobs()) == {ids[2], ids[3], running}
 
 
-def test_a_job_that_ended_before_final_statistics_were_kept_gets_them_once(
-    tmp_path,
-    client,
-    core,
-):
+def test_a_job_that_ended_before_final_statistics_were_kept_says_so(tmp_path, client, core):
     job_id = submit(client)
     insert_segments(client, core, job_id, 3)
-    core.snapshot_jobs()
     core.stop_job(job_id)
-    # An older coordinator's terminal record: no final buffer statistics, and its last
-    # snapshot left in place.
+    # An older coordinator's terminal record: no final buffer statistics.
     record = read_job_record(core.store, job_id)
     del record["buffer"]
     core.store.write_json(f"{job_id}/coordinator/record.json", {"format": 1, "job": record})
-    assert core.store.exists(state_path(job_id))
     again = restarted(tmp_path)
-    assert again.buffer_stats(job_id).inserts == 30
-    assert read_job_record(core.store, job_id)["buffer"]["inserts"] == 30
+    assert again.job_status(job_id).phase == "stopped"
+    with pytest.raises(ApiError) as refused:
+        again.buffer_stats(job_id)
+    assert refused.value.status == 404 and "before they were kept" in refused.value.message
 
 
 def test_a_status_request_with_wait_s_is_answered_as_the_job_ends(client, core):
@@ -245,7 +244,7 @@ def test_a_status_request_with_wait_s_is_answered_as_the_job_ends(client, core):
 def test_status_requests_waiting_for_an_end_are_bounded(tmp_path):
     """Past `max_waiting_job_polls` waiting at once, a request is answered at once (each
     waiting one holds a server thread)."""
-    core = Coordinator(SharedStore(tmp_path), CoordinatorLimits(max_waiting_job_polls=1))
+    core = make_coordinator(SharedStore(tmp_path), CoordinatorLimits(max_waiting_job_polls=1))
     app = create_app(CoordinatorSettings(shared_dir=tmp_path, token=TOKEN), core=core)
     job_id = submit(app.test_client())
     waiter = threading.Thread(

@@ -3,12 +3,15 @@ while the calling thread holds that lock, driven through a job's whole life."""
 
 import numpy as np
 import pytest
+import requests
 
 from common.storage import SharedStore
 from services.coordinator.app import create_app
 from services.coordinator.core import Coordinator, CoordinatorLimits
 from services.coordinator.settings import CoordinatorSettings
+from tests.buffer_hosts import buffer_of, make_coordinator, read_reports
 from tests.coordinator_app import AUTH, CONFIG, TOKEN, register, write_segment
+from tests.helpers import wait_until
 
 DISK_METHODS = (
     "write_bytes",
@@ -52,10 +55,8 @@ for _name in DISK_METHODS:
 
 def coordinator(root):
     store = LockCheckingStore(root)
-    limits = CoordinatorLimits(
-        max_buffer_items=1000, keep_policies=2, orphan_grace_s=0.0, orphan_sweep_period_s=0.0
-    )
-    core = Coordinator(store, limits)
+    limits = CoordinatorLimits(max_buffer_items=1000, keep_policies=2, orphan_grace_s=0.0)
+    core = make_coordinator(store, limits)
     store.core = core
     app = create_app(CoordinatorSettings(shared_dir=root, token=TOKEN), core=core)
     return core, app.test_client()
@@ -76,25 +77,34 @@ def test_a_jobs_whole_life_does_no_disk_work_under_the_lock(tmp_path):
         core.dispatched(task.task_id)
     as_collector = {"Authorization": f"Bearer {collector['credential']}"}
     as_learner = {"Authorization": f"Bearer {learner['credential']}"}
-    collect, learn = tasks[collector["worker_id"]].task_id, tasks[learner["worker_id"]].task_id
-    epoch = tasks[learner["worker_id"]].spec.epoch
+    collect, learn = tasks[collector["worker_id"]], tasks[learner["worker_id"]]
+    epoch = learn.spec.epoch
 
-    # inserts, an orphan the sweep indexes, samples, priorities
-    folder = f"{collector['worker_id']}.{collect}"
+    # inserts, an orphan its buffer process's sweep indexes, samples, priorities: at the
+    # job's buffer process, with each task's credential (the coordinator does none)
+    def data(task, route, body):
+        resp = requests.post(
+            f"{task.spec.data.urls[0]}/api/v1/jobs/{job_id}/{route}",
+            json={**body, "task_id": task.task_id},
+            headers={"Authorization": f"Bearer {task.spec.data.credential}"},
+            timeout=10,
+        )
+        assert resp.status_code == 200, resp.json()
+        return resp.json()
+
+    folder = f"{collector['worker_id']}.{collect.task_id}"
     for seq in range(3):
-        ref = write_segment(core, job_id, seq, worker=folder)
-        body = {"segments": [ref], "task_id": collect}
-        ok(client.post(f"/api/v1/jobs/{job_id}/segments", json=body, headers=as_collector))
+        data(collect, "segments", {"segments": [write_segment(core, job_id, seq, worker=folder)]})
     orphan = write_segment(core, job_id, 3, worker=folder)  # written, never inserted
     columns = core.store.read_segment(orphan["path"])
     core.store.write_segment(orphan["path"], columns, header=orphan)  # as collectors write
     core.plan()
-    assert core.jobs[job_id].buffer.size == 40
-    body = {"batch_size": 8, "timeout_s": 0, "task_id": learn}
-    batch = ok(client.post(f"/api/v1/jobs/{job_id}/samples", json=body, headers=as_learner))
+    buffer = buffer_of(core, job_id)
+    wait_until(lambda: buffer.size == 40, timeout_s=20, what="the orphan indexed")
+    batch = data(learn, "samples", {"batch_size": 8, "timeout_s": 0})
     keys = batch["batches"][0]["keys"]
-    body = {"keys": keys, "priorities": [2.0] * len(keys), "task_id": learn}
-    ok(client.post(f"/api/v1/jobs/{job_id}/priorities", json=body, headers=as_learner))
+    data(learn, "priorities", {"keys": keys, "priorities": [2.0] * len(keys)})
+    read_reports(core)
 
     # policies announced and pruned, then an evaluation that reaches the goal
     for version in range(1, 5):
@@ -103,7 +113,7 @@ def test_a_jobs_whole_life_does_no_disk_work_under_the_lock(tmp_path):
         ok(
             client.post(
                 f"/api/v1/jobs/{job_id}/policies",
-                json={**body, "task_id": learn, "epoch": epoch},
+                json={**body, "task_id": learn.task_id, "epoch": epoch},
                 headers=as_learner,
             ),
             201,
@@ -155,6 +165,7 @@ def test_a_job_shows_its_end_only_once_it_is_on_disk(tmp_path, stop):
     else:
         body = {"segments": [write_segment(core, job_id, 0)]}
         ok(client.post(f"/api/v1/jobs/{job_id}/segments", json=body, headers=AUTH))
+        read_reports(core)  # its buffer process counted them: the budget is spent
     assert seen == ["running"]
     record = core.store.read_json(f"{job_id}/coordinator/record.json")["job"]
     assert record["phase"] == core.job_status(job_id).phase != "running"

@@ -8,8 +8,9 @@ import pytest
 
 from common.storage import SharedStore
 from services.coordinator.app import create_app
-from services.coordinator.core import Coordinator, CoordinatorLimits
+from services.coordinator.core import CoordinatorLimits
 from services.coordinator.settings import CoordinatorSettings
+from tests.buffer_hosts import make_coordinator
 from tests.coordinator_app import AUTH, CONFIG, TOKEN, get, post, register, submit
 
 ONE_COLLECTOR = {**CONFIG, "system": {"collector_num": 1}}
@@ -23,7 +24,7 @@ def now():
 @pytest.fixture
 def core(tmp_path, now):
     limits = CoordinatorLimits(lease_timeout_s=1e9, dispatch_backoff_s=4.0, max_backoff_s=20.0)
-    return Coordinator(SharedStore(tmp_path), limits, clock=lambda: now[0])
+    return make_coordinator(SharedStore(tmp_path), limits, clock=lambda: now[0])
 
 
 @pytest.fixture

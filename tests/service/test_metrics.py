@@ -23,11 +23,11 @@ from jobconfig import load_config_file
 from services.collector.metrics import CollectorMetrics
 from services.collector.uploader import PendingSegment, SegmentUploader
 from services.coordinator.app import create_app
-from services.coordinator.core import Coordinator
 from services.coordinator.settings import CoordinatorSettings
 from services.learner.metrics import LearnerMetrics
 from services.slave.app import create_slave_app
 from services.slave.core import Slave
+from tests.buffer_hosts import make_coordinator
 from tests.fakes import BlockingRunner, CollectTaskContext, FakeCoordinator
 from tests.helpers import parse_metrics, scrape, total, wait_until
 
@@ -181,7 +181,7 @@ def bearer(secret):
 @pytest.fixture
 def coordinator_client(tmp_path):
     settings = CoordinatorSettings(shared_dir=tmp_path, token=TOKEN, metrics_token=METRICS_TOKEN)
-    return create_app(settings, core=Coordinator(SharedStore(tmp_path))).test_client()
+    return create_app(settings, core=make_coordinator(SharedStore(tmp_path))).test_client()
 
 
 def test_the_metrics_secret_reads_metrics_and_nothing_else(coordinator_client):

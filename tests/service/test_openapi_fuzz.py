@@ -16,10 +16,11 @@ from schemathesis.specs.openapi.checks import (
 
 from common.storage import SharedStore
 from services.coordinator.app import create_app
-from services.coordinator.core import Coordinator, CoordinatorLimits
+from services.coordinator.core import CoordinatorLimits
 from services.coordinator.settings import CoordinatorSettings
 from services.slave.app import create_slave_app
 from services.slave.core import Slave
+from tests.buffer_hosts import make_coordinator
 from tests.fakes import BlockingRunner, FakeCoordinator
 from tests.helpers import wait_until
 
@@ -59,7 +60,7 @@ HARDER = {
 @pytest.fixture(scope="module")
 def coordinator_app(tmp_path_factory):
     root = tmp_path_factory.mktemp("fuzz")
-    core = Coordinator(SharedStore(root), CoordinatorLimits(max_buffer_items=10_000))
+    core = make_coordinator(SharedStore(root), CoordinatorLimits(max_buffer_items=10_000))
     app = create_app(CoordinatorSettings(shared_dir=root, token=TOKEN), core=core)
     client = app.test_client()
     buffer = {"replay_buffer_size": 100, "min_size_to_sample": 10}

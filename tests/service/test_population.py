@@ -14,7 +14,8 @@ import pytest
 from common.messages import PopulationStep
 from common.storage import CorruptFileError, SharedStore, checkpoint_key
 from jobconfig import read_job_config
-from services.coordinator.core import Coordinator, CoordinatorLimits
+from services.coordinator.core import CoordinatorLimits
+from tests.buffer_hosts import make_coordinator
 from tests.coordinator_app import CONFIG, get, post, register
 
 LRS = [0.001, 0.002]
@@ -153,7 +154,7 @@ def test_the_member_behind_takes_the_better_ones_checkpoint_and_a_new_rate(tmp_p
     assert "lineage" not in core.store.read_json(f"experiments/{experiment_id}.json")
     with lineage.open("a") as f:
         f.write('{"at": 1.0, "job_id": "job-cut-sh')
-    restarted = Coordinator(SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000))
+    restarted = make_coordinator(SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000))
     try:
         restarted.restore_jobs()
         (kept,) = restarted.experiment_status(experiment_id).lineage

@@ -3,11 +3,13 @@ the cluster token may each do, through the coordinator's routes."""
 
 import numpy as np
 import pytest
+import requests
 
 from common.storage import SharedStore
 from services.coordinator.app import create_app
-from services.coordinator.core import Coordinator, CoordinatorLimits
+from services.coordinator.core import CoordinatorLimits
 from services.coordinator.settings import CoordinatorSettings
+from tests.buffer_hosts import buffer_of, make_coordinator
 from tests.coordinator_app import (
     AUTH,
     CONFIG,
@@ -19,13 +21,14 @@ from tests.coordinator_app import (
     submit,
     write_segment,
 )
+from tests.helpers import wait_until
 
 REGISTRATION = "registration-secret"
 
 
 @pytest.fixture
 def core(tmp_path):
-    return Coordinator(SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000))
+    return make_coordinator(SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000))
 
 
 @pytest.fixture
@@ -84,16 +87,15 @@ def test_a_worker_credential_does_only_its_roles_work(client, core):
         (priorities, {"keys": [0], "priorities": [1.0], "task_id": learn_task}),
     ):
         assert client.post(path, json=body, headers=as_collector).status_code == 403
-    # a learner names its own learn task to sample; without it, or another's, no
-    assert (
-        client.post(samples, json={"batch_size": 4, "timeout_s": 0}, headers=as_learner)
-        .json["message"]
-        .startswith("task_id")
-    )
+    # a worker's data goes where its task's data access says (its buffer process checks
+    # the task there: tests/service/test_buffer_process.py): here, acting for another's
+    # task is refused as such, and its own is sent there
     other = {"batch_size": 4, "timeout_s": 0, "task_id": tasks[collector["worker_id"]].task_id}
-    assert client.post(samples, json=other, headers=as_learner).status_code == 409
+    assert client.post(samples, json=other, headers=as_learner).status_code == 403
     own = {"batch_size": 4, "timeout_s": 0, "task_id": learn_task}
-    assert client.post(samples, json=own, headers=as_learner).status_code == 503  # empty
+    for body in ({"batch_size": 4, "timeout_s": 0}, own):
+        resp = client.post(samples, json=body, headers=as_learner)
+        assert resp.status_code == 409 and resp.json["error"] == "data_elsewhere", resp.json
     # a learner may not insert segments
     ref = write_segment(core, job_id, 0)
     resp = client.post(
@@ -168,7 +170,7 @@ def test_advertised_urls_are_checked(client, url, why):
 
 def test_an_allow_list_narrows_worker_hosts(tmp_path):
     limits = CoordinatorLimits(worker_hosts=("10.1.0.0/16", "collector-0.drover"))
-    core = Coordinator(SharedStore(tmp_path), limits)
+    core = make_coordinator(SharedStore(tmp_path), limits)
     client = create_app(CoordinatorSettings(shared_dir=tmp_path, token=TOKEN), core=core)
     client = client.test_client()
     assert register(client, "collector", "http://10.1.2.3:8100").status_code == 201
@@ -178,7 +180,7 @@ def test_an_allow_list_narrows_worker_hosts(tmp_path):
 
 
 def test_registrations_are_bounded(tmp_path):
-    core = Coordinator(SharedStore(tmp_path), CoordinatorLimits(max_workers=2))
+    core = make_coordinator(SharedStore(tmp_path), CoordinatorLimits(max_workers=2))
     client = create_app(CoordinatorSettings(shared_dir=tmp_path, token=TOKEN), core=core)
     client = client.test_client()
     for port in (1, 2):
@@ -221,7 +223,7 @@ def test_a_failing_job_does_not_stop_the_others(client, core, monkeypatch):
 
 def test_a_worker_that_never_answers_is_dropped(tmp_path):
     now = [0.0]
-    core = Coordinator(SharedStore(tmp_path), CoordinatorLimits(), clock=lambda: now[0])
+    core = make_coordinator(SharedStore(tmp_path), CoordinatorLimits(), clock=lambda: now[0])
     client = create_app(CoordinatorSettings(shared_dir=tmp_path, token=TOKEN), core=core)
     client = client.test_client()
     submit(client)
@@ -236,7 +238,7 @@ def test_a_worker_that_never_answers_is_dropped(tmp_path):
 
 def test_an_assignment_never_confirmed_is_planned_again(tmp_path):
     now = [0.0]
-    core = Coordinator(
+    core = make_coordinator(
         SharedStore(tmp_path),
         CoordinatorLimits(assigning_timeout_s=5.0, lease_timeout_s=1e9),
         clock=lambda: now[0],
@@ -268,7 +270,7 @@ def test_priorities_and_samples_are_bounded(client, core):
     for query in ("99999999999", "1" * 5000, "-1", "１"):
         resp = client.get(f"/api/v1/jobs/{job_id}/policy?version={query}", headers=AUTH)
         assert resp.status_code == 400, query
-    assert np.isfinite(core.jobs[job_id].buffer.sampler.max_priority)
+    assert np.isfinite(buffer_of(core, job_id).sampler.max_priority)
 
 
 def test_items_held_for_a_learner_that_leaves_go_back_to_the_buffer(client, core):
@@ -293,28 +295,31 @@ def test_items_held_for_a_learner_that_leaves_go_back_to_the_buffer(client, core
         learner = register(client, "learner", url).json
         (dispatch,) = [d for d in core.plan() if d.worker_id == learner["worker_id"]]
         core.dispatched(dispatch.task.task_id)
-        return learner, dispatch.task.task_id
+        return learner, dispatch.task
+
+    def sample(task, batch_size):
+        """At the job's buffer process, as its learner does."""
+        return requests.post(
+            f"{task.spec.data.urls[0]}/api/v1/jobs/{job_id}/samples",
+            json={"batch_size": batch_size, "timeout_s": 0, "task_id": task.task_id},
+            headers=bearer(task.spec.data.credential),
+            timeout=10,
+        )
+
+    def buffer():
+        return client.get(f"/api/v1/jobs/{job_id}/buffer", headers=AUTH).json
 
     first, task = learner_takes("http://127.0.0.1:8201")
-    as_first = bearer(first["credential"])
-    samples = f"/api/v1/jobs/{job_id}/samples"
-    got = client.post(
-        samples, json={"batch_size": 8, "timeout_s": 0, "task_id": task}, headers=as_first
-    )
-    assert got.status_code == 200 and got.json["hold_id"]
-    stats = client.get(f"/api/v1/jobs/{job_id}/buffer", headers=AUTH).json
-    assert stats["size"] == 12 and stats["held_items"] == 8
+    got = sample(task, 8)
+    assert got.status_code == 200 and got.json()["hold_id"]
+    assert buffer()["size"] == 12 and buffer()["held_items"] == 8
     # The learner dies with the items (here: it leaves; a lost lease is the same).
-    client.delete(f"/api/v1/workers/{first['worker_id']}", headers=as_first)
-    stats = client.get(f"/api/v1/jobs/{job_id}/buffer", headers=AUTH).json
-    assert stats["size"] == 20 and stats["held_items"] == 0
+    client.delete(f"/api/v1/workers/{first['worker_id']}", headers=bearer(first["credential"]))
+    wait_until(lambda: buffer()["held_items"] == 0, what="the held items given back")
+    assert buffer()["size"] == 20
     second, task = learner_takes("http://127.0.0.1:8202")
-    got = client.post(
-        samples,
-        json={"batch_size": 20, "timeout_s": 0, "task_id": task},
-        headers=bearer(second["credential"]),
-    )
-    assert got.status_code == 200 and len(got.json["batches"][0]["keys"]) == 20
+    got = sample(task, 20)
+    assert got.status_code == 200 and len(got.json()["batches"][0]["keys"]) == 20
 
 
 def test_an_evaluation_lost_with_its_worker_is_requested_again_at_once(client, core):

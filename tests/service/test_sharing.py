@@ -14,8 +14,9 @@ import pytest
 from common.messages import Heartbeat, TaskProgress, WorkerRegistration
 from common.storage import SharedStore
 from services.coordinator.app import create_app
-from services.coordinator.core import Coordinator, CoordinatorLimits
+from services.coordinator.core import CoordinatorLimits
 from services.coordinator.settings import CoordinatorSettings
+from tests.buffer_hosts import make_coordinator
 from tests.coordinator_app import AUTH, CONFIG, SLAVE_TOKEN, TOKEN, get, post, submit, write_segment
 
 PPO = {
@@ -44,7 +45,7 @@ class Cluster:
         self.cancelled: list[str] = []
 
     def _coordinator(self):
-        core = Coordinator(SharedStore(self.tmp_path), self.limits, clock=lambda: self.now)
+        core = make_coordinator(SharedStore(self.tmp_path), self.limits, clock=lambda: self.now)
         app = create_app(CoordinatorSettings(shared_dir=self.tmp_path, token=TOKEN), core=core)
         self.client = app.test_client()
         return core

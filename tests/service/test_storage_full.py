@@ -8,8 +8,9 @@ from prometheus_client import generate_latest
 from common.storage import SharedStore
 from common.storage_full import ROOM_WAIT_KEY
 from services.coordinator.app import create_app
-from services.coordinator.core import Coordinator, CoordinatorLimits
+from services.coordinator.core import CoordinatorLimits
 from services.coordinator.settings import CoordinatorSettings
+from tests.buffer_hosts import make_coordinator
 from tests.coordinator_app import CONFIG, TOKEN, get, register, submit
 
 GRACE_S = 60.0
@@ -26,7 +27,7 @@ class Clock:
 @pytest.fixture
 def cluster(tmp_path):
     clock = Clock()
-    core = Coordinator(
+    core = make_coordinator(
         SharedStore(tmp_path),
         CoordinatorLimits(max_buffer_items=1000, lease_timeout_s=10.0),
         clock=clock,

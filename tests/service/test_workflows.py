@@ -11,10 +11,11 @@ from common.games import TICTACTOE
 from common.messages import CollectSpec
 from common.storage import SharedStore
 from jobconfig import resolve_job_config
-from services.coordinator.core import Coordinator, CoordinatorLimits
+from services.coordinator.core import CoordinatorLimits
 from services.coordinator.workflows import WORKFLOWS, check_workflow
 from services.coordinator.workflows.base import Outcome
 from services.coordinator.workflows.training import AsyncTraining
+from tests.buffer_hosts import make_coordinator
 from tests.coordinator_app import (
     AUTH,
     CONFIG,
@@ -186,7 +187,7 @@ def test_a_workflows_own_state_survives_a_restart_and_its_outcome_ends_the_job(
     assert core.jobs[job_id].workflow_state == Passes(planned=2)
     core.snapshot_jobs()
 
-    again = Coordinator(SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000))
+    again = make_coordinator(SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000))
     again.restore_jobs()
     job = again.jobs[job_id]
     assert job.workflow_state == Passes(planned=2)  # restored by the workflow

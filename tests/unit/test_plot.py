@@ -10,7 +10,7 @@ from common.messages import EvalSummary, JobSubmit
 from common.storage import SharedStore
 from drover import plot
 from drover.cli import main
-from services.coordinator.core import Coordinator
+from tests.buffer_hosts import make_coordinator
 
 WIDTH_PX, HEIGHT_PX = 800, 500
 
@@ -29,7 +29,7 @@ def fake_job(
     (`returns`, every `steps_per_eval` env steps), then stopped (or still running, with
     a snapshot). Returns the job's folder."""
     now = [1000.0]
-    core = Coordinator(SharedStore(run_dir), wall_clock=lambda: now[0])
+    core = make_coordinator(SharedStore(run_dir), wall_clock=lambda: now[0])
     config = {
         "exp_name": name,
         "env": {"env_id": "CartPole-v1", "stop_value": 195},

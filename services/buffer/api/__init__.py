@@ -1,10 +1,7 @@
-"""The buffer's HTTP routes, mounted on the coordinator.
-
-The routes reach the job's buffer through a `BufferHost` that the hosting app puts in
-`app.extensions[HOST]`: the coordinator, which also counts env steps and episodes, or a
-buffer process (services/buffer/host.py). A coordinator whose job's buffer runs in a
-process of its own passes an operator's request on to it, or to each of its shards
-(forward.py).
+"""A buffer process's data routes: inserts, samples, priorities and statistics, served
+by the `BufferHost` its app puts in `app.extensions[HOST]` (services/buffer/host.py's
+`ShardHost`). The coordinator has routes of the same paths that pass an operator's
+request on to them (services/coordinator/api/data.py).
 """
 
 from __future__ import annotations
@@ -17,7 +14,6 @@ from common.array_bodies import SampledItems
 from common.errors import ApiError
 from common.http import error_response
 from common.messages import InsertReply, PriorityUpdate, SampleRequest, SegmentInsert
-from services.buffer.checks import InsertSlot
 from services.buffer.core import BufferClosed, BufferStats, RateLimited, SampleTimeout
 
 HOST = "drover.buffer_host"
@@ -41,21 +37,6 @@ class DataHost(Protocol):
 
 class BufferHost(DataHost, Protocol):
     def buffer_stats(self, job_id: str) -> BufferStats: ...
-
-    def data_urls(self, job_id: str) -> list[str]:
-        """Where the job's data is served when not by this host: its buffer process,
-        or each of its shards; empty: here."""
-        ...
-
-    def insert_slot(self) -> InsertSlot:
-        """A slot for one insert served here or passed on; an ApiError 429 busy (and
-        counted as such) when the host's `max_concurrent_inserts` are taken."""
-        ...
-
-    def check_task_owner(self, job_id: str, task_id: str | None, caller: str) -> None:
-        """Raises ApiError 403 when `task_id` is a task of the job held by another
-        worker than `caller` (what a worker may not act for, wherever it sends)."""
-        ...
 
 
 def blueprints() -> list[Blueprint]:

@@ -2,13 +2,13 @@
 
 from typing import Any
 
-from flask import Blueprint, Response
+from flask import Blueprint
 
 from common.errors import bad_request
-from common.http import allow, body, caller, reply
+from common.http import allow, body, caller, extension, reply
 from common.messages import PrioritiesUpdated, PriorityUpdate
 from common.openapi import documented
-from services.buffer.api.forward import serving
+from services.buffer.api import HOST
 
 bp = Blueprint("priorities", __name__, url_prefix="/api/v1/jobs/<job_id>/priorities")
 
@@ -17,9 +17,7 @@ bp = Blueprint("priorities", __name__, url_prefix="/api/v1/jobs/<job_id>/priorit
 @allow("learner")
 @documented(summary="New priorities by key", body=PriorityUpdate, reply=PrioritiesUpdated)
 def update(job_id: str) -> Any:
-    host = serving(job_id)
-    if isinstance(host, Response):
-        return host  # passed on as it came
+    host = extension(HOST)
     update = body(PriorityUpdate)
     if len(update.keys) != len(update.priorities):
         raise bad_request(

@@ -10,10 +10,10 @@ from common.array_bodies import (
     SAMPLED_ARRAYS,
     wants_arrays,
 )
-from common.http import allow, body, caller, reply
+from common.http import allow, body, caller, extension, reply
 from common.messages import SampleReply, SampleRequest
 from common.openapi import documented
-from services.buffer.api.forward import serving
+from services.buffer.api import HOST
 
 bp = Blueprint("samples", __name__, url_prefix="/api/v1/jobs/<job_id>/samples")
 
@@ -28,9 +28,7 @@ bp = Blueprint("samples", __name__, url_prefix="/api/v1/jobs/<job_id>/samples")
     reply_arrays=SAMPLED_ARRAYS,
 )
 def sample(job_id: str) -> Any:
-    host = serving(job_id)
-    if isinstance(host, Response):
-        return host  # passed on as it came
+    host = extension(HOST)
     request_ = body(SampleRequest, SAMPLE_REQUEST_ARRAYS)
     items = host.sample(job_id, request_, caller=caller())
     if wants_arrays(request.headers.get("Accept")):

@@ -2,12 +2,12 @@
 
 from typing import Any
 
-from flask import Blueprint, Response
+from flask import Blueprint
 
-from common.http import allow, body, caller, reply
+from common.http import allow, body, caller, extension, reply
 from common.messages import InsertReply, SegmentInsert
 from common.openapi import documented
-from services.buffer.api.forward import serving
+from services.buffer.api import HOST
 
 bp = Blueprint("segments", __name__, url_prefix="/api/v1/jobs/<job_id>/segments")
 
@@ -20,7 +20,5 @@ bp = Blueprint("segments", __name__, url_prefix="/api/v1/jobs/<job_id>/segments"
     reply=InsertReply,
 )
 def insert(job_id: str) -> Any:
-    host = serving(job_id, insert=True)
-    if isinstance(host, Response):
-        return host  # passed on as it came
+    host = extension(HOST)
     return reply(host.insert_segments(job_id, body(SegmentInsert), caller=caller()))

@@ -47,6 +47,7 @@ def seconds_query(name: str) -> float:
 def blueprints() -> list[Blueprint]:
     from services.coordinator.api import (
         dashboard,
+        data,
         experiments,
         health,
         jobs,
@@ -59,6 +60,7 @@ def blueprints() -> list[Blueprint]:
     return [
         health.bp,
         jobs.bp,
+        data.bp,
         experiments.bp,
         workers.bp,
         tasks.bp,
