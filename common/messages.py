@@ -584,6 +584,9 @@ class ShardReport:
     #: Its rate limiter's own counts (the coordinator relays the job's other shards'
     #: to each shard: `LimiterCounts`).
     limiter: LimiterCounts = field(default_factory=lambda: LimiterCounts(inserted=0, sampled=0))
+    #: Sampled items by policy lag, as its stats count them: what the coordinator's
+    #: TensorBoard charts, from the report rather than a stats call each point.
+    sampled_lag_histogram: list[Count] = field(default_factory=list)
 
 
 @message

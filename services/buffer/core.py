@@ -307,6 +307,13 @@ class ReplayBuffer:
         return self.table.size
 
     @property
+    def sampled_lag_histogram(self) -> list[int]:
+        """Sampled items by policy lag (`BufferStats.sampled_lag_histogram`), a
+        counter read without computing the rest of the stats."""
+        with self._cond:
+            return self._lag_counts.tolist()
+
+    @property
     def inserted_env_steps(self) -> int:
         """Env steps of every segment accepted so far (forced inserts too; a duplicate
         counts once), saved with the buffer: a snapshot's value is that of its cut."""

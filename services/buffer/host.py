@@ -348,6 +348,7 @@ class ShardHost:
             episode_returns=returns,
             returns_seq=seq,
             limiter=LimiterCounts(inserted=limiter.inserted, sampled=limiter.sampled),
+            sampled_lag_histogram=self.buffer.sampled_lag_histogram,
             **served,
         )
 

@@ -6,7 +6,7 @@ them; each is a `ShardProcess` there):
 - `give_back` / `task_ended`, `set_learner_version`, `close` are sent on a thread of
   each process's own, in order (the coordinator calls them holding its lock, which
   never waits on the network);
-- `size` and `inserted_env_steps` are those of their last reports;
+- `size`, `inserted_env_steps` and `sampling` are those of their last reports;
 - `stats`, `final_stats` and `release_all` ask them (the coordinator calls them outside
   its lock), `final_stats` and `release_all` within END_PATIENCE_S;
 - `access` signs a task's credential for them.
@@ -15,6 +15,7 @@ them; each is a `ShardProcess` there):
 from __future__ import annotations
 
 import collections
+import itertools
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -99,6 +100,16 @@ class BufferProcess:
     @property
     def inserted_env_steps(self) -> int:
         return sum(shard.report.env_steps for shard in self.shards)
+
+    def sampling(self) -> Sampling:
+        """How its items were sampled, as its shards' last reports say (no call)."""
+        lags: list[int] = []
+        for shard in self.shards:
+            histogram = shard.report.sampled_lag_histogram
+            lags = [a + b for a, b in itertools.zip_longest(lags, histogram, fillvalue=0)]
+        inserted = sum(s.report.limiter.inserted for s in self.shards)
+        sampled = sum(s.report.limiter.sampled for s in self.shards)
+        return Sampling(lags, sampled / inserted if inserted else None)
 
     def task_ended(self, task_id: str) -> None:
         """Its credential is refused from now on; what a learn task held goes back."""
@@ -206,6 +217,15 @@ SERVED = (
     "inserts_rate_limited",
     "inserts_busy",
 )
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """What a job's TensorBoard charts of its sampling at a metrics point."""
+
+    #: Sampled items by policy lag (`BufferStats.sampled_lag_histogram`).
+    lag_histogram: list[int]
+    samples_per_insert: float | None
 
 
 @dataclass(frozen=True)

@@ -17,13 +17,10 @@ import logging
 import threading
 from dataclasses import dataclass
 
-from common.errors import ApiError
-from common.http_client import ServiceUnavailable
-from common.messages import BufferStats, EvalSummary, MetricsPoint
+from common.messages import EvalSummary, MetricsPoint
 from common.storage import CorruptFileError, SharedStore
 from common.tensorboard import ScalarLog, job_tb_dir
-from services.buffer.core import ReplayBuffer
-from services.coordinator.remote_buffer import BufferProcess
+from services.coordinator.remote_buffer import Sampling
 from services.coordinator.state import CoordinatorState, Job
 from services.coordinator.workflows import workflow_of
 
@@ -63,14 +60,12 @@ class JobBoards:
         coordinator's lock; the writing is deferred until it is let go)."""
         evals = list(job.evals)
         tasks = _TaskCounts(job.task_failures, job.tasks_reassigned)
-        buffer = job.replay
-        if buffer is None:
-            return
+        # Its shards' last reports (None: the job replays nothing): no call to them
+        # from the scheduler's pass, which a frozen buffer process would hold up.
+        sampling = job.replay.sampling() if job.replay is not None else None
         # The workflow's own (a league's ratings and win rates), copied now.
         own = {} if job.workflow_state is None else workflow_of(job.config).scalars(job)
-        self._state.guard.defer(
-            lambda: self._write(job.job_id, evals, point, _stats_of(buffer), tasks, own)
-        )
+        self._state.guard.defer(lambda: self._write(job.job_id, evals, point, sampling, tasks, own))
 
     def close(self, job_id: str, evals: list[EvalSummary]) -> None:
         """Write the evaluations not written yet, then flush and close the job's files
@@ -109,21 +104,21 @@ class JobBoards:
         job_id: str,
         evals: list[EvalSummary],
         point: MetricsPoint,
-        stats: BufferStats | None,
+        sampling: Sampling | None,
         tasks: _TaskCounts,
         own: dict[str, float],
     ) -> None:
         with self._lock:  # one writer at a time: evaluations are written once, in order
             board = self._board(job_id)
             if not board.closed:
-                self._write_point(board, evals, point, stats, tasks, own)
+                self._write_point(board, evals, point, sampling, tasks, own)
 
     def _write_point(
         self,
         board: _Board,
         evals: list[EvalSummary],
         point: MetricsPoint,
-        stats: BufferStats | None,
+        sampling: Sampling | None,
         tasks: _TaskCounts,
         own: dict[str, float],
     ) -> None:
@@ -135,7 +130,7 @@ class JobBoards:
         rate = None
         if last is not None:
             rate = (point.env_steps - last.env_steps) / (point.t - last.t)
-        lags = stats.sampled_lag_histogram if stats is not None else []
+        lags = sampling.lag_histogram if sampling is not None else []
         sampled = sum(lags)
         board.log.scalars(
             point.env_steps,
@@ -143,7 +138,7 @@ class JobBoards:
                 "throughput/env_steps_per_s": rate,
                 "buffer/size": point.buffer_size,
                 "buffer/samples_per_insert": (
-                    stats.samples_per_insert_ratio if stats is not None else None
+                    sampling.samples_per_insert if sampling is not None else None
                 ),
                 "buffer/sampled_policy_lag_mean": (
                     sum(i * n for i, n in enumerate(lags)) / sampled if sampled else None
@@ -182,13 +177,3 @@ class JobBoards:
             log.warning("no animation of %s in tensorboard: %s", path, exc)
             return
         board.log.animation(summary.env_steps, "eval/video", gif, width=width, height=height)
-
-
-def _stats_of(buffer: ReplayBuffer | BufferProcess) -> BufferStats | None:
-    """The buffer's statistics; None while a buffer process does not answer (it is
-    restarting: this point goes without them)."""
-    try:
-        return buffer.stats()
-    except (ServiceUnavailable, ApiError) as exc:
-        log.debug("no buffer statistics for this point: %s", exc)
-        return None
