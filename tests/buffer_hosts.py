@@ -121,9 +121,11 @@ class ThreadRun:
         else:
             self._code = -9  # killed: no last snapshot
             self.service.stop(last_snapshot=False)
-        # Its loop ends once the connections still open (a client's kept-alive ones)
-        # close or time out (CHANNEL_TIMEOUT_S): not waited for.
+        # Its worker threads end now (waitress ends them only on a signal); its loop
+        # once the connections still open (a client's kept-alive ones) close or time
+        # out (CHANNEL_TIMEOUT_S): not waited for.
         self.server.close()  # type: ignore[attr-defined]
+        self.server.task_dispatcher.shutdown(timeout=2.0)  # type: ignore[attr-defined]
 
 
 class ThreadedBuffers:

@@ -159,9 +159,9 @@ class ShardProcess:
         """It writes its last snapshot and exits (killed past `timeout_s`)."""
         self.stopped.set()
         self._commands.put(None)
+        self.control.close()  # its connections, kept alive until now
         if self.run is not None:
             self.run.stop(timeout_s)
-        self.control.close()  # its connections, kept alive until now
 
     # --- calls -----------------------------------------------------------------------------
 
