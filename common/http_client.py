@@ -26,6 +26,9 @@ from urllib3.util.retry import Retry
 from common.errors import ApiError
 from common.messages import dump, dump_json, parse
 
+#: The prefix of every service's public routes (the coordinator's, a buffer process's).
+API = "/api/v1"
+
 T = TypeVar("T")
 
 

@@ -36,7 +36,7 @@ import numpy as np
 from common.array_bodies import CONTENT_TYPE as ARRAYS_TYPE
 from common.array_bodies import SAMPLE_REQUEST_ARRAYS, SampledItems, encode
 from common.errors import ApiError, bad_request
-from common.http_client import ServiceClient, ServiceUnavailable
+from common.http_client import API, ServiceClient, ServiceUnavailable
 from common.messages import (
     BufferStats,
     Health,
@@ -56,8 +56,6 @@ from common.messages import (
 from services.buffer.core import segment_shard
 from services.buffer.sharding import merge, split, split_queue
 from services.buffer.table import shard_of
-
-API = "/api/v1"
 
 
 class BufferData(ServiceClient):

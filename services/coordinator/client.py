@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from common.http_client import ServiceClient, ServiceUnavailable
+from common.http_client import API, ServiceClient, ServiceUnavailable
 from common.messages import (
     TERMINAL_PHASES,
     CheckpointList,
@@ -42,8 +42,6 @@ from common.messages import (
     WorkerRegistration,
     parse,
 )
-
-API = "/api/v1"
 
 
 class CoordinatorClient(ServiceClient):
