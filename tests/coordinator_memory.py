@@ -1,7 +1,8 @@
 """A coordinator's memory as jobs and tasks come and go, in a process of its own (so its
-RSS is the coordinator's, and its jobs' buffers', served in threads of it:
-tests/buffer_hosts.py): jobs with 1M-item buffers are submitted, get a task on each
-registered worker, and are stopped; then a fresh coordinator restores them all.
+RSS is the coordinator's): jobs are submitted, get a task on each registered worker,
+and are stopped; then a fresh coordinator restores them all. Their buffers are served
+in threads of this process (tests/buffer_hosts.py), 1,000 items each, so that what
+grows is the coordinator's own (it holds no buffer: each job's buffer process does).
 
     python -m tests.coordinator_memory --shared DIR --jobs 1000 --workers 101
     python -m tests.coordinator_memory --shared DIR --restore
@@ -27,7 +28,8 @@ from tests.buffer_hosts import make_coordinator
 
 CONFIG = {
     "env": {"env_id": "CartPole-v1", "stop_value": 195},
-    "policy": {"other": {"replay_buffer": {"replay_buffer_size": 1_000_000}}},
+    # Small: the buffers are the buffer processes', not the coordinator's memory.
+    "policy": {"other": {"replay_buffer": {"replay_buffer_size": 1_000}}},
     "system": {"collector_num": 256},
 }
 
