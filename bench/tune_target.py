@@ -16,6 +16,7 @@ both side by side with 95% bootstrap intervals.
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import tempfile
@@ -62,8 +63,11 @@ def tune(folder: Path, pruner: str, trials: int, parallel: int) -> dict:
     started = time.monotonic()
     drover("tune", str(config), "--runs-dir", str(runs), timeout_s=6 * 3600)
     run_dir = only_run(runs)
+    # The coordinator ran the study, in its experiment's folder.
+    experiment_id = json.loads((run_dir / "tune.json").read_text())["experiment_id"]
     study = optuna.load_study(
-        study_name=f"cartpole_ppo_tune_{pruner}", storage=f"sqlite:///{run_dir / 'study.db'}"
+        study_name=experiment_id,
+        storage=f"sqlite:///{run_dir / 'experiments' / experiment_id / 'study.db'}",
     )
     states = [t.state.name for t in study.trials]
     return {

@@ -724,6 +724,11 @@ class ExperimentMember:
     last_eval_return: float | None = None
     best_eval_return: float | None = None
     reason: str = ""
+    #: A tuning's: the job's trial, how the trial ended (None: it runs; complete,
+    #: pruned, failed) and its objective (a complete one's).
+    trial: int | None = None
+    trial_state: Literal["complete", "pruned", "failed"] | None = None
+    objective: float | None = None
 
 
 @message
@@ -764,6 +769,8 @@ class ExperimentStatus:
     #: Its `pbt:` section (None: its jobs train each on its own), and its steps so far.
     population: dict[str, Any] | None = None
     lineage: list[PopulationStep] = field(default_factory=list)
+    #: A tuning's `tune:` section (None: a sweep); its trials are its members.
+    tuning: dict[str, Any] | None = None
 
 
 @message

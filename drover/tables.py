@@ -246,19 +246,33 @@ def experiment_table(status: ExperimentStatus, took_s: float | None = None) -> T
         title += f" · {len(status.lineage)} population steps"
     table = Table(title=title)
     keys = list(status.members[0].values) if status.members else []
+    tuning = status.tuning is not None
+    if tuning:
+        title += f" · a tuning: {len(status.members)} trials so far"
+        table.title = title
     table.add_column("job", no_wrap=True, min_width=16)  # ids whole: they are what to type
+    if tuning:
+        table.add_column("trial", justify="right")
     for key in keys:
         table.add_column(key.rsplit(".", 1)[-1], justify="right")
     for column in ("seed", "phase", "env steps", "last eval", "best eval"):
         table.add_column(column, justify="right")
+    if tuning:
+        table.add_column("trial ended", justify="right")
+        table.add_column("objective", justify="right")
     for member in status.members:
+        trial = [str(member.trial)] if tuning else []
+        objective = "-" if member.objective is None else short(member.objective)
+        ended = [member.trial_state or "-", objective] if tuning else []
         table.add_row(
             member.job_id,
+            *trial,
             *(short(member.values.get(key)) for key in keys),
             str(member.seed),
             phase_text(member.phase),
             f"{member.env_steps:,}",
             "-" if member.last_eval_return is None else f"{member.last_eval_return:.1f}",
             "-" if member.best_eval_return is None else f"{member.best_eval_return:.1f}",
+            *ended,
         )
     return table

@@ -1,41 +1,24 @@
-"""`drover tune`: an Optuna study whose trials are drover jobs, `n_parallel` at a time on
-the cluster (the `tune:` section: jobconfig/tuning.py).
+"""`drover tune`: a tuning experiment, an Optuna study whose trials are drover jobs (the
+`tune:` section: jobconfig/tuning.py), run by the coordinator as its other experiments
+are (services/coordinator/tuning.py): on the Experiments page, in `drover experiment`,
+and on after a coordinator restart. This command submits it, shows its trials as they
+come, and at its end writes the best trial's config and Optuna's plots.
 
     drover tune examples/tuning/cartpole_ppo.yaml            # a local cluster, to the end
     drover tune FILE --url http://coordinator:8000           # a running coordinator's workers
-    drover tune FILE --resume runs/cartpole_ppo_tune-...     # go on with a study cut short
-    optuna-dashboard sqlite:///runs/cartpole_ppo_tune-.../study.db
+    drover tune FILE --resume runs/cartpole_ppo_tune-...     # a local tuning cut short, on
 
-A trial: Optuna's sampler picks the parameters (`ask`), a job runs the base config with
-them (system.seed: `tune.seed`), and each of its evaluations is reported to the trial
-at its env steps (the mean return; for `env_steps_to_stop`, minus it, as that study
-minimizes). When the pruner says the trial is behind the others at that point, its job
-is stopped at once and the trial is pruned. A job that ends is scored:
-
-- `env_steps_to_stop`: the env steps of its first evaluation at or above
-  `env.stop_value`; one that never got there scores its budget (`system.max_env_step`,
-  or the env steps it ran);
-- `final_return`, `best_return`: its last, or best, evaluation's mean return.
-
-A job that failed for another reason than its budget (its tasks failed), or was stopped
-by someone else, fails its trial, and another trial takes its place (up to `n_trials`
-failures in all). The study lives in Optuna's storage, a SQLite file in the run folder
-unless `tune.storage` names another: `--resume` goes on with it, its complete and
-pruned trials kept; a trial that was running when the tune was cut short is failed,
-its job stopped, and a new trial takes its place. At the end:
-`best.yaml` (the base config with the best trial's parameters, ready for `drover
-run`), `history.png` and `importance.png` (Optuna's plots), and the env steps every
-trial took, together.
+At the end: `best.yaml` (the base config with the best trial's parameters, ready for
+`drover run`), `history.png` and `importance.png` (Optuna's plots, where the study's
+file is reachable: a local cluster's), and the env steps every trial took, together.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import json
 import time
 import warnings
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,17 +27,19 @@ import yaml
 from common.config import ConfigError
 from common.errors import ApiError
 from common.http_client import ServiceUnavailable
-from common.messages import TERMINAL_PHASES, EvalSummary, JobStatus, parse
+from common.messages import ExperimentMember, ExperimentStatus
 from common.settings import SettingsError, read_token
 from drover.local import LocalCluster, new_run_dir
 from drover.say import add_open, console, error, show_dashboard
+from drover.sweep import watch
 from jobconfig import load_config
-from jobconfig.sweep import Axis, Point, member_config
-from jobconfig.tuning import Tuning, plan_tuning
+from jobconfig.experiment import plan_experiment
+from jobconfig.sweep import Point, member_config
+from jobconfig.tuning import Tuning
 from services.coordinator.client import CoordinatorClient
 
-#: How often each running trial's job is looked at.
-POLL_S = 1.0
+#: Where a local tuning's run folder names its experiment (for --resume).
+EXPERIMENT_FILE = "tune.json"
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
@@ -74,266 +59,104 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         raw, _ = load_config(args.config, allow_unknown_keys=args.allow_unknown_keys)
-        tuning, base = plan_tuning(raw)
+        plan = plan_experiment(raw)
     except ConfigError as exc:
         return error(f"{args.config}: {exc}")
+    if plan.tuning is None:
+        return error(f"{args.config}: a tuning needs a tune: section (drover sweep runs sweeps)")
+    tuning, base = plan.tuning, plan.base
     name = str(base.get("exp_name") or "tune")
-    if args.resume is not None:
-        run_dir = args.resume
-        if not run_dir.is_dir():
-            return error(f"--resume {run_dir}: no such run folder")
-    else:
-        run_dir = new_run_dir(args.runs_dir, name)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    storage = tuning.storage or f"sqlite:///{run_dir.resolve() / 'study.db'}"
-    study = open_study(tuning, name, storage)
-    console.print(f"drover: study [bold]{name}[/] in {storage}", highlight=False)
     started = time.monotonic()
     if args.url:
         try:
             client = CoordinatorClient(args.url, read_token())
+            experiment_id = client.submit_experiment(raw, name=name).experiment_id
         except SettingsError as exc:
             return error(str(exc))
-        tuner = Tuner(client, study, tuning, base, name)
-        tuner.run(started + args.timeout_s)
-    else:
-        learners = args.learners or tuning.n_parallel
-        with LocalCluster(
-            run_dir, num_collectors=args.collectors, num_learners=learners, fork_server=True
-        ) as cluster:
-            show_dashboard(cluster, args.open)
-            cluster.wait_for_workers()
-            tuner = Tuner(cluster.client, study, tuning, base, name)
-            tuner.run(started + args.timeout_s)
-    return finish(study, tuning, base, run_dir, tuner)
-
-
-def open_study(tuning: Tuning, name: str, storage: str) -> Any:
-    import optuna
-
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    sampler = (
-        optuna.samplers.TPESampler(seed=tuning.seed)
-        if tuning.sampler == "tpe"
-        else optuna.samplers.RandomSampler(seed=tuning.seed)
-    )
-    pruner: Any = {
-        # Trials are pruned once a few have evaluations to compare with.
-        "median": optuna.pruners.MedianPruner(n_startup_trials=max(2, tuning.n_parallel)),
-        "successive_halving": optuna.pruners.SuccessiveHalvingPruner(),
-        "none": optuna.pruners.NopPruner(),
-    }[tuning.pruner]
-    return optuna.create_study(
-        study_name=name,
-        storage=storage,
-        sampler=sampler,
-        pruner=pruner,
-        direction=tuning.direction,
-        load_if_exists=True,
-    )
-
-
-@dataclass
-class Watched:
-    """A running trial and its job."""
-
-    trial: Any
-    job_id: str
-    #: Its job's evaluations reported to the trial so far.
-    reported: int = 0
-
-
-class Tuner:
-    """Runs a study's trials as jobs (the module's docstring)."""
-
-    def __init__(
-        self,
-        client: CoordinatorClient,
-        study: Any,
-        tuning: Tuning,
-        base: dict[str, Any],
-        name: str,
-        *,
-        poll_s: float = POLL_S,
-        say: Callable[[str], None] = lambda line: console.print(f"drover: {line}"),
-    ) -> None:
-        self.client = client
-        self.study = study
-        self.tuning = tuning
-        self.base = base
-        self.name = name
-        self.poll_s = poll_s
-        self.say = say
-        self.running: dict[str, Watched] = {}
-
-    def run(self, deadline: float) -> None:
-        self._fail_cut_short()
-        while True:
-            while len(self.running) < self.tuning.n_parallel and self._to_start() > 0:
-                self._start()
-            if not self.running:
-                return
-            for watched in list(self.running.values()):
-                if self._follow(watched):
-                    del self.running[watched.job_id]
-            if time.monotonic() > deadline:
-                self.say("out of time: stopping the running trials")
-                for watched in list(self.running.values()):
-                    self._stop(watched.job_id)
-                    self.study.tell(watched.trial, state=trial_state("FAIL"))
-                return
-            time.sleep(self.poll_s)
-
-    def _to_start(self) -> int:
-        """Trials still to start: `n_trials` complete, pruned or running in all, unless
-        as many have failed already."""
-        trials = self.study.get_trials(deepcopy=False)
-        failed = sum(t.state == trial_state("FAIL") for t in trials)
-        if failed >= self.tuning.n_trials:
-            return 0
-        return self.tuning.n_trials - (len(trials) - failed)
-
-    def _fail_cut_short(self) -> None:
-        """Trials a tune cut short left running: failed, their jobs stopped."""
-        for frozen in self.study.get_trials(deepcopy=False, states=(trial_state("RUNNING"),)):
-            job_id = frozen.user_attrs.get("job_id")
-            if job_id:
-                self._stop(job_id)
-            self.study.tell(frozen.number, state=trial_state("FAIL"))
-            self.say(f"trial {frozen.number}: cut short before; failed (its job stopped)")
-
-    def _start(self) -> None:
-        trial = self.study.ask()
-        values = {axis.key: suggest(trial, axis) for axis in self.tuning.params}
-        config = member_config(self.base, Point(values, self.tuning.seed))
-        try:
-            created = self.client.submit_job(config, name=f"{self.name} trial {trial.number}")
-        except ApiError as exc:  # a value the coordinator refuses: this trial's fault
-            self.study.tell(trial, state=trial_state("FAIL"))
-            self.say(f"trial {trial.number}: refused ({exc.message})")
-            return
-        trial.set_user_attr("job_id", created.job_id)
-        self.running[created.job_id] = Watched(trial, created.job_id)
-        shown = Point(values, self.tuning.seed).label()
-        self.say(f"trial {trial.number}: job {created.job_id} ({shown})")
-
-    def _follow(self, watched: Watched) -> bool:
-        """Report its new evaluations; prune it or score it. True once it is over."""
-        status = self._status(watched.job_id)
-        if status is None:
-            return False  # the coordinator did not answer: look again later
-        evals = self._evals(watched.job_id)
-        if evals is None:
-            return False  # its evaluations could not be read: look again later
-        trial = watched.trial
-        for summary in evals[watched.reported :]:
-            trial.report(self._intermediate(summary), step=summary.env_steps)
-        watched.reported = len(evals)
-        trial.set_user_attr("env_steps", status.env_steps)
-        if status.phase in TERMINAL_PHASES:
-            value = self.objective(status, evals)
-            if value is None:
-                self.study.tell(trial, state=trial_state("FAIL"))
-                self.say(f"trial {trial.number}: {status.phase} ({status.reason}); failed")
-            else:
-                self.study.tell(trial, value)
-                self.say(f"trial {trial.number}: {self.tuning.objective} {value:,.4g}")
-            return True
-        if evals and trial.should_prune():
-            self._stop(watched.job_id)
-            self.study.tell(trial, state=trial_state("PRUNED"))
-            self.say(
-                f"trial {trial.number}: pruned at {evals[-1].env_steps:,} env steps "
-                f"(return {evals[-1].return_mean:.1f})"
-            )
-            return True
-        return False
-
-    def _intermediate(self, summary: EvalSummary) -> float:
-        # The study's direction: a minimizing study is told minus the return.
-        return -summary.return_mean if self.tuning.direction == "minimize" else summary.return_mean
-
-    def objective(self, status: JobStatus, evals: list[EvalSummary]) -> float | None:
-        """The job's score (the module's docstring), or None when its trial failed."""
-        budget_ran_out = status.phase == "failed" and "reached before stop_value" in status.reason
-        if status.phase not in ("succeeded",) and not budget_ran_out:
-            return None
-        if self.tuning.objective == "env_steps_to_stop":
-            goal = status.stop_value
-            reached = [e.env_steps for e in evals if goal is not None and e.return_mean >= goal]
-            if reached:
-                return float(min(reached))
-            return float(status.max_env_step or status.env_steps)
-        if not evals:
-            return None
-        returns = [e.return_mean for e in evals]
-        return returns[-1] if self.tuning.objective == "final_return" else max(returns)
-
-    def _status(self, job_id: str) -> JobStatus | None:
-        try:
-            return self.client.job(job_id)
-        except ServiceUnavailable:
-            return None
         except ApiError as exc:
-            if exc.status == 404:
-                return None
-            raise
+            return error(f"the coordinator refused the tuning: {exc.message}")
+        except ServiceUnavailable as exc:
+            return error(f"no coordinator at {args.url}: {exc}")
+        console.print(f"drover: experiment [bold]{experiment_id}[/]", highlight=False)
+        status = watch(client, experiment_id, started, args.timeout_s)
+        return finish(status, tuning, base, Path("."), None)
+    if args.resume is not None and not (args.resume / EXPERIMENT_FILE).is_file():
+        return error(f"--resume {args.resume}: no tuning's run folder")
+    run_dir = args.resume or new_run_dir(args.runs_dir, name)
+    learners = args.learners or tuning.n_parallel
+    cluster = LocalCluster(
+        run_dir, num_collectors=args.collectors, num_learners=learners, fork_server=True
+    )
+    console.print(f"drover: run folder [bold]{run_dir}[/]", highlight=False)
+    status = None
+    try:
+        cluster.start()  # a resumed one's coordinator goes on with the tuning it finds
+        show_dashboard(cluster, args.open)
+        if args.resume is not None:
+            experiment_id = json.loads((run_dir / EXPERIMENT_FILE).read_text())["experiment_id"]
+        else:
+            try:
+                experiment_id = cluster.client.submit_experiment(raw, name=name).experiment_id
+            except ApiError as exc:
+                return error(f"the coordinator refused the tuning: {exc.message}")
+            (run_dir / EXPERIMENT_FILE).write_text(json.dumps({"experiment_id": experiment_id}))
+        console.print(f"drover: experiment [bold]{experiment_id}[/]", highlight=False)
+        status = watch(cluster.client, experiment_id, started, args.timeout_s)
+    except KeyboardInterrupt:
+        console.print("\ndrover: interrupted; the tuning goes on with --resume")
+    finally:
+        cluster.stop()
+    if status is None:
+        return 1
+    study = cluster.shared_dir / "experiments" / experiment_id / "study.db"
+    return finish(status, tuning, base, run_dir, study if study.is_file() else None)
 
-    def _evals(self, job_id: str) -> list[EvalSummary] | None:
-        """The job's evaluations by env steps; None when they cannot be read now."""
-        try:
-            metrics = self.client.metrics(job_id)
-        except (ApiError, ServiceUnavailable):
-            return None
-        return sorted((parse(EvalSummary, e) for e in metrics["evals"]), key=lambda e: e.env_steps)
 
-    def _stop(self, job_id: str) -> None:
-        with contextlib.suppress(ApiError, ServiceUnavailable):
-            self.client.stop_job(job_id)
+def best_member(status: ExperimentStatus, tuning: Tuning) -> ExperimentMember | None:
+    """The complete trial with the best objective (None: none completed)."""
+    done = [m for m in status.members if m.trial_state == "complete" and m.objective is not None]
+    if not done:
+        return None
+    sign = -1.0 if tuning.direction == "minimize" else 1.0
+    return max(done, key=lambda m: sign * float(m.objective or 0.0))
 
 
-def suggest(trial: Any, axis: Axis) -> Any:
-    """The trial's value of a parameter: a choice of a list, or a draw of a range."""
-    if axis.values is not None:
-        return trial.suggest_categorical(axis.key, list(axis.values))
-    log = axis.kind == "log_uniform"
-    if axis.integer:
-        return trial.suggest_int(axis.key, int(axis.low), int(axis.high), log=log)
-    return trial.suggest_float(axis.key, axis.low, axis.high, log=log)
-
-
-def trial_state(name: str) -> Any:
-    import optuna
-
-    return getattr(optuna.trial.TrialState, name)
-
-
-def finish(study: Any, tuning: Tuning, base: dict[str, Any], run_dir: Path, tuner: Tuner) -> int:
+def finish(
+    status: ExperimentStatus,
+    tuning: Tuning,
+    base: dict[str, Any],
+    run_dir: Path,
+    study_file: Path | None,
+) -> int:
     """The best trial's config, Optuna's plots, and what the trials took."""
-    trials = study.get_trials(deepcopy=False)
-    done = [t for t in trials if t.state == trial_state("COMPLETE")]
-    pruned = sum(t.state == trial_state("PRUNED") for t in trials)
-    env_steps = sum(int(t.user_attrs.get("env_steps", 0)) for t in trials)
+    states = [m.trial_state for m in status.members]
+    env_steps = sum(m.env_steps for m in status.members)
     console.print(
-        f"drover: {len(trials)} trials: {len(done)} complete, {pruned} pruned, "
-        f"{len(trials) - len(done) - pruned} failed; {env_steps:,} env steps in all",
+        f"drover: {len(states)} trials: {states.count('complete')} complete, "
+        f"{states.count('pruned')} pruned, {states.count('failed')} failed; "
+        f"{env_steps:,} env steps in all",
         highlight=False,
     )
-    if not done:
+    best = best_member(status, tuning)
+    if best is None:
         return error("no trial completed: no best config")
-    best = study.best_trial
-    config = member_config(base, Point(best.params, tuning.seed))
+    config = member_config(base, Point(best.values, tuning.seed))
     config["exp_name"] = f"{base.get('exp_name', 'tuned')}_best"
     out = run_dir / "best.yaml"
     out.write_text(
-        f"# The best of {len(trials)} trials ({tuning.objective} {best.value:,.4g}): "
-        f"trial {best.number}, job {best.user_attrs.get('job_id')}.\n"
-        + yaml.safe_dump(config, sort_keys=False)
+        f"# The best of {len(states)} trials ({tuning.objective} {best.objective:,.4g}): "
+        f"trial {best.trial}, job {best.job_id}.\n" + yaml.safe_dump(config, sort_keys=False)
     )
-    console.print(f"drover: best trial {best.number}: {best.params}", highlight=False)
+    console.print(f"drover: best trial {best.trial}: {best.values}", highlight=False)
     console.print(f"        config: {out}", highlight=False)
-    plots(study, run_dir)
-    return 0
+    if study_file is not None:
+        import optuna
+
+        study = optuna.load_study(
+            study_name=status.experiment_id, storage=f"sqlite:///{study_file.resolve()}"
+        )
+        plots(study, run_dir)
+    return 0 if status.phase == "ended" else 1
 
 
 def plots(study: Any, run_dir: Path) -> None:

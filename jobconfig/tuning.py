@@ -1,5 +1,6 @@
 """A tuning's `tune:` section: which keys an Optuna study searches, what it optimizes,
-and how (drover/tune.py runs it).
+and how (the coordinator runs it: services/coordinator/tuning.py; `drover tune`
+submits it).
 
     tune:
       n_trials: 24              # trials, each a drover job
@@ -8,7 +9,6 @@ and how (drover/tune.py runs it).
       sampler: tpe              # or random
       pruner: median            # or successive_halving, none
       seed: 0                   # the sampler's seed; every trial's job runs system.seed
-      storage: null             # an Optuna storage URL (default: study.db in the run folder)
       params:
         policy.learn.learning_rate: {log_uniform: [0.0001, 0.01]}
         policy.learn.entropy_weight: {uniform: [0.0, 0.05]}
@@ -16,7 +16,8 @@ and how (drover/tune.py runs it).
 
 The parameters are checked as a sweep's axes are (jobconfig/sweep.py): keys of the
 job's config, ranges over numbers (an integer key draws integers); the objective
-`env_steps_to_stop` needs the config's `env.stop_value`.
+`env_steps_to_stop` needs the config's `env.stop_value`. The study's storage is the
+coordinator's (a SQLite file in the experiment's folder), not the section's.
 """
 
 from __future__ import annotations
@@ -49,7 +50,6 @@ class Tuning:
     sampler: str = "tpe"
     pruner: str = "median"
     seed: int = 0
-    storage: str | None = None
 
     @property
     def direction(self) -> str:
@@ -79,7 +79,6 @@ def plan_tuning(raw: dict[str, Any]) -> tuple[Tuning, dict[str, Any]]:
         sampler=_choice(section, "sampler", "tpe", SAMPLERS),
         pruner=_choice(section, "pruner", "median", PRUNERS),
         seed=whole_number(section, "tune", "seed", 0, low=0, high=2**31 - 1),
-        storage=_storage(section.get("storage")),
     )
     if tuning.objective == "env_steps_to_stop" and resolved.env.stop_value is None:
         raise ConfigError(
@@ -92,10 +91,4 @@ def _choice(section: dict[str, Any], key: str, default: str, choices: tuple[str,
     value = section.get(key, default)
     if value not in choices:
         raise ConfigError(f"tune.{key}", f"one of {', '.join(choices)}")
-    return value
-
-
-def _storage(value: Any) -> str | None:
-    if value is not None and (not isinstance(value, str) or "://" not in value):
-        raise ConfigError("tune.storage", "an Optuna storage URL (sqlite:///study.db, ...)")
     return value

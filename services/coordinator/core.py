@@ -166,7 +166,9 @@ class Coordinator:
             self.state, self.job_book, self.admission, self.job_views, self.policies
         )
         self.matches = MatchDesk(self.state, self.job_book, self.tasks_board)
-        self.experiment_book = ExperimentBook(self.state, self.job_book, self.admission)
+        self.experiment_book = ExperimentBook(
+            self.state, self.job_book, self.admission, self.job_views
+        )
         self.metrics.registry.register(JobGauges(self._gauge_values))
         Gauge(
             "drover_state_writes_waiting_for_room",
@@ -354,7 +356,10 @@ class Coordinator:
     def restore_jobs(self) -> list[str]:
         # Experiments first: their jobs' places in the queue depend on them.
         self.experiment_book.restore()
-        return self.persistence.restore_jobs()
+        restored = self.persistence.restore_jobs()
+        # Their tunings go on once their jobs are back (a trial cut short is failed).
+        self.experiment_book.start_tunings(self.planning)
+        return restored
 
     def begin_shutdown(self) -> None:
         """Pass no more data requests on (answers say: retry later) and wake every
@@ -365,6 +370,7 @@ class Coordinator:
             self.state.guard.notify()
 
     def close(self) -> None:
+        self.experiment_book.close()  # no trial is started or ended from here on
         with self.state.guard.changing():
             self.state.closing = True
             for job in self.state.jobs.values():

@@ -1,4 +1,6 @@
-"""Experiments: the jobs of one config's sweep (jobconfig/sweep.py), submitted together.
+"""Experiments: the jobs of one config's sweep (jobconfig/sweep.py), submitted together,
+or the trials of its tuning (jobconfig/tuning.py), made as its study asks for them
+(services/coordinator/tuning.py); jobconfig/experiment.py reads either section.
 
 Every job the sweep expands to is checked as a job of its own would be (its config
 resolved, its workflow's and the limits' refusals) before any is created, so a bad
@@ -6,25 +8,30 @@ axis or value is one 400 naming it and nothing starts. Then its jobs are created
 the sweep's order; past `sweep.parallel` running at once they wait in the queue for
 one of the experiment's places (sharing.py). The experiment's record
 (`experiments/<id>.json` under the shared root) is written before it is answered and
-again when it is stopped, so a restarted coordinator has it back, its jobs with it.
+again when it is stopped, so a restarted coordinator has it back, its jobs with it; a
+tuning's study lives in its folder (`experiments/<id>/study.db`) and goes on after a
+restart (`start_tunings`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from typing import Any
 
 from common.config import ConfigError
 from common.envs import Spaces
-from common.errors import bad_request, not_found
+from common.errors import ApiError, bad_request, not_found
 from common.messages import (
+    EvalSummary,
     ExperimentCreated,
     ExperimentList,
     ExperimentMember,
     ExperimentStatus,
     ExperimentSubmit,
     ExperimentSummary,
+    JobStatus,
     MessageError,
     PopulationStep,
     dump,
@@ -32,13 +39,16 @@ from common.messages import (
     parse,
 )
 from common.storage import CorruptFileError, SharedStore
+from jobconfig.experiment import plan_experiment
 from jobconfig.population import Population
-from jobconfig.sweep import plan_sweep
+from jobconfig.sweep import Point
+from jobconfig.tuning import plan_tuning
 from services.coordinator.admission import Admission
-from services.coordinator.job_views import MAX_PAGE
+from services.coordinator.job_views import MAX_PAGE, JobViews
 from services.coordinator.jobs import JobBook
 from services.coordinator.paging import newest_first
 from services.coordinator.state import CoordinatorState, Experiment, ExperimentJob, Job
+from services.coordinator.tuning import Tuner, TuningRun, open_study
 from services.coordinator.workflows import Planner
 
 log = logging.getLogger(__name__)
@@ -48,18 +58,27 @@ FOLDER = "experiments"
 
 
 class ExperimentBook:
-    def __init__(self, state: CoordinatorState, jobs: JobBook, admission: Admission) -> None:
+    def __init__(
+        self, state: CoordinatorState, jobs: JobBook, admission: Admission, views: JobViews
+    ) -> None:
         self.state = state
         self.jobs = jobs
         self.admission = admission
+        self.views = views
+        #: Each running tuning's study, on a thread of its own.
+        self._tunings: dict[str, TuningRun] = {}
 
     def submit(self, submit: ExperimentSubmit, planner: Planner) -> ExperimentCreated:
         try:
-            sweep, points = plan_sweep(submit.config, self.state.limits.max_experiment_jobs)
+            plan = plan_experiment(submit.config, self.state.limits.max_experiment_jobs)
         except ConfigError as exc:
-            own = exc.field.startswith(("sweep", "pbt"))
+            own = exc.field.startswith(("sweep", "pbt", "tune"))
             field = exc.field if own else f"config.{exc.field}"
             raise bad_request(field, exc.message) from None
+        if plan.tuning is not None:
+            return self._submit_tuning(submit, plan.base, planner)
+        assert plan.sweep is not None
+        sweep, points = plan.sweep, plan.points
         # Every job checked before any exists; each env the sweep has made once.
         known_spaces: dict[str, Spaces] = {}
         admitted = [
@@ -116,7 +135,7 @@ class ExperimentBook:
             rows = [(member, job and _member_facts(job)) for member, job in seen]
             lineage = list(experiment.lineage)
             stopped = experiment.stopped
-        return _status(experiment, rows, lineage, stopped)
+        return _status(experiment, rows, lineage, stopped, self._tuning(experiment_id))
 
     def listing(self, *, limit: int = MAX_PAGE, page_token: str | None = None) -> ExperimentList:
         """Experiments newest first, `limit` at a time (`page_token`: the last answer's
@@ -150,10 +169,17 @@ class ExperimentBook:
         for member in experiment.jobs:
             job = self.state.jobs.get(member.job_id)
             live += job is not None and job.phase in ("queued", "running")
-        return _phase(experiment.stopped, live > 0), len(experiment.jobs) - live
+        running = live > 0 or self._tuning(experiment.experiment_id)
+        return _phase(experiment.stopped, running), len(experiment.jobs) - live
 
     def stop(self, experiment_id: str) -> ExperimentStatus:
-        """Stop every job of the experiment that has not ended."""
+        """Stop every job of the experiment that has not ended (a tuning's study
+        first: its running trials fail)."""
+        with self.state.guard.changing():
+            self.get(experiment_id)
+            tuning = self._tunings.pop(experiment_id, None)
+        if tuning is not None:
+            tuning.stop(abandon=True)
         with self.state.guard.changing():
             experiment = self.get(experiment_id)
             experiment.stopped = True
@@ -163,6 +189,78 @@ class ExperimentBook:
                     self.jobs.finish(job, "stopped", f"its experiment {experiment_id} was stopped")
         self._write(experiment)
         return self.status(experiment_id)
+
+    # --- tunings -------------------------------------------------------------------------
+
+    def _submit_tuning(
+        self, submit: ExperimentSubmit, base: dict[str, Any], planner: Planner
+    ) -> ExperimentCreated:
+        """A tuning: its base config checked as a job's would be (a trial's values are
+        checked as its job is made), the experiment made, and its study started."""
+        config, warnings = self.admission.admissible(base, planner)
+        experiment = Experiment(
+            experiment_id=new_id("exp"),
+            name=submit.name or config.exp_name,
+            created_at=self.state.wall(),
+            parallel=None,
+            jobs=[],
+            tune_config=submit.config,
+        )
+        with self.state.guard.changing():
+            self.state.experiments[experiment.experiment_id] = experiment
+        self._write(experiment)
+        self._start_tuning(experiment, planner)
+        log.info("experiment %s (%s): a tuning", experiment.experiment_id, experiment.name)
+        return ExperimentCreated(
+            experiment_id=experiment.experiment_id, job_ids=[], warnings=warnings
+        )
+
+    def start_tunings(self, planner: Planner) -> None:
+        """The tunings a restart found unfinished go on (after their jobs are back)."""
+        with self.state.guard.changing():
+            unfinished = [
+                e
+                for e in self.state.experiments.values()
+                if e.tune_config is not None and not e.stopped and not e.tuning_done
+            ]
+        for experiment in unfinished:
+            try:
+                self._start_tuning(experiment, planner)
+            except Exception:  # its study unreadable: the coordinator starts all the same
+                log.exception("experiment %s: its tuning cannot go on", experiment.experiment_id)
+
+    def close(self) -> None:
+        """Stop every study's thread; their running trials stay running (a restart
+        fails them and goes on)."""
+        with self.state.guard.changing():
+            tunings, self._tunings = list(self._tunings.values()), {}
+        for tuning in tunings:
+            tuning.stop(abandon=False)
+
+    def _tuning(self, experiment_id: str) -> bool:
+        run = self._tunings.get(experiment_id)
+        return run is not None and run.alive
+
+    def _start_tuning(self, experiment: Experiment, planner: Planner) -> None:
+        assert experiment.tune_config is not None
+        tuning, base = plan_tuning(experiment.tune_config)
+        experiment_id = experiment.experiment_id
+        folder = self.state.store.root / FOLDER / experiment_id
+        folder.mkdir(parents=True, exist_ok=True)
+        study = open_study(tuning, experiment_id, f"sqlite:///{folder.resolve()}/study.db")
+        trials = ExperimentTrials(self, experiment, planner, tuning.seed)
+        run = TuningRun(
+            Tuner(trials, study, tuning, base), experiment_id, lambda: self._tuned(experiment)
+        )
+        with self.state.guard.changing():
+            self._tunings[experiment_id] = run
+        run.start()
+
+    def _tuned(self, experiment: Experiment) -> None:
+        with self.state.guard.changing():
+            experiment.tuning_done = True
+        self._write(experiment)
+        log.info("experiment %s: its tuning ran its trials", experiment.experiment_id)
 
     # --- on disk -------------------------------------------------------------------------
 
@@ -178,6 +276,52 @@ class ExperimentBook:
             for experiment in experiments:
                 self.state.experiments[experiment.experiment_id] = experiment
         return [e.experiment_id for e in experiments]
+
+
+class ExperimentTrials:
+    """A tuning's jobs as its `Tuner` makes and reads them (tuning.py's `TrialJobs`):
+    each trial a job of the experiment, its trial's end kept in its member's row."""
+
+    def __init__(
+        self, book: ExperimentBook, experiment: Experiment, planner: Planner, seed: int
+    ) -> None:
+        self.book, self.experiment, self.planner, self.seed = book, experiment, planner, seed
+
+    def submit(self, config: dict[str, Any], trial: int, values: dict[str, Any]) -> str:
+        book, experiment = self.book, self.experiment
+        resolved, warnings = book.admission.admissible(config, self.planner)
+        name = f"{experiment.name} trial {trial} {Point(values, self.seed).label()}"
+        (made,) = book.admission.create_many(
+            [(resolved, warnings, name)], experiment_id=experiment.experiment_id
+        )
+        with book.state.guard.changing():
+            experiment.jobs.append(ExperimentJob(made.job_id, values, self.seed, trial=trial))
+        book._write(experiment)
+        log.info("experiment %s: trial %d is job %s", experiment.experiment_id, trial, made.job_id)
+        return made.job_id
+
+    def status(self, job_id: str) -> JobStatus | None:
+        try:
+            return self.book.views.status(job_id)
+        except ApiError:
+            return None
+
+    def evals(self, job_id: str) -> list[EvalSummary] | None:
+        try:
+            return sorted(self.book.views.metrics(job_id).evals, key=lambda e: e.env_steps)
+        except ApiError:
+            return None
+
+    def stop(self, job_id: str) -> None:
+        with contextlib.suppress(ApiError):  # it ended meanwhile
+            self.book.jobs.stop(job_id)
+
+    def settled(self, job_id: str, state: str, value: float | None) -> None:
+        with self.book.state.guard.changing():
+            for member in self.experiment.jobs:
+                if member.job_id == job_id:
+                    member.trial_state, member.objective = state, value
+        self.book._write(self.experiment)
 
 
 def forget_old_experiments(state: CoordinatorState) -> list[str]:
@@ -197,6 +341,8 @@ def forget_old_experiments(state: CoordinatorState) -> list[str]:
         del state.experiments[experiment_id]
         for path in (record_path(experiment_id), lineage_path(experiment_id)):
             state.guard.defer(lambda path=path: store.delete(path))
+        # A tuning's study.
+        state.guard.defer(lambda e=experiment_id: store.delete_tree(f"{FOLDER}/{e}"))
         log.info("experiment %s forgotten (its jobs were)", experiment_id)
     return gone
 
@@ -266,9 +412,21 @@ def experiment_record(experiment: Experiment) -> dict[str, Any]:
         "created_at": experiment.created_at,
         "parallel": experiment.parallel,
         "stopped": experiment.stopped,
-        "jobs": [{"job_id": j.job_id, "values": j.values, "seed": j.seed} for j in experiment.jobs],
+        "jobs": [
+            {
+                "job_id": j.job_id,
+                "values": j.values,
+                "seed": j.seed,
+                "trial": j.trial,
+                "trial_state": j.trial_state,
+                "objective": j.objective,
+            }
+            for j in experiment.jobs
+        ],
         "population": None if experiment.population is None else experiment.population.record(),
         "ranked_at_evals": experiment.ranked_at_evals,
+        "tune_config": experiment.tune_config,
+        "tuning_done": experiment.tuning_done,
     }
 
 
@@ -280,7 +438,14 @@ def experiment_from(record: dict[str, Any]) -> Experiment:
         parallel=None if record["parallel"] is None else int(record["parallel"]),
         stopped=bool(record["stopped"]),
         jobs=[
-            ExperimentJob(str(j["job_id"]), dict(j["values"]), int(j["seed"]))
+            ExperimentJob(
+                str(j["job_id"]),
+                dict(j["values"]),
+                int(j["seed"]),
+                trial=j.get("trial"),
+                trial_state=j.get("trial_state"),
+                objective=j.get("objective"),
+            )
             for j in record["jobs"]
         ],
         # Records of before population-based training lack these; those written
@@ -292,6 +457,8 @@ def experiment_from(record: dict[str, Any]) -> Experiment:
         ),
         lineage=[parse(PopulationStep, step) for step in record.get("lineage", [])],
         ranked_at_evals={str(k): int(v) for k, v in record.get("ranked_at_evals", {}).items()},
+        tune_config=record.get("tune_config"),
+        tuning_done=bool(record.get("tuning_done", False)),
     )
 
 
@@ -311,13 +478,20 @@ def _status(
     rows: list[tuple[ExperimentJob, tuple[str, int, float | None, float | None, str] | None]],
     lineage: list[PopulationStep],
     stopped: bool,
+    tuning: bool = False,
 ) -> ExperimentStatus:
     members = []
     for member, facts in rows:
         if facts is None:
             members.append(
                 ExperimentMember(
-                    job_id=member.job_id, values=member.values, seed=member.seed, phase="forgotten"
+                    job_id=member.job_id,
+                    values=member.values,
+                    seed=member.seed,
+                    phase="forgotten",
+                    trial=member.trial,
+                    trial_state=member.trial_state,
+                    objective=member.objective,
                 )
             )
             continue
@@ -332,9 +506,12 @@ def _status(
                 last_eval_return=last,
                 best_eval_return=best,
                 reason=reason,
+                trial=member.trial,
+                trial_state=member.trial_state,
+                objective=member.objective,
             )
         )
-    running = any(m.phase in ("queued", "running") for m in members)
+    running = tuning or any(m.phase in ("queued", "running") for m in members)
     return ExperimentStatus(
         experiment_id=experiment.experiment_id,
         name=experiment.name,
@@ -344,6 +521,7 @@ def _status(
         members=members,
         population=None if experiment.population is None else experiment.population.record(),
         lineage=lineage,
+        tuning=(experiment.tune_config or {}).get("tune"),
     )
 
 

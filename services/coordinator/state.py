@@ -268,17 +268,23 @@ class RoomWait:
 
 @dataclass
 class ExperimentJob:
-    """A job of an experiment: its point of the sweep."""
+    """A job of an experiment: its point of the sweep, or its trial of the tuning."""
 
     job_id: str
-    #: The sweep's axis values of the job, by dotted config key.
+    #: The sweep's axis values (or the trial's parameters) of the job, by dotted key.
     values: dict[str, Any]
     seed: int
+    #: A tuning's: the trial's number, how it ended (None: running; complete, pruned,
+    #: failed) and its objective (a complete one's).
+    trial: int | None = None
+    trial_state: str | None = None
+    objective: float | None = None
 
 
 @dataclass
 class Experiment:
-    """Jobs submitted together from one config's sweep (jobconfig/sweep.py)."""
+    """Jobs submitted together from one config's sweep (jobconfig/sweep.py), or made
+    one by one by its tuning's study (services/coordinator/tuning.py)."""
 
     experiment_id: str
     name: str
@@ -293,6 +299,10 @@ class Experiment:
     lineage: list[PopulationStep] = field(default_factory=list)
     #: Each member's evaluations counted at its last population step or ranking.
     ranked_at_evals: dict[str, int] = field(default_factory=dict)
+    #: A tuning's config as it was submitted, its `tune:` section with it (None: a
+    #: sweep), and whether its study ran its trials.
+    tune_config: dict[str, Any] | None = None
+    tuning_done: bool = False
 
 
 @dataclass

@@ -72,7 +72,9 @@ def test_a_tune_runs_its_trials_as_jobs_and_writes_the_best_config(tmp_path):
     (run_dir,) = runs.iterdir()
     best = yaml.safe_load((run_dir / "best.yaml").read_text())
     assert 0.0005 <= best["policy"]["learn"]["learning_rate"] <= 0.005
-    assert "tune" not in best and (run_dir / "study.db").is_file()
+    # The coordinator ran the study, in the experiment's folder.
+    experiment_id = json.loads((run_dir / "tune.json").read_text())["experiment_id"]
+    assert "tune" not in best and (run_dir / "experiments" / experiment_id / "study.db").is_file()
     assert (run_dir / "history.png").is_file()
 
 

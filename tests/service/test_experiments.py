@@ -1,11 +1,19 @@
 """Experiments through the coordinator's routes: a sweep's jobs created together (at
 most `parallel` running), shown with their points, stopped together, refused whole for
-a bad axis or value before any job exists, and back after a restart."""
+a bad axis or value before any job exists, and back after a restart; a tuning's trials
+made as its study asks, shown as its members, and its study going on after a restart."""
 
+import optuna
+
+import services.coordinator.tuning as tuner_module
+from common.messages import EvalSummary
 from common.storage import SharedStore
+from services.coordinator.app import create_app
 from services.coordinator.core import CoordinatorLimits
-from tests.buffer_hosts import make_coordinator
-from tests.coordinator_app import AUTH, CONFIG, get, post
+from services.coordinator.settings import CoordinatorSettings
+from tests.buffer_hosts import crash, make_coordinator
+from tests.coordinator_app import AUTH, CONFIG, TOKEN, get, post
+from tests.helpers import wait_until
 
 LRS = [0.001, 0.002]
 
@@ -193,3 +201,98 @@ def test_an_experiment_is_forgotten_with_its_jobs(tmp_path):
         assert not (tmp_path / "experiments" / f"{experiment_id}.json").exists()
     finally:
         core.close()
+
+
+def tuning(**section):
+    params = {"policy.learn.learning_rate": {"log_uniform": [1e-4, 1e-2]}}
+    tune = {"params": params, "n_trials": 3, "objective": "final_return", "pruner": "none"}
+    return {**CONFIG, "tune": {**tune, **section}}
+
+
+def members(client, experiment_id):
+    return get(client, f"/api/v1/experiments/{experiment_id}").json["members"]
+
+
+def evaluated_and_ended(core, job_id, return_mean):
+    """The trial's job evaluated once, then succeeded (as its collector and goal would
+    have it)."""
+    with core.state.guard.changing():
+        job = core.jobs[job_id]
+        job.evals.append(
+            EvalSummary(
+                return_mean=return_mean,
+                return_std=0.0,
+                episodes=2,
+                policy_version=1,
+                train_iter=10,
+                env_steps=100,
+            )
+        )
+        core.job_book.finish(job, "succeeded", "stop_value 150 reached")
+
+
+def test_a_tuning_runs_its_trials_as_an_experiments_jobs_and_goes_on_after_a_restart(
+    tmp_path, client, core, monkeypatch
+):
+    monkeypatch.setattr(tuner_module, "POLL_S", 0.05)
+    created = submit(client, tuning())
+    assert created.status_code == 201, created.json
+    experiment_id = created.json["experiment_id"]
+    assert created.json["job_ids"] == []  # its trials' jobs come as the study asks
+    wait_until(lambda: len(members(client, experiment_id)) == 1, what="the first trial")
+    (first,) = members(client, experiment_id)
+    assert first["trial"] == 0 and first["trial_state"] is None and first["phase"] == "running"
+    evaluated_and_ended(core, first["job_id"], 42.0)
+    wait_until(lambda: len(members(client, experiment_id)) == 2, what="the second trial")
+    first, second = members(client, experiment_id)
+    assert (first["trial_state"], first["objective"]) == ("complete", 42.0)
+    shown = get(client, f"/api/v1/experiments/{experiment_id}").json
+    assert shown["phase"] == "running" and shown["tuning"]["n_trials"] == 3
+    study = tmp_path / "experiments" / experiment_id / "study.db"
+    assert study.is_file()
+
+    # The coordinator dies with the second trial running; a new one goes on with the
+    # study: the trial cut short fails (its job stopped) and a third takes its place.
+    core.experiment_book.close()
+    crash(core)
+    again = make_coordinator(SharedStore(tmp_path), CoordinatorLimits(max_buffer_items=1000))
+    again.restore_jobs()
+    settings = CoordinatorSettings(shared_dir=tmp_path, token=TOKEN)
+    client = create_app(settings, core=again).test_client()
+    wait_until(lambda: len(members(client, experiment_id)) == 3, what="the third trial")
+    first, second, third = members(client, experiment_id)
+    assert first["trial_state"] == "complete" and second["trial_state"] == "failed"
+    assert second["phase"] == "stopped" and third["trial"] == 2
+    evaluated_and_ended(again, third["job_id"], 7.0)
+    # A failed trial does not count: a fourth makes the three.
+    wait_until(lambda: len(members(client, experiment_id)) == 4, what="the fourth trial")
+    evaluated_and_ended(again, members(client, experiment_id)[3]["job_id"], 9.0)
+    wait_until(
+        lambda: get(client, f"/api/v1/experiments/{experiment_id}").json["phase"] == "ended",
+        what="the tuning's end",
+    )
+    stored = optuna.load_study(study_name=experiment_id, storage=f"sqlite:///{study}")
+    states = [t.state.name for t in stored.get_trials()]
+    assert states == ["COMPLETE", "FAIL", "COMPLETE", "COMPLETE"] and stored.best_value == 42.0
+    again.experiment_book.close()
+
+
+def test_a_stopped_tuning_fails_its_running_trial_and_starts_no_more(client, core, monkeypatch):
+    monkeypatch.setattr(tuner_module, "POLL_S", 0.05)
+    experiment_id = submit(client, tuning()).json["experiment_id"]
+    wait_until(lambda: len(members(client, experiment_id)) == 1, what="the first trial")
+    stopped = client.delete(f"/api/v1/experiments/{experiment_id}", headers=AUTH)
+    assert stopped.status_code == 202 and stopped.json["phase"] == "stopped", stopped.json
+    (only,) = stopped.json["members"]
+    assert only["trial_state"] == "failed" and only["phase"] == "stopped"
+
+
+def test_a_tuning_names_its_faults_before_anything_starts(client, core):
+    for config, field in (
+        (tuning(storage="sqlite:////etc/study.db"), "tune.storage"),  # the study is ours
+        ({**tuning(), "sweep": {"axes": {"policy.learn.learning_rate": LRS}}}, "sweep"),
+        (tuning(params={"policy.learn.learning_rat": [0.1]}), "tune.params"),
+    ):
+        resp = submit(client, config)
+        assert resp.status_code == 400 and field in resp.json["message"], resp.json
+    assert core.state.experiments == {} and core.jobs == {}

@@ -479,11 +479,22 @@ async function experimentView(experimentId) {
       el("td", {}, finals.length ? `${fmt(Math.min(...finals), 1)} – ${fmt(Math.max(...finals), 1)}` : "–"),
     );
   });
+  // A tuning's members are its trials: how each ended (pruned shows here) and its objective.
+  const tuning = e.tuning !== null && e.tuning !== undefined;
+  const trialCells = (m) =>
+    tuning
+      ? [
+          el("td", {}, String(m.trial)),
+          el("td", { class: `trial-${m.trial_state || "running"}` }, m.trial_state || "running"),
+          el("td", {}, m.objective === null ? "–" : fmt(m.objective, 4)),
+        ]
+      : [];
   const jobs = e.members.map((m) =>
     el(
       "tr",
       { class: "member", onclick: () => (location.hash = `#/jobs/${m.job_id}`) },
       el("td", {}, el("a", { href: `#/jobs/${m.job_id}` }, m.job_id)),
+      ...trialCells(m),
       el("td", {}, pointLabel(m.values)),
       el("td", {}, String(m.seed)),
       el("td", {}, phase(m.phase)),
@@ -492,6 +503,7 @@ async function experimentView(experimentId) {
       el("td", {}, m.best_eval_return === null ? "–" : fmt(m.best_eval_return, 1)),
     ),
   );
+  const memberHeaders = ["job", ...(tuning ? ["trial", "trial ended", "objective"] : []), "point", "seed", "phase", "env steps", "last eval", "best eval"];
   const table = (id, headers, rows) =>
     el("table", { id }, el("thead", {}, el("tr", {}, headers.map((h) => el("th", {}, h)))), el("tbody", {}, rows));
   return [
@@ -502,7 +514,8 @@ async function experimentView(experimentId) {
     table("points", ["point", "runs", "succeeded", "final return, median", "final return, range"], summary),
     el("p", { class: "muted" }, "Medians and IQMs with 95% confidence intervals, curves and a performance profile: drover report <run folder>."),
     el("h2", {}, "Jobs"),
-    table("members", ["job", "point", "seed", "phase", "env steps", "last eval", "best eval"], jobs),
+    ...(tuning ? [el("p", { class: "muted" }, `A tuning: ${e.tuning.n_trials || 20} trials, ${e.tuning.n_parallel || 1} at once, by ${e.tuning.objective || "env_steps_to_stop"}; the best config: drover tune writes best.yaml.`)] : []),
+    table("members", memberHeaders, jobs),
     ...lineageView(e),
   ];
 }
