@@ -25,7 +25,7 @@ from drover.local import LocalCluster, new_run_dir
 from drover.say import add_open, console, error, show_dashboard
 from drover.tables import experiment_table
 from jobconfig import load_config
-from jobconfig.sweep import plan_sweep
+from jobconfig.experiment import plan_experiment
 from services.coordinator.client import CoordinatorClient
 
 #: How often the table is redrawn (one request for the experiment each time).
@@ -55,9 +55,12 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     try:
         raw, _ = load_config(args.config, allow_unknown_keys=args.allow_unknown_keys)
-        sweep, jobs = plan_sweep(raw)
+        plan = plan_experiment(raw)
     except ConfigError as exc:
         return error(f"{args.config}: {exc}")
+    if plan.sweep is None:
+        return error(f"{args.config}: a tuning: drover tune runs it")
+    sweep, jobs = plan.sweep, plan.points
     console.print(
         f"drover: {len(jobs)} jobs ({len(jobs) // len(sweep.seeds)} points x "
         f"{len(sweep.seeds)} seeds)" + (f", {sweep.parallel} at a time" if sweep.parallel else ""),

@@ -42,7 +42,6 @@ from common.storage import CorruptFileError, SharedStore
 from jobconfig.experiment import plan_experiment
 from jobconfig.population import Population
 from jobconfig.sweep import Point
-from jobconfig.tuning import plan_tuning
 from services.coordinator.admission import Admission
 from services.coordinator.job_views import MAX_PAGE, JobViews
 from services.coordinator.jobs import JobBook
@@ -243,7 +242,9 @@ class ExperimentBook:
 
     def _start_tuning(self, experiment: Experiment, planner: Planner) -> None:
         assert experiment.tune_config is not None
-        tuning, base = plan_tuning(experiment.tune_config)
+        plan = plan_experiment(experiment.tune_config, self.state.limits.max_experiment_jobs)
+        assert plan.tuning is not None  # as it was when it was submitted
+        tuning, base = plan.tuning, plan.base
         experiment_id = experiment.experiment_id
         folder = self.state.store.root / FOLDER / experiment_id
         folder.mkdir(parents=True, exist_ok=True)
