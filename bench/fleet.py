@@ -947,7 +947,7 @@ def run_row(
                 g.send({"go_s": go_s})
             time.sleep(max(0.0, go_s + args.warmup_s - time.monotonic()))
             # The processes that serve the data: the coordinator, and its buffer
-            # processes (a coordinator hosting the buffers itself has none).
+            # processes (the spare one too, if it started: it idles).
             serving = [pid, *child_processes(pid, "services.buffer")]
             cpu0, busy0, t0 = sum(map(cpu_s, serving)), machine_busy_s(), time.monotonic()
             if profile_to is not None:

@@ -107,8 +107,8 @@ class ProcessRunner:
     def start(self, env: dict[str, str], output: collections.deque[str]) -> ProcessRun:
         with self._lock:
             spare, self._spare = self._spare, None
-            if spare is not None:
-                self._spare_after = time.monotonic() + SPARE_DELAY_S
+            # A burst of new jobs starts no spare while they start themselves.
+            self._spare_after = time.monotonic() + SPARE_DELAY_S
         if spare is None or not _adopt(spare, env):
             spare = self._popen(env)
         follow_output(spare, output)
