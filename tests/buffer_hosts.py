@@ -124,8 +124,10 @@ class ThreadRun:
         # Its worker threads end now (waitress ends them only on a signal); its loop
         # once the connections still open (a client's kept-alive ones) close or time
         # out (CHANNEL_TIMEOUT_S): not waited for.
-        self.server.close()  # type: ignore[attr-defined]
         self.server.task_dispatcher.shutdown(timeout=2.0)  # type: ignore[attr-defined]
+        # Closed once its workers are done: one that finishes a request after pulls
+        # the server's trigger, which closing closes.
+        self.server.close()  # type: ignore[attr-defined]
 
 
 class ThreadedBuffers:
