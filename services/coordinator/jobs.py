@@ -21,7 +21,6 @@ from common.messages import (
     BufferStats,
     dump,
 )
-from common.storage import SharedStore
 from services.buffer.core import empty_stats
 from services.coordinator.job_status import (
     status_of,
@@ -357,25 +356,6 @@ def ending_record(job: Job) -> dict[str, Any]:
     assert job.ending is not None
     phase, reason, finished_at = job.ending
     return {**job_record(job), "phase": phase, "reason": reason, "finished_at": finished_at}
-
-
-class DeferredDeletes:
-    """The buffer's segment files: a file released while the coordinator's lock is held
-    is deleted once the lock is let go."""
-
-    def __init__(self, store: SharedStore, defer: Any) -> None:
-        self._store = store
-        self._defer = defer
-
-    def delete(self, rel: str) -> bool:
-        self._defer(lambda: self._store.delete(rel))
-        return True
-
-    def write_bytes(self, rel: str, data: bytes) -> Any:
-        return self._store.write_bytes(rel, data)
-
-    def read_bytes(self, rel: str) -> bytes:
-        return self._store.read_bytes(rel)
 
 
 def no_buffer_stats(job: Job) -> BufferStats:

@@ -1,9 +1,8 @@
-"""A job's buffer as the coordinator sees it when its processes serve it
-(`BufferProcess`: what a job's `Job.replay` is then): the methods the coordinator calls
-on a buffer it hosts itself, answered for the processes (buffers.py starts and watches
-them; each is a `ShardProcess` there):
+"""A job's buffer as the coordinator sees it (`BufferProcess`: a job's `Job.replay`),
+served by its processes (buffers.py starts and watches them; each is a `ShardProcess`
+there):
 
-- `give_back` / `task_ended`, `set_learner_version`, `close` are sent on a thread of
+- `task_ended`, `set_learner_version` are sent on a thread of
   each process's own, in order (the coordinator calls them holding its lock, which
   never waits on the network);
 - `size`, `inserted_env_steps` and `sampling` are those of their last reports;
@@ -126,9 +125,6 @@ class BufferProcess:
         """The job ended: the processes take no more data (`final_stats` waits for
         them)."""
         self.closed = True
-
-    def collect_garbage(self) -> None:
-        """The processes collect their own."""
 
     # --- what the coordinator calls outside its lock -----------------------------------
 

@@ -1,27 +1,18 @@
-"""The coordinator's snapshots: each job's state in its own folder of the shared root.
+"""The coordinator's records: each job's in its own folder of the shared root.
 
-    <job_id>/coordinator/record.json                the job's record, written at once on
-                                                    submission and on every phase change
-    <job_id>/coordinator/state.json                 the job's record + the buffer's record
-    <job_id>/coordinator/buffer-<generation>.safetensors   the buffer's arrays (a cut)
-    <job_id>/coordinator/delta-<generation>-<n>.safetensors   what changed after it
-
-(The chain of cut and deltas is services/buffer/chain.py's, which a buffer process
-keeps the same way in a folder of its own.)
+    <job_id>/coordinator/record.json     the job's record, written at once on submission
+                                         and on every phase change, and every few
+                                         seconds while it runs when it changed
 
 `record.json` makes what the coordinator answers durable before it answers: a job
 answered `201` exists after any crash, and a job that ended stays ended (its segments
-are deleted only after its terminal record is on disk). `state.json` adds the buffer,
-every few seconds; inserts acknowledged since the last one are on disk as segment
-files whose headers carry their references, and are indexed again on restore.
+are deleted only after its terminal record is on disk). The job's buffer is its buffer
+processes' to snapshot (services/buffer/chain.py, in `<job_id>/buffer-<shard>/`).
 
-Most snapshots write only what changed since the last one: a delta file, then
-`state.json` naming the cut and every delta after it (each with its digest). Once the
-deltas add up to the cut's size, the next snapshot is a whole new cut, and the files
-of the old chain are removed after `state.json` names the new one. Every write is
-atomic, and a file is removed only once no `state.json` names it, so a crash at any
-point leaves a `state.json` whose files all exist: a restarted coordinator always
-finds a consistent chain.
+An older coordinator that hosted buffers itself left `state.json` (the job's record and
+the buffer's) and the chain of its cut and deltas in `<job_id>/coordinator/`: a restart
+reads that record where it is the newer one, a buffer process restores that chain, and
+an ended job's is removed.
 """
 
 from __future__ import annotations

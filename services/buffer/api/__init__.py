@@ -19,8 +19,8 @@ from services.buffer.core import BufferClosed, BufferStats, RateLimited, SampleT
 HOST = "drover.buffer_host"
 
 
-class DataHost(Protocol):
-    """What answers the data routes of a job."""
+class BufferHost(Protocol):
+    """What answers a buffer process's routes (`ShardHost`)."""
 
     def insert_segments(
         self, job_id: str, insert: SegmentInsert, *, caller: str | None = None
@@ -34,8 +34,6 @@ class DataHost(Protocol):
         self, job_id: str, update: PriorityUpdate, *, caller: str | None = None
     ) -> int: ...
 
-
-class BufferHost(DataHost, Protocol):
     def buffer_stats(self, job_id: str) -> BufferStats: ...
 
 
